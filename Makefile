@@ -1,0 +1,24 @@
+# The README's two commands are `make run` and `make test`; everything else is optional.
+VENV := .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: setup run test lint demo test-faults soak bench-engine bench-maec bench-api experiment experiment-smoke
+
+setup:
+	@bash scripts/setup.sh
+
+test: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy maec_core app worker
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy maec_core app worker
+
+bench-engine: setup
+	$(PY) -m bench.engine
+
+bench-maec: setup
+	$(PY) -m bench.maec

@@ -1,0 +1,112 @@
+"""Errors with stable codes.
+
+Every failure a user can cause maps to one class here with a fixed ``code`` string; the
+API returns it as ``{code, message, details}`` and a failed job stores it as
+``error.code``. Codes are part of the public contract: never rename one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class MaecError(Exception):
+    """Base of every expected failure. ``details`` must be JSON-serialisable."""
+
+    code = "merge_error"
+    http_status = 400
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details: dict[str, Any] = details
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, "details": self.details}
+
+    def __str__(self) -> str:
+        return f"[{self.code}] {self.message}"
+
+
+class RecipeError(MaecError):
+    """The recipe or job parameters are invalid (unknown key, method, range)."""
+
+    code = "invalid_recipe"
+    http_status = 422
+
+
+class SourceError(MaecError):
+    """A checkpoint source cannot be resolved or is not allowed."""
+
+    code = "invalid_source"
+    http_status = 422
+
+
+class SourceNotFound(SourceError):
+    code = "source_not_found"
+
+
+class CheckpointError(MaecError):
+    """A checkpoint folder is unusable."""
+
+    code = "invalid_checkpoint"
+    http_status = 422
+
+
+class PickleRefused(CheckpointError):
+    """A pickle checkpoint (*.bin, *.pt, ...) was offered: refused, never unpickled."""
+
+    code = "pickle_refused"
+
+
+class CorruptCheckpoint(CheckpointError):
+    """A safetensors file is truncated, has a lying header, or similar."""
+
+    code = "corrupt_checkpoint"
+
+
+class UnsupportedDtype(CheckpointError):
+    """Quantized or otherwise unsupported tensor dtypes (only fp16/bf16/fp32 merge)."""
+
+    code = "unsupported_dtype"
+
+
+class IncompatibleCheckpoints(CheckpointError):
+    """The inputs do not share tensor names, shapes or dtypes (or vocab sizes)."""
+
+    code = "incompatible_checkpoints"
+
+
+class NonFiniteOutput(MaecError):
+    """A merged tensor contains NaN or inf: nothing is published."""
+
+    code = "non_finite_output"
+    http_status = 422
+
+
+class ArtifactMismatch(MaecError):
+    """An ability-vector artifact does not match the checkpoints it is combined with."""
+
+    code = "artifact_mismatch"
+    http_status = 422
+
+
+class CorpusError(MaecError):
+    """The ability corpus is missing, empty, too large or malformed."""
+
+    code = "invalid_corpus"
+    http_status = 422
+
+
+class OutputExists(MaecError):
+    """The output folder already exists: merges never overwrite a published result."""
+
+    code = "output_exists"
+    http_status = 409
+
+
+class Cancelled(MaecError):
+    """The caller asked the merge to stop (checked between tensors)."""
+
+    code = "cancelled"
+    http_status = 409

@@ -1,0 +1,1 @@
+"""Checkpoint I/O: header reading (torch-free), lazy tensor reads, streaming writer."""

@@ -1,0 +1,151 @@
+"""Discover a Hugging Face checkpoint folder safely, reading only headers and JSON.
+
+Enforces the security posture: safetensors only (pickle files are refused, never
+opened), shard names from the index may not leave the folder, symlinks may not point
+outside it, and JSON files are size-capped before parsing.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from maec_core.errors import CheckpointError, CorruptCheckpoint, PickleRefused, SourceNotFound
+from maec_core.io.headers import SafetensorsHeader, TensorInfo, read_header
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+# Tokenizer and generation files copied into merged outputs. An allow-list, so nothing
+# executable (tokenizer code, pickles) is ever carried over.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+)
+# A real config.json is a few KB; an index a few hundred KB. The cap defuses JSON bombs.
+MAX_JSON_BYTES = 16 * 1024 * 1024
+
+
+def load_json(path: Path, *, what: str, max_bytes: int = MAX_JSON_BYTES) -> dict[str, Any]:
+    """Parse a small JSON object file, refusing huge or malformed ones with a typed error."""
+    try:
+        size = path.stat().st_size
+        if size > max_bytes:
+            raise CorruptCheckpoint(
+                f"{what} is {size} bytes, above the {max_bytes} byte cap", file=path.name
+            )
+        doc = json.loads(path.read_bytes())
+    except OSError as exc:
+        raise CheckpointError(f"cannot read {what}: {exc.strerror}", file=path.name) from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        raise CorruptCheckpoint(f"{what} is not valid JSON", file=path.name) from None
+    if not isinstance(doc, dict):
+        raise CorruptCheckpoint(f"{what} is not a JSON object", file=path.name)
+    return doc
+
+
+def _inside(root: Path, path: Path) -> bool:
+    try:
+        path.resolve().relative_to(root.resolve())
+    except ValueError:
+        return False
+    return True
+
+
+@dataclass
+class ModelFolder:
+    """A validated checkpoint folder: config, tensor locations, side files."""
+
+    root: Path
+    config: dict[str, Any]
+    headers: list[SafetensorsHeader]
+    tensors: dict[str, TensorInfo] = field(default_factory=dict)
+
+    @property
+    def weight_files(self) -> list[Path]:
+        return [h.file for h in self.headers]
+
+    @property
+    def tie_word_embeddings(self) -> bool:
+        tie = self.config.get("tie_word_embeddings")
+        if tie is None:
+            # Multimodal configs nest the text config; Llama's default is untied.
+            tie = (self.config.get("text_config") or {}).get("tie_word_embeddings", False)
+        return bool(tie)
+
+    def side_files(self) -> list[Path]:
+        names = (*TOKENIZER_FILES, "generation_config.json")
+        return [self.root / n for n in names if (self.root / n).is_file()]
+
+
+def open_model_folder(path: str | Path) -> ModelFolder:
+    """Validate ``path`` as a safetensors checkpoint folder; read headers, no data."""
+    root = Path(path)
+    if not root.is_dir():
+        raise SourceNotFound(f"checkpoint folder not found: {root}", path=str(root))
+    config_path = root / "config.json"
+    if not config_path.is_file():
+        raise CheckpointError(f"{root.name}: no config.json", path=str(root))
+    if not _inside(root, config_path):
+        raise CheckpointError(f"{root.name}: config.json is a link out of the folder")
+    config = load_json(config_path, what="config.json")
+
+    index_path = root / INDEX_FILE
+    single = root / SINGLE_FILE
+    if index_path.is_file():
+        index = load_json(index_path, what=INDEX_FILE)
+        weight_map = index.get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise CorruptCheckpoint(f"{INDEX_FILE} has no weight_map", file=INDEX_FILE)
+        shard_names = sorted({str(v) for v in weight_map.values()})
+        for name in shard_names:
+            if "/" in name or "\\" in name or name in ("", ".", "..") or name.startswith("."):
+                raise CheckpointError(
+                    f"{INDEX_FILE} names shard {name!r}, which is not a plain file name",
+                    shard=name,
+                )
+            if name.endswith(PICKLE_SUFFIXES):
+                raise PickleRefused(f"index names a pickle shard {name!r}", shard=name)
+        files = [root / n for n in shard_names]
+    elif single.is_file():
+        files = [single]
+        weight_map = None
+    else:
+        pickles = sorted(p.name for p in root.iterdir() if p.name.endswith(PICKLE_SUFFIXES))
+        if pickles:
+            raise PickleRefused(
+                f"{root.name} holds only pickle weights ({', '.join(pickles)}); "
+                "pickles can run code when loaded and are refused: convert to safetensors",
+                files=pickles,
+            )
+        raise CheckpointError(f"{root.name}: no model.safetensors or index", path=str(root))
+
+    headers: list[SafetensorsHeader] = []
+    tensors: dict[str, TensorInfo] = {}
+    for f in files:
+        if not f.is_file():
+            raise CheckpointError(f"shard {f.name} listed in the index is missing", shard=f.name)
+        if not _inside(root, f):
+            raise CheckpointError(f"shard {f.name} is a link out of the folder", shard=f.name)
+        header = read_header(f)
+        headers.append(header)
+        for name, info in header.tensors.items():
+            if name in tensors:
+                raise CorruptCheckpoint(f"tensor {name!r} appears in two shards", tensor=name)
+            tensors[name] = info
+    if weight_map is not None:
+        for name, shard in weight_map.items():
+            found = tensors.get(name)
+            if found is None or found.file.name != shard:
+                raise CorruptCheckpoint(
+                    f"index maps {name!r} to {shard}, which does not hold it", tensor=name
+                )
+    return ModelFolder(root=root, config=config, headers=headers, tensors=tensors)

@@ -1,0 +1,1 @@
+"""Merge methods: torch-free specs (``specs``) and tensor implementations (``registry``)."""

@@ -1,0 +1,72 @@
+"""Resolve recipe parameter values for one tensor (conditions and layer gradients)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from maec_core.recipe import Condition, ParamValue, Scalar
+
+_LAYER = re.compile(r"\.layers\.(\d+)\.")
+
+
+def layer_index(name: str) -> int | None:
+    """The transformer block index in a tensor name (``model.layers.7.mlp...`` -> 7)."""
+    m = _LAYER.search(name)
+    return int(m.group(1)) if m else None
+
+
+def layer_fraction(name: str, num_layers: int) -> float:
+    """Position of a tensor in depth, 0..1, for gradients.
+
+    Layer i of N sits at i/(N-1). Tensors outside the blocks follow mergekit's order:
+    the embedding sits at 0, the final norm and lm_head at 1.
+    """
+    idx = layer_index(name)
+    if idx is None:
+        return 0.0 if "embed" in name else 1.0
+    return idx / (num_layers - 1) if num_layers > 1 else 0.0
+
+
+def _gradient(values: list[float], frac: float) -> float:
+    if len(values) == 1:
+        return float(values[0])
+    pos = frac * (len(values) - 1)
+    lo = min(int(pos), len(values) - 2)
+    w = pos - lo
+    return float(values[lo]) * (1 - w) + float(values[lo + 1]) * w
+
+
+def resolve_value(value: ParamValue, name: str, num_layers: int) -> Scalar | None:
+    """The scalar a parameter takes for tensor ``name``; None when no condition matches."""
+    if isinstance(value, list):
+        if value and all(isinstance(v, Condition) for v in value):
+            for cond in value:
+                assert isinstance(cond, Condition)
+                if cond.filter is None or cond.filter in name:
+                    return resolve_value(cond.value, name, num_layers)
+            return None
+        nums = [float(v) for v in value if not isinstance(v, Condition)]
+        return _gradient(nums, layer_fraction(name, num_layers))
+    return value
+
+
+def resolve_params(
+    params: Mapping[str, ParamValue], name: str, num_layers: int
+) -> dict[str, Scalar]:
+    out: dict[str, Scalar] = {}
+    for key, value in params.items():
+        v = resolve_value(value, name, num_layers)
+        if v is not None:
+            out[key] = v
+    return out
+
+
+def candidate_values(value: ParamValue) -> list[Scalar]:
+    """Every scalar a parameter can take, to validate ranges before running."""
+    if isinstance(value, list):
+        out: list[Scalar] = []
+        for v in value:
+            out.extend(candidate_values(v.value) if isinstance(v, Condition) else [v])
+        return out
+    return [value]

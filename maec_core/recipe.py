@@ -1,0 +1,152 @@
+"""Recipes: mergekit's YAML shape for the shared methods, plus MAEC's own fields.
+
+Torch-free: the API validates job bodies with these models before anything is queued.
+Unknown keys are errors that name the key (a typo must not silently change a merge).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from maec_core.errors import RecipeError
+
+Scalar = float | int | bool | str
+# A parameter value is a scalar, a gradient (list of numbers interpolated across layers,
+# as in mergekit), or a list of {filter, value} conditions tried in order: the first
+# whose filter is a substring of the tensor name wins; an entry without filter is the
+# fallback. This is mergekit's syntax, so its recipes run unchanged.
+
+
+class Condition(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    filter: str | None = None
+    value: Scalar | list[float]
+
+
+ParamValue = Scalar | list[float] | list[Condition]
+DType = Literal["float32", "float16", "bfloat16"]
+
+
+class ModelEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    parameters: dict[str, ParamValue] = Field(default_factory=dict)
+
+
+class AbilityEntry(BaseModel):
+    """One ability for MAEC: the donor θA, optional control θS, weight μ, optional corpus."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    control: str | None = None
+    mu: float = 1.0
+    corpus: str | None = None
+    name: str | None = None
+
+
+class Recipe(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    merge_method: str
+    base_model: str | None = None
+    models: list[ModelEntry] = Field(default_factory=list)
+    parameters: dict[str, ParamValue] = Field(default_factory=dict)
+    dtype: DType | None = None
+    # mergekit: "base" or a model path whose tokenizer files are copied.
+    tokenizer_source: str | None = None
+    out_shard_size: int | str = "5GB"
+    name: str | None = None
+    # MAEC only (merge_method: maec).
+    language_base: str | None = None
+    abilities: list[AbilityEntry] = Field(default_factory=list)
+    artifact: str | None = None
+
+    @field_validator("merge_method")
+    @classmethod
+    def _lower(cls, v: str) -> str:
+        return v.strip().lower()
+
+    def shard_size_bytes(self) -> int:
+        return parse_size(self.out_shard_size)
+
+    def to_yaml(self) -> str:
+        """The recipe as YAML with every field spelled out (for recipe.yaml outputs)."""
+        data = self.model_dump(mode="json", exclude_none=True)
+        return yaml.safe_dump(data, sort_keys=False)
+
+
+_UNITS = {"": 1, "B": 1, "K": 10**3, "KB": 10**3, "M": 10**6, "MB": 10**6, "G": 10**9,
+          "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+
+
+def parse_size(value: int | str) -> int:
+    """Parse a shard size such as ``5GB``, ``500MB`` or ``1048576``."""
+    if isinstance(value, int):
+        size = value
+    else:
+        text = value.strip().upper().replace(" ", "")
+        num = text.rstrip("KMGIB")
+        unit = text[len(num):]
+        if unit not in _UNITS or not num:
+            raise RecipeError(f"out_shard_size {value!r} is not a size like '5GB'")
+        try:
+            size = int(float(num) * _UNITS[unit])
+        except ValueError:
+            raise RecipeError(f"out_shard_size {value!r} is not a size like '5GB'") from None
+    if size < 1024:
+        raise RecipeError(f"out_shard_size must be at least 1024 bytes, got {size}")
+    return size
+
+
+def _explain(exc: ValidationError) -> RecipeError:
+    problems = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"])
+        if err["type"] == "extra_forbidden":
+            problems.append(f"unknown key '{where}'")
+        else:
+            problems.append(f"{where}: {err['msg']}")
+    return RecipeError("invalid recipe: " + "; ".join(problems), problems=problems)
+
+
+def parse_recipe(source: Recipe | Mapping[str, Any] | str | Path) -> Recipe:
+    """Load a recipe from a model, a mapping, a YAML file path, or YAML text."""
+    if isinstance(source, Recipe):
+        return source
+    data: Any
+    if isinstance(source, Mapping):
+        data = dict(source)
+    else:
+        text: str
+        if isinstance(source, Path) or ("\n" not in source and source.endswith((".yaml", ".yml"))):
+            try:
+                text = Path(source).read_text()
+            except OSError as exc:
+                raise RecipeError(f"cannot read recipe {source}: {exc.strerror}") from None
+        else:
+            text = str(source)
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise RecipeError(f"recipe is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise RecipeError("recipe must be a YAML mapping")
+    if "slices" in data:
+        raise RecipeError("'slices' (passthrough/frankenmerge recipes) are not supported",
+                          key="slices")
+    try:
+        recipe = Recipe.model_validate(data)
+    except ValidationError as exc:
+        raise _explain(exc) from None
+    from maec_core.methods.specs import validate_recipe
+
+    validate_recipe(recipe)
+    return recipe

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# One-time set-up on a fresh machine: a virtualenv with the pinned dependencies, and a
+# redis-server binary (Debian's) for the local run and the tests. Idempotent and quick
+# when nothing changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+stamp=.venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)
+if [ ! -f "$stamp" ]; then
+  [ -x .venv/bin/python ] || "$PY" -m venv .venv
+  .venv/bin/python -m pip install -q --upgrade pip
+  # torch first and pinned, so nothing pulls a multi-GB CUDA build on a CPU machine.
+  .venv/bin/python -m pip install -q "torch==2.13.0"
+  .venv/bin/python -m pip install -q -e '.[dev]'
+  rm -f .venv/.installed-*
+  touch "$stamp"
+fi
+if ! command -v redis-server >/dev/null 2>&1; then
+  echo "setup: redis-server not found; installing Debian's redis-server" >&2
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && apt-get install -y -qq redis-server >/dev/null
+  else
+    sudo apt-get update -qq && sudo apt-get install -y -qq redis-server >/dev/null
+  fi
+fi

@@ -1,0 +1,69 @@
+"""Tiny seeded Llama checkpoints built locally (never downloaded)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+TINY = dict(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+)
+
+
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i + 3 for i in range(61)}}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    )
+
+
+def make_llama(
+    path: Path,
+    seed: int,
+    *,
+    dtype: torch.dtype = torch.float32,
+    like: Path | None = None,
+    noise: float = 0.02,
+    tokenizer: bool = True,
+    max_shard_size: str | None = None,
+    **overrides: int | bool,
+) -> Path:
+    """Save a seeded tiny Llama at ``path``.
+
+    With ``like``, the weights are those of the checkpoint at ``like`` plus seeded
+    Gaussian noise of scale ``noise`` (a "fine-tune" of a common ancestor).
+    """
+    cfg = LlamaConfig(**{**TINY, **overrides})
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg)
+    if like is not None:
+        parent = LlamaForCausalLM.from_pretrained(like, dtype=torch.float32)
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for (_name, p), (_, q) in zip(
+                model.named_parameters(), parent.named_parameters(), strict=True
+            ):
+                p.copy_(q + noise * torch.randn(q.shape, generator=gen))
+    model = model.to(dtype)
+    kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    model.save_pretrained(path, **kwargs)
+    if tokenizer:
+        tiny_tokenizer().save_pretrained(path)
+    return path
+
+
+def read_config(path: Path) -> dict:
+    return json.loads((path / "config.json").read_text())
