@@ -20,7 +20,7 @@ def register(name: str) -> Callable[[MergeFn], MergeFn]:
 
 def get_impl(name: str) -> MergeFn:
     # Importing the modules registers their functions.
-    from maec_core.methods import basic  # noqa: F401
+    from maec_core.methods import basic, dare, layer_swap, slerp, ties  # noqa: F401
 
     try:
         return _IMPLS[name]

@@ -50,8 +50,13 @@ class TiesParams(TaskArithmeticParams):
     normalize: bool = True
 
 
-class DareParams(TiesParams):
-    random_seed: int = 0
+class DareParams(TaskArithmeticParams):
+    # mergekit 0.1.5 defaults for dare_linear and dare_ties: no normalisation, rescale on.
+    normalize: bool = False
+    # True: survivors are scaled by 1/density, as in Yu et al. 2024 (mergekit instead
+    # matches the L1 norm of the dropped delta); False: no rescaling.
+    rescale: bool = True
+    random_seed: int = Field(0, ge=0)
 
 
 class SlerpParams(_Params):
@@ -67,6 +72,11 @@ class LayerSwapParams(_Params):
     bottom_k: int = Field(1, ge=0)
     top_k: int = Field(1, ge=0)
     transition: int = Field(0, ge=0)
+    # Where tensors outside the transformer blocks come from. "position" (default): the
+    # embedding travels with the bottom block and the final norm and lm_head with the top
+    # block, so they come from the language expert exactly when that end is swapped
+    # (bottom_k > 0, top_k > 0). "ability" or "language" take them all from one expert.
+    non_layer: Literal["position", "ability", "language"] = "position"
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,82 @@
+"""Layer swapping (Bandarkar et al. 2024, arXiv:2410.01335).
+
+Start from the ability expert (their "math expert"); replace its bottom ``bottom_k`` and
+top ``top_k`` transformer blocks with the language expert's; optionally soften each seam
+with a transition zone of ``transition`` blocks, the weighted averages sliding linearly
+from the language expert (next to the swapped block) to the ability expert.
+
+Tensors outside the blocks: the paper swaps transformer layers and is not explicit about
+the embedding, final norm and lm_head, so the choice is a parameter. The default,
+``non_layer: position``, treats the embedding as sitting below block 0 and the final norm
+and lm_head above the last block (the same depth convention the layer gradients use):
+they come from the language expert exactly when that end of the stack is swapped. The
+token embedding is where a language's vocabulary lives, which is why the language expert's
+bottom is worth taking with it. ``ability`` or ``language`` take all of them from one expert.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from maec_core.errors import RecipeError
+from maec_core.methods.base import TensorCall
+from maec_core.methods.registry import register
+
+
+def language_weight(
+    layer: int | None,
+    name: str,
+    num_layers: int,
+    *,
+    bottom_k: int,
+    top_k: int,
+    transition: int,
+    non_layer: str = "position",
+) -> float:
+    """Share of the language expert in tensor ``name`` (0 = ability expert only)."""
+    if layer is None:
+        if non_layer == "ability":
+            return 0.0
+        if non_layer == "language":
+            return 1.0
+        at_bottom = "embed" in name
+        return 1.0 if (bottom_k if at_bottom else top_k) > 0 else 0.0
+    if bottom_k + top_k > num_layers:
+        raise RecipeError(
+            f"layer_swap: bottom_k + top_k = {bottom_k + top_k} exceeds the model's "
+            f"{num_layers} layers",
+            bottom_k=bottom_k, top_k=top_k, num_layers=num_layers,
+        )
+    w = transition
+    alpha = 0.0
+    if layer < bottom_k:
+        return 1.0
+    if bottom_k > 0 and layer < bottom_k + w:
+        j = layer - bottom_k  # 0 next to the swapped block
+        alpha = max(alpha, (w - j) / (w + 1))
+    top_start = num_layers - top_k
+    if layer >= top_start:
+        return 1.0
+    if top_k > 0 and layer >= top_start - w:
+        j = top_start - 1 - layer
+        alpha = max(alpha, (w - j) / (w + 1))
+    return alpha
+
+
+@register("layer_swap")
+def layer_swap(call: TensorCall) -> torch.Tensor:
+    """The ability expert with the language expert's bottom and top blocks swapped in."""
+    roles = {p.role: t for t, p in zip(call.models, call.model_params, strict=True)}
+    ability, language = roles["ability"], roles["language"]
+    p = call.params
+    alpha = language_weight(
+        call.layer, call.name, call.num_layers, bottom_k=p.bottom_k, top_k=p.top_k,
+        transition=p.transition, non_layer=p.non_layer,
+    )
+    # Whole blocks are copied exactly (no arithmetic), so swapped layers are bit-identical
+    # to the expert they came from.
+    if alpha == 0.0:
+        return ability
+    if alpha == 1.0:
+        return language
+    return torch.lerp(ability, language, alpha)

@@ -1,0 +1,61 @@
+"""Spherical linear interpolation between the base and one other model, per tensor.
+
+Shoemake 1985. Each tensor is treated as one flat vector: the angle θ between the two
+(normalised) vectors gives ``sin((1−t)θ)/sin θ · v0 + sin(tθ)/sin θ · v1`` on the
+unnormalised vectors. Nearly (anti)parallel pairs, where sin θ → 0, fall back to linear
+interpolation, as do tensors whose norm is below ``eps``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from maec_core.methods.base import TensorCall
+from maec_core.methods.registry import register
+
+# |cos θ| above this means the vectors are (anti)parallel within float32 noise; the same
+# cut-off mergekit uses, so recipes behave alike.
+DOT_THRESHOLD = 0.9995
+
+
+# Float64 sums run over chunks of this many entries, so the upcast copy stays small.
+_CHUNK = 1 << 22
+
+
+def lerp(v0: torch.Tensor, v1: torch.Tensor, t: float) -> torch.Tensor:
+    return torch.lerp(v0, v1, t)
+
+
+def dot64(a: torch.Tensor, b: torch.Tensor) -> float:
+    """``a · b`` of two flat float tensors, accumulated in float64."""
+    total = 0.0
+    for i in range(0, a.numel(), _CHUNK):
+        total += float(torch.dot(a[i:i + _CHUNK].double(), b[i:i + _CHUNK].double()))
+    return total
+
+
+@register("slerp")
+def slerp(call: TensorCall) -> torch.Tensor:
+    """SLERP from ``base`` (t = 0) to the single other model (t = 1)."""
+    assert call.base is not None
+    v0, v1 = call.base, call.models[0]
+    t = float(call.params.t)
+    eps = float(call.params.eps)
+    a, b = v0.reshape(-1), v1.reshape(-1)
+    # Norms and the dot in float64: one sum over billions of entries in float32 loses
+    # digits that the angle of two nearly parallel fine-tunes depends on.
+    n0 = math.sqrt(dot64(a, a))
+    n1 = math.sqrt(dot64(b, b))
+    if n0 < eps or n1 < eps:
+        return lerp(v0, v1, t)
+    dot = dot64(a, b) / (n0 * n1)
+    dot = max(-1.0, min(1.0, dot))
+    if abs(dot) > DOT_THRESHOLD:
+        return lerp(v0, v1, t)
+    theta = math.acos(dot)
+    s = math.sin(theta)
+    c0 = math.sin((1.0 - t) * theta) / s
+    c1 = math.sin(t * theta) / s
+    return torch.mul(v0, c0).add_(v1, alpha=c1)
