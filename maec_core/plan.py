@@ -121,6 +121,16 @@ def build_plan(models: Mapping[str, ModelFolder], reference: str) -> MergePlan:
                     tensor=info.name,
                     models=[reference, key],
                 )
+            if other.dtype not in FLOAT_DTYPES:
+                # Checked per input, not only on the reference: a quantized donor must be
+                # named as such, not reported as a dtype mismatch.
+                raise UnsupportedDtype(
+                    f"{key}: tensor {info.name!r} is {other.dtype}; only F16, BF16 and F32 "
+                    "safetensors can be merged (quantized checkpoints are not supported)",
+                    tensor=info.name,
+                    model=key,
+                    dtype=other.dtype,
+                )
             if other.shape != info.shape:
                 raise IncompatibleCheckpoints(
                     f"tensor {info.name!r} has shape {list(info.shape)} in {reference} "

@@ -12,7 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from maec_core.errors import CheckpointError, CorruptCheckpoint, PickleRefused, SourceNotFound
+from maec_core.errors import (
+    CheckpointError,
+    CorruptCheckpoint,
+    PickleRefused,
+    SourceError,
+    SourceNotFound,
+)
 from maec_core.io.headers import SafetensorsHeader, TensorInfo, read_header
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
@@ -32,6 +38,12 @@ TOKENIZER_FILES = (
 )
 # A real config.json is a few KB; an index a few hundred KB. The cap defuses JSON bombs.
 MAX_JSON_BYTES = 16 * 1024 * 1024
+# Side files are sniffed, not parsed (a tokenizer.json is tens of MB and the API checks
+# sources per request). The largest real one we know, Gemma 3's tokenizer.json, is 33 MB.
+MAX_SIDE_FILE_BYTES = 64 * 1024 * 1024
+# Leading bytes of formats that execute code when loaded: pickle (protocol 2+) and the
+# zip container torch.save writes. No tokenizer or text file starts with either.
+_EXECUTABLE_MAGIC = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05", b"PK\x03\x04")
 
 
 def load_json(path: Path, *, what: str, max_bytes: int = MAX_JSON_BYTES) -> dict[str, Any]:
@@ -45,7 +57,9 @@ def load_json(path: Path, *, what: str, max_bytes: int = MAX_JSON_BYTES) -> dict
         doc = json.loads(path.read_bytes())
     except OSError as exc:
         raise CheckpointError(f"cannot read {what}: {exc.strerror}", file=path.name) from None
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError):
+        # ValueError covers JSONDecodeError, bad UTF-8, and integer literals longer than
+        # int_max_str_digits (a plain ValueError a JSON bomb can trigger on purpose).
         raise CorruptCheckpoint(f"{what} is not valid JSON", file=path.name) from None
     if not isinstance(doc, dict):
         raise CorruptCheckpoint(f"{what} is not a JSON object", file=path.name)
@@ -58,6 +72,66 @@ def _inside(root: Path, path: Path) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _escapes(root: Path, what: str, **details: object) -> SourceError:
+    # invalid_source, as the API contract names any path that escapes its root.
+    return SourceError(f"{root.name}: {what} is a link out of the checkpoint folder", **details)
+
+
+def _check_config(config: dict[str, Any]) -> None:
+    """Type-check the config fields the engine computes with, so a hostile value fails
+    here with a typed error rather than as a TypeError deep inside a merge."""
+    text = config.get("text_config")
+    if text is not None and not isinstance(text, dict):
+        raise CorruptCheckpoint("config.json: text_config is not an object", field="text_config")
+    for where, cfg in (("", config), ("text_config.", text or {})):
+        layers = cfg.get("num_hidden_layers")
+        if layers is not None and (
+            not isinstance(layers, int) or isinstance(layers, bool) or not 0 <= layers < 100_000
+        ):
+            raise CorruptCheckpoint(
+                f"config.json: {where}num_hidden_layers is {layers!r}, not a layer count",
+                field=f"{where}num_hidden_layers",
+            )
+        tie = cfg.get("tie_word_embeddings")
+        if tie is not None and not isinstance(tie, bool):
+            raise CorruptCheckpoint(
+                f"config.json: {where}tie_word_embeddings is not true or false",
+                field=f"{where}tie_word_embeddings",
+            )
+
+
+def _check_side_files(root: Path) -> None:
+    """Side files are copied into outputs and parsed by whoever loads them: each must stay
+    inside the folder (a link to /etc/passwd would be published) and not be an executable
+    format (a pickle named tokenizer.model) or a non-JSON file with a .json name."""
+    for name in (*TOKENIZER_FILES, "generation_config.json"):
+        path = root / name
+        if not (path.is_file() or path.is_symlink()):
+            continue
+        if not _inside(root, path):
+            raise _escapes(root, name, file=name)
+        if not path.is_file():
+            raise CorruptCheckpoint(f"{name} is not a regular file", file=name)
+        try:
+            size = path.stat().st_size
+            with open(path, "rb") as f:
+                head = f.read(64)
+        except OSError as exc:
+            raise CheckpointError(f"cannot read {name}: {exc.strerror}", file=name) from None
+        if size > MAX_SIDE_FILE_BYTES:
+            raise CorruptCheckpoint(
+                f"{name} is {size} bytes, above the {MAX_SIDE_FILE_BYTES} byte cap", file=name
+            )
+        if head.startswith(_EXECUTABLE_MAGIC):
+            raise CorruptCheckpoint(
+                f"{name} is a pickle or zip archive, not what its name claims", file=name
+            )
+        if name.endswith(".json") and not head.lstrip().startswith(b"{"):
+            raise CorruptCheckpoint(f"{name} is not a JSON object", file=name)
+        if name.endswith((".txt", ".jinja")) and b"\x00" in head:
+            raise CorruptCheckpoint(f"{name} is binary, not text", file=name)
 
 
 @dataclass
@@ -95,12 +169,16 @@ def open_model_folder(path: str | Path) -> ModelFolder:
     if not config_path.is_file():
         raise CheckpointError(f"{root.name}: no config.json", path=str(root))
     if not _inside(root, config_path):
-        raise CheckpointError(f"{root.name}: config.json is a link out of the folder")
+        raise _escapes(root, "config.json", file="config.json")
     config = load_json(config_path, what="config.json")
+    _check_config(config)
+    _check_side_files(root)
 
     index_path = root / INDEX_FILE
     single = root / SINGLE_FILE
     if index_path.is_file():
+        if not _inside(root, index_path):
+            raise _escapes(root, INDEX_FILE, file=INDEX_FILE)
         index = load_json(index_path, what=INDEX_FILE)
         weight_map = index.get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
@@ -108,7 +186,7 @@ def open_model_folder(path: str | Path) -> ModelFolder:
         shard_names = sorted({str(v) for v in weight_map.values()})
         for name in shard_names:
             if "/" in name or "\\" in name or name in ("", ".", "..") or name.startswith("."):
-                raise CheckpointError(
+                raise SourceError(
                     f"{INDEX_FILE} names shard {name!r}, which is not a plain file name",
                     shard=name,
                 )
@@ -134,13 +212,16 @@ def open_model_folder(path: str | Path) -> ModelFolder:
         if not f.is_file():
             raise CheckpointError(f"shard {f.name} listed in the index is missing", shard=f.name)
         if not _inside(root, f):
-            raise CheckpointError(f"shard {f.name} is a link out of the folder", shard=f.name)
+            raise _escapes(root, f"shard {f.name}", shard=f.name)
         header = read_header(f)
         headers.append(header)
         for name, info in header.tensors.items():
             if name in tensors:
                 raise CorruptCheckpoint(f"tensor {name!r} appears in two shards", tensor=name)
             tensors[name] = info
+    if not tensors:
+        # An empty checkpoint would plan an empty merge and publish a model with no weights.
+        raise CorruptCheckpoint(f"{root.name}: the checkpoint holds no tensors", path=str(root))
     if weight_map is not None:
         for name, shard in weight_map.items():
             found = tensors.get(name)

@@ -82,7 +82,9 @@ def read_header(path: Path) -> SafetensorsHeader:
         raise _bad(path, f"cannot read: {exc.strerror}") from None
     try:
         doc = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError):
+        # ValueError, not just JSONDecodeError: an integer literal longer than Python's
+        # int_max_str_digits (e.g. a 5000-digit shape) raises a plain ValueError.
         raise _bad(path, "header is not valid JSON") from None
     if not isinstance(doc, dict):
         raise _bad(path, "header is not a JSON object")
