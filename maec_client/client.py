@@ -1,0 +1,355 @@
+"""Synchronous client for the merge service's REST API (docs/api.md).
+
+Torch-free by design: internal tools install this next to anything. The only maec_core
+modules used are ``recipe`` and ``errors``, which import no torch (see maec_core/__init__).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable, Generator, Iterator, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+import httpx
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from maec_client.config import ClientConfig, resolve_config
+from maec_client.errors import (
+    ApiError,
+    ClientError,
+    JobCancelled,
+    JobFailed,
+    NetworkError,
+    RateLimited,
+    ServerError,
+    ValidationFailed,
+    WaitTimeout,
+    error_from_response,
+)
+from maec_client.models import Job, JobPage, NamedJob
+from maec_core.errors import MaecError
+from maec_core.recipe import Recipe, parse_recipe
+
+RecipeSource = Recipe | NamedJob | BaseModel | Mapping[str, Any] | str | Path
+ProgressCallback = Callable[[Job], None]
+
+# Statuses worth retrying: the request was refused before doing anything (429) or the
+# service is momentarily unable to serve it (502-504: a restarting API or proxy).
+_RETRY_STATUS = frozenset({429, 502, 503, 504})
+
+
+class _OriginBearer(httpx.Auth):
+    """Sends the API key only to the service's own origin.
+
+    File URLs in a job result may be absolute (another host, a presigned store URL); a
+    client-wide header would leak the key there. httpx strips Authorization on
+    cross-origin redirects itself, this covers URLs we are handed directly.
+    """
+
+    def __init__(self, api_key: str, base_url: str) -> None:
+        self._header = f"Bearer {api_key}"
+        self._origin = _origin(base_url)
+
+    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        if _origin(str(request.url)) == self._origin:
+            request.headers["Authorization"] = self._header
+        yield request
+
+
+def _origin(url: str) -> tuple[str, str]:
+    parts = urlsplit(url)
+    return parts.scheme, parts.netloc.lower()
+
+
+def job_id_of(job: Job | str) -> str:
+    return job.id if isinstance(job, Job) else job
+
+
+class Client:
+    """One service endpoint and API key; thread-safe (downloads use it from many threads).
+
+    ``url``/``api_key``/``timeout`` left as None are read from the environment and the
+    config file (see maec_client.config). ``transport``, ``sleep`` and ``clock`` exist for
+    tests and embedding (e.g. an httpx.MockTransport, a fake clock).
+    """
+
+    def __init__(self, url: str | None = None, api_key: str | None = None, *,
+                 timeout: float | None = None, config: ClientConfig | None = None,
+                 transport: httpx.BaseTransport | None = None, max_retries: int = 3,
+                 backoff: float = 0.5, sleep: Callable[[float], None] = time.sleep,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if config is None:
+            config = resolve_config(url=url, api_key=api_key, timeout=timeout)
+        self.config = config
+        self.max_retries = max_retries
+        self.backoff = backoff
+        self._sleep = sleep
+        self._clock = clock
+        auth = _OriginBearer(config.api_key, config.url) if config.api_key else None
+        self.http = httpx.Client(
+            base_url=config.url, auth=auth, transport=transport,
+            timeout=httpx.Timeout(config.timeout, connect=min(config.timeout, 10.0)),
+            headers={"User-Agent": "maec-client/0.1"},
+            # Needed for ?redirect=true downloads (307 to a presigned store URL).
+            follow_redirects=True,
+            limits=httpx.Limits(max_connections=64, max_keepalive_connections=32),
+        )
+
+    # -- plumbing ---------------------------------------------------------------------
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.http.close()
+
+    def retry_delay(self, attempt: int, err: ApiError | None = None) -> float:
+        """Exponential backoff (capped at 30 s); a server's Retry-After wins when given."""
+        if isinstance(err, RateLimited) and err.retry_after is not None:
+            return min(err.retry_after, 300.0)
+        return float(min(self.backoff * (2 ** attempt), 30.0))
+
+    def request(self, method: str, path: str, *, json_body: Any = None,
+                params: Mapping[str, Any] | None = None, retry: bool = True) -> httpx.Response:
+        """Send one request, retrying transport errors and 429/502-504 when ``retry``.
+
+        ``retry`` is False only for a non-idempotent request that could run twice;
+        ``submit`` always sends an idempotency key, so every call here is retry-safe.
+        """
+        attempt = 0
+        while True:
+            try:
+                resp = self.http.request(method, path, json=json_body, params=params)
+            except httpx.TransportError as exc:
+                if retry and attempt < self.max_retries:
+                    self._sleep(self.retry_delay(attempt))
+                    attempt += 1
+                    continue
+                raise NetworkError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+            if resp.status_code < 400:
+                return resp
+            err = error_from_response(resp.status_code, _body(resp),
+                                      resp.headers.get("retry-after"))
+            if retry and resp.status_code in _RETRY_STATUS and attempt < self.max_retries:
+                self._sleep(self.retry_delay(attempt, err))
+                attempt += 1
+                continue
+            raise err
+
+    def _json(self, resp: httpx.Response) -> Any:
+        try:
+            return resp.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise ServerError("invalid_response", f"non-JSON answer: {resp.text[:200]!r}",
+                              {}, resp.status_code) from None
+
+    def _job(self, resp: httpx.Response) -> Job:
+        try:
+            return Job.model_validate(self._json(resp))
+        except ValidationError as exc:
+            raise ServerError("invalid_response", f"answer is not a Job: {exc}", {},
+                              resp.status_code) from None
+
+    # -- endpoints --------------------------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        data = self._json(self.request("GET", "/healthz"))
+        return dict(data) if isinstance(data, dict) else {"status": data}
+
+    def ready(self) -> dict[str, Any]:
+        """``/readyz``; a 503 (not ready) raises ServerError with the body's details."""
+        data = self._json(self.request("GET", "/readyz", retry=False))
+        return dict(data) if isinstance(data, dict) else {"ready": data}
+
+    def submit(self, source: RecipeSource, *, idempotency_key: str | None = None,
+               validate: bool = True) -> Job:
+        """Queue a job from a recipe (file, YAML text, dict, Recipe) or a NamedJob.
+
+        Mappings with ``merge_method`` (mergekit or MAEC recipe shape) are sent as
+        ``{"recipe": ...}``; mappings with ``method`` are the named-checkpoints form; a
+        mapping that already has ``recipe`` is sent as is. ``validate`` checks recipes
+        locally first (schema and parameter ranges, no source access) so mistakes fail
+        fast with the same ``invalid_recipe`` code the service would use.
+        """
+        body = build_body(source, validate=validate)
+        # A key per call makes the POST safe to retry: a resend after a lost answer gets
+        # the job the first attempt created (200), never a second job.
+        body["idempotency_key"] = (idempotency_key or body.get("idempotency_key")
+                                   or f"maec-client-{uuid.uuid4().hex}")
+        return self._job(self.request("POST", "/v1/jobs", json_body=body))
+
+    def submit_named(self, method: str, *, idempotency_key: str | None = None,
+                     **fields: Any) -> Job:
+        """Named-checkpoints form from keyword arguments (see NamedJob for the fields)."""
+        try:
+            named = NamedJob(method=method, **fields)
+        except ValidationError as exc:
+            raise ValidationFailed("invalid_request", f"invalid job fields: {exc}",
+                                   {"errors": exc.errors(include_url=False)}) from None
+        return self.submit(named, idempotency_key=idempotency_key)
+
+    def get(self, job: Job | str) -> Job:
+        return self._job(self.request("GET", f"/v1/jobs/{quote(job_id_of(job), safe='')}"))
+
+    def list_page(self, *, status: str | None = None, limit: int = 20,
+                  cursor: str | None = None) -> JobPage:
+        params: dict[str, Any] = {"limit": limit}
+        if status:
+            params["status"] = status
+        if cursor:
+            params["cursor"] = cursor
+        data = self._json(self.request("GET", "/v1/jobs", params=params))
+        try:
+            return JobPage.model_validate(data)
+        except ValidationError as exc:
+            raise ServerError("invalid_response", f"answer is not a job page: {exc}",
+                              {}, 200) from None
+
+    def iter_jobs(self, *, status: str | None = None, limit: int | None = None,
+                  page_size: int = 100) -> Iterator[Job]:
+        """Every job (newest first), following ``next_cursor`` until done or ``limit``."""
+        cursor: str | None = None
+        seen = 0
+        while True:
+            want = page_size if limit is None else max(1, min(page_size, limit - seen))
+            page = self.list_page(status=status, limit=want, cursor=cursor)
+            for job in page.jobs:
+                if limit is not None and seen >= limit:
+                    return
+                seen += 1
+                yield job
+            if not page.next_cursor or (limit is not None and seen >= limit):
+                return
+            cursor = page.next_cursor
+
+    def list_jobs(self, *, status: str | None = None, limit: int | None = None) -> list[Job]:
+        return list(self.iter_jobs(status=status, limit=limit))
+
+    def cancel(self, job: Job | str) -> Job:
+        """Ask a job to stop; Conflict (``job_finished``) if it already ended."""
+        path = f"/v1/jobs/{quote(job_id_of(job), safe='')}/cancel"
+        return self._job(self.request("POST", path))
+
+    def wait(self, job: Job | str, *, timeout: float | None = None,
+             poll_interval: float = 0.5, max_interval: float = 5.0,
+             on_progress: ProgressCallback | None = None,
+             raise_on_failure: bool = True) -> Job:
+        """Poll until the job ends. Returns the succeeded job.
+
+        Polls start at ``poll_interval`` and grow 1.5x to ``max_interval`` (a long merge
+        should not cost a request every half second); they reset when the job moves so a
+        progress bar stays live. Raises JobFailed / JobCancelled (unless
+        ``raise_on_failure`` is False) and WaitTimeout.
+        """
+        start = self._clock()
+        interval = poll_interval
+        current = job if isinstance(job, Job) else self.get(job)
+        last_key: tuple[Any, ...] | None = None
+        while True:
+            key = (current.status, current.stage, current.progress.done,
+                   current.progress.fraction)
+            if key != last_key:
+                if on_progress is not None:
+                    on_progress(current)
+                if last_key is not None:
+                    interval = poll_interval
+                last_key = key
+            if current.done:
+                break
+            elapsed = self._clock() - start
+            if timeout is not None and elapsed >= timeout:
+                raise WaitTimeout(current, timeout)
+            delay = interval if timeout is None else min(interval, max(0.0, timeout - elapsed))
+            self._sleep(delay)
+            interval = min(interval * 1.5, max_interval)
+            current = self.get(current.id)
+        if raise_on_failure and current.status == "failed":
+            raise JobFailed(current)
+        if raise_on_failure and current.status == "cancelled":
+            raise JobCancelled(current)
+        return current
+
+    def download(self, job: Job | str, dest: str | Path, **options: Any) -> Path:
+        """Download a succeeded job's files into ``dest``; see maec_client.download."""
+        from maec_client.download import download_job
+
+        current = job if isinstance(job, Job) and job.result is not None else self.get(job)
+        return download_job(self, current, Path(dest), **options)
+
+
+def _body(resp: httpx.Response) -> Any:
+    try:
+        resp.read()
+        return resp.json()
+    except (json.JSONDecodeError, UnicodeDecodeError, httpx.HTTPError):
+        return resp.text if resp.is_closed else ""
+
+
+def load_source(source: RecipeSource) -> dict[str, Any]:
+    """A recipe source as a plain mapping (YAML files and text parsed, models dumped)."""
+    if isinstance(source, NamedJob):
+        return {"__named__": True, **source.body()}
+    if isinstance(source, BaseModel):
+        return dict(source.model_dump(mode="json", exclude_none=True))
+    if isinstance(source, Mapping):
+        return dict(source)
+    if isinstance(source, Path) or ("\n" not in source and source.endswith((".yaml", ".yml"))):
+        try:
+            text = Path(source).read_text()
+        except OSError as exc:
+            raise ValidationFailed("invalid_recipe",
+                                   f"cannot read recipe {source}: {exc.strerror}") from None
+    else:
+        text = str(source)
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ValidationFailed("invalid_recipe", f"recipe is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValidationFailed("invalid_recipe", "recipe must be a YAML mapping")
+    return data
+
+
+def build_body(source: RecipeSource, *, validate: bool = True) -> dict[str, Any]:
+    """The POST /v1/jobs body for ``source`` (one of the contract's two forms)."""
+    data = load_source(source)
+    if data.pop("__named__", False):
+        return data
+    if "recipe" in data:
+        recipe = data["recipe"]
+        if not isinstance(recipe, Mapping):
+            raise ValidationFailed("invalid_request", "'recipe' must be a mapping")
+        body = dict(data)
+    elif "merge_method" in data:
+        recipe = data
+        body = {"recipe": data}
+    elif "method" in data:
+        try:
+            return NamedJob.model_validate(data).body()
+        except ValidationError as exc:
+            raise ValidationFailed("invalid_request", f"invalid job fields: {exc}",
+                                   {"errors": exc.errors(include_url=False)}) from None
+    else:
+        raise ValidationFailed(
+            "invalid_request",
+            "not a job: expected a recipe ('merge_method'), a named-checkpoints job "
+            "('method') or a body with 'recipe'")
+    if validate:
+        try:
+            parse_recipe(dict(recipe))
+        except MaecError as exc:
+            raise ValidationFailed(exc.code, exc.message, exc.details) from None
+    return body
+
+
+__all__ = ["Client", "ClientError", "RecipeSource", "build_body", "load_source"]

@@ -1,0 +1,232 @@
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+
+import pytest
+
+from maec_client import (
+    ChecksumMismatch,
+    DownloadError,
+    JobNotSucceeded,
+    NetworkError,
+    NotFound,
+)
+from maec_client.download import MARKER
+
+
+def payload(n: int, seed: int = 0) -> bytes:
+    # Non-repeating bytes, so a range written at the wrong offset cannot hash right.
+    out = bytearray()
+    block = seed.to_bytes(4, "big")
+    while len(out) < n:
+        block = hashlib.sha256(block).digest()
+        out += block
+    return bytes(out[:n])
+
+
+FILES = {
+    "model-00001-of-00002.safetensors": payload(100_000, 1),
+    "model-00002-of-00002.safetensors": payload(40_000, 2),
+    "config.json": b'{"model_type": "llama"}',
+    "manifest.json": b'{"format_version": 1}',
+    "sub/empty.txt": b"",
+}
+
+
+def ranges(fake, path: str) -> list[str]:
+    return [r.headers.get("range", "") for r in fake.file_requests() if r.url.path.endswith(path)]
+
+
+def tree(root) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file()}
+
+
+@pytest.fixture
+def job(fake):
+    j = fake.add_job()
+    return fake.finish(j["id"], FILES)
+
+
+def test_download_splits_large_files_and_verifies(client, fake, job, tmp_path):
+    dest = tmp_path / "out"
+    seen = []
+    got = client.download(job["id"], dest, part_size=30_000, workers=4,
+                          on_bytes=lambda done, total: seen.append((done, total)))
+    assert got == dest and tree(dest) == FILES
+    assert not (tmp_path / "out.partial").exists()
+    big = ranges(fake, "model-00001-of-00002.safetensors")
+    assert sorted(big) == sorted(["bytes=0-29999", "bytes=30000-59999", "bytes=60000-89999",
+                                  "bytes=90000-99999"])
+    assert ranges(fake, "config.json") == ["bytes=0-22"]
+    assert ranges(fake, "empty.txt") == []  # zero bytes: nothing to fetch
+    total = sum(map(len, FILES.values()))
+    assert seen[-1] == (total, total) and fake.bytes_served == total
+
+
+def test_stream_cut_once_is_resumed_within_the_call(client, fake, job, tmp_path):
+    fake.cut_next = [12_345]
+    dest = tmp_path / "out"
+    client.download(job["id"], dest, part_size=10**9, workers=1)
+    assert tree(dest) == FILES
+    first = [r for r in ranges(fake, "00001-of-00002.safetensors")]
+    assert first == ["bytes=0-99999", "bytes=12345-99999"]
+
+
+def test_interrupted_download_resumes_on_next_call(client, fake, job, tmp_path):
+    # Cut after 12345 bytes, then a retry that gets nothing: retries=0 allows no attempt
+    # without progress, so the call gives up and leaves the bytes for the next one.
+    fake.cut_next = [12_345, 0]
+    dest = tmp_path / "out"
+    partial = tmp_path / "out.partial"
+    with pytest.raises(NetworkError, match="resume"):
+        client.download(job["id"], dest, part_size=10**9, workers=1, retries=0)
+    assert not dest.exists()
+    part = partial / "model-00001-of-00002.safetensors.part"
+    assert part.read_bytes() == FILES["model-00001-of-00002.safetensors"][:12_345]
+
+    fake.requests.clear()
+    fake.bytes_served = 0
+    client.download(job["id"], dest, workers=1)
+    assert tree(dest) == FILES and not partial.exists()
+    assert ranges(fake, "model-00001-of-00002.safetensors") == ["bytes=12345-99999"]
+    # Only what was missing travelled again (the workers=1 pool stopped after the cut).
+    assert fake.bytes_served == sum(map(len, FILES.values())) - 12_345
+
+
+def test_ranged_parts_resume_with_their_own_offsets(client, fake, job, tmp_path):
+    dest = tmp_path / "out"
+    partial = tmp_path / "out.partial"
+    fake.cut_next = [5_000, 0]
+    with pytest.raises(NetworkError):
+        client.download(job["id"], dest, part_size=30_000, workers=1, retries=0)
+    fake.requests.clear()
+    client.download(job["id"], dest, part_size=30_000, workers=2)
+    assert tree(dest) == FILES and not partial.exists()
+    # Which range was cut depends on scheduling order; whichever it was resumes at +5000.
+    big = ranges(fake, "model-00001-of-00002.safetensors")
+    starts = {int(re.match(r"bytes=(\d+)-", h).group(1)) for h in big}
+    assert starts & {5_000, 35_000, 65_000, 95_000}
+
+
+def test_stale_parts_from_another_part_size_are_discarded(client, fake, job, tmp_path):
+    dest = tmp_path / "out"
+    partial = tmp_path / "out.partial"
+    fake.cut_next = [5_000, 0]
+    with pytest.raises(NetworkError):
+        client.download(job["id"], dest, part_size=30_000, workers=1, retries=0)
+    assert any(".part." in p.name for p in partial.iterdir())
+    client.download(job["id"], dest, part_size=10**9, workers=3)
+    assert tree(dest) == FILES
+
+
+def test_corrupted_byte_is_detected_and_nothing_published(client, fake, job, tmp_path):
+    name = "model-00002-of-00002.safetensors"
+    fake.corrupt.add((job["id"], name, 31_337))
+    dest = tmp_path / "out"
+    with pytest.raises(ChecksumMismatch) as info:
+        client.download(job["id"], dest, part_size=16_000, workers=3)
+    exc = info.value
+    assert exc.path == name and exc.code == "checksum_mismatch"
+    assert exc.expected == hashlib.sha256(FILES[name]).hexdigest() != exc.actual
+    assert not dest.exists()
+    partial = tmp_path / "out.partial"
+    # The bad file is gone (so a rerun refetches it); nothing half-verified is trusted.
+    assert not list(partial.glob(name + "*"))
+
+    fake.corrupt.clear()
+    client.download(job["id"], dest)
+    assert tree(dest) == FILES
+
+
+def test_server_ignoring_range_still_yields_the_right_bytes(client, fake, job, tmp_path):
+    fake.ignore_range = True
+    fake.cut_next = [7_000]
+    dest = tmp_path / "out"
+    client.download(job["id"], dest, part_size=25_000, workers=2)
+    assert tree(dest) == FILES
+
+
+def test_existing_destination_and_overwrite(client, fake, job, tmp_path):
+    dest = tmp_path / "out"
+    dest.mkdir()
+    (dest / "old.txt").write_text("old")
+    with pytest.raises(DownloadError, match="exists"):
+        client.download(job["id"], dest)
+    assert fake.file_requests() == []
+    client.download(job["id"], dest, overwrite=True)
+    assert tree(dest) == FILES
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+def test_partial_of_another_job_is_not_mixed_in(client, fake, job, tmp_path):
+    partial = tmp_path / "out.partial"
+    partial.mkdir()
+    (partial / MARKER).write_text('{"job_id": "j_other"}')
+    (partial / "config.json").write_bytes(b"x" * len(FILES["config.json"]))
+    with pytest.raises(DownloadError, match="j_other"):
+        client.download(job["id"], tmp_path / "out")
+    client.download(job["id"], tmp_path / "out", overwrite=True)
+    assert tree(tmp_path / "out") == FILES
+
+
+def test_complete_file_from_earlier_run_is_rehashed_not_trusted(client, fake, job, tmp_path):
+    partial = tmp_path / "out.partial"
+    partial.mkdir()
+    (partial / MARKER).write_text(f'{{"job_id": "{job["id"]}"}}')
+    (partial / "config.json").write_bytes(b"y" * len(FILES["config.json"]))
+    with pytest.raises(ChecksumMismatch):
+        client.download(job["id"], tmp_path / "out")
+    client.download(job["id"], tmp_path / "out")
+    assert tree(tmp_path / "out") == FILES
+
+
+def test_job_without_result_or_inconsistent_manifest_is_refused(client, fake, tmp_path):
+    queued = fake.add_job()
+    with pytest.raises(JobNotSucceeded):
+        client.download(queued["id"], tmp_path / "a")
+    j = fake.add_job()
+    fake.finish(j["id"], {"a.bin": b"abc"},
+                manifest_override={"files": [{"path": "a.bin", "size": 3, "sha256": "0" * 64}]})
+    with pytest.raises(ChecksumMismatch):
+        client.download(j["id"], tmp_path / "b")
+    k = fake.add_job()
+    fake.finish(k["id"], {"a.bin": b"abc"},
+                manifest_override={"files": [{"path": "missing.bin", "size": 1,
+                                              "sha256": "0" * 64}]})
+    with pytest.raises(DownloadError, match=r"missing\.bin"):
+        client.download(k["id"], tmp_path / "c")
+    assert fake.file_requests() == []
+
+
+@pytest.mark.parametrize("bad", ["../escape", "/etc/passwd", "a/../../b", "a\\b", "x.part"])
+def test_unsafe_paths_from_the_service_are_refused(client, fake, tmp_path, bad):
+    j = fake.add_job()
+    fake.finish(j["id"], {bad: b"abc"}, manifest_override={})
+    with pytest.raises(DownloadError):
+        client.download(j["id"], tmp_path / "out")
+    assert os.listdir(tmp_path) in ([], ["out.partial"])
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_file_on_server_is_not_found(client, fake, job, tmp_path):
+    del fake.files[(job["id"], "config.json")]
+    with pytest.raises(NotFound) as info:
+        client.download(job["id"], tmp_path / "out")
+    assert info.value.code == "file_not_found"
+    assert not (tmp_path / "out").exists()
+
+
+def test_absolute_file_urls_on_other_hosts_get_no_api_key(client, fake, tmp_path):
+    j = fake.add_job()
+    fake.finish(j["id"], {"a.bin": b"hello"}, absolute="http://127.0.0.1:8000")
+    k = fake.add_job()
+    fake.finish(k["id"], {"b.bin": b"world"}, absolute="http://127.0.0.2:9000")
+    client.download(j["id"], tmp_path / "a")
+    assert fake.file_requests()[-1].headers["authorization"] == "Bearer k1"
+    # The fake answers 401 without a key: the foreign host was not handed ours.
+    with pytest.raises(Exception, match="unauthorized"):
+        client.download(k["id"], tmp_path / "b")
+    assert "authorization" not in fake.file_requests()[-1].headers
