@@ -10,12 +10,12 @@ setup:
 
 test: setup
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy maec_core app worker
+	$(VENV)/bin/mypy maec_core app worker maec_client
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy maec_core app worker
+	$(VENV)/bin/mypy maec_core app worker maec_client
 
 bench-engine: setup
 	$(PY) -m bench.engine

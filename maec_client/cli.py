@@ -1,0 +1,410 @@
+"""``maec jobs ...``: the merge service from the shell, over maec_client.Client.
+
+The installed ``maec`` script is this module's ``main``: maec_core's group (``merge``
+and friends) with ``jobs`` added here, so maec_core never imports the client.
+
+Exit codes (stable; scripts branch on them):
+
+    0  ok
+    1  the job failed (``watch``, ``submit --wait``, ``download --wait``)
+    2  usage or validation: bad flags/config, invalid recipe (422/413), DIR exists,
+       job has nothing to download
+    3  authentication (401)
+    4  job or file not found (404)
+    5  network, server (5xx, 429 after retries) or local I/O error
+    6  checksum mismatch on download (nothing is left at DIR)
+    7  job cancelled, or --timeout reached while waiting
+    8  conflict: cancel of a job that already finished (409)
+  130  interrupted (Ctrl-C); a download resumes on the next run
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from functools import wraps
+from pathlib import Path
+from typing import Any, NoReturn, ParamSpec, TypeVar
+
+import click
+from tqdm import tqdm
+
+from maec_client.client import Client
+from maec_client.config import ConfigError, resolve_config
+from maec_client.errors import (
+    ApiError,
+    AuthError,
+    ChecksumMismatch,
+    ClientError,
+    Conflict,
+    DownloadError,
+    JobCancelled,
+    JobFailed,
+    JobNotSucceeded,
+    NotFound,
+    ValidationFailed,
+    WaitTimeout,
+)
+from maec_client.models import Job
+from maec_core.cli import main as _core_main
+from maec_core.errors import MaecError
+from maec_core.recipe import parse_size
+
+EXIT_OK = 0
+EXIT_JOB_FAILED = 1
+EXIT_USAGE = 2
+EXIT_AUTH = 3
+EXIT_NOT_FOUND = 4
+EXIT_SERVER = 5
+EXIT_CHECKSUM = 6
+EXIT_CANCELLED = 7
+EXIT_CONFLICT = 8
+EXIT_INTERRUPTED = 130
+
+# Most specific first: the first matching class decides the exit code.
+_EXIT_CODES: list[tuple[type[BaseException], int]] = [
+    (JobFailed, EXIT_JOB_FAILED),
+    (ValidationFailed, EXIT_USAGE), (ConfigError, EXIT_USAGE), (DownloadError, EXIT_USAGE),
+    (JobNotSucceeded, EXIT_USAGE),
+    (AuthError, EXIT_AUTH),
+    (NotFound, EXIT_NOT_FOUND),
+    (ChecksumMismatch, EXIT_CHECKSUM),
+    (JobCancelled, EXIT_CANCELLED), (WaitTimeout, EXIT_CANCELLED),
+    (Conflict, EXIT_CONFLICT),
+    (ClientError, EXIT_SERVER),
+    (OSError, EXIT_SERVER),
+]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def exit_code_for(exc: BaseException) -> int:
+    for cls, code in _EXIT_CODES:
+        if isinstance(exc, cls):
+            return code
+    return EXIT_SERVER
+
+
+# -- options shared by the group and every subcommand ---------------------------------
+# Each may be given before or after the subcommand (``maec jobs --json list`` and
+# ``maec jobs list --json``); the value is stored in ctx.obj, the later one wins.
+
+def _store(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+    if value is None or value is False:
+        return
+    obj = ctx.ensure_object(dict)
+    obj[param.name or ""] = value
+
+
+def _connection_options(f: Callable[P, R]) -> Callable[P, R]:
+    opts = [
+        click.option("--url", expose_value=False, callback=_store,
+                     help="service URL (env MAEC_URL; default http://127.0.0.1:8000)"),
+        click.option("--api-key", expose_value=False, callback=_store,
+                     help="API key (env MAEC_API_KEY)"),
+        click.option("--config", "config_file", expose_value=False, callback=_store,
+                     type=click.Path(dir_okay=False),
+                     help="config file (env MAEC_CONFIG; default "
+                          "~/.config/maec/client.toml or client.yaml)"),
+        click.option("--http-timeout", expose_value=False, callback=_store, type=float,
+                     help="seconds per HTTP request (env MAEC_TIMEOUT; default 30)"),
+        click.option("--json", "as_json", is_flag=True, expose_value=False,
+                     callback=_store, help="machine-readable JSON on stdout"),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def _obj() -> dict[str, Any]:
+    return click.get_current_context().ensure_object(dict)
+
+
+def _as_json() -> bool:
+    return bool(_obj().get("as_json"))
+
+
+def _client() -> Client:
+    obj = _obj()
+    config = resolve_config(url=obj.get("url"), api_key=obj.get("api_key"),
+                            timeout=obj.get("http_timeout"),
+                            config_file=obj.get("config_file"))
+    # Tests and embedding tools inject a factory (e.g. a Client on a MockTransport).
+    factory: Callable[..., Client] = obj.get("client_factory") or Client
+    return factory(config=config)
+
+
+def _emit(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=False, default=str))
+
+
+def _fail(exc: BaseException) -> NoReturn:
+    code = exit_code_for(exc)
+    if isinstance(exc, ApiError):
+        info: dict[str, Any] = exc.to_dict()
+    else:
+        info = {"code": getattr(exc, "code", type(exc).__name__), "message": str(exc),
+                "details": getattr(exc, "details", {})}
+        job = getattr(exc, "job", None)
+        if isinstance(job, Job):
+            info["job"] = job.model_dump(mode="json")
+    if isinstance(exc, ClientError):
+        info["message"] = exc.message
+    info["exit_code"] = code
+    if _as_json():
+        _emit({"error": info})
+    else:
+        click.echo(f"error: [{info['code']}] {info['message']}", err=True)
+    sys.exit(code)
+
+
+def _handles_errors(f: Callable[P, R]) -> Callable[P, R]:
+    """Turn client exceptions into one line (or JSON) and the documented exit code."""
+
+    @wraps(f)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return f(*args, **kwargs)
+        except (ClientError, OSError) as exc:
+            _fail(exc)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+
+    return wrapper
+
+
+# -- human output ---------------------------------------------------------------------
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def _summary(job: Job) -> str:
+    lines = [f"id:        {job.id}", f"status:    {job.status}"
+             + (" (cancel requested)" if job.cancel_requested and not job.done else "")]
+    if job.stage:
+        lines.append(f"stage:     {job.stage}")
+    p = job.progress
+    lines.append(f"progress:  {p.fraction:.0%}" + (f" ({p.done}/{p.total})" if p.total else ""))
+    lines.append(f"method:    {job.method or '-'}" + (f"  name: {job.name}" if job.name else ""))
+    for label, value in (("created", job.created_at), ("started", job.started_at),
+                         ("finished", job.finished_at)):
+        if value:
+            lines.append(f"{label + ':':<10} {value}")
+    if job.attempts > 1:
+        lines.append(f"attempts:  {job.attempts}")
+    if job.error:
+        lines.append(f"error:     [{job.error.code}] {job.error.message}")
+    if job.result:
+        total = sum(f.size for f in job.result.files)
+        lines.append(f"files:     {len(job.result.files)} ({_size(total)})")
+    return "\n".join(lines)
+
+
+def _show_progress(no_progress: bool) -> bool:
+    # Bars only on a terminal: in CI logs and pipes they are noise, not information.
+    return not no_progress and not _as_json() and sys.stderr.isatty()
+
+
+class _JobBar:
+    """A percent bar labelled with status/stage, fed by Client.wait's callback."""
+
+    def __init__(self, show: bool) -> None:
+        self._bar: tqdm[None] | None = (
+            tqdm(total=100, unit="%", file=sys.stderr, dynamic_ncols=True,
+                 bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}]")
+            if show else None)
+
+    def __call__(self, job: Job) -> None:
+        if self._bar is None:
+            return
+        self._bar.set_description_str(f"{job.id} {job.status}"
+                                      + (f"/{job.stage}" if job.stage else ""))
+        self._bar.update(round(job.progress.fraction * 100) - self._bar.n)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+def _wait(client: Client, job: Job | str, timeout: float | None, no_progress: bool) -> Job:
+    bar = _JobBar(_show_progress(no_progress))
+    try:
+        return client.wait(job, timeout=timeout, on_progress=bar)
+    finally:
+        bar.close()
+
+
+def _parse_part_size(ctx: click.Context, param: click.Parameter, value: str) -> int:
+    try:
+        return parse_size(value)
+    except MaecError as exc:
+        raise click.BadParameter(exc.message) from None
+
+
+# -- commands -------------------------------------------------------------------------
+
+@click.group("jobs")
+@_connection_options
+def jobs() -> None:
+    """Submit, watch, list, cancel and download jobs on the merge service.
+
+    The URL and API key come from --url/--api-key, else MAEC_URL/MAEC_API_KEY, else
+    the config file (~/.config/maec/client.toml or .yaml: url, api_key, timeout).
+    Exit codes: 0 ok, 1 job failed, 2 usage/validation, 3 auth, 4 not found,
+    5 network/server, 6 checksum mismatch, 7 cancelled/timeout, 8 conflict.
+    """
+
+
+@jobs.command()
+@click.argument("recipe", type=click.Path(dir_okay=False, allow_dash=True))
+@click.option("--idempotency-key", help="resubmitting with the same key returns the same job")
+@click.option("--no-validate", is_flag=True, help="skip the local recipe check")
+@click.option("--wait", "wait_", is_flag=True, help="wait for the job to finish")
+@click.option("--timeout", type=float, help="with --wait: give up after SECONDS (exit 7)")
+@click.option("--no-progress", is_flag=True, help="no progress bar")
+@_connection_options
+@_handles_errors
+def submit(recipe: str, idempotency_key: str | None, no_validate: bool, wait_: bool,
+           timeout: float | None, no_progress: bool) -> None:
+    """Queue RECIPE (a mergekit or MAEC recipe YAML, or a named-checkpoints job; - for stdin).
+
+    Prints the job id (or the job as JSON).
+    """
+    source: str | Path
+    if recipe == "-":
+        text = sys.stdin.read()
+        # One-line YAML on stdin must not be taken for a file name.
+        source = text if "\n" in text else text + "\n"
+    else:
+        source = Path(recipe)
+        if not source.is_file():
+            raise ValidationFailed("invalid_recipe", f"recipe file {recipe} does not exist")
+    with _client() as client:
+        job = client.submit(source, idempotency_key=idempotency_key, validate=not no_validate)
+        if wait_:
+            if not _as_json():
+                click.echo(job.id, err=True)
+            job = _wait(client, job, timeout, no_progress)
+    if _as_json():
+        _emit(job.model_dump(mode="json"))
+    else:
+        click.echo(job.id if not wait_ else _summary(job))
+
+
+@jobs.command()
+@click.argument("job_id")
+@_connection_options
+@_handles_errors
+def status(job_id: str) -> None:
+    """Show one job."""
+    with _client() as client:
+        job = client.get(job_id)
+    if _as_json():
+        _emit(job.model_dump(mode="json"))
+    else:
+        click.echo(_summary(job))
+
+
+@jobs.command()
+@click.argument("job_id")
+@click.option("--timeout", type=float, help="give up after SECONDS (exit 7)")
+@click.option("--no-progress", is_flag=True, help="no progress bar")
+@_connection_options
+@_handles_errors
+def watch(job_id: str, timeout: float | None, no_progress: bool) -> None:
+    """Follow a job to its end with a live progress bar; exit code says how it ended."""
+    with _client() as client:
+        job = _wait(client, job_id, timeout, no_progress)
+    if _as_json():
+        _emit(job.model_dump(mode="json"))
+    else:
+        click.echo(_summary(job))
+
+
+@jobs.command("list")
+@click.option("--status", "status_", help="only jobs in this status")
+@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True,
+              help="at most this many jobs (newest first)")
+@click.option("--all", "all_", is_flag=True, help="every job (follows all pages)")
+@_connection_options
+@_handles_errors
+def list_(status_: str | None, limit: int, all_: bool) -> None:
+    """List jobs, newest first."""
+    with _client() as client:
+        found = list(client.iter_jobs(status=status_, limit=None if all_ else limit))
+    if _as_json():
+        _emit({"jobs": [j.model_dump(mode="json") for j in found]})
+        return
+    if not found:
+        click.echo("no jobs")
+        return
+    click.echo(f"{'ID':<24} {'STATUS':<11} {'STAGE':<8} {'DONE':>5}  {'METHOD':<16} CREATED")
+    for j in found:
+        click.echo(f"{j.id:<24} {j.status:<11} {j.stage or '-':<8} "
+                   f"{j.progress.fraction:>5.0%}  {(j.method or '-'):<16} {j.created_at or '-'}")
+
+
+@jobs.command()
+@click.argument("job_id")
+@_connection_options
+@_handles_errors
+def cancel(job_id: str) -> None:
+    """Ask a job to stop (queued jobs end at once; running ones within seconds)."""
+    with _client() as client:
+        job = client.cancel(job_id)
+    if _as_json():
+        _emit(job.model_dump(mode="json"))
+    else:
+        click.echo(f"{job.id}: {job.status}"
+                   + (", cancel requested" if job.status != "cancelled" else ""))
+
+
+@jobs.command()
+@click.argument("job_id")
+@click.argument("dest", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--workers", type=click.IntRange(1, 64), default=8, show_default=True,
+              help="parallel connections")
+@click.option("--part-size", default="64MiB", show_default=True, callback=_parse_part_size,
+              help="files larger than this are fetched as parallel ranges")
+@click.option("--overwrite", is_flag=True, help="replace an existing DEST")
+@click.option("--redirect", is_flag=True,
+              help="fetch from presigned store URLs (S3 storage) instead of via the API")
+@click.option("--wait", "wait_", is_flag=True, help="wait for the job to finish first")
+@click.option("--timeout", type=float, help="with --wait: give up after SECONDS (exit 7)")
+@click.option("--no-progress", is_flag=True, help="no progress bar")
+@_connection_options
+@_handles_errors
+def download(job_id: str, dest: Path, workers: int, part_size: int, overwrite: bool,
+             redirect: bool, wait_: bool, timeout: float | None, no_progress: bool) -> None:
+    """Download a succeeded job's files into DEST, verified against its manifest.
+
+    Bytes land in DEST.partial first (rerun to resume after an interruption); DEST
+    appears only once every file's sha256 matched.
+    """
+    with _client() as client:
+        job = _wait(client, job_id, timeout, no_progress) if wait_ else client.get(job_id)
+        client.download(job, dest, workers=workers, part_size=part_size,
+                        overwrite=overwrite, redirect=redirect,
+                        progress=_show_progress(no_progress))
+    files = job.result.files if job.result else []
+    if _as_json():
+        _emit({"job_id": job.id, "dir": str(dest),
+               "files": [f.model_dump(mode="json") for f in files]})
+    else:
+        click.echo(f"{dest}: {len(files)} files, {_size(sum(f.size for f in files))}, "
+                   "sha256 verified")
+
+
+main = _core_main
+main.add_command(jobs)
+
+if __name__ == "__main__":
+    main()
