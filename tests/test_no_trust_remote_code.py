@@ -46,10 +46,9 @@ def scan_source(source: str, name: str = "<src>") -> list[str]:
                 if kw.arg is None and fname == "from_pretrained":
                     problems.append(f"{where}: **{ast.unparse(kw.value)} into from_pretrained")
             if fname == "setattr" and len(node.args) >= 3:
-                key = node.args[1]
-                if isinstance(key, ast.Constant) and key.value == FLAG and not _is_false(
-                    node.args[2]
-                ):
+                attr_name, value = node.args[1], node.args[2]
+                named = isinstance(attr_name, ast.Constant) and attr_name.value == FLAG
+                if named and not _is_false(value):
                     problems.append(f"{where}: setattr {FLAG}")
         elif isinstance(node, ast.Dict):
             for k, v in zip(node.keys, node.values, strict=True):
@@ -175,7 +174,9 @@ def test_gradient_pass_never_trusts_remote_code(
 
     import torch
 
-    params = MaecParams(importance="gradient", token_budget=64, seq_len=16, batch_size=2)
+    params = MaecParams.model_validate(
+        {"importance": "gradient", "token_budget": 64, "seq_len": 16, "batch_size": 2}
+    )
     name = "model.layers.0.mlp.down_proj.weight"
     try:
         scores, _ = gradient_scores(params, open_model_folder(base), str(corpus), [name],
