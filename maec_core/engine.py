@@ -107,15 +107,17 @@ def stream_merge(
                     raise Cancelled("merge cancelled")
                 inputs = [r.to(device=device, dtype=torch.float32) for r in raw]
                 del raw
-                merged = compute(planned, inputs)
+                merged = compute(planned, inputs).to(target)
                 del inputs
+                # Checked after the cast: a float32 value beyond float16's range only
+                # becomes inf there, and the cast tensor is the smaller one to scan.
                 if not bool(torch.isfinite(merged).all()):
                     raise NonFiniteOutput(
                         f"merged tensor {planned.name!r} contains NaN or inf; nothing was "
                         "written (check the inputs and parameters)",
                         tensor=planned.name,
                     )
-                writer.write(planned.name, merged.to(target))
+                writer.write(planned.name, merged)
                 del merged
                 if progress is not None:
                     progress(stage, i + 1, total)

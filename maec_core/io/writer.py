@@ -132,7 +132,8 @@ class ShardedWriter:
                 f"{name} {list(tensor.shape)} {got_dtype}"
             )
         f = self._open(si)
-        data = tensor.detach().cpu().contiguous().view(torch.uint8).numpy().data
+        # Flat bytes: len() of a 2-D memoryview would count rows, not bytes.
+        data = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().data
         f.write(data)
         shard = self._shards[si]
         shard.sha.update(data)

@@ -19,13 +19,14 @@ def layer_index(name: str) -> int | None:
 def layer_fraction(name: str, num_layers: int) -> float:
     """Position of a tensor in depth, 0..1, for gradients.
 
-    Layer i of N sits at i/(N-1). Tensors outside the blocks follow mergekit's order:
-    the embedding sits at 0, the final norm and lm_head at 1.
+    Layer i of N sits at i/(N-1) (a single layer at 1). Tensors outside the blocks
+    (embedding, final norm, lm_head) sit at 0: mergekit 0.1.5 resolves them with t = 0,
+    and a gradient recipe must give the same tensors here as there.
     """
     idx = layer_index(name)
     if idx is None:
-        return 0.0 if "embed" in name else 1.0
-    return idx / (num_layers - 1) if num_layers > 1 else 0.0
+        return 0.0
+    return idx / (num_layers - 1) if num_layers > 1 else 1.0
 
 
 def _gradient(values: list[float], frac: float) -> float:
@@ -43,7 +44,8 @@ def resolve_value(value: ParamValue, name: str, num_layers: int) -> Scalar | Non
         if value and all(isinstance(v, Condition) for v in value):
             for cond in value:
                 assert isinstance(cond, Condition)
-                if cond.filter is None or cond.filter in name:
+                # "*" is mergekit's explicit catch-all.
+                if cond.filter is None or cond.filter == "*" or cond.filter in name:
                     return resolve_value(cond.value, name, num_layers)
             return None
         nums = [float(v) for v in value if not isinstance(v, Condition)]

@@ -229,7 +229,12 @@ def test_filter_overrides_resolve_per_tensor() -> None:
         "density": 0.5, "weight": 0.0}
     assert resolve_params(params, "model.layers.1.self_attn.q_proj.weight", 3) == {
         "density": 1.0, "weight": 0.5}
-    assert resolve_params(params, "lm_head.weight", 3)["weight"] == 1.0
+    # Outside the blocks a gradient takes its first value, as in mergekit 0.1.5.
+    assert resolve_params(params, "lm_head.weight", 3)["weight"] == 0.0
+    star = [{"filter": "q_proj", "value": 0.2}, {"filter": "*", "value": 0.7}]
+    parsed = parse_recipe({"merge_method": "ties", "base_model": "b",
+                           "models": [{"model": "a", "parameters": {"density": star}}]})
+    assert resolve_params(parsed.models[0].parameters, "lm_head.weight", 3) == {"density": 0.7}
 
 
 @pytest.mark.parametrize(

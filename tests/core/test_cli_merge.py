@@ -1,0 +1,70 @@
+"""``maec merge RECIPE.yaml OUT_DIR`` through click's CliRunner."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from click.testing import CliRunner
+
+from maec_core.cli import main
+from tests.core.conftest import leftovers
+
+
+def write_recipe(path: Path, doc: dict[str, object]) -> Path:
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def ta_doc(zoo: dict[str, Path]) -> dict[str, object]:
+    return {"merge_method": "task_arithmetic", "base_model": str(zoo["base"]),
+            "models": [{"model": str(zoo["a"]), "parameters": {"weight": 0.5}}]}
+
+
+def test_merge_writes_folder_and_shows_progress(zoo: dict[str, Path], tmp_path: Path) -> None:
+    recipe = write_recipe(tmp_path / "r.yaml", ta_doc(zoo))
+    out = tmp_path / "merged"
+    result = CliRunner().invoke(main, ["merge", str(recipe), str(out)])
+    assert result.exit_code == 0, result.output
+    assert "wrote" in result.stdout and "21 tensors" in result.stdout
+    # The tqdm bar goes to stderr and ends at the tensor count.
+    assert "merge" in result.stderr and "21/21" in result.stderr
+    assert (out / "manifest.json").is_file() and (out / "model.safetensors").is_file()
+    again = CliRunner().invoke(main, ["merge", "--no-progress", str(recipe), str(out)])
+    assert again.exit_code == 2 and "output_exists" in again.stderr
+
+
+def test_unknown_key_is_named(zoo: dict[str, Path], tmp_path: Path) -> None:
+    doc = {**ta_doc(zoo), "out_shard_sise": "1GB"}
+    recipe = write_recipe(tmp_path / "r.yaml", doc)
+    out = tmp_path / "merged"
+    result = CliRunner().invoke(main, ["merge", str(recipe), str(out)])
+    assert result.exit_code == 2
+    assert "unknown key 'out_shard_sise'" in result.stderr
+    assert leftovers(out) == []
+
+
+def test_unknown_method_and_parameter_are_named(zoo: dict[str, Path], tmp_path: Path) -> None:
+    recipe = write_recipe(tmp_path / "r.yaml", {**ta_doc(zoo), "merge_method": "frobnicate"})
+    result = CliRunner().invoke(main, ["merge", str(recipe), str(tmp_path / "o1")])
+    assert result.exit_code == 2
+    assert "unknown merge_method 'frobnicate'" in result.stderr and "ties" in result.stderr
+    doc = ta_doc(zoo)
+    doc["parameters"] = {"lamda": 0.5}
+    recipe = write_recipe(tmp_path / "r2.yaml", doc)
+    result = CliRunner().invoke(main, ["merge", str(recipe), str(tmp_path / "o2")])
+    assert result.exit_code == 2 and "unknown parameter 'lamda'" in result.stderr
+
+
+def test_bad_checkpoint_reports_its_code(zoo: dict[str, Path], tmp_path: Path) -> None:
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text((zoo["a"] / "config.json").read_text())
+    (bad / "model.pt").write_bytes(b"x")
+    doc = ta_doc(zoo)
+    doc["models"] = [{"model": str(bad)}]
+    recipe = write_recipe(tmp_path / "r.yaml", doc)
+    out = tmp_path / "merged"
+    result = CliRunner().invoke(main, ["merge", str(recipe), str(out)])
+    assert result.exit_code == 2 and "pickle_refused" in result.stderr
+    assert leftovers(out) == []
