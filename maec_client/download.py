@@ -253,14 +253,27 @@ def _run_parallel(workers: int, tasks: list[Callable[[], None]],
     """
     if not tasks:
         return
+
+    def guarded(task: Callable[[], None]) -> None:
+        if stop.is_set():
+            return  # queued behind a failure: don't start it
+        try:
+            task()
+        except BaseException:
+            stop.set()  # at once, so a free worker does not pick up the next task
+            raise
+
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="maec-dl")
     try:
-        futures: list[Future[None]] = [pool.submit(t) for t in tasks]
+        futures: list[Future[None]] = [pool.submit(guarded, t) for t in tasks]
         wait(futures, return_when=FIRST_EXCEPTION)
-        for fut in futures:
-            exc = fut.exception() if fut.done() and not fut.cancelled() else None
-            if exc is not None:
-                raise exc
+        # Let the others wind down (stop is set on any failure; they end within a chunk),
+        # then report the cause: _Stopped in other tasks is only its consequence.
+        wait(futures)
+        errors = [e for e in (f.exception() for f in futures) if e is not None]
+        causes = [e for e in errors if not isinstance(e, _Stopped)]
+        if causes or errors:
+            raise (causes or errors)[0]
     except BaseException:
         stop.set()
         raise
@@ -329,8 +342,8 @@ def _stream_into(client: Client, url: str, params: dict[str, str] | None, r: _Ra
             except ValueError:
                 body = resp.text
             raise error_from_response(resp.status_code, body, resp.headers.get("retry-after"))
-        etag = resp.headers.get("etag")
-        if etag and etag.strip('W/"') != r.file.sha256:
+        etag = _sha256_etag(resp.headers.get("etag"))
+        if etag is not None and etag != r.file.sha256:
             # The service is serving other bytes than the job lists: stop before fetching them.
             raise ChecksumMismatch(r.file.path, r.file.sha256, f"ETag {etag}")
         skip = 0
@@ -363,6 +376,14 @@ def _stream_into(client: Client, url: str, params: dict[str, str] | None, r: _Ra
                     break
     if remaining:
         raise _ShortRead(f"{r.file.path}: stream ended {remaining} bytes early")
+
+
+def _sha256_etag(value: str | None) -> str | None:
+    """The service's ETag is the sha256; a store's (after a redirect: S3's MD5) is not."""
+    if not value:
+        return None
+    tag = value.strip().removeprefix("W/").strip('"')
+    return tag if re.fullmatch(r"[0-9a-f]{64}", tag) else None
 
 
 def _check_content_range(value: str | None, first: int, r: _Range) -> None:

@@ -17,6 +17,7 @@ from urllib.parse import unquote
 import httpx
 
 TERMINAL = {"succeeded", "failed", "cancelled"}
+STORE_HOST = "127.0.0.3"
 
 
 def err(status: int, code: str, message: str = "", headers: dict[str, str] | None = None,
@@ -117,6 +118,13 @@ class FakeService:
             return err(status, {429: "rate_limited", 503: "unavailable"}.get(status, "boom"),
                        headers={"Retry-After": "0"} if status == 429 else None)
         path = request.url.path
+        if request.url.host == STORE_HOST:
+            # A "presigned" store URL: no API key, its own (MD5) ETag, Range honoured.
+            m = re.fullmatch(r"/bucket/([^/]+)/(.+)", path)
+            assert m and request.url.params.get("sig") == "ok", request.url
+            if "authorization" in request.headers:
+                return err(400, "two_auth_mechanisms")
+            return self._file(request, m.group(1), unquote(m.group(2)), store=True)
         if path == "/healthz":
             return httpx.Response(200, json={"status": "ok"})
         auth = request.headers.get("authorization", "")
@@ -175,15 +183,20 @@ class FakeService:
         nxt = page[-1]["id"] if len(jobs) > limit else None
         return httpx.Response(200, json={"jobs": page, "next_cursor": nxt})
 
-    def _file(self, request: httpx.Request, job_id: str, path: str) -> httpx.Response:
+    def _file(self, request: httpx.Request, job_id: str, path: str,
+              store: bool = False) -> httpx.Response:
         data = self.files.get((job_id, path))
         if data is None:
             return err(404, "file_not_found", path=path)
+        if request.url.params.get("redirect") == "true" and not store:
+            loc = f"http://{STORE_HOST}:9000/bucket/{job_id}/{path}?sig=ok"
+            return httpx.Response(307, headers={"Location": loc})
         sha = hashlib.sha256(data).hexdigest()
         for cj, cp, off in self.corrupt:
             if (cj, cp) == (job_id, path):
                 data = data[:off] + bytes([data[off] ^ 0xFF]) + data[off + 1:]
-        headers = {"Accept-Ranges": "bytes", "ETag": f'"{sha}"'}
+        etag = hashlib.md5(data).hexdigest() if store else sha
+        headers = {"Accept-Ranges": "bytes", "ETag": f'"{etag}"'}
         start, end, status = 0, len(data) - 1, 200
         rng = request.headers.get("range")
         if rng and not self.ignore_range:

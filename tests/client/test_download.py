@@ -230,3 +230,22 @@ def test_absolute_file_urls_on_other_hosts_get_no_api_key(client, fake, tmp_path
     with pytest.raises(Exception, match="unauthorized"):
         client.download(k["id"], tmp_path / "b")
     assert "authorization" not in fake.file_requests()[-1].headers
+
+
+def test_redirect_to_presigned_store_without_api_key(client, fake, job, tmp_path):
+    client.download(job["id"], tmp_path / "out", redirect=True, part_size=30_000)
+    assert tree(tmp_path / "out") == FILES
+    store = [r for r in fake.requests if r.url.host == "127.0.0.3"]
+    api = [r for r in fake.file_requests() if r.url.host == "127.0.0.1"]
+    assert len(store) == len(api) == 8  # 4 + 2 ranges, 2 small files; each redirected once
+    assert all("authorization" not in r.headers for r in store)
+    assert all(r.headers["range"] for r in store)  # the Range survived the redirect
+
+
+def test_etag_naming_other_bytes_stops_before_download(client, fake, job, tmp_path):
+    name = "config.json"
+    fake.files[(job["id"], name)] = b"X" * len(FILES[name])  # served bytes changed
+    with pytest.raises(ChecksumMismatch) as info:
+        client.download(job["id"], tmp_path / "out", workers=1)
+    assert info.value.path == name and info.value.actual.startswith("ETag")
+    assert not (tmp_path / "out").exists()
