@@ -1,0 +1,53 @@
+"""Dependencies: the shared service objects and the caller's key id."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from app.api.errors import ApiError
+from app.jobs.api_store import ApiJobStore
+from app.queue import Enqueuer
+from app.settings import Settings, hash_key
+from app.storage.base import Storage
+
+
+@dataclass
+class Services:
+    settings: Settings
+    store: ApiJobStore
+    storage: Storage
+    enqueuer: Enqueuer
+    # sha256 -> key id, built once: authenticating a request is one hash + one lookup.
+    keys: dict[str, str]
+
+
+def get_services(request: Request) -> Services:
+    svc: Services = request.app.state.services
+    return svc
+
+
+Svc = Annotated[Services, Depends(get_services)]
+
+
+def _unauthorized(message: str) -> ApiError:
+    return ApiError(401, "unauthorized", message, headers={"WWW-Authenticate": "Bearer"})
+
+
+def require_key(request: Request, svc: Svc) -> str:
+    """The key id of the caller (``dev`` in dev mode); 401 otherwise."""
+    if svc.settings.dev_mode:
+        return "dev"
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise _unauthorized("missing API key (Authorization: Bearer <key>)")
+    owner = svc.keys.get(hash_key(token.strip()))
+    if owner is None:
+        raise _unauthorized("unknown API key")
+    return owner
+
+
+Owner = Annotated[str, Depends(require_key)]

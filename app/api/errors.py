@@ -1,0 +1,67 @@
+"""Every error body is ``{code, message, details}`` (docs/api.md), whatever raised it."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from maec_core.errors import MaecError
+
+log = logging.getLogger("maec.api")
+
+
+class ApiError(MaecError):
+    """An HTTP-level failure with a contract code (401, 404, 409, 413, 416, 429, 503)."""
+
+    def __init__(self, http_status: int, code: str, message: str,
+                 headers: dict[str, str] | None = None, **details: Any) -> None:
+        super().__init__(message, **details)
+        self.http_status = http_status
+        self.code = code
+        self.headers = headers or {}
+
+
+def problem(status: int, code: str, message: str, details: dict[str, Any] | None = None,
+            headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"code": code, "message": message, "details": details or {}},
+                        status_code=status, headers=headers)
+
+
+async def _maec_error(_req: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, MaecError)
+    headers = exc.headers if isinstance(exc, ApiError) else None
+    return problem(exc.http_status, exc.code, exc.message, exc.details, headers)
+
+
+async def _validation(_req: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    problems = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        problems.append(f"{where}: {msg}" if where else msg)
+    return problem(422, "invalid_request", "invalid request: " + "; ".join(problems),
+                   {"problems": problems})
+
+
+async def _http(_req: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    return problem(exc.status_code, code, str(exc.detail))
+
+
+async def _unexpected(_req: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error", exc_info=exc)
+    return problem(500, "internal_error", "internal error (logged on the server)")
+
+
+def install(app: FastAPI) -> None:
+    app.add_exception_handler(MaecError, _maec_error)
+    app.add_exception_handler(RequestValidationError, _validation)
+    app.add_exception_handler(StarletteHTTPException, _http)
+    app.add_exception_handler(Exception, _unexpected)

@@ -1,0 +1,101 @@
+"""The FastAPI application (``uvicorn app.api.main:create_app --factory``)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+
+from app.api import errors
+from app.api.deps import Services
+from app.api.routes import files, health, jobs
+from app.jobs.api_store import ApiJobStore
+from app.queue import Enqueuer
+from app.settings import Settings, get_settings
+from app.storage import make_storage
+
+log = logging.getLogger("maec.api")
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class BodyLimit:
+    """Refuse request bodies above ``limit`` bytes with 413 before any parsing.
+
+    Pure ASGI (not BaseHTTPMiddleware, which costs throughput on every request).
+    """
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            await self._refuse(send)
+            return
+        chunks: list[Message] = []
+        total = 0
+        while True:
+            msg = await receive()
+            chunks.append(msg)
+            if msg["type"] != "http.request":
+                break
+            total += len(msg.get("body", b""))
+            if total > self.limit:
+                await self._refuse(send)
+                return
+            if not msg.get("more_body", False):
+                break
+
+        async def replay() -> Message:
+            return chunks.pop(0) if chunks else await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, send: Send) -> None:
+        resp = errors.problem(413, "request_too_large",
+                              f"request body above {self.limit} bytes", {"limit": self.limit})
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": resp.raw_headers})
+        await send({"type": "http.response.body", "body": resp.body})
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+    settings.warn_if_dev()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        storage = make_storage(settings)
+        store = ApiJobStore.from_url(settings.redis_url)
+        enqueuer = Enqueuer(settings.redis_url)
+        app.state.services = Services(settings, store, storage, enqueuer,
+                                      settings.key_lookup)
+        try:
+            yield
+        finally:
+            await store.close()
+            enqueuer.close()
+
+    app = FastAPI(
+        title="maec-service",
+        version="1",
+        description="Model merging (MAEC and baselines) as jobs. See docs/api.md.",
+        lifespan=lifespan,
+    )
+    errors.install(app)
+    app.include_router(health.router)
+    app.include_router(jobs.router)
+    app.include_router(files.router)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    return app

@@ -1,0 +1,64 @@
+"""Prometheus families built from Redis at scrape time.
+
+Job counts and durations live in Redis (the status sets and the ``maec:metrics`` hash
+the workers increment), so every API replica reports the same numbers and a restart
+loses none of them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from app.jobs.accounting import DURATION_BUCKETS, bucket_field
+from app.jobs.api_store import ApiJobStore
+from app.jobs.record import STATUSES
+from app.settings import Settings
+
+
+class _Snapshot(Collector):
+    def __init__(self, metrics: list[Metric]) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterable[Metric]:
+        return self.metrics
+
+
+async def render_metrics(store: ApiJobStore, settings: Settings) -> bytes:
+    counts = await store.status_counts()
+    raw = await store.metrics_hash()
+    workers = await store.live_workers(3 * settings.worker_heartbeat_seconds)
+
+    jobs = GaugeMetricFamily("maec_jobs", "Jobs by current status", labels=["status"])
+    for s in STATUSES:
+        jobs.add_metric([s], counts.get(s, 0))
+    finished = CounterMetricFamily("maec_jobs_finished", "Jobs that ended, by outcome",
+                                   labels=["status"])
+    for s in ("succeeded", "failed", "cancelled"):
+        finished.add_metric([s], raw.get(f"finished_total:{s}", 0.0))
+    duration = HistogramMetricFamily(
+        "maec_job_duration_seconds", "Wall time from claim to end, per job"
+    )
+    duration.add_metric(
+        [],
+        [("+Inf" if math.isinf(le) else repr(float(le)), raw.get(bucket_field(le), 0.0))
+         for le in DURATION_BUCKETS],
+        sum_value=raw.get("duration_sum", 0.0),
+    )
+    published = CounterMetricFamily("maec_published_bytes", "Bytes of results published")
+    published.add_metric([], raw.get("bytes_published_total", 0.0))
+    live = GaugeMetricFamily("maec_workers_live", "Workers with a recent heartbeat")
+    live.add_metric([], workers)
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Snapshot([jobs, finished, duration, published, live]))
+    return generate_latest(registry)

@@ -1,0 +1,87 @@
+"""GET /v1/jobs/{id}/files/{path}: published files, with single-range support.
+
+Only paths listed in the job's result (the manifest's files plus manifest.json) are
+served, so a path can never name anything else in storage.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import RedirectResponse, Response, StreamingResponse
+
+from app.api.deps import Owner, Svc
+from app.api.errors import ApiError
+from app.api.routes.jobs import not_found
+from app.api.schemas import PROBLEMS
+
+router = APIRouter(prefix="/v1/jobs", tags=["files"], responses=PROBLEMS)
+_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+
+
+def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
+    """``(start, end)`` inclusive for one satisfiable range; None = whole file.
+
+    Multi-range and malformed headers are ignored (the whole file is a valid answer);
+    a well-formed but unsatisfiable range raises 416.
+    """
+    if not header:
+        return None
+    m = _RANGE.match(header.strip())
+    if m is None:
+        return None
+    first, last = m.group(1), m.group(2)
+    if not first and not last:
+        return None
+    if not first:
+        n = int(last)
+        if n == 0:
+            raise _unsatisfiable(size)
+        return max(0, size - n), size - 1
+    start = int(first)
+    end = min(int(last), size - 1) if last else size - 1
+    if start >= size or (last and int(last) < start):
+        raise _unsatisfiable(size)
+    return start, end
+
+
+def _unsatisfiable(size: int) -> ApiError:
+    return ApiError(416, "range_not_satisfiable", f"the file has {size} bytes",
+                    headers={"Content-Range": f"bytes */{size}"}, size=size)
+
+
+@router.get("/{job_id}/files/{path:path}", response_class=StreamingResponse,
+            responses={206: {"description": "partial content"},
+                       307: {"description": "redirect to a presigned URL"}})
+async def get_file(
+    job_id: str, path: str, request: Request, owner: Owner, svc: Svc,
+    redirect: Annotated[bool, Query()] = False,
+) -> Response:
+    rec = await svc.store.get(job_id, owner)
+    if rec is None:
+        raise not_found(job_id)
+    files = {f["path"]: f for f in (rec.result or {}).get("files", [])}
+    entry = files.get(path)
+    if rec.status != "succeeded" or entry is None or not rec.result_prefix:
+        raise ApiError(404, "file_not_found", f"job {job_id} has no published file {path!r}",
+                       job_id=job_id, path=path, status=rec.status)
+    key = f"{rec.result_prefix}/{path}"
+    size = int(entry["size"])
+    headers = {"Accept-Ranges": "bytes", "ETag": f'"{entry["sha256"]}"'}
+    if redirect:
+        url = svc.storage.presign(key, svc.settings.s3_presign_seconds)
+        if url is not None:
+            return RedirectResponse(url, status_code=307, headers=headers)
+    rng = parse_range(request.headers.get("range"), size)
+    if rng is None:
+        start, end, status = 0, size - 1, 200
+    else:
+        (start, end), status = rng, 206
+        headers["Content-Range"] = f"bytes {start}-{end}/{size}"
+    headers["Content-Length"] = str(end - start + 1)
+    if size == 0:
+        return Response(b"", headers=headers, media_type="application/octet-stream")
+    return StreamingResponse(svc.storage.iter_range(key, start, end), status_code=status,
+                             headers=headers, media_type="application/octet-stream")

@@ -1,0 +1,109 @@
+"""/v1/jobs: submit, read, list, cancel."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+
+from app.api.deps import Owner, Svc
+from app.api.errors import ApiError
+from app.api.schemas import PROBLEMS, JobList, JobOut
+from app.jobs.record import STATUSES, JobRecord, new_job_id, now_iso
+from app.submission import JobRequest, build_recipe, check_sources
+
+log = logging.getLogger("maec.api")
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=PROBLEMS)
+
+
+def not_found(job_id: str) -> ApiError:
+    # The same answer for "absent" and "another key's": ids are not an oracle.
+    return ApiError(404, "job_not_found", f"no job {job_id}", job_id=job_id)
+
+
+def _job(rec: JobRecord, status: int = 200, headers: dict[str, str] | None = None
+         ) -> JSONResponse:
+    return JSONResponse(rec.public(), status_code=status, headers=headers)
+
+
+@router.post("", status_code=202, response_model=JobOut,
+             responses={200: {"model": JobOut, "description": "idempotent replay"}})
+async def submit(body: JobRequest, owner: Owner, svc: Svc) -> JSONResponse:
+    """Validate (schema, parameters, sources, headers) and queue a merge job."""
+    recipe = build_recipe(body)
+    sources = await run_in_threadpool(check_sources, recipe, svc.settings, svc.storage)
+    record = JobRecord(
+        id=new_job_id(), owner=owner, method=recipe.merge_method,
+        name=body.name or recipe.name,
+        recipe=recipe.model_dump(mode="json", exclude_none=True, by_alias=True),
+        sources=sources, created_at=now_iso(), idempotency_key=body.idempotency_key,
+    )
+    outcome, job_id = await svc.store.create(
+        record, max_active=svc.settings.max_active_jobs_per_key
+    )
+    if outcome == "too_many":
+        raise ApiError(429, "too_many_jobs",
+                       f"key {owner} already has {svc.settings.max_active_jobs_per_key} "
+                       "active jobs; wait for some to finish", headers={"Retry-After": "30"},
+                       limit=svc.settings.max_active_jobs_per_key)
+    if outcome == "existing":
+        existing = await svc.store.get(job_id)
+        if existing is None:  # pragma: no cover - idempotency keys outlive no job
+            raise not_found(job_id)
+        return _job(existing, 200, {"Location": f"/v1/jobs/{job_id}"})
+    try:
+        await run_in_threadpool(svc.enqueuer.enqueue, job_id)
+    except Exception as exc:
+        log.error("enqueue of %s failed: %s", job_id, exc)
+        await svc.store.fail(job_id, {"code": "unavailable",
+                                      "message": "the job queue is unreachable",
+                                      "details": {}})
+        raise ApiError(503, "unavailable", "the job queue is unreachable; retry later",
+                       headers={"Retry-After": "5"}) from None
+    log.info("job %s queued for %s (%s)", job_id, owner, record.method)
+    return _job(record, 202, {"Location": f"/v1/jobs/{job_id}"})
+
+
+@router.get("", response_model=JobList)
+async def list_jobs(
+    owner: Owner, svc: Svc,
+    status: Annotated[str | None, Query()] = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    cursor: Annotated[str | None, Query(max_length=64, pattern=r"^j_[0-9a-f]+$")] = None,
+) -> JSONResponse:
+    """The caller's jobs, newest first; pass ``next_cursor`` back for the next page."""
+    if status is not None and status not in STATUSES:
+        raise ApiError(422, "invalid_request",
+                       f"status must be one of {', '.join(STATUSES)}", status=status)
+    page = await svc.store.list(owner, status=status, limit=limit, cursor=cursor)
+    body: dict[str, Any] = {"jobs": [j.public() for j in page.jobs],
+                            "next_cursor": page.next_cursor}
+    return JSONResponse(body)
+
+
+@router.get("/{job_id}", response_model=JobOut)
+async def get_job(job_id: str, owner: Owner, svc: Svc) -> JSONResponse:
+    rec = await svc.store.get(job_id, owner)
+    if rec is None:
+        raise not_found(job_id)
+    return _job(rec)
+
+
+@router.post("/{job_id}/cancel", status_code=202, response_model=JobOut)
+async def cancel_job(job_id: str, owner: Owner, svc: Svc) -> JSONResponse:
+    """Queued jobs end at once; running ones stop at their next tensor and clean up."""
+    if await svc.store.get(job_id, owner) is None:
+        raise not_found(job_id)
+    outcome = await svc.store.cancel(job_id)
+    if outcome == "missing":
+        raise not_found(job_id)
+    rec = await svc.store.get(job_id, owner)
+    if rec is None:
+        raise not_found(job_id)
+    if outcome == "finished":
+        raise ApiError(409, "job_finished", f"job {job_id} already ended ({rec.status})",
+                       status=rec.status)
+    return _job(rec, 202)

@@ -1,0 +1,112 @@
+"""One job as stored in Redis: a hash whose every field holds a JSON value.
+
+A hash (not one JSON string) so that progress writes and state transitions touch only
+their fields, atomically, from Lua; reading a job is still one ``HGETALL``.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+Status = Literal["queued", "running", "publishing", "succeeded", "failed", "cancelled"]
+STATUSES: tuple[Status, ...] = (
+    "queued", "running", "publishing", "succeeded", "failed", "cancelled",
+)
+TERMINAL: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
+ACTIVE: frozenset[str] = frozenset({"queued", "running", "publishing"})
+
+PREFIX = "maec:"
+
+
+def job_key(job_id: str) -> str:
+    return f"{PREFIX}job:{job_id}"
+
+
+def owner_key(owner: str) -> str:
+    return f"{PREFIX}owner:{owner}"
+
+
+def active_key(owner: str) -> str:
+    return f"{PREFIX}active:{owner}"
+
+
+def status_key(status: str) -> str:
+    return f"{PREFIX}status:{status}"
+
+
+def idem_key(owner: str, key: str) -> str:
+    return f"{PREFIX}idem:{owner}:{key}"
+
+
+METRICS_KEY = f"{PREFIX}metrics"
+WORKERS_KEY = f"{PREFIX}workers"
+
+
+def new_job_id() -> str:
+    """``j_`` + 12 hex digits of milliseconds + random: ids sort by creation time, so a
+    per-owner sorted set read lexicographically lists newest first without a score."""
+    return f"j_{int(time.time() * 1000):012x}{secrets.token_hex(6)}"
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class Progress(BaseModel):
+    fraction: float = 0.0
+    done: int = 0
+    total: int = 0
+
+
+class JobRecord(BaseModel):
+    id: str
+    owner: str
+    status: Status = "queued"
+    stage: str | None = None
+    progress: Progress = Field(default_factory=Progress)
+    method: str
+    name: str | None = None
+    recipe: dict[str, Any]
+    # Every source the recipe names, as the worker will fetch it (kind, uri, ...).
+    sources: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    created_at: str
+    started_at: str | None = None
+    finished_at: str | None = None
+    attempts: int = 0
+    cancel_requested: bool = False
+    artifact_reused: bool | None = None
+    error: dict[str, Any] | None = None
+    result: dict[str, Any] | None = None
+    idempotency_key: str | None = None
+    lease_until: float = 0.0
+    worker: str | None = None
+    # Storage prefix the result files were published under (attempt-specific).
+    result_prefix: str | None = None
+
+    def public(self) -> dict[str, Any]:
+        """The Job object of the API contract (internal bookkeeping left out)."""
+        return self.model_dump(
+            mode="json",
+            exclude={"owner", "sources", "idempotency_key", "lease_until", "worker",
+                     "result_prefix"},
+        )
+
+
+def encode(fields: dict[str, Any]) -> dict[str, str]:
+    return {k: json.dumps(v, separators=(",", ":")) for k, v in fields.items()}
+
+
+def decode(raw: dict[bytes, bytes] | dict[str, str]) -> JobRecord | None:
+    if not raw:
+        return None
+    doc = {
+        (k.decode() if isinstance(k, bytes) else k): json.loads(v)
+        for k, v in raw.items()
+    }
+    return JobRecord.model_validate(doc)

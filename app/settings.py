@@ -1,0 +1,117 @@
+"""The service's one settings class (env prefix ``MAEC_``), shared by the API and the worker.
+
+Insecure or missing production settings are refused at start-up unless ``dev_mode`` is
+on, so a forgotten environment variable cannot silently open the service.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+log = logging.getLogger("maec.settings")
+
+# Credentials that ship in examples; accepting them outside dev mode would be a hole.
+_DEFAULT_SECRETS = frozenset({"", "minioadmin", "admin", "secret", "changeme", "dev"})
+
+
+def hash_key(raw: str) -> str:
+    """The form API keys are stored in: hex sha256 of the presented key."""
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="MAEC_", extra="ignore")
+
+    dev_mode: bool = False
+    # key id -> hex sha256 of the key, e.g. MAEC_API_KEYS='{"alice": "<sha256>"}'.
+    api_keys: dict[str, str] = Field(default_factory=dict)
+
+    redis_url: str = "redis://127.0.0.1:6379/0"
+
+    storage_backend: Literal["local", "s3"] = "local"
+    storage_dir: Path = Path("var/storage")
+    s3_endpoint_url: str | None = None
+    s3_bucket: str = "maec"
+    s3_region: str = "us-east-1"
+    s3_access_key: str = ""
+    s3_secret_key: str = ""
+    s3_presign_seconds: int = Field(default=300, ge=10, le=3600)
+    # Parts above this size go up as multipart uploads (each part with a checksum).
+    s3_multipart_bytes: int = Field(default=64 * 1024 * 1024, ge=5 * 1024 * 1024)
+
+    local_roots: list[Path] = Field(default_factory=list)
+    hub_enabled: bool = False
+
+    # Worker side.
+    work_dir: Path = Path("var/work")
+    cache_max_bytes: int = Field(default=50 * 10**9, ge=0)
+    device: str | None = None
+    max_attempts: int = Field(default=3, ge=1, le=20)
+    task_time_limit: int = Field(default=6 * 3600, ge=10)
+    # A running job whose lease is older than this may be re-claimed by a redelivery.
+    lease_seconds: int = Field(default=60, ge=2)
+    progress_interval: float = Field(default=0.5, ge=0.0)
+    cancel_poll_interval: float = Field(default=0.25, ge=0.0)
+
+    # API side.
+    max_active_jobs_per_key: int = Field(default=100, ge=1)
+    max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
+    worker_heartbeat_seconds: float = Field(default=5.0, gt=0)
+
+    @field_validator("api_keys")
+    @classmethod
+    def _hashes(cls, v: dict[str, str]) -> dict[str, str]:
+        for key_id, digest in v.items():
+            if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest.lower()):
+                raise ValueError(f"api_keys[{key_id!r}] must be a hex sha256 of the key")
+        return {k: d.lower() for k, d in v.items()}
+
+    @field_validator("local_roots")
+    @classmethod
+    def _absolute(cls, v: list[Path]) -> list[Path]:
+        for root in v:
+            if not root.is_absolute():
+                raise ValueError(f"local_roots entry {root} must be an absolute path")
+        return [r.resolve() for r in v]
+
+    @model_validator(mode="after")
+    def _refuse_insecure(self) -> Settings:
+        if self.dev_mode:
+            return self
+        problems = []
+        if not self.api_keys:
+            problems.append("MAEC_API_KEYS is empty (every endpoint but health needs a key)")
+        if self.storage_backend == "s3" and (
+            self.s3_access_key in _DEFAULT_SECRETS or self.s3_secret_key in _DEFAULT_SECRETS
+        ):
+            problems.append("S3 credentials are empty or a well-known default")
+        if problems:
+            raise ValueError(
+                "insecure settings outside dev mode: " + "; ".join(problems)
+                + " (set MAEC_DEV_MODE=true only for a local, single-user run)"
+            )
+        return self
+
+    @property
+    def key_lookup(self) -> dict[str, str]:
+        """hash -> key id, so authenticating a request is one dict lookup."""
+        return {digest: key_id for key_id, digest in self.api_keys.items()}
+
+    def warn_if_dev(self) -> None:
+        if self.dev_mode:
+            log.warning(
+                "#### MAEC DEV MODE: authentication is OFF; every request acts as key 'dev'. "
+                "Never expose this process beyond 127.0.0.1. ####"
+            )
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,67 @@
+"""The storage interface both backends implement, and its one error type."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from maec_core.errors import MaecError
+
+
+class StorageError(MaecError):
+    """The object store is unreachable or refused an operation."""
+
+    code = "storage_unavailable"
+    http_status = 503
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    key: str
+    size: int
+    # Identifies the content version (S3 ETag / checksum; size+mtime locally).
+    etag: str
+
+
+def check_key(key: str) -> str:
+    """Refuse keys that could escape a prefix (``..``, absolute, empty segments)."""
+    parts = key.split("/")
+    if not key or key.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise StorageError(f"invalid storage key {key!r}", key=key)
+    return key
+
+
+class Storage(Protocol):
+    kind: str
+
+    def ping(self) -> bool: ...
+
+    def put_file(self, key: str, path: Path) -> None: ...
+
+    def put_bytes(self, key: str, data: bytes) -> None: ...
+
+    def get_bytes(self, key: str) -> bytes: ...
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        """Bytes ``[start, end]`` (inclusive, as in HTTP Range)."""
+        ...
+
+    def iter_range(self, key: str, start: int, end: int) -> Iterator[bytes]: ...
+
+    def head(self, key: str) -> ObjectInfo | None: ...
+
+    def list(self, prefix: str) -> list[ObjectInfo]: ...
+
+    def download(self, key: str, dest: Path) -> None: ...
+
+    def delete_prefix(self, prefix: str) -> None: ...
+
+    def presign(self, key: str, seconds: int) -> str | None:
+        """A short-lived GET URL, or None when the backend cannot make one."""
+        ...
+
+    def for_bucket(self, bucket: str) -> Storage:
+        """The same store, another bucket (S3 sources); local storage refuses."""
+        ...

@@ -1,0 +1,110 @@
+"""Local-directory storage: the embedded default for one machine and the dev run.
+
+Writes go to a temporary file and are renamed into place, so a reader sees a whole file
+or none, as with S3.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+from app.storage.base import ObjectInfo, Storage, StorageError, check_key
+
+CHUNK = 1024 * 1024
+
+
+class LocalStorage:
+    kind = "local"
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root).resolve()
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, key: str) -> Path:
+        return self.root / check_key(key)
+
+    def ping(self) -> bool:
+        return self.root.is_dir() and os.access(self.root, os.W_OK)
+
+    def _atomic(self, key: str) -> tuple[Path, Path]:
+        dest = self._path(key)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        return dest, dest.parent / f".{dest.name}.{uuid.uuid4().hex[:8]}.part"
+
+    def put_file(self, key: str, path: Path) -> None:
+        dest, tmp = self._atomic(key)
+        try:
+            shutil.copyfile(path, tmp)
+            os.replace(tmp, dest)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise StorageError(f"cannot store {key}: {exc.strerror}", key=key) from None
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        dest, tmp = self._atomic(key)
+        tmp.write_bytes(data)
+        os.replace(tmp, dest)
+
+    def get_bytes(self, key: str) -> bytes:
+        try:
+            return self._path(key).read_bytes()
+        except FileNotFoundError:
+            raise StorageError(f"no object {key}", key=key) from None
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        with open(self._path(key), "rb") as f:
+            f.seek(start)
+            return f.read(end - start + 1)
+
+    def iter_range(self, key: str, start: int, end: int) -> Iterator[bytes]:
+        with open(self._path(key), "rb") as f:
+            f.seek(start)
+            left = end - start + 1
+            while left > 0:
+                chunk = f.read(min(CHUNK, left))
+                if not chunk:
+                    break
+                left -= len(chunk)
+                yield chunk
+
+    def head(self, key: str) -> ObjectInfo | None:
+        try:
+            st = self._path(key).stat()
+        except FileNotFoundError:
+            return None
+        return ObjectInfo(key, st.st_size, f"{st.st_size}-{st.st_mtime_ns}")
+
+    def list(self, prefix: str) -> list[ObjectInfo]:
+        base = self._path(prefix.rstrip("/")) if prefix.strip("/") else self.root
+        if not base.is_dir():
+            return []
+        out = []
+        for dirpath, _dirs, files in os.walk(base):
+            for name in files:
+                if name.startswith(".") and name.endswith(".part"):
+                    continue
+                p = Path(dirpath) / name
+                st = p.stat()
+                key = p.relative_to(self.root).as_posix()
+                out.append(ObjectInfo(key, st.st_size, f"{st.st_size}-{st.st_mtime_ns}"))
+        return sorted(out, key=lambda o: o.key)
+
+    def download(self, key: str, dest: Path) -> None:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(self._path(key), dest)
+
+    def delete_prefix(self, prefix: str) -> None:
+        shutil.rmtree(self._path(prefix.rstrip("/")), ignore_errors=True)
+
+    def presign(self, key: str, seconds: int) -> str | None:
+        return None
+
+    def for_bucket(self, bucket: str) -> Storage:
+        raise StorageError(
+            "s3:// sources need S3 storage (MAEC_STORAGE_BACKEND=s3); this service "
+            "uses a local directory", bucket=bucket,
+        )

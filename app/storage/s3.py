@@ -1,0 +1,165 @@
+"""S3-compatible storage through boto3: multipart uploads with SHA-256 checksums per part,
+ranged GETs, presigned URLs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import boto3
+from boto3.s3.transfer import TransferConfig
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
+
+from app.settings import Settings
+from app.storage.base import ObjectInfo, Storage, StorageError, check_key
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+
+CHUNK = 1024 * 1024
+
+
+def _fail(what: str, exc: Exception, **details: Any) -> StorageError:
+    return StorageError(f"object store error while {what}: {exc}", **details)
+
+
+class S3Storage:
+    kind = "s3"
+
+    def __init__(self, client: S3Client, bucket: str, *, multipart_bytes: int) -> None:
+        self.client = client
+        self.bucket = bucket
+        self.multipart_bytes = multipart_bytes
+        self.transfer = TransferConfig(
+            multipart_threshold=multipart_bytes, multipart_chunksize=multipart_bytes,
+        )
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> S3Storage:
+        client = boto3.client(
+            "s3",
+            endpoint_url=s.s3_endpoint_url,
+            region_name=s.s3_region,
+            aws_access_key_id=s.s3_access_key or None,
+            aws_secret_access_key=s.s3_secret_key or None,
+            config=Config(
+                retries={"max_attempts": 5, "mode": "standard"},
+                connect_timeout=5, read_timeout=60,
+                s3={"addressing_style": "path"},
+                max_pool_connections=32,
+            ),
+        )
+        return cls(client, s.s3_bucket, multipart_bytes=s.s3_multipart_bytes)
+
+    def for_bucket(self, bucket: str) -> Storage:
+        return S3Storage(self.client, bucket, multipart_bytes=self.multipart_bytes)
+
+    def ensure_bucket(self) -> None:
+        try:
+            self.client.head_bucket(Bucket=self.bucket)
+        except ClientError:
+            self.client.create_bucket(Bucket=self.bucket)
+
+    def ping(self) -> bool:
+        try:
+            self.client.head_bucket(Bucket=self.bucket)
+        except (ClientError, BotoCoreError):
+            return False
+        return True
+
+    def put_file(self, key: str, path: Path) -> None:
+        try:
+            self.client.upload_file(
+                str(path), self.bucket, check_key(key),
+                ExtraArgs={"ChecksumAlgorithm": "SHA256"}, Config=self.transfer,
+            )
+        except (ClientError, BotoCoreError, OSError) as exc:
+            raise _fail(f"uploading {key}", exc, key=key) from None
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        try:
+            self.client.put_object(
+                Bucket=self.bucket, Key=check_key(key), Body=data, ChecksumAlgorithm="SHA256"
+            )
+        except (ClientError, BotoCoreError) as exc:
+            raise _fail(f"uploading {key}", exc, key=key) from None
+
+    def get_bytes(self, key: str) -> bytes:
+        try:
+            return self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+        except (ClientError, BotoCoreError) as exc:
+            raise _fail(f"reading {key}", exc, key=key) from None
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        try:
+            resp = self.client.get_object(
+                Bucket=self.bucket, Key=key, Range=f"bytes={start}-{end}"
+            )
+            return resp["Body"].read()
+        except (ClientError, BotoCoreError) as exc:
+            raise _fail(f"reading {key}", exc, key=key) from None
+
+    def iter_range(self, key: str, start: int, end: int) -> Iterator[bytes]:
+        try:
+            resp = self.client.get_object(
+                Bucket=self.bucket, Key=key, Range=f"bytes={start}-{end}"
+            )
+        except (ClientError, BotoCoreError) as exc:
+            raise _fail(f"reading {key}", exc, key=key) from None
+        yield from resp["Body"].iter_chunks(CHUNK)
+
+    def head(self, key: str) -> ObjectInfo | None:
+        try:
+            h = self.client.head_object(Bucket=self.bucket, Key=key)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise _fail(f"reading {key}", exc, key=key) from None
+        except BotoCoreError as exc:
+            raise _fail(f"reading {key}", exc, key=key) from None
+        return ObjectInfo(key, int(h["ContentLength"]), str(h.get("ETag", "")).strip('"'))
+
+    def list(self, prefix: str) -> list[ObjectInfo]:
+        out: list[ObjectInfo] = []
+        try:
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=prefix
+            )
+            for page in pages:
+                for obj in page.get("Contents", []):
+                    out.append(ObjectInfo(
+                        obj["Key"], int(obj["Size"]), str(obj.get("ETag", "")).strip('"')
+                    ))
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") == "NoSuchBucket":
+                return []
+            raise _fail(f"listing {prefix}", exc, prefix=prefix) from None
+        except BotoCoreError as exc:
+            raise _fail(f"listing {prefix}", exc, prefix=prefix) from None
+        return sorted(out, key=lambda o: o.key)
+
+    def download(self, key: str, dest: Path) -> None:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.client.download_file(self.bucket, key, str(dest), Config=self.transfer)
+        except (ClientError, BotoCoreError) as exc:
+            raise _fail(f"downloading {key}", exc, key=key) from None
+
+    def delete_prefix(self, prefix: str) -> None:
+        keys = [o.key for o in self.list(prefix)]
+        try:
+            for i in range(0, len(keys), 1000):
+                self.client.delete_objects(
+                    Bucket=self.bucket,
+                    Delete={"Objects": [{"Key": k} for k in keys[i:i + 1000]], "Quiet": True},
+                )
+        except (ClientError, BotoCoreError) as exc:
+            raise _fail(f"deleting {prefix}", exc, prefix=prefix) from None
+
+    def presign(self, key: str, seconds: int) -> str | None:
+        return self.client.generate_presigned_url(
+            "get_object", Params={"Bucket": self.bucket, "Key": key}, ExpiresIn=seconds
+        )

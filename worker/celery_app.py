@@ -1,0 +1,61 @@
+"""The Celery application: ``celery -A worker.celery_app worker -Q merges``.
+
+The parent (prefork) process imports torch through ``worker.tasks`` so that each child
+forks with it loaded, but never touches CUDA: device selection happens in the child,
+inside the task. The parent runs the heartbeat thread (``/readyz`` counts live workers)
+and the lease sweeper.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import threading
+from typing import Any
+
+from celery import Celery
+from celery.signals import worker_ready, worker_shutdown
+
+from app.jobs.worker_store import WorkerJobStore
+from app.settings import get_settings
+from worker.celery_config import celery_settings
+from worker.sweeper import sweep_expired
+
+log = logging.getLogger("maec.worker")
+
+celery = Celery("maec-worker")
+celery.conf.update(celery_settings(get_settings()))
+# Registers the task (by name) in this app.
+celery.conf.imports = ("worker.tasks",)
+
+_stop = threading.Event()
+_NAME = f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _heartbeat() -> None:
+    settings = get_settings()
+    store = WorkerJobStore.from_url(settings.redis_url)
+    while True:
+        try:
+            store.heartbeat(_NAME)
+            sweep_expired(store, celery, settings)
+        except Exception as exc:  # Redis down: keep trying, readyz shows it meanwhile
+            log.warning("heartbeat failed: %s", exc)
+        if _stop.wait(settings.worker_heartbeat_seconds):
+            break
+    with contextlib.suppress(Exception):
+        store.forget_worker(_NAME)
+
+
+@worker_ready.connect  # type: ignore[untyped-decorator]
+def _start_heartbeat(**_kw: Any) -> None:
+    threading.Thread(target=_heartbeat, name="maec-heartbeat", daemon=True).start()
+    get_settings().warn_if_dev()
+    log.info("worker %s ready", _NAME)
+
+
+@worker_shutdown.connect  # type: ignore[untyped-decorator]
+def _stop_heartbeat(**_kw: Any) -> None:
+    _stop.set()

@@ -1,0 +1,331 @@
+"""One job attempt: claim -> fetch inputs -> maec_core -> publish -> mark done.
+
+Celery-free (the task in ``worker.tasks`` only calls :func:`run_job`), so tests can drive
+it directly. Every record write goes through the attempt number the claim returned:
+a worker whose lease was taken over stops at its next write instead of clobbering the
+new owner's state.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from celery.exceptions import SoftTimeLimitExceeded
+
+from app.artifacts import StorageArtifactStore
+from app.jobs.accounting import finish_increments
+from app.jobs.record import JobRecord, now_iso
+from app.jobs.worker_store import WorkerJobStore
+from app.settings import Settings
+from app.sources import Source
+from app.storage.base import Storage, StorageError
+from maec_core.errors import Cancelled, MaecError
+from maec_core.manifest import MANIFEST_NAME
+from maec_core.recipe import parse_recipe
+from worker.inputs import InputCache, fetch_source
+
+log = logging.getLogger("maec.worker")
+
+# Share of the overall fraction each stage covers (extract only exists for MAEC).
+STAGE_SPAN = {"fetch": (0.0, 0.05), "extract": (0.05, 0.5), "combine": (0.5, 0.95),
+              "publish": (0.95, 1.0)}
+STAGE_SPAN_NO_EXTRACT = {**STAGE_SPAN, "combine": (0.05, 0.95)}
+# Engine stage names -> the contract's stage names.
+STAGE_ALIASES = {"merge": "combine", "select": "combine"}
+
+
+class LeaseLost(Exception):
+    """The record no longer belongs to this attempt: stop without writing."""
+
+
+class TimeLimit(Exception):
+    """The job ran out of time (Celery's soft limit raises its own, handled alike)."""
+
+
+def worker_name() -> str:
+    return f"{socket.gethostname()}:{threading.get_native_id()}"
+
+
+def result_prefix(job_id: str, attempt: int) -> str:
+    """Staging prefix of one attempt: a redelivered attempt never writes into another's."""
+    return f"jobs/{job_id}/a{attempt}"
+
+
+@dataclass
+class Attempt:
+    """The live state of one attempt, shared by progress, cancel and the lease thread."""
+
+    store: WorkerJobStore
+    settings: Settings
+    job_id: str
+    attempt: int
+    is_maec: bool
+    stage: str = "fetch"
+    cancelled: bool = False
+    lost: bool = False
+    _last_write: float = 0.0
+    _last_poll: float = 0.0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def write(self, fields: dict[str, Any]) -> None:
+        with self._lock:
+            flag = self.store.update(self.job_id, self.attempt, fields)
+            self._last_write = self._last_poll = time.monotonic()
+        if flag < 0:
+            self.lost = True
+            raise LeaseLost(self.job_id)
+        self.cancelled = self.cancelled or flag == 1
+
+    def progress(self, stage: str, done: int, total: int) -> None:
+        stage = STAGE_ALIASES.get(stage, stage)
+        spans = STAGE_SPAN if self.is_maec else STAGE_SPAN_NO_EXTRACT
+        lo, hi = spans.get(stage, (0.0, 1.0))
+        frac = lo + (hi - lo) * (done / total if total else 1.0)
+        changed = stage != self.stage
+        self.stage = stage
+        # Throttled: one Redis write per interval, but always on a stage change and at
+        # the end of a stage, so a poller sees every stage and its completion.
+        if changed or done >= total or (
+            time.monotonic() - self._last_write >= self.settings.progress_interval
+        ):
+            self.write({"stage": stage, "progress": {
+                "fraction": round(frac, 4), "done": done, "total": total}})
+
+    def cancel_requested(self) -> bool:
+        """The engine's cancel callback: the record's flag, read at most every interval."""
+        if self.lost:
+            raise LeaseLost(self.job_id)
+        if not self.cancelled and (
+            time.monotonic() - self._last_poll >= self.settings.cancel_poll_interval
+        ):
+            self._last_poll = time.monotonic()
+            self.cancelled = self.store.cancel_requested(self.job_id)
+        return self.cancelled
+
+    def start_lease(self) -> threading.Thread:
+        """Renew the lease from a thread, so a long tensor op cannot let it lapse."""
+        period = max(0.5, self.settings.lease_seconds / 3)
+
+        def renew() -> None:
+            while not self._stop.wait(period):
+                try:
+                    self.write({"lease_until": time.time() + self.settings.lease_seconds})
+                except LeaseLost:
+                    log.warning("job %s: lease lost to another attempt", self.job_id)
+                    return
+                except Exception as exc:  # Redis blip: the next renewal retries
+                    log.warning("job %s: lease renewal failed: %s", self.job_id, exc)
+
+        t = threading.Thread(target=renew, name="maec-lease", daemon=True)
+        t.start()
+        return t
+
+    def stop_lease(self) -> None:
+        self._stop.set()
+
+
+@dataclass
+class Outcome:
+    status: str
+    error: dict[str, Any] | None = None
+
+
+def _rewrite(recipe: dict[str, Any], local: dict[str, str]) -> dict[str, Any]:
+    """The recipe with every source string replaced by its local path."""
+    out = dict(recipe)
+    for k in ("base_model", "language_base", "tokenizer_source"):
+        if out.get(k) in local:
+            out[k] = local[out[k]]
+    out["models"] = [{**m, "model": local.get(m["model"], m["model"])}
+                     for m in out.get("models", [])]
+    out["abilities"] = [
+        {**a, **{k: local[a[k]] for k in ("model", "control", "corpus")
+                 if a.get(k) in local}}
+        for a in out.get("abilities", [])
+    ]
+    return out
+
+
+class JobRunner:
+    def __init__(self, settings: Settings, store: WorkerJobStore, storage: Storage,
+                 *, worker: str | None = None) -> None:
+        self.settings = settings
+        self.store = store
+        self.storage = storage
+        self.worker = worker or worker_name()
+        self.cache = InputCache(settings.work_dir / "cache", settings.cache_max_bytes)
+        self.artifacts = StorageArtifactStore(storage, settings.work_dir / "artifacts")
+
+    def run(self, job_id: str) -> str:
+        """Run ``job_id`` if it is claimable; returns the claim or final outcome."""
+        claim = self.store.claim(job_id, worker=self.worker,
+                                 lease_s=self.settings.lease_seconds,
+                                 max_attempts=self.settings.max_attempts)
+        if claim.outcome != "claimed":
+            log.info("job %s: not run (%s)", job_id, claim.outcome)
+            return claim.outcome
+        rec = self.store.get(job_id)
+        assert rec is not None
+        started = time.monotonic()
+        att = Attempt(self.store, self.settings, job_id, claim.attempt,
+                      is_maec=rec.method == "maec")
+        prefix = result_prefix(job_id, claim.attempt)
+        workdir = self.settings.work_dir / "jobs" / job_id / f"a{claim.attempt}"
+        att.start_lease()
+        log.info("job %s: attempt %d on %s", job_id, claim.attempt, self.worker)
+        try:
+            for earlier in range(1, claim.attempt):
+                # A dead attempt's partial upload: nobody will ever read it.
+                self.storage.delete_prefix(result_prefix(job_id, earlier) + "/")
+            outcome = self._attempt(rec, att, prefix, workdir, started)
+        except LeaseLost:
+            log.warning("job %s attempt %d: stopped, the job was taken over",
+                        job_id, claim.attempt)
+            return "lost"
+        finally:
+            att.stop_lease()
+            shutil.rmtree(workdir, ignore_errors=True)
+        return outcome
+
+    def _attempt(self, rec: JobRecord, att: Attempt, prefix: str, workdir: Path,
+                 started: float) -> str:
+        try:
+            result = self._execute(rec, att, prefix, workdir)
+        except (Cancelled, _CancelledHere):
+            self._cleanup(prefix)
+            return self._end(rec, att, "cancelled", None, started)
+        except (TimeLimit, SoftTimeLimitExceeded):
+            self._cleanup(prefix)
+            return self._end(rec, att, "failed", {
+                "code": "time_limit",
+                "message": f"the job ran past its {self.settings.task_time_limit} s limit",
+                "details": {"limit_s": self.settings.task_time_limit}}, started)
+        except LeaseLost:
+            raise
+        except MaecError as exc:
+            self._cleanup(prefix)
+            log.warning("job %s failed: %s", rec.id, exc)
+            return self._end(rec, att, "failed", exc.to_dict(), started)
+        except Exception as exc:
+            self._cleanup(prefix)
+            log.exception("job %s: unexpected error", rec.id)
+            return self._end(rec, att, "failed", {
+                "code": "internal_error", "message": f"{type(exc).__name__}: {exc}",
+                "details": {}}, started)
+        return self._end(rec, att, "succeeded", None, started, result=result)
+
+    def _cleanup(self, prefix: str) -> None:
+        try:
+            self.storage.delete_prefix(prefix + "/")
+        except StorageError as exc:
+            log.warning("could not clean staging %s: %s", prefix, exc)
+
+    def _end(self, rec: JobRecord, att: Attempt, status: str, error: dict[str, Any] | None,
+             started: float, result: dict[str, Any] | None = None) -> str:
+        seconds = time.monotonic() - started
+        fields: dict[str, Any] = {"finished_at": now_iso(), "stage": None, "error": error}
+        nbytes = 0
+        if result is not None:
+            nbytes = int(result.pop("_bytes"))
+            fields.update(result)
+        ok, previous = self.store.transition(
+            rec.id, allowed=("running", "publishing"), to=status, attempt=att.attempt,
+            fields=fields, metrics=finish_increments(status, seconds, nbytes),
+        )
+        if not ok:
+            log.warning("job %s: could not mark %s (record says %s)", rec.id, status,
+                        previous)
+            return "lost"
+        log.info("job %s: %s in %.2f s", rec.id, status, seconds)
+        return status
+
+    def _execute(self, rec: JobRecord, att: Attempt, prefix: str, workdir: Path
+                 ) -> dict[str, Any]:
+        # 1. fetch
+        local: dict[str, str] = {}
+        corpora = {a.get("corpus") for a in rec.recipe.get("abilities", [])}
+        total = len(rec.sources)
+        att.progress("fetch", 0, total)
+        fetched = cached = 0
+        for i, (uri, doc) in enumerate(sorted(rec.sources.items())):
+            if att.cancel_requested():
+                raise _CancelledHere
+            path, got, hit = fetch_source(Source.from_dict(doc), self.storage, self.cache,
+                                      workdir / "inputs" / str(i), corpus=uri in corpora)
+            local[uri] = str(path)
+            fetched, cached = fetched + got, cached + hit
+            att.progress("fetch", i + 1, total)
+        log.info("job %s: inputs ready (%d bytes fetched, %d from cache)", rec.id,
+                 fetched, cached)
+        # 2. merge
+        recipe = parse_recipe(_rewrite(rec.recipe, local))
+        workdir.mkdir(parents=True, exist_ok=True)
+        out = workdir / "out"
+        if recipe.merge_method == "maec":
+            from maec_core.maec.pipeline import run_maec
+
+            merged = run_maec(recipe, out, progress=att.progress,
+                              cancel=att.cancel_requested, device=self.settings.device,
+                              artifact_store=self.artifacts)
+        else:
+            from maec_core.engine import run_recipe
+
+            merged = run_recipe(recipe, out, progress=att.progress,
+                                cancel=att.cancel_requested, device=self.settings.device)
+        report = merged.report or {}
+        reused = [bool(a.get("artifact_reused")) for a in report.get("abilities", [])]
+        # 3. publish: every file, then manifest.json last (the commit marker).
+        ok, _ = self.store.transition(rec.id, allowed=("running",), to="publishing",
+                                      attempt=att.attempt)
+        if not ok:
+            raise LeaseLost(rec.id)
+        files = [dict(f) for f in merged.manifest["files"]]
+        att.progress("publish", 0, len(files) + 1)
+        for i, f in enumerate(files):
+            if att.cancel_requested():
+                raise _CancelledHere
+            self.storage.put_file(f"{prefix}/{f['path']}", out / f["path"])
+            att.progress("publish", i + 1, len(files) + 1)
+        if att.cancel_requested():
+            raise _CancelledHere
+        manifest_path = out / MANIFEST_NAME
+        self.storage.put_file(f"{prefix}/{MANIFEST_NAME}", manifest_path)
+        from maec_core.checksums import sha256_file
+
+        files.append({"path": MANIFEST_NAME, "size": manifest_path.stat().st_size,
+                      "sha256": sha256_file(manifest_path, use_cache=False)})
+        for f in files:
+            f["url"] = f"/v1/jobs/{rec.id}/files/{f['path']}"
+        att.progress("publish", len(files), len(files))
+        return {
+            "result": {
+                "manifest": merged.manifest,
+                "report": _summary(report, merged.stage_seconds),
+                "files": files,
+                "core_seconds": round(merged.seconds, 4),
+            },
+            "result_prefix": prefix,
+            "artifact_reused": all(reused) if reused else None,
+            "progress": {"fraction": 1.0, "done": len(files), "total": len(files)},
+            "_bytes": sum(int(f["size"]) for f in files),
+        }
+
+
+class _CancelledHere(Exception):
+    """Cancel noticed by the runner itself (fetch or publish), outside the engine."""
+
+
+def _summary(report: dict[str, Any], stage_seconds: dict[str, float]) -> dict[str, Any]:
+    """The job's report: the engine's summary plus stage timings. The per-tensor table
+    stays in the published maec_report.json, keeping job reads small."""
+    out = {k: v for k, v in report.items() if k != "tensors"}
+    out["stage_seconds"] = {k: round(v, 4) for k, v in stage_seconds.items()}
+    return out
