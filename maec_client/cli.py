@@ -266,14 +266,15 @@ def jobs() -> None:
 @jobs.command()
 @click.argument("recipe", type=click.Path(dir_okay=False, allow_dash=True))
 @click.option("--idempotency-key", help="resubmitting with the same key returns the same job")
+@click.option("--name", help="a label for the job (shown in status and list)")
 @click.option("--no-validate", is_flag=True, help="skip the local recipe check")
 @click.option("--wait", "wait_", is_flag=True, help="wait for the job to finish")
 @click.option("--timeout", type=float, help="with --wait: give up after SECONDS (exit 7)")
 @click.option("--no-progress", is_flag=True, help="no progress bar")
 @_connection_options
 @_handles_errors
-def submit(recipe: str, idempotency_key: str | None, no_validate: bool, wait_: bool,
-           timeout: float | None, no_progress: bool) -> None:
+def submit(recipe: str, idempotency_key: str | None, name: str | None, no_validate: bool,
+           wait_: bool, timeout: float | None, no_progress: bool) -> None:
     """Queue RECIPE (a mergekit or MAEC recipe YAML, or a named-checkpoints job; - for stdin).
 
     Prints the job id (or the job as JSON).
@@ -288,7 +289,8 @@ def submit(recipe: str, idempotency_key: str | None, no_validate: bool, wait_: b
         if not source.is_file():
             raise ValidationFailed("invalid_recipe", f"recipe file {recipe} does not exist")
     with _client() as client:
-        job = client.submit(source, idempotency_key=idempotency_key, validate=not no_validate)
+        job = client.submit(source, idempotency_key=idempotency_key, name=name,
+                            validate=not no_validate)
         if wait_:
             if not _as_json():
                 click.echo(job.id, err=True)

@@ -172,7 +172,7 @@ class Client:
         return dict(data) if isinstance(data, dict) else {"ready": data}
 
     def submit(self, source: RecipeSource, *, idempotency_key: str | None = None,
-               validate: bool = True) -> Job:
+               name: str | None = None, validate: bool = True) -> Job:
         """Queue a job from a recipe (file, YAML text, dict, Recipe) or a NamedJob.
 
         Mappings with ``merge_method`` (mergekit or MAEC recipe shape) are sent as
@@ -182,6 +182,8 @@ class Client:
         fast with the same ``invalid_recipe`` code the service would use.
         """
         body = build_body(source, validate=validate)
+        if name is not None:
+            body["name"] = name
         # A key per call makes the POST safe to retry: a resend after a lost answer gets
         # the job the first attempt created (200), never a second job.
         body["idempotency_key"] = (idempotency_key or body.get("idempotency_key")

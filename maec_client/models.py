@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 JobStatus = Literal["queued", "running", "publishing", "succeeded", "failed", "cancelled"]
 TERMINAL: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
@@ -86,9 +86,15 @@ class NamedJob(BaseModel):
     ability_corpus: str | None = None
     parameters: dict[str, Any] = Field(default_factory=dict)
     dtype: str | None = None
-    shard_size: str | None = None
+    shard_size: str | int | None = None
     idempotency_key: str | None = None
     name: str | None = None
+
+    @field_validator("ability_donor", mode="before")
+    @classmethod
+    def _one_donor(cls, v: Any) -> Any:
+        # The service accepts a single donor as a plain string; so does the client.
+        return [v] if isinstance(v, str) else v
 
     def body(self) -> dict[str, Any]:
         # Unset optionals are left out so the service's defaults apply (shard_size "5GB").

@@ -46,8 +46,9 @@ def test_submit_json_round_trip_and_status(run, fake, tmp_path):
 
 
 def test_submit_from_stdin_prints_id(run, fake):
-    res = run("submit", "-", "--api-key", "k1", input=MERGEKIT_YAML)
+    res = run("submit", "-", "--api-key", "k1", "--name", "sw", input=MERGEKIT_YAML)
     assert res.exit_code == 0 and res.stdout.strip() == "j_0001"
+    assert fake.jobs["j_0001"]["name"] == "sw"
 
 
 def test_url_and_key_from_env_and_config_file(run, fake, tmp_path):

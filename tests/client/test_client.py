@@ -74,14 +74,15 @@ def test_submit_named_form_from_kwargs_and_model(client, fake):
     client.submit_named("maec", base="s3://m/base", ability_donor=["s3://m/math"],
                         language_base="s3://m/sw", parameters={"key_ratio": 0.05},
                         name="sw-math")
-    client.submit(NamedJob(method="maec", base="s3://m/base", ability_donor=["s3://m/x"],
-                           language_base="s3://m/sw"))
+    client.submit(NamedJob(method="maec", base="s3://m/base", ability_donor="s3://m/x",
+                           language_base="s3://m/sw", shard_size=10**9))
     b1, b2 = posted(fake)
     assert "recipe" not in b1
     assert b1["method"] == "maec" and b1["ability_donor"] == ["s3://m/math"]
     assert b1["name"] == "sw-math" and b1["parameters"] == {"key_ratio": 0.05}
     assert "source_control" not in b1  # unset optionals left to the service's defaults
-    assert b2["language_base"] == "s3://m/sw"
+    assert b2["language_base"] == "s3://m/sw" and b2["ability_donor"] == ["s3://m/x"]
+    assert b2["shard_size"] == 10**9
     with pytest.raises(ValidationFailed) as info:
         client.submit_named("maec", base="x", donors=["typo"])
     assert info.value.code == "invalid_request"
