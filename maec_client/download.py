@@ -71,17 +71,18 @@ class _Plan:
     file: FileInfo
     final: Path
     ranges: list[_Range] = field(default_factory=list)
+    verified: bool = False  # complete and hash-checked already (from an earlier run)
 
 
 class _Progress:
     """Byte counter shared by the worker threads: a tqdm bar and/or a callback."""
 
     def __init__(self, total: int, initial: int, show: bool,
-                 callback: ByteCallback | None) -> None:
+                 callback: ByteCallback | None, stop: threading.Event) -> None:
         self.total = total
         self.done = initial
         self._lock = threading.Lock()
-        self.stop = threading.Event()
+        self.stop = stop
         self._callback = callback
         self._bar = tqdm(total=total, initial=initial, unit="B", unit_scale=True,
                          unit_divisor=1024, desc="download", file=sys.stderr,
@@ -173,15 +174,22 @@ def download_job(client: Client, job: Job, dest: Path, *, workers: int = 8,
     partial = dest.with_name(dest.name + ".partial")
     _claim_partial(partial, job.id, overwrite)
 
-    plans = [_plan(f, partial, part_size) for f in files]
+    plans = [_Plan(f, partial / safe_relpath(f.path)) for f in files]
+    stop = threading.Event()
+    # Files completed by an earlier run are re-hashed (in parallel): kept if they match,
+    # otherwise fetched again, so stale or damaged leftovers heal without a second run.
+    _run_parallel(workers, [_reuse_task(p) for p in plans], stop)
+    for p in plans:
+        if not p.verified:
+            _split(p, part_size)
     total = sum(f.size for f in files)
     have = sum(_present(p) for p in plans)
-    bar = _Progress(total, have, progress, on_bytes)
+    bar = _Progress(total, have, progress, on_bytes, stop)
     try:
         todo = [r for p in plans for r in p.ranges]
         _run_parallel(workers, [_fetch_task(client, job.id, r, bar, redirect, retries)
-                                for r in todo], bar.stop)
-        _run_parallel(workers, [_finish_task(p) for p in plans], bar.stop)
+                                for r in todo], stop)
+        _run_parallel(workers, [_finish_task(p) for p in plans if not p.verified], stop)
     finally:
         bar.close()
 
@@ -207,13 +215,24 @@ def _claim_partial(partial: Path, job_id: str, overwrite: bool) -> None:
     marker.write_text(json.dumps({"job_id": job_id}))
 
 
-def _plan(f: FileInfo, partial: Path, part_size: int) -> _Plan:
-    final = partial / safe_relpath(f.path)
+def _reuse_task(plan: _Plan) -> Callable[[], None]:
+    return lambda: _reuse(plan)
+
+
+def _reuse(plan: _Plan) -> None:
+    f, final = plan.file, plan.final
     final.parent.mkdir(parents=True, exist_ok=True)
-    plan = _Plan(f, final)
-    if final.exists() and final.stat().st_size == f.size:
-        return plan  # complete from an earlier run; still re-hashed in _finish
-    final.unlink(missing_ok=True)
+    if not final.is_file():
+        return
+    if final.stat().st_size == f.size and sha256_file(final) == f.sha256:
+        plan.verified = True
+    else:
+        final.unlink()
+
+
+def _split(plan: _Plan, part_size: int) -> None:
+    """Ranges still to fetch for a file; part files of other boundaries are dropped."""
+    f, final = plan.file, plan.final
     if f.size > part_size:
         bounds = [(a, min(a + part_size, f.size) - 1) for a in range(0, f.size, part_size)]
         plan.ranges = [_Range(f, final.with_name(f"{final.name}.part.{a}-{b}"), a, b)
@@ -224,7 +243,6 @@ def _plan(f: FileInfo, partial: Path, part_size: int) -> _Plan:
     for stale in final.parent.glob(f"{_glob_escape(final.name)}.part*"):
         if stale.name not in wanted:
             stale.unlink()
-    return plan
 
 
 def _glob_escape(name: str) -> str:
@@ -232,8 +250,8 @@ def _glob_escape(name: str) -> str:
 
 
 def _present(plan: _Plan) -> int:
-    if not plan.ranges:
-        return plan.file.size if plan.final.exists() else 0
+    if plan.verified:
+        return plan.file.size
     total = 0
     for r in plan.ranges:
         size = r.part.stat().st_size if r.part.exists() else 0
@@ -405,12 +423,8 @@ def _finish(plan: _Plan) -> None:
     f, final = plan.file, plan.final
     h = hashlib.sha256()
     if not plan.ranges:
-        if not final.exists():
-            final.touch()  # a zero-byte file: nothing was fetched
+        final.touch()  # a zero-byte file: nothing was fetched
         src = final
-        with final.open("rb") as fh:
-            while chunk := fh.read(4 * MiB):
-                h.update(chunk)
     elif len(plan.ranges) == 1:
         src = plan.ranges[0].part
         with src.open("rb") as fh:

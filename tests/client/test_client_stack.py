@@ -29,7 +29,6 @@ from maec_client import (
     ValidationFailed,
 )
 from maec_client.cli import main
-from tests.factories import make_llama
 from tests.stack import API_KEYS, stack_context
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -38,6 +37,8 @@ MAEC = Path(sys.executable).parent / "maec"
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
+    from tests.factories import make_llama  # torch: only when the stack tests run
+
     root = tmp_path_factory.mktemp("client-stack")
     models = root / "models"
     a = make_llama(models / "a", 1)
@@ -226,6 +227,7 @@ def test_cli_json_round_trip(env, tmp_path):
 
 @pytest.fixture(scope="module")
 def s3_env(tmp_path_factory):
+    from tests.factories import make_llama
     from tests.stack import S3Server
 
     root = tmp_path_factory.mktemp("client-stack-s3")

@@ -172,15 +172,18 @@ def test_partial_of_another_job_is_not_mixed_in(client, fake, job, tmp_path):
     assert tree(tmp_path / "out") == FILES
 
 
-def test_complete_file_from_earlier_run_is_rehashed_not_trusted(client, fake, job, tmp_path):
+def test_complete_files_from_earlier_run_are_rehashed_not_trusted(client, fake, job,
+                                                                   tmp_path):
     partial = tmp_path / "out.partial"
     partial.mkdir()
     (partial / MARKER).write_text(f'{{"job_id": "{job["id"]}"}}')
-    (partial / "config.json").write_bytes(b"y" * len(FILES["config.json"]))
-    with pytest.raises(ChecksumMismatch):
-        client.download(job["id"], tmp_path / "out")
+    (partial / "config.json").write_bytes(b"y" * len(FILES["config.json"]))  # damaged
+    good = "model-00002-of-00002.safetensors"
+    (partial / good).write_bytes(FILES[good])  # complete and right
     client.download(job["id"], tmp_path / "out")
     assert tree(tmp_path / "out") == FILES
+    assert ranges(fake, "config.json") == ["bytes=0-22"]  # refetched
+    assert ranges(fake, good) == []  # kept
 
 
 def test_job_without_result_or_inconsistent_manifest_is_refused(client, fake, tmp_path):
