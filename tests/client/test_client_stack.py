@@ -1,7 +1,7 @@
 """maec_client and ``maec jobs`` against the real stack (uvicorn + Celery + Redis + storage).
 
-One private stack for the module; every job is a tiny linear merge of two seeded Llamas,
-which runs in well under a second on CPU.
+Stacks come from tests/conftest.py (module scope, shared Redis and SeaweedFS); every job
+is a tiny linear merge of two seeded Llamas, well under a second on CPU.
 """
 
 from __future__ import annotations
@@ -29,23 +29,18 @@ from maec_client import (
     ValidationFailed,
 )
 from maec_client.cli import main
-from tests.stack import API_KEYS, stack_context
+from tests.stack import API_KEYS
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 MAEC = Path(sys.executable).parent / "maec"
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    from tests.factories import make_llama  # torch: only when the stack tests run
-
-    root = tmp_path_factory.mktemp("client-stack")
-    models = root / "models"
-    a = make_llama(models / "a", 1)
-    b = make_llama(models / "b", 2, like=a)
-    with stack_context(root / "stack", None, local_roots=[models]) as stack:
-        stack.wait_ready()
-        yield {"stack": stack, "a": a, "b": b, "root": root}
+def env(make_module_stack, tiny_models, tmp_path_factory):
+    stack = make_module_stack(local_roots=[tiny_models.root])
+    stack.wait_ready()
+    return {"stack": stack, "a": tiny_models.base, "b": tiny_models.donor,
+            "root": tmp_path_factory.mktemp("client")}
 
 
 def recipe_yaml(env, tmp_path, weight: float = 0.5) -> Path:
@@ -226,22 +221,11 @@ def test_cli_json_round_trip(env, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def s3_env(tmp_path_factory):
-    from tests.factories import make_llama
-    from tests.stack import S3Server
-
-    root = tmp_path_factory.mktemp("client-stack-s3")
-    models = root / "models"
-    a = make_llama(models / "a", 1)
-    b = make_llama(models / "b", 2, like=a)
-    s3 = S3Server(root / "s3").start()
-    try:
-        with stack_context(root / "stack", None, storage="s3", s3=s3,
-                           local_roots=[models]) as stack:
-            stack.wait_ready()
-            yield {"stack": stack, "a": a, "b": b, "root": root}
-    finally:
-        s3.stop()
+def s3_env(make_module_stack, tiny_models, tmp_path_factory):
+    stack = make_module_stack(storage="s3", local_roots=[tiny_models.root])
+    stack.wait_ready()
+    return {"stack": stack, "a": tiny_models.base, "b": tiny_models.donor,
+            "root": tmp_path_factory.mktemp("client-s3")}
 
 
 class Recorder(httpx.HTTPTransport):
