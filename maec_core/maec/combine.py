@@ -1,0 +1,152 @@
+"""Stage 2 — combination: select ability tensors by c_t, then θ* = θL + Σ_k μ_k R(A_k).
+
+Two passes, neither holding more than a few tensors:
+1. Selection: for every tensor carrying ability weights, read θL and θ0 *on the key
+   rows only* (about key_ratio of the bytes) and the stored R(A) values, and compute
+   ``c_t = cos(R(A)[t], (θL − θ0)[t])`` restricted to those rows, in float64 on the CPU
+   so the decision is the same on every machine. Then keep the tensors by ratio/threshold.
+2. Merge: the engine's streaming loop over θL alone; a selected tensor gets
+   ``index_add_`` of its stored rows times μ_k, in float32, cast once by the engine.
+θ0 is never read in full and θA not at all: an artifact is all combination needs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from maec_core.engine import CancelFn, MergeResult, stream_merge
+from maec_core.errors import Cancelled
+from maec_core.io.headers import TensorInfo
+from maec_core.maec.artifact import Artifact
+from maec_core.maec.params import MaecParams
+from maec_core.maec.rowio import RowReader
+from maec_core.maec.select import select_tensors
+from maec_core.plan import MergePlan, PlannedTensor
+from maec_core.recipe import Recipe
+
+StepFn = Callable[[int, int], None]
+
+
+@dataclass
+class Selection:
+    """Per ability: c_t of every carrying tensor and the names kept."""
+
+    cosines: list[dict[str, float]]
+    kept: list[set[str]]
+
+
+def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    """cos(vec a, vec b) in float64; 0 when either vector is all zeros."""
+    a64, b64 = a.double().flatten(), b.double().flatten()
+    na, nb = float(torch.linalg.vector_norm(a64)), float(torch.linalg.vector_norm(b64))
+    if na == 0.0 or nb == 0.0:
+        return 0.0
+    return float(torch.dot(a64, b64)) / (na * nb)
+
+
+def _key_values(io: RowReader, art: Artifact, info: TensorInfo, idx: torch.Tensor) -> torch.Tensor:
+    if art.granularity == "element":
+        return io.read(info).reshape(-1)[idx]
+    return io.read_rows(info, idx)
+
+
+def select(
+    params: MaecParams,
+    plan: MergePlan,
+    artifacts: list[Artifact],
+    *,
+    base_key: str,
+    language_key: str,
+    step: StepFn | None = None,
+    cancel: CancelFn | None = None,
+) -> Selection:
+    by_name = {t.name: t for t in plan.tensors}
+    total = sum(len(a.tensors) for a in artifacts)
+    done = 0
+    cosines: list[dict[str, float]] = []
+    kept: list[set[str]] = []
+    with RowReader() as io:
+        for art in artifacts:
+            cs: dict[str, float] = {}
+            for name in art.tensors:
+                if cancel is not None and cancel():
+                    raise Cancelled("combination cancelled")
+                t = by_name[name]
+                idx, r_a = art.read(name, io)
+                lang = _key_values(io, art, t.sources[language_key], idx).float()
+                base = _key_values(io, art, t.sources[base_key], idx).float()
+                cs[name] = cosine(r_a, lang.sub_(base))
+                done += 1
+                if step is not None:
+                    step(done, total)
+            cosines.append(cs)
+            kept.append(select_tensors(cs, mode=params.selection, ratio=params.selection_ratio,
+                                       threshold=params.selection_threshold))
+    return Selection(cosines, kept)
+
+
+def merge(
+    recipe: Recipe,
+    plan: MergePlan,
+    artifacts: list[Artifact],
+    selection: Selection,
+    mus: list[float],
+    out_dir: Path,
+    *,
+    language_key: str,
+    out_dtype: str,
+    device: torch.device,
+    base_models: list[str],
+    extra_json: dict[str, Any],
+    card_summary: str,
+    manifest_extra: dict[str, Any],
+    progress: Callable[[str, int, int], None] | None,
+    cancel: CancelFn | None,
+    overwrite: bool,
+) -> MergeResult:
+    # Which abilities add to each tensor, in ability order (the float32 sums are ordered).
+    adds: dict[str, list[int]] = {}
+    for k, kept in enumerate(selection.kept):
+        if mus[k] == 0.0:
+            # θL + 0·R is not bitwise θL when θL holds -0.0; μ = 0 must leave θL as it is.
+            continue
+        for name in sorted(kept):
+            adds.setdefault(name, []).append(k)
+    reader = RowReader()
+
+    def read(t: PlannedTensor) -> list[TensorInfo]:
+        return [t.sources[language_key]]
+
+    def compute(t: PlannedTensor, inputs: list[torch.Tensor]) -> torch.Tensor:
+        out = inputs[0]
+        for k in adds.get(t.name, ()):
+            art = artifacts[k]
+            idx, values = art.read(t.name, reader)
+            idx, values = idx.to(out.device), values.to(out.device)
+            if art.granularity == "element":
+                out.view(-1).index_add_(0, idx, values, alpha=mus[k])
+            else:
+                out.view(out.shape[0], -1).index_add_(
+                    0, idx, values.reshape(idx.numel(), -1), alpha=mus[k]
+                )
+        return out
+
+    try:
+        return stream_merge(
+            plan, recipe, out_dir, compute=compute, read=read, out_dtype=out_dtype,
+            tokenizer_from=language_key, base_models=base_models, device=device,
+            progress=progress, cancel=cancel, stage="combine", extra_json=extra_json,
+            card_summary=card_summary, manifest_extra=manifest_extra, overwrite=overwrite,
+        )
+    finally:
+        reader.close()
+
+
+def fmt_cos(c: float) -> str:
+    return "0" if c == 0 else f"{c:+.4f}" if math.isfinite(c) else str(c)

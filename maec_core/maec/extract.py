@@ -1,0 +1,289 @@
+"""Stage 1 — extraction: key-neuron masks and R(A) = M ⊙ (θA − θref), streamed to an artifact.
+
+I/O plan (the cost of this stage is reading checkpoints):
+- ``importance: delta, rank_scope: tensor`` (default): one pass reading θ0 and θA in
+  full (the scores need every weight), prefetched a tensor ahead; a control θS is read
+  only on the key rows.
+- ``rank_scope: global`` and ``importance: gradient``: scores first (a pass over θ0 and
+  θA keeping only the float32 row scores, or the gradient pass), then a second pass
+  reading θA and θref only on the key rows.
+Memory: a few tensors (plus, for global/gradient, one float32 score per candidate).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from maec_core.engine import TORCH_DTYPE, CancelFn
+from maec_core.errors import Cancelled, RecipeError
+from maec_core.io.folder import ModelFolder
+from maec_core.io.output import StagedOutput
+from maec_core.io.reader import SAFETENSORS_NAMES, Prefetcher, TensorReader
+from maec_core.io.writer import OutputTensor, ShardedWriter
+from maec_core.maec.artifact import (
+    DELTA_SUFFIX,
+    INDEX_SUFFIX,
+    WEIGHTS_NAME,
+    delta_shape,
+    index_dtype,
+)
+from maec_core.maec.keys import key_of
+from maec_core.maec.params import MaecParams, key_count
+from maec_core.maec.rowio import RowReader
+from maec_core.maec.select import check_scores, global_top_k, top_k_indices
+from maec_core.maec.store import META_NAME
+from maec_core.plan import PlannedTensor, build_plan
+
+StepFn = Callable[[], None]
+# An artifact is one file however large: shards would only add an index to keep in sync.
+_ONE_SHARD = 2**62
+
+
+@dataclass
+class ExtractResult:
+    folder: Path
+    key: str
+    metadata: dict[str, Any]
+    seconds: float
+
+
+def included_tensors(params: MaecParams, tensors: list[PlannedTensor]) -> list[PlannedTensor]:
+    chosen = [t for t in tensors if params.is_included(t.name, len(t.shape))]
+    if not chosen:
+        raise RecipeError(
+            "include/exclude select no tensor of the checkpoints: nothing to extract",
+            include=params.include_patterns(), exclude=params.exclude_patterns(),
+        )
+    return chosen
+
+
+def _rows2d(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(t.shape[0], -1) if t.dim() > 0 else t.reshape(1, 1)
+
+
+def delta_scores(granularity: str, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor,
+                                                                               torch.Tensor]:
+    """(float32 delta θA − θ0, float32 scores): mean |Δ| per row, or |Δ| per element."""
+    d = a.float()
+    d = d.sub_(b) if d.data_ptr() != a.data_ptr() else d - b.float()
+    if granularity == "element":
+        return d, d.abs().flatten()
+    return d, d.abs().reshape(d.shape[0], -1).mean(1) if d.dim() > 1 else d.abs()
+
+
+def _gather(granularity: str, t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    if granularity == "element":
+        return t.reshape(-1)[idx]
+    return _rows2d(t)[idx]
+
+
+def _stats(scores: torch.Tensor, kept: torch.Tensor) -> dict[str, float]:
+    s = scores.double()
+    cut = float(scores[kept].min()) if kept.numel() else 0.0
+    return {"min": float(s.min()), "max": float(s.max()), "mean": float(s.mean()),
+            "cut": cut}
+
+
+class _ArtifactSink:
+    """Streams (index, delta) pairs into the artifact's safetensors file, in plan order."""
+
+    def __init__(self, staged: StagedOutput, params: MaecParams, art_dtype: str,
+                 counts: list[tuple[PlannedTensor, int]]) -> None:
+        self.dtype = TORCH_DTYPE[art_dtype]
+        st = SAFETENSORS_NAMES[self.dtype]
+        outs: list[OutputTensor] = []
+        for t, k in counts:
+            if k == 0:
+                continue
+            outs.append(OutputTensor(t.name + INDEX_SUFFIX, (k,),
+                                     index_dtype(params.granularity, t.numel)))
+            outs.append(OutputTensor(t.name + DELTA_SUFFIX,
+                                     delta_shape(params.granularity, t.shape, k), st))
+        self.granularity = params.granularity
+        self.writer = ShardedWriter(staged.folder, outs, _ONE_SHARD)
+        self.staged = staged
+
+    def write(self, t: PlannedTensor, idx: torch.Tensor, values: torch.Tensor) -> None:
+        ityp = torch.int32 if index_dtype(self.granularity, t.numel) == "I32" else torch.int64
+        self.writer.write(t.name + INDEX_SUFFIX, idx.to("cpu", ityp))
+        shape = delta_shape(self.granularity, t.shape, idx.numel())
+        self.writer.write(t.name + DELTA_SUFFIX, values.reshape(shape).to("cpu", self.dtype))
+
+    def close(self) -> dict[str, Any]:
+        files = self.writer.close()
+        (written,) = files
+        # ShardedWriter names a single shard model.safetensors; an artifact is not a model.
+        final = self.staged.folder / WEIGHTS_NAME
+        (self.staged.folder / written.path).rename(final)
+        # The size from the file itself: it is what readers check against.
+        return {"name": WEIGHTS_NAME, "size": final.stat().st_size, "sha256": written.sha256}
+
+
+def extract_ability(
+    params: MaecParams,
+    key_document: dict[str, Any],
+    base: ModelFolder,
+    ability: ModelFolder,
+    control: ModelFolder | None,
+    corpus: str | None,
+    out_dir: Path,
+    *,
+    device: torch.device,
+    step: StepFn | None = None,
+    cancel: CancelFn | None = None,
+    overwrite: bool = False,
+) -> ExtractResult:
+    """Write the artifact of one ability to ``out_dir`` (atomically).
+
+    ``key_document`` comes from ``keys.key_document`` for the same inputs and parameters;
+    ``step()`` is called once per tensor per pass (see ``passes``).
+    """
+    started = time.perf_counter()
+    models = {"base": base, "ability": ability}
+    if control is not None:
+        models["control"] = control
+    plan = build_plan(models, "base")  # names, shapes and dtypes agree: headers only
+    cands = included_tensors(params, plan.tensors)
+    art_dtype = key_document["parameters"]["artifact_dtype"]
+    ref_key = "control" if control is not None else "base"
+    gran = params.granularity
+
+    def tick() -> None:
+        if cancel is not None and cancel():
+            raise Cancelled("extraction cancelled")
+        if step is not None:
+            step()
+
+    def n_of(t: PlannedTensor) -> int:
+        return t.numel if gran == "element" else (t.shape[0] if t.shape else 1)
+
+    scores: dict[str, torch.Tensor] | None = None
+    gradient_stats: dict[str, Any] | None = None
+    if params.importance == "gradient":
+        from maec_core.maec.gradient import gradient_scores
+
+        assert corpus is not None
+        scores, gradient_stats = gradient_scores(
+            params, base, corpus, [t.name for t in cands], device, cancel=cancel
+        )
+        for _ in cands:
+            tick()
+    elif params.rank_scope == "global":
+        scores = {}
+        with TensorReader() as reader:
+            steps = [[t.sources["base"], t.sources["ability"]] for t in cands]
+            for t, (b, a) in zip(cands, Prefetcher(reader, steps), strict=True):
+                _, scores[t.name] = delta_scores(gran, a.to(device), b.to(device))
+                scores[t.name] = scores[t.name].cpu()
+                tick()
+    for t in cands:
+        if scores is not None:
+            check_scores(t.name, scores[t.name])
+
+    if scores is None:
+        counts = [(t, key_count(params.key_ratio, n_of(t))) for t in cands]
+        chosen: dict[str, torch.Tensor] = {}
+    else:
+        if params.rank_scope == "global":
+            total = sum(n_of(t) for t in cands)
+            picks = global_top_k([scores[t.name] for t in cands], [t.name for t in cands],
+                                 key_count(params.key_ratio, total))
+        else:
+            picks = [top_k_indices(scores[t.name], key_count(params.key_ratio, n_of(t)))
+                     for t in cands]
+        chosen = {t.name: p for t, p in zip(cands, picks, strict=True)}
+        counts = [(t, int(chosen[t.name].numel())) for t in cands]
+
+    entries: list[dict[str, Any]] = []
+    with StagedOutput(out_dir, overwrite=overwrite) as staged, RowReader() as rows_io:
+        sink = _ArtifactSink(staged, params, art_dtype, counts)
+        try:
+            if scores is None:
+                # Single pass: θ0 and θA in full (prefetched), θS on the key rows only.
+                with TensorReader() as reader:
+                    steps = [[t.sources["base"], t.sources["ability"]] for t in cands]
+                    for t, (b, a) in zip(cands, Prefetcher(reader, steps), strict=True):
+                        d, s = delta_scores(gran, a.to(device), b.to(device))
+                        del b
+                        check_scores(t.name, s)
+                        idx = top_k_indices(s, key_count(params.key_ratio, n_of(t)))
+                        if control is None:
+                            values = _gather(gran, d, idx)
+                        else:
+                            values = _key_delta(gran, rows_io, t, idx, a.to(device),
+                                                t.sources["control"])
+                        sink.write(t, idx, values)
+                        entries.append(_entry(t, n_of(t), idx, s))
+                        del a, d
+                        tick()
+            else:
+                # Scores known: read θA and θref only where the mask is set.
+                for t in cands:
+                    idx = chosen[t.name]
+                    if idx.numel():
+                        values = _masked_delta(gran, rows_io, t, idx, ref_key, device)
+                        sink.write(t, idx, values)
+                    entries.append(_entry(t, n_of(t), idx, scores[t.name]))
+                    tick()
+            file_doc = sink.close()
+        except BaseException:
+            sink.writer.abort()
+            raise
+        key = key_of(key_document)
+        meta = {
+            "format": key_document["format"],
+            "format_version": key_document["format_version"],
+            "key": key,
+            "key_document": key_document,
+            "checkpoint_dtype": plan.input_dtype,
+            "tensors": entries,
+            "totals": {
+                "tensors": len(entries),
+                "candidates": sum(e["candidates"] for e in entries),
+                "kept": sum(e["kept"] for e in entries),
+                "weights": sum(e["kept"] * e["row_width"] for e in entries),
+                "model_weights": sum(t.numel for t in plan.tensors),
+            },
+            "gradient": gradient_stats,
+            "file": file_doc,
+        }
+        staged.write_json(META_NAME, meta)
+        staged.commit()
+    return ExtractResult(out_dir, key, meta, time.perf_counter() - started)
+
+
+def _entry(t: PlannedTensor, n: int, idx: torch.Tensor, scores: torch.Tensor) -> dict[str, Any]:
+    width = t.numel // n if n else 0
+    return {"name": t.name, "shape": list(t.shape), "dtype": t.dtype, "candidates": n,
+            "kept": int(idx.numel()), "row_width": width,
+            "score": _stats(scores, idx.to(scores.device))}
+
+
+def _key_delta(gran: str, io: RowReader, t: PlannedTensor, idx: torch.Tensor,
+               a: torch.Tensor, ref_info: Any) -> torch.Tensor:
+    """θA − θS on the key positions, θA already in memory."""
+    a_k = _gather(gran, a, idx).float()
+    if gran == "element":
+        ref = io.read(ref_info).reshape(-1)[idx.cpu()]
+    else:
+        ref = io.read_rows(ref_info, idx.cpu())
+    return a_k.sub_(ref.to(a_k.device, torch.float32))
+
+
+def _masked_delta(gran: str, io: RowReader, t: PlannedTensor, idx: torch.Tensor,
+                  ref_key: str, device: torch.device) -> torch.Tensor:
+    """θA − θref on the key positions, reading only those rows (rows) or tensors (element)."""
+    idx = idx.cpu()
+    if gran == "element":
+        a = io.read(t.sources["ability"]).reshape(-1)[idx]
+        r = io.read(t.sources[ref_key]).reshape(-1)[idx]
+    else:
+        a = io.read_rows(t.sources["ability"], idx)
+        r = io.read_rows(t.sources[ref_key], idx)
+    return a.to(device, torch.float32).sub_(r.to(device, torch.float32))

@@ -1,0 +1,183 @@
+"""MAEC's parameters, their defaults, and recipe validation (torch-free).
+
+Every choice the method document leaves open is a named parameter with a default here;
+``MaecParams.model_dump()`` is what the job records, so a merge can always be redone.
+The API imports this module before anything is queued, so it must not import torch.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from fractions import Fraction
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from maec_core.errors import CorpusError, RecipeError
+from maec_core.recipe import Condition, Recipe
+
+# The default selection of included tensors: 2-D weights inside the transformer blocks
+# (attention q/k/v/o and MLP gate/up/down); embeddings, lm_head, norms, biases excluded.
+DEFAULT_INCLUDE = r"\.layers\."
+# Parameters that shape the artifact (and so its content-addressed key). Selection and
+# μ only matter at combination time, so changing them reuses the same artifact.
+EXTRACTION_FIELDS = (
+    "importance",
+    "granularity",
+    "key_ratio",
+    "rank_scope",
+    "include",
+    "exclude",
+    "artifact_dtype",
+)
+GRADIENT_FIELDS = ("token_budget", "batch_size", "seq_len")
+
+
+class MaecParams(BaseModel):
+    """``parameters:`` of a ``merge_method: maec`` recipe."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    importance: Literal["delta", "gradient"] = "delta"
+    granularity: Literal["row", "element"] = "row"
+    key_ratio: float = Field(0.05, gt=0.0, le=1.0)
+    rank_scope: Literal["tensor", "global"] = "tensor"
+    # Regular expressions searched in tensor names. ``include: null`` means the default
+    # rule (2-D tensors whose name contains ``.layers.``); an explicit include selects
+    # any float tensor it matches. A string or a list of strings.
+    include: str | list[str] | None = None
+    exclude: str | list[str] | None = None
+    selection: Literal["ratio", "threshold"] = "ratio"
+    selection_ratio: float = Field(0.75, gt=0.0, le=1.0)
+    selection_threshold: float | None = Field(None, ge=0.0)
+    # null: the checkpoints' dtype (artifact ≈ key_ratio × model size); float32 is exact.
+    artifact_dtype: Literal["float32", "float16", "bfloat16"] | None = None
+    # importance: gradient only. Tokens of the ability corpus used (a fixed budget, in
+    # file order), sequences per batch, tokens per sequence.
+    token_budget: int = Field(131072, ge=2)
+    batch_size: int = Field(8, ge=1)
+    seq_len: int = Field(512, ge=2)
+
+    @model_validator(mode="after")
+    def _check(self) -> MaecParams:
+        if self.selection == "threshold" and self.selection_threshold is None:
+            raise ValueError("selection: threshold needs selection_threshold (a |cos| in [0, 1])")
+        for fld in ("include", "exclude"):
+            for pattern in _as_list(getattr(self, fld)):
+                try:
+                    re.compile(pattern)
+                except re.error as exc:
+                    raise ValueError(f"{fld} pattern {pattern!r} is not a regex: {exc}") from None
+        return self
+
+    def include_patterns(self) -> list[str]:
+        return _as_list(self.include)
+
+    def exclude_patterns(self) -> list[str]:
+        return _as_list(self.exclude)
+
+    def is_included(self, name: str, ndim: int) -> bool:
+        """Whether tensor ``name`` (of ``ndim`` dimensions) takes part in extraction."""
+        if self.include is None:
+            chosen = ndim == 2 and re.search(DEFAULT_INCLUDE, name) is not None
+        else:
+            chosen = any(re.search(p, name) for p in self.include_patterns())
+        return chosen and not any(re.search(p, name) for p in self.exclude_patterns())
+
+    def extraction_dict(self, checkpoint_dtype: str) -> dict[str, Any]:
+        """The parameters that determine the artifact, canonical (defaults resolved)."""
+        out: dict[str, Any] = {k: getattr(self, k) for k in EXTRACTION_FIELDS}
+        out["include"] = self.include_patterns() if self.include is not None else None
+        out["exclude"] = self.exclude_patterns()
+        out["artifact_dtype"] = self.artifact_dtype or checkpoint_dtype
+        if self.importance == "gradient":
+            out.update({k: getattr(self, k) for k in GRADIENT_FIELDS})
+        return out
+
+
+def _as_list(value: str | list[str] | None) -> list[str]:
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else list(value)
+
+
+def ceil_count(ratio: float, n: int) -> int:
+    """``ceil(ratio * n)`` on the decimal the user wrote, not on its binary float.
+
+    ``0.07 * 100`` is ``7.000000000000001`` in binary floating point, so a naive ceil
+    keeps 8 of 100; reading the ratio through its shortest repr (``Fraction('0.07')``)
+    gives the 7 the user meant.
+    """
+    return math.ceil(Fraction(repr(float(ratio))) * n)
+
+
+def key_count(key_ratio: float, n: int) -> int:
+    """The method's rule: keep ``max(1, ceil(key_ratio * n))`` of ``n`` candidates."""
+    return max(1, ceil_count(key_ratio, n)) if n > 0 else 0
+
+
+def maec_params(recipe: Recipe) -> MaecParams:
+    """Parse ``recipe.parameters`` as MAEC parameters (RecipeError naming each problem)."""
+    raw: dict[str, Any] = {}
+    for key, value in recipe.parameters.items():
+        if isinstance(value, list) and any(isinstance(v, Condition) for v in value):
+            raise RecipeError(
+                f"MAEC parameter '{key}' takes one value for the whole model, "
+                "not per-tensor conditions",
+                parameter=key,
+            )
+        if isinstance(value, list) and key not in ("include", "exclude"):
+            raise RecipeError(
+                f"MAEC parameter '{key}' takes one value, not a list (layer gradient)",
+                parameter=key,
+            )
+        raw[key] = value
+    try:
+        return MaecParams.model_validate(raw)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err["loc"])
+            if err["type"] == "extra_forbidden":
+                problems.append(f"unknown MAEC parameter '{where}'")
+            elif where:
+                problems.append(f"parameters.{where}: {err['msg']}")
+            else:
+                problems.append(f"parameters: {err['msg'].removeprefix('Value error, ')}")
+        raise RecipeError("invalid MAEC parameters: " + "; ".join(problems),
+                          problems=problems) from None
+
+
+def validate_maec_recipe(recipe: Recipe) -> MaecParams:
+    """Check a ``merge_method: maec`` recipe without touching any file."""
+    if not recipe.base_model:
+        raise RecipeError("MAEC needs base_model (θ0, the common pretrained ancestor)")
+    if not recipe.language_base:
+        raise RecipeError("MAEC needs language_base (θL, the target-language model)")
+    if recipe.models:
+        raise RecipeError(
+            "MAEC takes abilities (each with model, optional control, mu, corpus), "
+            "not models"
+        )
+    if not recipe.abilities:
+        raise RecipeError("MAEC needs at least one entry in abilities (an ability donor θA)")
+    params = maec_params(recipe)
+    names: set[str] = set()
+    for i, ab in enumerate(recipe.abilities):
+        if not math.isfinite(ab.mu):
+            raise RecipeError(f"abilities[{i}].mu must be a finite number", ability=i)
+        name = ab.name or f"ability{i}"
+        if name in names:
+            raise RecipeError(f"abilities[{i}]: name {name!r} is used twice", ability=i)
+        names.add(name)
+        if params.importance == "gradient" and not ab.corpus:
+            raise CorpusError(
+                f"importance: gradient needs an ability corpus: abilities[{i}] "
+                f"({name}) has no corpus (JSONL with {{\"text\": ...}} or plain text)",
+                ability=i,
+            )
+    if recipe.artifact is not None and len(recipe.abilities) != 1:
+        raise RecipeError("artifact names one ability vector; the recipe has "
+                          f"{len(recipe.abilities)} abilities")
+    return params

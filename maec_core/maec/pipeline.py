@@ -1,0 +1,365 @@
+"""MAEC end to end: extract each ability (or reuse its stored artifact), then combine.
+
+Public entry points (used by the engine, the CLI and the service's worker):
+- ``run_maec(recipe, out_dir, ...)``: the one-run merge; artifacts are looked up in and
+  added to an ``ArtifactStore`` by content-addressed key.
+- ``extract(recipe, ability_index, artifact_dir, ...)``: stage 1 alone.
+- ``combine(recipe, artifact_dirs, out_dir, ...)``: stage 2 alone, from artifacts.
+- ``artifact_key(recipe, ability_index)``: the key an artifact is stored under.
+
+The report file (``maec_report.json``) holds only what the inputs determine, so a
+one-run merge and extract-then-combine publish identical folders; run facts (seconds,
+whether an artifact was reused) are added to ``MergeResult.report`` only.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from maec_core.engine import CancelFn, MergeResult, ProgressFn, best_device
+from maec_core.errors import CheckpointError
+from maec_core.io.folder import ModelFolder, open_model_folder
+from maec_core.maec.artifact import Artifact, check_compatible, load_artifact
+from maec_core.maec.combine import Selection, fmt_cos, merge, select
+from maec_core.maec.extract import ExtractResult, extract_ability, included_tensors
+from maec_core.maec.keys import (
+    artifact_key,
+    checkpoint_dtype,
+    folder_checksums,
+    key_document,
+    key_of,
+)
+from maec_core.maec.params import MaecParams, validate_maec_recipe
+from maec_core.maec.store import ArtifactStore, LocalArtifactStore
+from maec_core.plan import MergePlan, build_plan
+from maec_core.recipe import Recipe, parse_recipe
+
+__all__ = ["ArtifactStore", "LocalArtifactStore", "artifact_key", "combine", "extract",
+           "run_maec"]
+
+BASE, LANG = "base_model", "language_base"
+REPORT_NAME = "maec_report.json"
+REPORT_VERSION = 1
+
+
+def _recipe(recipe: Recipe | Mapping[str, Any] | str | Path) -> tuple[Recipe, MaecParams]:
+    r = parse_recipe(recipe)
+    if r.merge_method != "maec":
+        raise CheckpointError(f"recipe merge_method is {r.merge_method!r}, not 'maec'")
+    return r, validate_maec_recipe(r)
+
+
+def _ability_folders(recipe: Recipe, i: int) -> tuple[ModelFolder, ModelFolder | None]:
+    ab = recipe.abilities[i]
+    return open_model_folder(ab.model), (open_model_folder(ab.control) if ab.control else None)
+
+
+def _passes(params: MaecParams) -> int:
+    return 2 if params.importance == "gradient" or params.rank_scope == "global" else 1
+
+
+def _extract_one(
+    recipe: Recipe, params: MaecParams, i: int, base: ModelFolder, artifact_dir: Path,
+    *, device: str | None, tick: Any, cancel: CancelFn | None, overwrite: bool,
+) -> ExtractResult:
+    ability, control = _ability_folders(recipe, i)
+    doc = key_document(params, base, ability, control, recipe.abilities[i].corpus)
+    return extract_ability(
+        params, doc, base, ability, control, recipe.abilities[i].corpus, artifact_dir,
+        device=best_device(device), step=tick, cancel=cancel, overwrite=overwrite,
+    )
+
+
+def extract(
+    recipe: Recipe | Mapping[str, Any] | str | Path,
+    ability_index: int,
+    artifact_dir: str | Path,
+    *,
+    progress: ProgressFn | None = None,
+    cancel: CancelFn | None = None,
+    device: str | None = None,
+    overwrite: bool = False,
+) -> ExtractResult:
+    """Extract ability ``ability_index`` of ``recipe`` into the folder ``artifact_dir``."""
+    r, params = _recipe(recipe)
+    if not 0 <= ability_index < len(r.abilities):
+        raise CheckpointError(
+            f"ability index {ability_index} is out of range: the recipe has "
+            f"{len(r.abilities)} abilities"
+        )
+    assert r.base_model is not None
+    base = open_model_folder(r.base_model)
+    plan_tensors = build_plan({BASE: base}, BASE).tensors
+    total = _passes(params) * len(included_tensors(params, plan_tensors))
+    done = [0]
+
+    def tick() -> None:
+        done[0] += 1
+        if progress is not None:
+            progress("extract", done[0], total)
+
+    return _extract_one(r, params, ability_index, base, Path(artifact_dir), device=device,
+                        tick=tick, cancel=cancel, overwrite=overwrite)
+
+
+def combine(
+    recipe: Recipe | Mapping[str, Any] | str | Path,
+    artifact_dirs: Sequence[str | Path],
+    out_dir: str | Path,
+    *,
+    progress: ProgressFn | None = None,
+    cancel: CancelFn | None = None,
+    device: str | None = None,
+    overwrite: bool = False,
+) -> MergeResult:
+    """Combine stored artifacts (one per ability, in recipe order) into θL."""
+    r, params = _recipe(recipe)
+    if len(artifact_dirs) != len(r.abilities):
+        raise CheckpointError(
+            f"combine needs one artifact per ability: the recipe has {len(r.abilities)}, "
+            f"got {len(artifact_dirs)}"
+        )
+    return _combine(r, params, [Path(d) for d in artifact_dirs], Path(out_dir),
+                    reused=[True] * len(artifact_dirs), extract_seconds=0.0,
+                    progress=progress, cancel=cancel, device=device, overwrite=overwrite)
+
+
+def run_maec(
+    recipe: Recipe | Mapping[str, Any] | str | Path,
+    out_dir: str | Path,
+    *,
+    progress: ProgressFn | None = None,
+    cancel: CancelFn | None = None,
+    device: str | None = None,
+    overwrite: bool = False,
+    artifact_store: ArtifactStore | None = None,
+) -> MergeResult:
+    """The full MAEC merge: extraction (or artifact reuse) then combination."""
+    started = time.perf_counter()
+    r, params = _recipe(recipe)
+    assert r.base_model is not None and r.language_base is not None
+    out = Path(out_dir)
+    if r.artifact is not None:
+        return _combine(r, params, [Path(r.artifact)], out, reused=[True],
+                        extract_seconds=0.0, progress=progress, cancel=cancel,
+                        device=device, overwrite=overwrite)
+    base = open_model_folder(r.base_model)
+    folders = {BASE: base, LANG: open_model_folder(r.language_base)}
+    abilities = [_ability_folders(r, i) for i in range(len(r.abilities))]
+    for i, (ability, control) in enumerate(abilities):
+        folders[f"abilities[{i}].model"] = ability
+        if control is not None:
+            folders[f"abilities[{i}].control"] = control
+    # Every checkpoint agrees on names, shapes and dtypes before any tensor is read.
+    plan = build_plan(folders, LANG)
+    store = artifact_store if artifact_store is not None else LocalArtifactStore()
+
+    keys: list[str] = []
+    found: list[Path | None] = []
+    docs = []
+    for i, (ability, control) in enumerate(abilities):
+        doc = key_document(params, base, ability, control, r.abilities[i].corpus)
+        docs.append(doc)
+        keys.append(key_of(doc))
+        found.append(store.get(keys[-1]))
+    todo = [i for i, f in enumerate(found) if f is None]
+    total = _passes(params) * len(included_tensors(params, plan.tensors)) * len(todo)
+    done = [0]
+
+    def tick() -> None:
+        done[0] += 1
+        if progress is not None:
+            progress("extract", done[0], total)
+
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.extract-", dir=out.parent)) if todo \
+        else None
+    try:
+        dirs: list[Path] = []
+        for i, (ability, control) in enumerate(abilities):
+            hit = found[i]
+            if hit is not None:
+                dirs.append(hit)
+                continue
+            assert tmp is not None
+            res = extract_ability(
+                params, docs[i], base, ability, control, r.abilities[i].corpus,
+                tmp / keys[i], device=best_device(device), step=tick, cancel=cancel,
+            )
+            store.put(keys[i], res.folder)
+            dirs.append(res.folder)
+        extract_seconds = time.perf_counter() - started
+        return _combine(r, params, dirs, out, reused=[f is not None for f in found],
+                        extract_seconds=extract_seconds, progress=progress, cancel=cancel,
+                        device=device, overwrite=overwrite, started=started)
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _combine(
+    recipe: Recipe,
+    params: MaecParams,
+    artifact_dirs: list[Path],
+    out_dir: Path,
+    *,
+    reused: list[bool],
+    extract_seconds: float,
+    progress: ProgressFn | None,
+    cancel: CancelFn | None,
+    device: str | None,
+    overwrite: bool,
+    started: float | None = None,
+) -> MergeResult:
+    t0 = time.perf_counter()
+    started = started if started is not None else t0
+    assert recipe.base_model is not None and recipe.language_base is not None
+    base = open_model_folder(recipe.base_model)
+    lang = open_model_folder(recipe.language_base)
+    plan = build_plan({BASE: base, LANG: lang}, LANG)
+    base_sums = folder_checksums(base)
+    ckpt_dtype = checkpoint_dtype(base)
+    by_name = {t.name: t for t in plan.tensors}
+    artifacts = [load_artifact(d) for d in artifact_dirs]
+    for i, art in enumerate(artifacts):
+        check_compatible(art, base_checksums=base_sums, params=params,
+                         checkpoint_dtype=ckpt_dtype, tensors=by_name,
+                         label=f"abilities[{i}]")
+    n_sel = sum(len(a.tensors) for a in artifacts)
+    total = n_sel + len(plan.tensors)
+
+    def sel_step(done: int, _total: int) -> None:
+        if progress is not None:
+            progress("combine", done, total)
+
+    selection = select(params, plan, artifacts, base_key=BASE, language_key=LANG,
+                       step=sel_step, cancel=cancel)
+    select_seconds = time.perf_counter() - t0
+    report = build_report(recipe, params, plan, artifacts, selection)
+    mus = [ab.mu for ab in recipe.abilities]
+
+    def merge_progress(stage: str, done: int, _total: int) -> None:
+        if progress is not None:
+            progress("combine", n_sel + done, total)
+
+    # The published recipe spells out every MAEC default, so the merge can be redone
+    # exactly even if a default changes later.
+    filled = {k: v for k, v in params.model_dump(mode="json").items() if v is not None}
+    recorded = recipe.model_copy(update={"parameters": filled})
+    t1 = time.perf_counter()
+    result = merge(
+        recorded, plan, artifacts, selection, mus, out_dir, language_key=LANG,
+        out_dtype=recipe.dtype or plan.input_dtype, device=best_device(device),
+        base_models=[recipe.language_base, recipe.base_model,
+                     *[ab.model for ab in recipe.abilities]],
+        extra_json={REPORT_NAME: report}, card_summary=card_summary(report),
+        manifest_extra={"maec": {"artifact_keys": report["artifact_keys"]}},
+        progress=merge_progress, cancel=cancel, overwrite=overwrite,
+    )
+    now = time.perf_counter()
+    seconds = {"extract": extract_seconds, "select": select_seconds,
+               "combine": now - t0, "merge": now - t1, "total": now - started}
+    runtime = dict(report)
+    runtime["abilities"] = [dict(a, artifact_reused=reused[i])
+                            for i, a in enumerate(report["abilities"])]
+    runtime["seconds"] = seconds
+    result.report = runtime
+    result.stage_seconds = {"extract": extract_seconds, "combine": now - t0}
+    result.seconds = now - started
+    return result
+
+
+def build_report(recipe: Recipe, params: MaecParams, plan: MergePlan,
+                 artifacts: list[Artifact], selection: Selection) -> dict[str, Any]:
+    """The job report: every c_t and decision, per-tensor key rows and score statistics."""
+    tensors: list[dict[str, Any]] = []
+    for t in plan.tensors:
+        per: list[dict[str, Any]] = []
+        for k, art in enumerate(artifacts):
+            at = art.tensors.get(t.name)
+            if at is None:
+                continue
+            per.append({
+                "ability": k,
+                "candidates": at.candidates,
+                "key_rows": at.kept,
+                "score": at.score,
+                "c_t": selection.cosines[k][t.name],
+                "kept": t.name in selection.kept[k],
+            })
+        if per:
+            tensors.append({"name": t.name, "shape": list(t.shape), "abilities": per})
+    abilities = []
+    changed: set[str] = set()
+    for k, (ab, art) in enumerate(zip(recipe.abilities, artifacts, strict=True)):
+        kept = selection.kept[k]
+        if ab.mu != 0.0:
+            changed |= kept
+        abilities.append({
+            "index": k,
+            "name": ab.name or f"ability{k}",
+            "model": ab.model,
+            "control": ab.control,
+            "mu": ab.mu,
+            "artifact_key": art.key,
+            "tensors_carrying": len(art.tensors),
+            "tensors_kept": len(kept),
+            "tensors_dropped": sorted(set(art.tensors) - kept),
+            "key_rows": sum(a.kept for a in art.tensors.values()),
+            "key_rows_kept": sum(art.tensors[n].kept for n in kept),
+            "weights_added": sum(
+                e["kept"] * e["row_width"] for e in art.meta["tensors"] if e["name"] in kept
+            ),
+            "gradient": art.meta.get("gradient"),
+        })
+    return {
+        "method": "maec",
+        "report_version": REPORT_VERSION,
+        "parameters": params.model_dump(mode="json"),
+        "artifact_keys": [a.key for a in artifacts],
+        "abilities": abilities,
+        "tensors": tensors,
+        "totals": {
+            "tensors": len(plan.tensors),
+            "tensors_carrying": len(tensors),
+            "tensors_changed": len(changed),
+            "weights": sum(t.numel for t in plan.tensors),
+        },
+    }
+
+
+def card_summary(report: dict[str, Any]) -> str:
+    """The model card's MAEC section, from the report."""
+    p = report["parameters"]
+    lines = [
+        "## MAEC",
+        "",
+        f"Ability vectors were extracted with importance `{p['importance']}`, granularity "
+        f"`{p['granularity']}`, key_ratio {p['key_ratio']} ({p['rank_scope']} ranking), and "
+        f"added to the language base where their key-row update is least aligned with the "
+        f"language update (selection `{p['selection']}`: "
+        + (f"ratio {p['selection_ratio']}" if p["selection"] == "ratio"
+           else f"|c_t| <= {p['selection_threshold']}") + ").",
+        "",
+        "| ability | μ | tensors kept / carrying | key rows kept | artifact |",
+        "|---|---|---|---|---|",
+    ]
+    for a in report["abilities"]:
+        lines.append(f"| {a['name']} | {a['mu']} | {a['tensors_kept']} / "
+                     f"{a['tensors_carrying']} | {a['key_rows_kept']} | "
+                     f"`{a['artifact_key'][:16]}` |")
+    dropped = [(abs(e["c_t"]), t["name"], e["c_t"], e["ability"]) for t in report["tensors"]
+               for e in t["abilities"] if not e["kept"]]
+    if dropped:
+        dropped.sort(key=lambda d: (-d[0], d[1]))
+        lines += ["", "Most language-entangled tensors left out (highest |c_t|):", ""]
+        for _, name, c, k in dropped[:10]:
+            lines.append(f"- `{name}` (ability {k}): c_t = {fmt_cos(c)}")
+    totals = report["totals"]
+    lines += ["", f"{totals['tensors_changed']} of {totals['tensors']} tensors differ from the "
+              "language base; every c_t and decision is in `maec_report.json`."]
+    return "\n".join(lines)

@@ -1,0 +1,84 @@
+"""Read chosen rows of a stored tensor without reading the rest.
+
+MAEC needs θ0 and θL (selection), and θA / θS (when scores come from elsewhere) only on
+the key rows: about ``key_ratio`` of each tensor. A row of a C-ordered tensor is one
+contiguous byte range, so consecutive key rows are read with one ``pread`` each and
+the other 95 % of the bytes are never touched.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+
+import torch
+
+from maec_core.errors import CorruptCheckpoint
+from maec_core.io.headers import DTYPE_SIZES, TensorInfo
+from maec_core.io.reader import TORCH_DTYPES
+
+
+class RowReader:
+    """``pread``-based reads (no shared file position, so threads need no lock)."""
+
+    def __init__(self) -> None:
+        self._fds: dict[str, int] = {}
+        self._guard = threading.Lock()
+
+    def _fd(self, info: TensorInfo) -> int:
+        key = str(info.file)
+        with self._guard:
+            if key not in self._fds:
+                self._fds[key] = os.open(info.file, os.O_RDONLY)
+            return self._fds[key]
+
+    def _pread_into(self, fd: int, view: memoryview, offset: int, info: TensorInfo) -> None:
+        done = 0
+        while done < len(view):
+            got = os.preadv(fd, [view[done:]], offset + done)
+            if got <= 0:
+                raise CorruptCheckpoint(
+                    f"{info.file.name}: tensor {info.name!r} truncated", file=info.file.name,
+                    tensor=info.name,
+                )
+            done += got
+
+    def read(self, info: TensorInfo) -> torch.Tensor:
+        """The whole tensor, in its stored dtype, on CPU."""
+        buf = torch.empty(info.nbytes, dtype=torch.uint8)
+        if info.nbytes:
+            self._pread_into(self._fd(info), memoryview(buf.numpy().data), info.start, info)
+        return buf.view(TORCH_DTYPES[info.dtype]).reshape(info.shape)
+
+    def read_rows(self, info: TensorInfo, rows: torch.Tensor) -> torch.Tensor:
+        """Rows ``rows`` (ascending int64) of the tensor viewed as ``(shape[0], -1)``."""
+        width = math.prod(info.shape[1:]) if len(info.shape) > 1 else 1
+        row_bytes = width * DTYPE_SIZES[info.dtype]
+        idx = rows.tolist()
+        buf = torch.empty(len(idx) * row_bytes, dtype=torch.uint8)
+        view = memoryview(buf.numpy().data)
+        fd = self._fd(info)
+        i = 0
+        while i < len(idx):
+            # Coalesce a run of consecutive rows into one read.
+            j = i + 1
+            while j < len(idx) and idx[j] == idx[j - 1] + 1:
+                j += 1
+            self._pread_into(
+                fd, view[i * row_bytes: j * row_bytes], info.start + idx[i] * row_bytes, info
+            )
+            i = j
+        return buf.view(TORCH_DTYPES[info.dtype]).reshape(len(idx), width)
+
+    def close(self) -> None:
+        with self._guard:
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
+
+    def __enter__(self) -> RowReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,298 @@
+"""MAEC modes and the artifact life cycle, on planted hand-built checkpoints."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from maec_core.engine import run_recipe
+from maec_core.errors import ArtifactMismatch, CorruptCheckpoint, IncompatibleCheckpoints
+from maec_core.maec.keys import artifact_key
+from maec_core.maec.pipeline import combine, extract, run_maec
+from maec_core.maec.store import LocalArtifactStore
+from tests.core.test_maec_common import (
+    DOWN0,
+    INCLUDED,
+    Q0,
+    Q1,
+    SHAPES,
+    UP0,
+    _private_cache,  # noqa: F401 - autouse fixture
+    add,
+    base_weights,
+    load,
+    maec_recipe,
+    noise_like,
+    write_ckpt,
+)
+from tests.core.test_maec_invariants import KEY_RATIO, PLANT, planted
+
+
+def _artifact(folder: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(folder / "ability.safetensors"))
+
+
+def _same_folder(a: Path, b: Path) -> None:
+    names = sorted(p.name for p in a.iterdir())
+    assert names == sorted(p.name for p in b.iterdir())
+    for n in names:
+        assert (a / n).read_bytes() == (b / n).read_bytes(), n
+
+
+def test_control_is_subtracted_instead_of_base(tmp_path: Path) -> None:
+    base, ability, lang = planted(tmp_path)
+    w0 = base_weights(0)
+    # θS differs from θ0 everywhere; key rows still come from |θA − θ0|.
+    control = write_ckpt(tmp_path / "control", add(w0, noise_like(w0, 9, 0.05)))
+    r = maec_recipe(base, lang, [{"model": str(ability), "control": str(control)}],
+                    key_ratio=KEY_RATIO, selection_ratio=1.0)
+    run_maec(r, tmp_path / "out")
+    out, ws, wa, wl = (load(p) for p in (tmp_path / "out", control, ability, lang))
+    for k in wl:
+        expected = wl[k].clone()
+        if k in PLANT:
+            rows = PLANT[k]
+            expected[rows] = wl[k][rows] + (wa[k][rows] - ws[k][rows])
+        assert torch.equal(out[k], expected), k
+
+
+def test_rank_scope_global_ranks_across_tensors(tmp_path: Path) -> None:
+    w0 = base_weights(0)
+    d_a = noise_like(w0, 1, 1e-3)
+    d_a[UP0][[1, 4, 9, 10]] += 1.0  # the 4 strongest rows of the model, all in up_proj
+    base, ability = write_ckpt(tmp_path / "b", w0), write_ckpt(tmp_path / "a", add(w0, d_a))
+    lang = write_ckpt(tmp_path / "l", add(w0, noise_like(w0, 2, 1e-2)))
+    # 36 candidate rows in all; ceil(0.1 * 36) = 4 key rows, all in up_proj.
+    r = maec_recipe(base, lang, [{"model": str(ability)}], key_ratio=0.1, rank_scope="global",
+                    selection_ratio=1.0)
+    res = run_maec(r, tmp_path / "out")
+    assert res.report is not None
+    assert [t["name"] for t in res.report["tensors"]] == [UP0]
+    art = _artifact(LocalArtifactStore().get(res.report["artifact_keys"][0]))  # type: ignore[arg-type]
+    assert art[UP0 + "::index"].tolist() == [1, 4, 9, 10]
+    assert set(art) == {UP0 + "::index", UP0 + "::delta"}
+    out, wl = load(tmp_path / "out"), load(lang)
+    for k in wl:
+        assert torch.equal(out[k], wl[k]) == (k != UP0), k
+
+
+def test_element_granularity_keeps_planted_weights(tmp_path: Path) -> None:
+    w0 = base_weights(0)
+    d_a = noise_like(w0, 1, 1e-3)
+    # ceil(0.03 * 96) = 3 elements of up/down_proj, ceil(0.03 * 64) = 2 of q_proj.
+    plant = {UP0: [5, 40, 95], DOWN0: [0, 17, 18], Q0: [9, 63], Q1: [30, 31]}
+    for name, flat in plant.items():
+        d_a[name].view(-1)[flat] += torch.tensor([2.0, -3.0, 4.0][: len(flat)])
+    base, ability = write_ckpt(tmp_path / "b", w0), write_ckpt(tmp_path / "a", add(w0, d_a))
+    lang = write_ckpt(tmp_path / "l", add(w0, noise_like(w0, 2, 1e-2)))
+    r = maec_recipe(base, lang, [{"model": str(ability)}], key_ratio=0.03,
+                    granularity="element", selection_ratio=1.0)
+    res = run_maec(r, tmp_path / "out")
+    assert res.report is not None
+    art = _artifact(LocalArtifactStore().get(res.report["artifact_keys"][0]))  # type: ignore[arg-type]
+    out, w0s, was, wl = (load(p) for p in (tmp_path / "out", base, ability, lang))
+    for name, flat in plant.items():
+        assert art[name + "::index"].tolist() == flat
+        assert art[name + "::index"].dtype == torch.int32
+        expected = wl[name].clone().view(-1)
+        expected[flat] += was[name].view(-1)[flat] - w0s[name].view(-1)[flat]
+        assert torch.equal(out[name].view(-1), expected), name
+
+
+def test_threshold_selection_drops_parallel_and_antiparallel(tmp_path: Path) -> None:
+    w0 = base_weights(0)
+    d_a = noise_like(w0, 1, 1e-3)
+    for name, rows in PLANT.items():
+        d_a[name][rows] += 0.5
+    d_l = noise_like(w0, 2, 1e-2)
+    d_l[Q1] = 3.0 * d_a[Q1]
+    d_l[Q0] = -2.0 * d_a[Q0]
+    base, ability = write_ckpt(tmp_path / "b", w0), write_ckpt(tmp_path / "a", add(w0, d_a))
+    lang = write_ckpt(tmp_path / "l", add(w0, d_l))
+    r = maec_recipe(base, lang, [{"model": str(ability)}], key_ratio=KEY_RATIO,
+                    selection="threshold", selection_threshold=0.99)
+    res = run_maec(r, tmp_path / "out")
+    assert res.report is not None
+    c = {t["name"]: t["abilities"][0] for t in res.report["tensors"]}
+    assert c[Q1]["c_t"] == pytest.approx(1.0) and c[Q0]["c_t"] == pytest.approx(-1.0)
+    assert {n for n, d in c.items() if d["kept"]} == {UP0, DOWN0}
+    out, wl = load(tmp_path / "out"), load(lang)
+    assert torch.equal(out[Q0], wl[Q0]) and torch.equal(out[Q1], wl[Q1])
+    assert not torch.equal(out[UP0], wl[UP0])
+
+
+def test_several_abilities_with_their_own_mu(tmp_path: Path) -> None:
+    w0 = base_weights(0)
+    base = write_ckpt(tmp_path / "b", w0)
+    lang = write_ckpt(tmp_path / "l", add(w0, noise_like(w0, 2, 1e-2)))
+    donors, rows_of = [], []
+    for i, rows in enumerate(({UP0: [0, 1], Q0: [2, 3]}, {UP0: [1, 5], Q0: [3, 7]})):
+        d_a = noise_like(w0, 10 + i, 1e-3)
+        for name, rs in rows.items():
+            d_a[name][rs] += 0.5
+        donors.append(write_ckpt(tmp_path / f"a{i}", add(w0, d_a)))
+        rows_of.append(rows)
+    # Powers of two: μ·R is exact, so the closed form below is bitwise.
+    mus = [2.0, 0.5]
+    r = maec_recipe(base, lang, [{"model": str(d), "mu": m, "name": f"skill{i}"}
+                                 for i, (d, m) in enumerate(zip(donors, mus, strict=True))],
+                    key_ratio=KEY_RATIO, selection_ratio=1.0,
+                    include=r"(up_proj|layers\.0\.self_attn\.q_proj)")
+    res = run_maec(r, tmp_path / "out")
+    assert res.report is not None and len(res.report["artifact_keys"]) == 2
+    out, w0s, wl = load(tmp_path / "out"), load(base), load(lang)
+    was = [load(d) for d in donors]
+    for k in wl:
+        expected = wl[k].clone()
+        for i in range(2):
+            if k in rows_of[i]:
+                rs = rows_of[i][k]
+                expected[rs] = expected[rs] + mus[i] * (was[i][k][rs] - w0s[k][rs])
+        assert torch.equal(out[k], expected), k
+
+
+def test_extract_store_combine_equals_one_run(tmp_path: Path) -> None:
+    base, ability, lang = planted(tmp_path, torch.bfloat16)
+    r = maec_recipe(base, lang, [{"model": str(ability)}], key_ratio=KEY_RATIO)
+    one = run_maec(r, tmp_path / "one", artifact_store=LocalArtifactStore(tmp_path / "s1"))
+    assert one.report is not None and one.report["abilities"][0]["artifact_reused"] is False
+    ex = extract(r, 0, tmp_path / "artifact")
+    assert ex.key == artifact_key(r, 0) == one.report["artifact_keys"][0]
+    store = LocalArtifactStore(tmp_path / "s2")
+    store.put(ex.key, ex.folder)
+    got = store.get(ex.key)
+    assert got is not None
+    res = combine(r, [got], tmp_path / "two")
+    assert res.report is not None and res.report["abilities"][0]["artifact_reused"] is True
+    _same_folder(tmp_path / "one", tmp_path / "two")
+    # And a second one-run merge with the first store reuses the artifact, same bytes.
+    again = run_maec(r, tmp_path / "three", artifact_store=LocalArtifactStore(tmp_path / "s1"))
+    assert again.report is not None and again.report["abilities"][0]["artifact_reused"] is True
+    _same_folder(tmp_path / "one", tmp_path / "three")
+
+
+def test_engine_routes_maec_and_artifact_field(tmp_path: Path) -> None:
+    base, ability, lang = planted(tmp_path)
+    r = maec_recipe(base, lang, [{"model": str(ability)}], key_ratio=KEY_RATIO)
+    via_engine = run_recipe(r, tmp_path / "one")
+    ex = extract(r, 0, tmp_path / "artifact")
+    with_artifact = r.model_copy(update={"artifact": str(ex.folder)})
+    run_maec(with_artifact, tmp_path / "two")
+    assert via_engine.report is not None
+    for name in ("model.safetensors", "maec_report.json"):
+        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes()
+
+
+def test_key_changes_with_extraction_inputs_and_parameters_only(tmp_path: Path) -> None:
+    base, ability, lang = planted(tmp_path)
+    ab = {"model": str(ability)}
+    key = artifact_key(maec_recipe(base, lang, [ab], key_ratio=KEY_RATIO), 0)
+    changed = [
+        maec_recipe(base, lang, [ab], key_ratio=0.2),
+        maec_recipe(base, lang, [ab], key_ratio=KEY_RATIO, granularity="element"),
+        maec_recipe(base, lang, [ab], key_ratio=KEY_RATIO, rank_scope="global"),
+        maec_recipe(base, lang, [ab], key_ratio=KEY_RATIO, artifact_dtype="bfloat16"),
+        maec_recipe(base, lang, [ab], key_ratio=KEY_RATIO, exclude="q_proj"),
+        maec_recipe(base, lang, [{**ab, "control": str(lang)}], key_ratio=KEY_RATIO),
+    ]
+    keys = {artifact_key(r, 0) for r in changed}
+    assert key not in keys and len(keys) == len(changed)
+    # A changed input byte changes the key.
+    w = load(ability)
+    w[Q0][0, 0] += 1.0
+    other = write_ckpt(tmp_path / "ability2", w)
+    assert artifact_key(maec_recipe(base, lang, [{"model": str(other)}],
+                                    key_ratio=KEY_RATIO), 0) != key
+    # Combination-only settings, paths, and artifact_dtype spelled out as the checkpoints'
+    # dtype (float32 here) keep the key: the same artifact serves them all.
+    copy = shutil.copytree(ability, tmp_path / "elsewhere")
+    same = [
+        maec_recipe(base, lang, [{**ab, "mu": 3.0}], key_ratio=KEY_RATIO, selection_ratio=0.5),
+        maec_recipe(base, lang, [{"model": str(copy)}], key_ratio=KEY_RATIO),
+        maec_recipe(base, tmp_path / "other_lang", [ab], key_ratio=KEY_RATIO,
+                    artifact_dtype="float32"),
+    ]
+    assert {artifact_key(r, 0) for r in same} == {key}
+
+
+def test_artifact_size_follows_key_ratio_in_artifact_dtype(tmp_path: Path) -> None:
+    base, ability, lang = planted(tmp_path, torch.bfloat16)
+    r = maec_recipe(base, lang, [{"model": str(ability)}], key_ratio=KEY_RATIO)
+    ex = extract(r, 0, tmp_path / "art")
+    art = _artifact(ex.folder)
+    for name in INCLUDED:
+        assert art[name + "::delta"].dtype == torch.bfloat16  # default: checkpoints' dtype
+        assert art[name + "::delta"].shape == (2, SHAPES[name][1])
+    meta = json.loads((ex.folder / "ability.json").read_text())
+    assert meta["totals"]["kept"] == 8 and meta["totals"]["weights"] == 2 * 8 + 2 * 12 + 2 * 8 * 2
+    ex32 = extract(maec_recipe(base, lang, [{"model": str(ability)}], key_ratio=KEY_RATIO,
+                               artifact_dtype="float32"), 0, tmp_path / "art32")
+    assert _artifact(ex32.folder)[Q0 + "::delta"].dtype == torch.float32
+
+
+# --- refusals ---------------------------------------------------------------------------
+
+
+def test_artifact_from_another_base_is_refused(tmp_path: Path) -> None:
+    base, ability, lang = planted(tmp_path)
+    r = maec_recipe(base, lang, [{"model": str(ability)}], key_ratio=KEY_RATIO)
+    ex = extract(r, 0, tmp_path / "art")
+    w = load(base)
+    w[Q0][0, 0] += 1e-3  # same shapes and names, different bytes
+    other_base = write_ckpt(tmp_path / "base2", w)
+    r2 = maec_recipe(other_base, lang, [{"model": str(ability)}], key_ratio=KEY_RATIO)
+    with pytest.raises(ArtifactMismatch, match="different base model"):
+        combine(r2, [ex.folder], tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_artifact_with_other_parameters_is_refused(tmp_path: Path) -> None:
+    base, ability, lang = planted(tmp_path)
+    r = maec_recipe(base, lang, [{"model": str(ability)}], key_ratio=KEY_RATIO)
+    ex = extract(r, 0, tmp_path / "art")
+    r2 = maec_recipe(base, lang, [{"model": str(ability)}], key_ratio=0.5)
+    with pytest.raises(ArtifactMismatch, match="key_ratio"):
+        combine(r2, [ex.folder], tmp_path / "out")
+
+
+def test_artifact_shapes_must_match_the_language_base(tmp_path: Path) -> None:
+    base, ability, lang = planted(tmp_path)
+    r = maec_recipe(base, lang, [{"model": str(ability)}], key_ratio=KEY_RATIO)
+    ex = extract(r, 0, tmp_path / "art")
+    meta_path = ex.folder / "ability.json"
+    meta = json.loads(meta_path.read_text())
+    entry = next(e for e in meta["tensors"] if e["name"] == Q0)
+    entry["shape"] = [16, 8]  # a taller q_proj than the language base has
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(ArtifactMismatch, match="shape"):
+        combine(r, [ex.folder], tmp_path / "out")
+
+
+def test_damaged_artifact_is_refused(tmp_path: Path) -> None:
+    base, ability, lang = planted(tmp_path)
+    r = maec_recipe(base, lang, [{"model": str(ability)}], key_ratio=KEY_RATIO)
+    ex = extract(r, 0, tmp_path / "art")
+    data = bytearray((ex.folder / "ability.safetensors").read_bytes())
+    data[-1] ^= 0xFF
+    (ex.folder / "ability.safetensors").write_bytes(bytes(data))
+    with pytest.raises(CorruptCheckpoint, match="sha256"):
+        combine(r, [ex.folder], tmp_path / "out")
+    with pytest.raises(ArtifactMismatch, match="not an ability-vector artifact"):
+        combine(r, [tmp_path], tmp_path / "out")
+
+
+def test_incompatible_shapes_are_refused_before_reading(tmp_path: Path) -> None:
+    base, ability, _ = planted(tmp_path)
+    w = base_weights(5)
+    w[UP0] = torch.zeros(INTER_BIG := 16, SHAPES[UP0][1])
+    assert SHAPES[UP0][0] != INTER_BIG
+    lang = write_ckpt(tmp_path / "lang_bad", w)
+    r = maec_recipe(base, lang, [{"model": str(ability)}], key_ratio=KEY_RATIO)
+    with pytest.raises(IncompatibleCheckpoints, match="shape"):
+        run_maec(r, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
