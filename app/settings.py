@@ -53,6 +53,12 @@ class Settings(BaseSettings):
     work_dir: Path = Path("var/work")
     cache_max_bytes: int = Field(default=50 * 10**9, ge=0)
     device: str | None = None
+    # Imported once in the worker's prefork parent so every merge child starts with them
+    # loaded (a gradient-importance MAEC job otherwise spends seconds importing the
+    # model class). Importing never initialises CUDA.
+    preload_modules: list[str] = Field(
+        default_factory=lambda: ["transformers.models.llama.modeling_llama"]
+    )
     max_attempts: int = Field(default=3, ge=1, le=20)
     task_time_limit: int = Field(default=6 * 3600, ge=10)
     # A running job whose lease is older than this may be re-claimed by a redelivery.

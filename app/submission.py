@@ -143,7 +143,7 @@ def model_sources(recipe: Recipe) -> list[str]:
         *(m.model for m in recipe.models),
         *(a.model for a in recipe.abilities), *(a.control for a in recipe.abilities),
     ):
-        if name and name not in out:
+        if name is not None and name not in out:
             out.append(name)
     if recipe.tokenizer_source not in (None, "base") and recipe.tokenizer_source not in out:
         raise RecipeError("tokenizer_source must be 'base' or one of the recipe's models",
@@ -152,7 +152,7 @@ def model_sources(recipe: Recipe) -> list[str]:
 
 
 def corpus_sources(recipe: Recipe) -> list[str]:
-    return sorted({a.corpus for a in recipe.abilities if a.corpus})
+    return sorted({a.corpus for a in recipe.abilities if a.corpus is not None})
 
 
 def check_sources(

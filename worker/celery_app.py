@@ -20,7 +20,9 @@ from celery.signals import worker_ready, worker_shutdown
 
 from app.jobs.worker_store import WorkerJobStore
 from app.settings import get_settings
+from app.storage import make_storage
 from worker.celery_config import celery_settings
+from worker.janitor import clean_orphans
 from worker.sweeper import sweep_expired
 
 log = logging.getLogger("maec.worker")
@@ -37,10 +39,12 @@ _NAME = f"{socket.gethostname()}:{os.getpid()}"
 def _heartbeat() -> None:
     settings = get_settings()
     store = WorkerJobStore.from_url(settings.redis_url)
+    storage = make_storage(settings)
     while True:
         try:
             store.heartbeat(_NAME)
             sweep_expired(store, celery, settings)
+            clean_orphans(store.r, storage)
         except Exception as exc:  # Redis down: keep trying, readyz shows it meanwhile
             log.warning("heartbeat failed: %s", exc)
         if _stop.wait(settings.worker_heartbeat_seconds):

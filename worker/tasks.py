@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 
 from celery import shared_task
@@ -16,6 +17,9 @@ from app.storage import make_storage
 from worker.runner import JobRunner
 
 log = logging.getLogger("maec.worker")
+
+for _module in get_settings().preload_modules:
+    importlib.import_module(_module)
 
 
 @shared_task(name=TASK_NAME, acks_late=True, ignore_result=True)  # type: ignore[untyped-decorator]

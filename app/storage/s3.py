@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import boto3
+from boto3.exceptions import Boto3Error
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
@@ -76,7 +77,9 @@ class S3Storage:
                 str(path), self.bucket, check_key(key),
                 ExtraArgs={"ChecksumAlgorithm": "SHA256"}, Config=self.transfer,
             )
-        except (ClientError, BotoCoreError, OSError) as exc:
+        except (ClientError, BotoCoreError, Boto3Error, OSError) as exc:
+            # Boto3Error: upload_file wraps failures in S3UploadFailedError, which is
+            # neither a ClientError nor a BotoCoreError (seen with the store going down).
             raise _fail(f"uploading {key}", exc, key=key) from None
 
     def put_bytes(self, key: str, data: bytes) -> None:
@@ -145,7 +148,7 @@ class S3Storage:
         dest.parent.mkdir(parents=True, exist_ok=True)
         try:
             self.client.download_file(self.bucket, key, str(dest), Config=self.transfer)
-        except (ClientError, BotoCoreError) as exc:
+        except (ClientError, BotoCoreError, Boto3Error) as exc:
             raise _fail(f"downloading {key}", exc, key=key) from None
 
     def delete_prefix(self, prefix: str) -> None:

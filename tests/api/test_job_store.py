@@ -1,0 +1,90 @@
+"""The job record's state machine: claims, leases, attempts, guarded writes, cancel."""
+
+from __future__ import annotations
+
+import time
+
+from app.jobs.record import job_key
+from app.jobs.worker_store import WorkerJobStore
+from tests.api.conftest import Api
+
+
+def _job(api: Api) -> str:
+    return str(api.submit()["id"])
+
+
+def test_claim_is_compare_and_set(api: Api) -> None:
+    store, jid = api.worker_store(), _job(api)
+    first = store.claim(jid, worker="w1", lease_s=30, max_attempts=3)
+    assert (first.outcome, first.attempt) == ("claimed", 1)
+    # A redelivered message while the lease is live does nothing.
+    assert store.claim(jid, worker="w2", lease_s=30, max_attempts=3).outcome == "busy"
+    rec = store.get(jid)
+    assert rec is not None
+    assert (rec.status, rec.attempts, rec.worker, rec.stage) == ("running", 1, "w1", "fetch")
+    assert rec.started_at is not None
+    counts = api.client.get("/metrics", headers=api.auth()).text
+    assert 'maec_jobs{status="running"} 1.0' in counts
+    assert 'maec_jobs{status="queued"} 0.0' in counts
+
+
+def test_expired_lease_is_reclaimed_and_stale_writes_are_refused(api: Api) -> None:
+    store, jid = api.worker_store(), _job(api)
+    store.claim(jid, worker="w1", lease_s=0.05, max_attempts=3)
+    time.sleep(0.1)
+    second = store.claim(jid, worker="w2", lease_s=30, max_attempts=3)
+    assert (second.outcome, second.attempt) == ("claimed", 2)
+    # The first attempt's worker wakes up: every write of it is refused.
+    assert store.update(jid, 1, {"stage": "combine"}) == -1
+    ok, prev = store.transition(jid, allowed=("running",), to="succeeded", attempt=1)
+    assert (ok, prev) == (False, "running")
+    assert store.update(jid, 2, {"stage": "combine"}) == 0
+    ok, _ = store.transition(jid, allowed=("running",), to="succeeded", attempt=2,
+                             metrics={"finished_total:succeeded": 1})
+    assert ok
+    assert store.claim(jid, worker="w3", lease_s=30, max_attempts=3).outcome == "done"
+
+
+def test_attempts_are_bounded(api: Api) -> None:
+    store, jid = api.worker_store(), _job(api)
+    for n in (1, 2):
+        assert store.claim(jid, worker="w", lease_s=0.01, max_attempts=2).attempt == n
+        time.sleep(0.03)
+    last = store.claim(jid, worker="w", lease_s=0.01, max_attempts=2)
+    assert last.outcome == "exhausted"
+    rec = store.get(jid)
+    assert rec is not None and rec.status == "failed" and rec.error is not None
+    assert rec.error["code"] == "worker_lost" and rec.attempts == 2
+    assert api.r.scard("maec:active:alice") == 0
+
+
+def test_cancel_flag_reaches_the_worker(api: Api) -> None:
+    store, jid = api.worker_store(), _job(api)
+    store.claim(jid, worker="w", lease_s=30, max_attempts=3)
+    assert store.update(jid, 1, {}) == 0 and not store.cancel_requested(jid)
+    r = api.client.post(f"/v1/jobs/{jid}/cancel", headers=api.auth())
+    assert r.status_code == 202 and r.json()["status"] == "running"
+    assert r.json()["cancel_requested"] is True
+    assert store.update(jid, 1, {"progress": {"fraction": 0.5, "done": 1, "total": 2}}) == 1
+    assert store.cancel_requested(jid)
+
+
+def test_cancelled_before_claim_is_never_run(api: Api) -> None:
+    store, jid = api.worker_store(), _job(api)
+    api.client.post(f"/v1/jobs/{jid}/cancel", headers=api.auth())
+    assert store.claim(jid, worker="w", lease_s=30, max_attempts=3).outcome == "done"
+    assert store.claim("j_missing", worker="w", lease_s=30, max_attempts=3).outcome == \
+        "missing"
+
+
+def test_reading_a_job_is_one_round_trip(api: Api) -> None:
+    jid = _job(api)
+    before = api.r.info("commandstats").get("cmdstat_hgetall", {}).get("calls", 0)
+    calls = api.r.info("stats")["total_commands_processed"]
+    assert api.client.get(f"/v1/jobs/{jid}", headers=api.auth()).status_code == 200
+    after = api.r.info("commandstats")["cmdstat_hgetall"]["calls"]
+    # Our two INFO calls are commands too; everything else is the one HGETALL.
+    assert api.r.info("stats")["total_commands_processed"] - calls <= 3
+    assert after - before == 1
+    assert WorkerJobStore(api.r).get(jid) is not None
+    assert api.r.type(job_key(jid)) == b"hash"

@@ -1,0 +1,95 @@
+"""Shared fixtures: real processes from tests/stack.py, started lazily, stopped by pid.
+
+- ``redis_server`` (session): one redis-server; stacks get their own DB on it.
+- ``s3_server`` (session): one SeaweedFS S3 server with bucket ``maec-test``.
+- ``tiny_models`` (session): base / donor / donor2 / lang / lang2 / control checkpoints.
+- ``make_stack`` (function) and ``make_module_stack`` (module): factories
+  ``make_stack(storage="local"|"s3", workers=1, api=True, own_redis=False, env={...},
+  local_roots=[...])`` returning a started :class:`tests.stack.Stack`; everything they
+  start is stopped when the fixture's scope ends. Use ``own_redis=True`` to restart or
+  kill Redis without disturbing other tests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.stack import RedisServer, S3Server, Stack, stack_context
+
+_DBS = itertools.cycle(range(1, 16))
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    server = S3Server(tmp_path_factory.mktemp("seaweedfs")).start()
+    yield server
+    server.stop()
+
+
+@dataclass(frozen=True)
+class TinyModels:
+    root: Path
+    base: Path
+    donor: Path
+    donor2: Path
+    lang: Path
+    lang2: Path
+    control: Path
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
+    from tests.factories import make_llama
+
+    root = tmp_path_factory.mktemp("models")
+    base = make_llama(root / "base", 0)
+    return TinyModels(
+        root=root, base=base,
+        donor=make_llama(root / "donor", 1, like=base),
+        donor2=make_llama(root / "donor2", 4, like=base),
+        lang=make_llama(root / "lang", 2, like=base),
+        lang2=make_llama(root / "lang2", 5, like=base),
+        control=make_llama(root / "control", 3, like=base),
+    )
+
+
+StackFactory = Callable[..., Stack]
+
+
+def _factory(request: pytest.FixtureRequest, root: Path) -> Iterator[StackFactory]:
+    with contextlib.ExitStack() as exits:
+        n = itertools.count()
+
+        def make(*, storage: str = "local", own_redis: bool = False, **kw: Any) -> Stack:
+            redis = None if own_redis else request.getfixturevalue("redis_server")
+            s3 = request.getfixturevalue("s3_server") if storage == "s3" else None
+            return exits.enter_context(stack_context(
+                root / f"stack{next(n)}", redis, db=next(_DBS), storage=storage, s3=s3, **kw
+            ))
+
+        yield make
+
+
+@pytest.fixture
+def make_stack(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StackFactory]:
+    yield from _factory(request, tmp_path)
+
+
+@pytest.fixture(scope="module")
+def make_module_stack(request: pytest.FixtureRequest,
+                      tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackFactory]:
+    yield from _factory(request, tmp_path_factory.mktemp("stack"))
