@@ -1,5 +1,6 @@
 """Python client for the maec merge service (torch-free; see docs/api.md)."""
 
+from maec_client.aio import AsyncClient
 from maec_client.client import Client, build_body
 from maec_client.config import ClientConfig, ConfigError, resolve_config
 from maec_client.errors import (
@@ -23,7 +24,8 @@ from maec_client.errors import (
 from maec_client.models import FileInfo, Job, JobPage, JobResult, NamedJob, Progress
 
 __all__ = [
-    "ApiError", "AuthError", "ChecksumMismatch", "Client", "ClientConfig", "ClientError",
+    "ApiError", "AsyncClient", "AuthError", "ChecksumMismatch", "Client", "ClientConfig",
+    "ClientError",
     "ConfigError", "Conflict", "DownloadError", "FileInfo", "Job", "JobCancelled",
     "JobFailed", "JobNotSucceeded", "JobPage", "JobResult", "NamedJob", "NetworkError",
     "NotFound", "Progress", "RangeNotSatisfiable", "RateLimited", "ServerError",

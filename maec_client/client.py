@@ -41,7 +41,7 @@ ProgressCallback = Callable[[Job], None]
 
 # Statuses worth retrying: the request was refused before doing anything (429) or the
 # service is momentarily unable to serve it (502-504: a restarting API or proxy).
-_RETRY_STATUS = frozenset({429, 502, 503, 504})
+RETRY_STATUS = frozenset({429, 502, 503, 504})
 
 
 class _OriginBearer(httpx.Auth):
@@ -65,6 +65,19 @@ class _OriginBearer(httpx.Auth):
 def _origin(url: str) -> tuple[str, str]:
     parts = urlsplit(url)
     return parts.scheme, parts.netloc.lower()
+
+
+def http_options(config: ClientConfig) -> dict[str, Any]:
+    """httpx.Client / AsyncClient settings for one service endpoint."""
+    return {
+        "base_url": config.url,
+        "auth": _OriginBearer(config.api_key, config.url) if config.api_key else None,
+        "timeout": httpx.Timeout(config.timeout, connect=min(config.timeout, 10.0)),
+        "headers": {"User-Agent": "maec-client/0.1"},
+        # Needed for ?redirect=true downloads (307 to a presigned store URL).
+        "follow_redirects": True,
+        "limits": httpx.Limits(max_connections=64, max_keepalive_connections=32),
+    }
 
 
 def job_id_of(job: Job | str) -> str:
@@ -91,15 +104,7 @@ class Client:
         self.backoff = backoff
         self._sleep = sleep
         self._clock = clock
-        auth = _OriginBearer(config.api_key, config.url) if config.api_key else None
-        self.http = httpx.Client(
-            base_url=config.url, auth=auth, transport=transport,
-            timeout=httpx.Timeout(config.timeout, connect=min(config.timeout, 10.0)),
-            headers={"User-Agent": "maec-client/0.1"},
-            # Needed for ?redirect=true downloads (307 to a presigned store URL).
-            follow_redirects=True,
-            limits=httpx.Limits(max_connections=64, max_keepalive_connections=32),
-        )
+        self.http = httpx.Client(transport=transport, **http_options(config))
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -114,10 +119,7 @@ class Client:
         self.http.close()
 
     def retry_delay(self, attempt: int, err: ApiError | None = None) -> float:
-        """Exponential backoff (capped at 30 s); a server's Retry-After wins when given."""
-        if isinstance(err, RateLimited) and err.retry_after is not None:
-            return min(err.retry_after, 300.0)
-        return float(min(self.backoff * (2 ** attempt), 30.0))
+        return retry_delay(self.backoff, attempt, err)
 
     def request(self, method: str, path: str, *, json_body: Any = None,
                 params: Mapping[str, Any] | None = None, retry: bool = True) -> httpx.Response:
@@ -138,37 +140,23 @@ class Client:
                 raise NetworkError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
             if resp.status_code < 400:
                 return resp
-            err = error_from_response(resp.status_code, _body(resp),
+            err = error_from_response(resp.status_code, error_body(resp),
                                       resp.headers.get("retry-after"))
-            if retry and resp.status_code in _RETRY_STATUS and attempt < self.max_retries:
+            if retry and resp.status_code in RETRY_STATUS and attempt < self.max_retries:
                 self._sleep(self.retry_delay(attempt, err))
                 attempt += 1
                 continue
             raise err
 
-    def _json(self, resp: httpx.Response) -> Any:
-        try:
-            return resp.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise ServerError("invalid_response", f"non-JSON answer: {resp.text[:200]!r}",
-                              {}, resp.status_code) from None
-
-    def _job(self, resp: httpx.Response) -> Job:
-        try:
-            return Job.model_validate(self._json(resp))
-        except ValidationError as exc:
-            raise ServerError("invalid_response", f"answer is not a Job: {exc}", {},
-                              resp.status_code) from None
-
     # -- endpoints --------------------------------------------------------------------
 
     def health(self) -> dict[str, Any]:
-        data = self._json(self.request("GET", "/healthz"))
+        data = parse_json(self.request("GET", "/healthz"))
         return dict(data) if isinstance(data, dict) else {"status": data}
 
     def ready(self) -> dict[str, Any]:
         """``/readyz``; a 503 (not ready) raises ServerError with the body's details."""
-        data = self._json(self.request("GET", "/readyz", retry=False))
+        data = parse_json(self.request("GET", "/readyz", retry=False))
         return dict(data) if isinstance(data, dict) else {"ready": data}
 
     def submit(self, source: RecipeSource, *, idempotency_key: str | None = None,
@@ -181,41 +169,22 @@ class Client:
         locally first (schema and parameter ranges, no source access) so mistakes fail
         fast with the same ``invalid_recipe`` code the service would use.
         """
-        body = build_body(source, validate=validate)
-        if name is not None:
-            body["name"] = name
-        # A key per call makes the POST safe to retry: a resend after a lost answer gets
-        # the job the first attempt created (200), never a second job.
-        body["idempotency_key"] = (idempotency_key or body.get("idempotency_key")
-                                   or f"maec-client-{uuid.uuid4().hex}")
-        return self._job(self.request("POST", "/v1/jobs", json_body=body))
+        body = submit_body(source, idempotency_key=idempotency_key, name=name,
+                           validate=validate)
+        return parse_job(self.request("POST", "/v1/jobs", json_body=body))
 
     def submit_named(self, method: str, *, idempotency_key: str | None = None,
                      **fields: Any) -> Job:
         """Named-checkpoints form from keyword arguments (see NamedJob for the fields)."""
-        try:
-            named = NamedJob(method=method, **fields)
-        except ValidationError as exc:
-            raise ValidationFailed("invalid_request", f"invalid job fields: {exc}",
-                                   {"errors": exc.errors(include_url=False)}) from None
-        return self.submit(named, idempotency_key=idempotency_key)
+        return self.submit(named_job(method, **fields), idempotency_key=idempotency_key)
 
     def get(self, job: Job | str) -> Job:
-        return self._job(self.request("GET", f"/v1/jobs/{quote(job_id_of(job), safe='')}"))
+        return parse_job(self.request("GET", f"/v1/jobs/{quote(job_id_of(job), safe='')}"))
 
     def list_page(self, *, status: str | None = None, limit: int = 20,
                   cursor: str | None = None) -> JobPage:
-        params: dict[str, Any] = {"limit": limit}
-        if status:
-            params["status"] = status
-        if cursor:
-            params["cursor"] = cursor
-        data = self._json(self.request("GET", "/v1/jobs", params=params))
-        try:
-            return JobPage.model_validate(data)
-        except ValidationError as exc:
-            raise ServerError("invalid_response", f"answer is not a job page: {exc}",
-                              {}, 200) from None
+        params = list_params(status, limit, cursor)
+        return parse_page(self.request("GET", "/v1/jobs", params=params))
 
     def iter_jobs(self, *, status: str | None = None, limit: int | None = None,
                   page_size: int = 100) -> Iterator[Job]:
@@ -240,7 +209,7 @@ class Client:
     def cancel(self, job: Job | str) -> Job:
         """Ask a job to stop; Conflict (``job_finished``) if it already ended."""
         path = f"/v1/jobs/{quote(job_id_of(job), safe='')}/cancel"
-        return self._job(self.request("POST", path))
+        return parse_job(self.request("POST", path))
 
     def wait(self, job: Job | str, *, timeout: float | None = None,
              poll_interval: float = 0.5, max_interval: float = 5.0,
@@ -253,33 +222,12 @@ class Client:
         progress bar stays live. Raises JobFailed / JobCancelled (unless
         ``raise_on_failure`` is False) and WaitTimeout.
         """
-        start = self._clock()
-        interval = poll_interval
+        poll = Poller(self._clock, timeout, poll_interval, max_interval, on_progress)
         current = job if isinstance(job, Job) else self.get(job)
-        last_key: tuple[Any, ...] | None = None
-        while True:
-            key = (current.status, current.stage, current.progress.done,
-                   current.progress.fraction)
-            if key != last_key:
-                if on_progress is not None:
-                    on_progress(current)
-                if last_key is not None:
-                    interval = poll_interval
-                last_key = key
-            if current.done:
-                break
-            elapsed = self._clock() - start
-            if timeout is not None and elapsed >= timeout:
-                raise WaitTimeout(current, timeout)
-            delay = interval if timeout is None else min(interval, max(0.0, timeout - elapsed))
+        while (delay := poll.next_delay(current)) is not None:
             self._sleep(delay)
-            interval = min(interval * 1.5, max_interval)
             current = self.get(current.id)
-        if raise_on_failure and current.status == "failed":
-            raise JobFailed(current)
-        if raise_on_failure and current.status == "cancelled":
-            raise JobCancelled(current)
-        return current
+        return poll.outcome(current, raise_on_failure)
 
     def download(self, job: Job | str, dest: str | Path, **options: Any) -> Path:
         """Download a succeeded job's files into ``dest``; see maec_client.download."""
@@ -289,12 +237,121 @@ class Client:
         return download_job(self, current, Path(dest), **options)
 
 
-def _body(resp: httpx.Response) -> Any:
+def retry_delay(backoff: float, attempt: int, err: ApiError | None = None) -> float:
+    """Exponential backoff (capped at 30 s); a server's Retry-After wins when given."""
+    if isinstance(err, RateLimited) and err.retry_after is not None:
+        return min(err.retry_after, 300.0)
+    return float(min(backoff * (2 ** attempt), 30.0))
+
+
+def error_body(resp: httpx.Response) -> Any:
+    """The (already read) body of an error answer: JSON if it is, else text."""
     try:
-        resp.read()
         return resp.json()
-    except (json.JSONDecodeError, UnicodeDecodeError, httpx.HTTPError):
-        return resp.text if resp.is_closed else ""
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return resp.text
+
+
+def parse_json(resp: httpx.Response) -> Any:
+    try:
+        return resp.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ServerError("invalid_response", f"non-JSON answer: {resp.text[:200]!r}",
+                          {}, resp.status_code) from None
+
+
+def parse_job(resp: httpx.Response) -> Job:
+    try:
+        return Job.model_validate(parse_json(resp))
+    except ValidationError as exc:
+        raise ServerError("invalid_response", f"answer is not a Job: {exc}", {},
+                          resp.status_code) from None
+
+
+def parse_page(resp: httpx.Response) -> JobPage:
+    try:
+        return JobPage.model_validate(parse_json(resp))
+    except ValidationError as exc:
+        raise ServerError("invalid_response", f"answer is not a job page: {exc}",
+                          {}, resp.status_code) from None
+
+
+def list_params(status: str | None, limit: int, cursor: str | None) -> dict[str, Any]:
+    params: dict[str, Any] = {"limit": limit}
+    if status:
+        params["status"] = status
+    if cursor:
+        params["cursor"] = cursor
+    return params
+
+
+def named_job(method: str, **fields: Any) -> NamedJob:
+    try:
+        return NamedJob(method=method, **fields)
+    except ValidationError as exc:
+        raise ValidationFailed("invalid_request", f"invalid job fields: {exc}",
+                               {"errors": exc.errors(include_url=False)}) from None
+
+
+def submit_body(source: RecipeSource, *, idempotency_key: str | None, name: str | None,
+                validate: bool) -> dict[str, Any]:
+    body = build_body(source, validate=validate)
+    if name is not None:
+        body["name"] = name
+    # A key per call makes the POST safe to retry: a resend after a lost answer gets
+    # the job the first attempt created (200), never a second job.
+    body["idempotency_key"] = (idempotency_key or body.get("idempotency_key")
+                               or f"maec-client-{uuid.uuid4().hex}")
+    return body
+
+
+class Poller:
+    """The polling schedule of ``wait``, shared by the sync and async clients.
+
+    Polls start at ``poll_interval`` and grow 1.5x to ``max_interval`` (a long merge
+    should not cost a request every half second); they reset when the job moves so a
+    progress bar stays live.
+    """
+
+    def __init__(self, clock: Callable[[], float], timeout: float | None,
+                 poll_interval: float, max_interval: float,
+                 on_progress: ProgressCallback | None) -> None:
+        self._clock = clock
+        self._start = clock()
+        self._timeout = timeout
+        self._base = poll_interval
+        self._interval = poll_interval
+        self._max = max_interval
+        self._on_progress = on_progress
+        self._last: tuple[Any, ...] | None = None
+
+    def next_delay(self, job: Job) -> float | None:
+        """Seconds to sleep before the next poll; None once the job has ended."""
+        key = (job.status, job.stage, job.progress.done, job.progress.fraction)
+        if key != self._last:
+            if self._on_progress is not None:
+                self._on_progress(job)
+            if self._last is not None:
+                self._interval = self._base
+            self._last = key
+        if job.done:
+            return None
+        elapsed = self._clock() - self._start
+        if self._timeout is not None and elapsed >= self._timeout:
+            raise WaitTimeout(job, self._timeout)
+        delay = self._interval
+        if self._timeout is not None:
+            delay = min(delay, max(0.0, self._timeout - elapsed))
+        self._interval = min(self._interval * 1.5, self._max)
+        return delay
+
+    @staticmethod
+    def outcome(job: Job, raise_on_failure: bool) -> Job:
+        if raise_on_failure and job.status == "failed":
+            raise JobFailed(job)
+        if raise_on_failure and job.status == "cancelled":
+            raise JobCancelled(job)
+        return job
 
 
 def load_source(source: RecipeSource) -> dict[str, Any]:

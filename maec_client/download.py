@@ -34,6 +34,7 @@ from urllib.parse import quote
 import httpx
 from tqdm import tqdm
 
+from maec_client.client import RETRY_STATUS
 from maec_client.errors import (
     ApiError,
     ChecksumMismatch,
@@ -51,7 +52,6 @@ if TYPE_CHECKING:
 MARKER = ".maec-download.json"
 MiB = 1 << 20
 ByteCallback = Callable[[int, int], None]
-_RETRY_STATUS = frozenset({429, 502, 503, 504})
 
 
 @dataclass
@@ -325,7 +325,7 @@ def _fetch_range(client: Client, job_id: str, r: _Range, bar: _Progress, redirec
         except (httpx.TransportError, _ShortRead) as exc:
             error: Exception = exc
         except ApiError as exc:
-            if exc.status not in _RETRY_STATUS:
+            if exc.status not in RETRY_STATUS:
                 raise
             error = exc
         else:

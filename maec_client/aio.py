@@ -1,0 +1,161 @@
+"""asyncio variant of Client for async tools (same endpoints, errors and retry rules).
+
+Downloads are file and hash work more than network waiting, so ``download`` runs the
+threaded sync downloader in a worker thread rather than re-implementing it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from maec_client.client import (
+    RETRY_STATUS,
+    Client,
+    Poller,
+    ProgressCallback,
+    RecipeSource,
+    error_body,
+    http_options,
+    job_id_of,
+    list_params,
+    named_job,
+    parse_job,
+    parse_json,
+    parse_page,
+    retry_delay,
+    submit_body,
+)
+from maec_client.config import ClientConfig, resolve_config
+from maec_client.errors import NetworkError, error_from_response
+from maec_client.models import Job, JobPage
+
+
+class AsyncClient:
+    """One service endpoint and API key, for asyncio code. See Client for the semantics."""
+
+    def __init__(self, url: str | None = None, api_key: str | None = None, *,
+                 timeout: float | None = None, config: ClientConfig | None = None,
+                 transport: httpx.AsyncBaseTransport | None = None,
+                 sync_transport: httpx.BaseTransport | None = None, max_retries: int = 3,
+                 backoff: float = 0.5,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if config is None:
+            config = resolve_config(url=url, api_key=api_key, timeout=timeout)
+        self.config = config
+        self.max_retries = max_retries
+        self.backoff = backoff
+        self._sleep = sleep
+        self._clock = clock
+        self._sync_transport = sync_transport
+        self.http = httpx.AsyncClient(transport=transport, **http_options(config))
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    async def request(self, method: str, path: str, *, json_body: Any = None,
+                      params: Mapping[str, Any] | None = None,
+                      retry: bool = True) -> httpx.Response:
+        attempt = 0
+        while True:
+            try:
+                resp = await self.http.request(method, path, json=json_body, params=params)
+            except httpx.TransportError as exc:
+                if retry and attempt < self.max_retries:
+                    await self._sleep(retry_delay(self.backoff, attempt))
+                    attempt += 1
+                    continue
+                raise NetworkError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+            if resp.status_code < 400:
+                return resp
+            err = error_from_response(resp.status_code, error_body(resp),
+                                      resp.headers.get("retry-after"))
+            if retry and resp.status_code in RETRY_STATUS and attempt < self.max_retries:
+                await self._sleep(retry_delay(self.backoff, attempt, err))
+                attempt += 1
+                continue
+            raise err
+
+    async def health(self) -> dict[str, Any]:
+        data = parse_json(await self.request("GET", "/healthz"))
+        return dict(data) if isinstance(data, dict) else {"status": data}
+
+    async def submit(self, source: RecipeSource, *, idempotency_key: str | None = None,
+                     name: str | None = None, validate: bool = True) -> Job:
+        body = submit_body(source, idempotency_key=idempotency_key, name=name,
+                           validate=validate)
+        return parse_job(await self.request("POST", "/v1/jobs", json_body=body))
+
+    async def submit_named(self, method: str, *, idempotency_key: str | None = None,
+                           **fields: Any) -> Job:
+        return await self.submit(named_job(method, **fields), idempotency_key=idempotency_key)
+
+    async def get(self, job: Job | str) -> Job:
+        path = f"/v1/jobs/{quote(job_id_of(job), safe='')}"
+        return parse_job(await self.request("GET", path))
+
+    async def list_page(self, *, status: str | None = None, limit: int = 20,
+                        cursor: str | None = None) -> JobPage:
+        params = list_params(status, limit, cursor)
+        return parse_page(await self.request("GET", "/v1/jobs", params=params))
+
+    async def iter_jobs(self, *, status: str | None = None, limit: int | None = None,
+                        page_size: int = 100) -> AsyncIterator[Job]:
+        cursor: str | None = None
+        seen = 0
+        while True:
+            want = page_size if limit is None else max(1, min(page_size, limit - seen))
+            page = await self.list_page(status=status, limit=want, cursor=cursor)
+            for job in page.jobs:
+                if limit is not None and seen >= limit:
+                    return
+                seen += 1
+                yield job
+            if not page.next_cursor or (limit is not None and seen >= limit):
+                return
+            cursor = page.next_cursor
+
+    async def list_jobs(self, *, status: str | None = None,
+                        limit: int | None = None) -> list[Job]:
+        return [j async for j in self.iter_jobs(status=status, limit=limit)]
+
+    async def cancel(self, job: Job | str) -> Job:
+        path = f"/v1/jobs/{quote(job_id_of(job), safe='')}/cancel"
+        return parse_job(await self.request("POST", path))
+
+    async def wait(self, job: Job | str, *, timeout: float | None = None,
+                   poll_interval: float = 0.5, max_interval: float = 5.0,
+                   on_progress: ProgressCallback | None = None,
+                   raise_on_failure: bool = True) -> Job:
+        poll = Poller(self._clock, timeout, poll_interval, max_interval, on_progress)
+        current = job if isinstance(job, Job) else await self.get(job)
+        while (delay := poll.next_delay(current)) is not None:
+            await self._sleep(delay)
+            current = await self.get(current.id)
+        return poll.outcome(current, raise_on_failure)
+
+    async def download(self, job: Job | str, dest: str | Path, **options: Any) -> Path:
+        """Client.download in a worker thread (the event loop stays free meanwhile)."""
+        current = job if isinstance(job, Job) and job.result is not None else await self.get(job)
+
+        def run() -> Path:
+            with Client(config=self.config, transport=self._sync_transport,
+                        max_retries=self.max_retries, backoff=self.backoff) as sync:
+                return sync.download(current, dest, **options)
+
+        return await asyncio.to_thread(run)
