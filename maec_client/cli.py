@@ -132,6 +132,7 @@ def _client() -> Client:
                             timeout=obj.get("http_timeout"),
                             config_file=obj.get("config_file"))
     # Tests and embedding tools inject a factory (e.g. a Client on a MockTransport).
+    obj["resolved_config"] = config
     factory: Callable[..., Client] = obj.get("client_factory") or Client
     return factory(config=config)
 
@@ -152,6 +153,10 @@ def _fail(exc: BaseException) -> NoReturn:
             info["job"] = job.model_dump(mode="json")
     if isinstance(exc, ClientError):
         info["message"] = exc.message
+    config = _obj().get("resolved_config")
+    if isinstance(exc, AuthError) and config is not None and not config.api_key:
+        info["message"] += (" (no API key configured: use --api-key, MAEC_API_KEY or "
+                            "api_key in the config file)")
     info["exit_code"] = code
     if _as_json():
         _emit({"error": info})

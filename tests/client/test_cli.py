@@ -62,6 +62,9 @@ def test_url_and_key_from_env_and_config_file(run, fake, tmp_path):
                                        "MAEC_API_KEY": "bad"})
     assert res.exit_code == 3
     assert str(fake.requests[-1].url).startswith("http://127.0.0.1:7002/")
+    (cfg / "client.toml").unlink()
+    res = run("status", "j_0001")
+    assert res.exit_code == 3 and "no API key configured" in res.stderr
     res = run("status", "j_0001", "--url", "http://127.0.0.1:7003", "--api-key", "k1",
               env={"MAEC_URL": "http://127.0.0.1:7002", "MAEC_API_KEY": "bad"})
     assert res.exit_code == 0
