@@ -59,5 +59,69 @@ def merge(recipe: Path, out_dir: Path, device: str | None, overwrite: bool,
     click.echo(f"wrote {out_dir} ({result.tensors} tensors, {result.seconds:.1f} s)")
 
 
+@main.command()
+@click.argument("recipe", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("artifact_dir", type=click.Path(path_type=Path))
+@click.option("--ability", "ability", type=int, default=0, show_default=True,
+              help="index of the ability in the recipe's abilities list")
+@click.option("--device", default=None, help="cuda, cpu, ... (default: CUDA when present)")
+@click.option("--overwrite", is_flag=True, help="replace an existing ARTIFACT_DIR")
+@click.option("--no-progress", is_flag=True, help="no progress bar")
+def extract(recipe: Path, artifact_dir: Path, ability: int, device: str | None,
+            overwrite: bool, no_progress: bool) -> None:
+    """MAEC stage 1: extract one ability of RECIPE into the artifact folder ARTIFACT_DIR."""
+    from maec_core.maec.pipeline import extract as run_extract
+
+    bar = None if no_progress else _Bar()
+    try:
+        result = run_extract(recipe, ability, artifact_dir, progress=bar, device=device,
+                             overwrite=overwrite)
+    except MaecError as exc:
+        if bar:
+            bar.close()
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    if bar:
+        bar.close()
+    totals = result.metadata["totals"]
+    click.echo(f"wrote {artifact_dir} (key {result.key}, {totals['kept']} key neurons in "
+               f"{totals['tensors']} tensors, {result.seconds:.1f} s)")
+
+
+@main.command()
+@click.argument("recipe", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--device", default=None, help="cuda, cpu, ... (default: CUDA when present)")
+@click.option("--overwrite", is_flag=True, help="replace an existing OUT_DIR")
+@click.option("--no-progress", is_flag=True, help="no progress bar")
+def combine(recipe: Path, paths: tuple[Path, ...], device: str | None, overwrite: bool,
+            no_progress: bool) -> None:
+    """MAEC stage 2: combine artifacts into RECIPE's language base.
+
+    PATHS is ARTIFACT_DIR... OUT_DIR: one artifact folder per ability, in recipe order,
+    then the output folder.
+    """
+    from maec_core.maec.pipeline import combine as run_combine
+
+    if len(paths) < 2:
+        raise click.UsageError("give at least one ARTIFACT_DIR and then OUT_DIR")
+    *artifacts, out_dir = paths
+    bar = None if no_progress else _Bar()
+    try:
+        result = run_combine(recipe, artifacts, out_dir, progress=bar, device=device,
+                             overwrite=overwrite)
+    except MaecError as exc:
+        if bar:
+            bar.close()
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    if bar:
+        bar.close()
+    report = result.report or {}
+    kept = ", ".join(f"{a['name']}: {a['tensors_kept']}/{a['tensors_carrying']} tensors"
+                     for a in report.get("abilities", []))
+    click.echo(f"wrote {out_dir} ({kept}; {result.seconds:.1f} s)")
+
+
 if __name__ == "__main__":
     main()
