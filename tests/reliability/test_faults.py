@@ -1,0 +1,250 @@
+"""Fault injection against real processes: a job ends succeeded exactly once, or failed
+with a code; it is never lost.
+
+One stack for the module: its own redis-server (AOF on, so it can be killed and
+restarted), SeaweedFS as the object store, two Celery workers and the API. The lease is
+short (3 s) so a dead attempt is noticed in seconds, and attempts are capped at 3.
+Every test ends with :func:`helpers.audit`, which feeds the lost/duplicate counters.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from app.queue import Enqueuer
+from tests.reliability import helpers as h
+from tests.reliability import results
+from tests.stack import S3Server, Stack, stack_context, wait_for
+
+pytestmark = [pytest.mark.faults, pytest.mark.integration, pytest.mark.slow]
+
+LEASE_S = 3
+MAX_ATTEMPTS = 3
+ENV = {
+    "MAEC_LEASE_SECONDS": str(LEASE_S),
+    "MAEC_MAX_ATTEMPTS": str(MAX_ATTEMPTS),
+    "MAEC_PROGRESS_INTERVAL": "0.05",
+    "MAEC_MAX_ACTIVE_JOBS_PER_KEY": "1000",
+}
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, s3_server: S3Server,
+          model_root: Path) -> Iterator[Stack]:
+    with stack_context(tmp_path_factory.mktemp("faults"), None, storage="s3", s3=s3_server,
+                       workers=2, local_roots=[model_root], env=ENV) as st:
+        yield st
+
+
+def slow_job(big: dict[str, Path], name: str) -> dict[str, Any]:
+    """A ties merge of the 24-layer models: seconds of combine, ~10 output shards."""
+    return {"recipe": {
+        "merge_method": "ties", "base_model": str(big["b"]),
+        "models": [{"model": str(big["a"]), "parameters": {"weight": 0.5, "density": 0.5}}],
+        "out_shard_size": "10MB", "name": name,
+    }}
+
+
+def quick_job(tiny: dict[str, Path], name: str) -> dict[str, Any]:
+    return {"method": "linear", "ability_donor": [str(tiny["a"])],
+            "language_base": str(tiny["base"]), "name": name}
+
+
+def _finish(stack: Stack, s3: S3Server, jobs: list[str]) -> None:
+    lost, dup = h.audit(stack, s3, jobs, h.worker_logs(stack))
+    assert (lost, dup) == (0, 0), f"lost={lost} duplicate runs={dup}"
+
+
+def test_worker_sigkill_while_combining(stack: Stack, s3_server: S3Server,
+                                        big: dict[str, Path]) -> None:
+    job = stack.submit(slow_job(big, "sigkill-combine"))
+    rec = h.wait_record(stack, job["id"], h.combining, 60, "combine stage")
+    killed = h.kill_child(stack, rec)
+    t0 = time.monotonic()
+    done = stack.wait(job["id"], timeout=180)
+    results.figure("sigkill_combine_recovery_s", round(time.monotonic() - t0, 1))
+    assert done["status"] == "succeeded", done["error"]
+    assert done["attempts"] == 2, f"killed pid {killed}; attempts {done['attempts']}"
+    h.assert_published_once(s3_server, done, h.record(stack, job["id"]))
+    _finish(stack, s3_server, [job["id"]])
+
+
+def test_duplicate_message_is_a_noop(stack: Stack, s3_server: S3Server,
+                                     tiny: dict[str, Path]) -> None:
+    """The same message delivered again (while queued, and after success) changes nothing."""
+    enq = Enqueuer(stack.redis_url)
+    try:
+        job = stack.submit(quick_job(tiny, "dup"))
+        enq.enqueue(job["id"])  # a second copy while the first is queued or running
+        done = stack.wait(job["id"])
+        assert done["status"] == "succeeded", done["error"]
+        before = h.record(stack, job["id"])
+        for _ in range(2):
+            enq.enqueue(job["id"])  # redelivery after success
+        # Every copy is consumed: the worker logs say so, and nothing else changed.
+        noop = f"job {job['id']}: not run"
+        wait_for(lambda: h.log_text(stack.workers).count(noop) >= 3, 30,
+                 "three no-op deliveries")
+    finally:
+        enq.close()
+    after = h.record(stack, job["id"])
+    assert after == before
+    assert after["attempts"] == 1
+    h.assert_published_once(s3_server, done, after)
+    _finish(stack, s3_server, [job["id"]])
+
+
+def test_redis_killed_and_restarted(stack: Stack, s3_server: S3Server,
+                                    big: dict[str, Path], tiny: dict[str, Path]) -> None:
+    """SIGKILL redis-server with one job running and several queued, restart it from
+    its AOF: every job completes, once."""
+    running = stack.submit(slow_job(big, "redis-running"))
+    queued = [stack.submit(slow_job(big, f"redis-q{i}"))["id"] for i in range(2)]
+    queued += [stack.submit(quick_job(tiny, f"redis-t{i}"))["id"] for i in range(4)]
+    h.wait_record(stack, running["id"], h.combining, 60, "combine stage")
+    # appendfsync everysec (deploy/redis.conf): writes of the last second before a crash
+    # may be lost by design; the submissions above are older than that.
+    time.sleep(1.2)
+    stack.redis.kill()
+    time.sleep(2)
+    stack.redis.start()
+    ids = [running["id"], *queued]
+    recs = h.wait_all(stack, ids, 240)
+    statuses = {i: r.get("status") for i, r in recs.items()}
+    assert all(s == "succeeded" for s in statuses.values()), statuses
+    for i in ids:
+        with stack.client() as c:
+            job = c.get(f"/v1/jobs/{i}").json()
+        h.assert_published_once(s3_server, job, recs[i])
+    results.figure("redis_restart_jobs", len(ids))
+    _finish(stack, s3_server, ids)
+
+
+def test_api_restart_mid_download_and_during_jobs(stack: Stack, s3_server: S3Server,
+                                                  big: dict[str, Path]) -> None:
+    done = stack.wait(stack.submit(slow_job(big, "download"))["id"], timeout=120)
+    assert done["status"] == "succeeded", done["error"]
+    entry = max(done["result"]["files"], key=lambda f: f["size"])
+    running = [stack.submit(slow_job(big, f"api-restart-{i}"))["id"] for i in range(2)]
+
+    received = bytearray()
+    with stack.client() as c, c.stream("GET", entry["url"]) as resp:
+        assert resp.status_code == 200
+        etag = resp.headers["etag"]
+        chunks = resp.iter_raw(256 * 1024)
+        while len(received) < 2 * 1024 * 1024:
+            received += next(chunks)
+        stack.api.kill()  # type: ignore[union-attr]  # a crash, mid-stream
+        with pytest.raises(httpx.HTTPError):
+            for chunk in chunks:  # what the kernel had buffered, then the broken stream
+                received += chunk
+    assert 0 < len(received) < entry["size"]
+    stack.start_api()
+
+    with stack.client() as c:
+        resp = c.get(entry["url"], headers={"Range": f"bytes={len(received)}-"})
+    assert resp.status_code == 206
+    assert resp.headers["etag"] == etag
+    assert resp.headers["content-range"] == (
+        f"bytes {len(received)}-{entry['size'] - 1}/{entry['size']}")
+    whole = bytes(received) + resp.content
+    assert hashlib.sha256(whole).hexdigest() == entry["sha256"]
+
+    recs = h.wait_all(stack, running, 180)
+    for i in running:
+        assert recs[i]["status"] == "succeeded", recs[i].get("error")
+        assert recs[i]["attempts"] == 1  # the API restart did not touch the jobs
+    _finish(stack, s3_server, [done["id"], *running])
+
+
+def test_storage_unreachable_during_publish(stack: Stack, s3_server: S3Server,
+                                            big: dict[str, Path]) -> None:
+    job = stack.submit(slow_job(big, "storage-down"))
+
+    def publishing(rec: dict[str, Any]) -> bool:
+        return rec.get("stage") == "publish" and rec.get("progress", {}).get("done", 0) >= 1
+
+    h.wait_record(stack, job["id"], publishing, 90, "first published file", interval=0.01)
+    t0 = time.monotonic()
+    s3_server.stop()
+    try:
+        done = stack.wait(job["id"], timeout=180)
+        outage = time.monotonic() - t0
+    finally:
+        s3_server.start()
+    results.figure("storage_down_to_failed_s", round(outage, 1))
+    assert done["status"] == "failed"
+    assert done["error"]["code"] == "storage_unavailable", done["error"]
+    assert done["attempts"] == 1
+    assert outage < 120, "retries are bounded"
+    # No manifest ever; the staging objects written before the outage are removed once
+    # the store is back (the worker's janitor retries what the failed attempt could not).
+    wait_for(lambda: h.job_keys(s3_server, job["id"]) == [], 60, "staging cleaned")
+    _finish(stack, s3_server, [job["id"]])
+
+
+def test_worker_killed_repeatedly_fails_worker_lost(stack: Stack, s3_server: S3Server,
+                                                    big: dict[str, Path]) -> None:
+    """Every attempt's worker is SIGKILLed (as the OOM killer would do to a merge over
+    its memory budget): after MAEC_MAX_ATTEMPTS the job fails with worker_lost."""
+    job = stack.submit(slow_job(big, "killed-repeatedly"))
+    for attempt in range(1, MAX_ATTEMPTS + 1):
+        def attempt_combining(r: dict[str, Any], a: int = attempt) -> bool:
+            return r.get("attempts") == a and h.combining(r)
+
+        rec = h.wait_record(stack, job["id"], attempt_combining, 90,
+                            f"attempt {attempt} combining")
+        h.kill_child(stack, rec)
+    done = stack.wait(job["id"], timeout=120)
+    assert done["status"] == "failed"
+    assert done["error"]["code"] == "worker_lost", done["error"]
+    assert done["attempts"] == MAX_ATTEMPTS
+    time.sleep(LEASE_S + 2)  # no further attempt starts: the loop is bounded
+    assert h.record(stack, job["id"])["attempts"] == MAX_ATTEMPTS
+    assert h.job_keys(s3_server, job["id"]) == []
+    _finish(stack, s3_server, [job["id"]])
+
+
+def test_time_limit_fails_with_code(stack: Stack, s3_server: S3Server,
+                                    big: dict[str, Path]) -> None:
+    """A task past its soft time limit fails with time_limit, once; no requeue loop.
+
+    The worker's child is paused (SIGSTOP) mid-combine past the limit, which is exactly
+    what a merge that runs too long looks like to Celery's timer.
+    """
+    for i in range(len(stack.workers)):
+        stack.stop_worker(i)
+    limit = 12
+    special = stack.start_worker({"MAEC_TASK_TIME_LIMIT": str(limit),
+                                  "MAEC_LEASE_SECONDS": "60"})
+    try:
+        job = stack.submit(slow_job(big, "time-limit"))
+        rec = h.wait_record(stack, job["id"], h.combining, 60, "combine stage")
+        pid = h.kill_child(stack, rec, signal.SIGSTOP)
+        started = h.record(stack, job["id"])["started_at"]
+        assert started
+        time.sleep(limit - 5 + 1)  # past the soft limit (limit - 5 s), before the hard one
+        import os
+
+        os.kill(pid, signal.SIGCONT)
+        done = stack.wait(job["id"], timeout=60)
+        assert done["status"] == "failed"
+        assert done["error"]["code"] == "time_limit", done["error"]
+        assert done["attempts"] == 1
+        time.sleep(3)
+        assert h.record(stack, job["id"])["attempts"] == 1
+        assert h.job_keys(s3_server, job["id"]) == []
+        _finish(stack, s3_server, [job["id"]])
+    finally:
+        special.stop()
+        stack.workers.remove(special)
+        for _ in range(2):
+            stack.start_worker()
