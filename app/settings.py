@@ -69,6 +69,13 @@ class Settings(BaseSettings):
     # API side.
     max_active_jobs_per_key: int = Field(default=100, ge=1)
     max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
+    # Per key and API process (app/api/limits.py): sustained rate and saved-up burst.
+    rate_limit_per_minute: int = Field(default=600, ge=1)
+    rate_limit_burst: int = Field(default=60, ge=1)
+    # Checkpoints one job may name (donors, bases, controls), and the largest ability
+    # corpus accepted (the gradient pass reads only token_budget tokens of it anyway).
+    max_models_per_job: int = Field(default=20, ge=2)
+    max_corpus_bytes: int = Field(default=100 * 10**6, ge=1)
     worker_heartbeat_seconds: float = Field(default=5.0, gt=0)
 
     @field_validator("api_keys")

@@ -21,7 +21,13 @@ from typing import Any, Literal
 
 from app.settings import Settings
 from app.storage.base import Storage, StorageError
-from maec_core.errors import CorruptCheckpoint, MaecError, SourceError, SourceNotFound
+from maec_core.errors import (
+    CorpusError,
+    CorruptCheckpoint,
+    MaecError,
+    SourceError,
+    SourceNotFound,
+)
 from maec_core.io.folder import (
     INDEX_FILE,
     MAX_JSON_BYTES,
@@ -181,14 +187,25 @@ def inspect_source(source: Source, storage: Storage) -> ModelFolder:
             raise _relabel(exc, Path(tmp), source.uri) from None
 
 
-def check_corpus(source: Source, storage: Storage) -> None:
-    """An ability corpus is one file; check that it exists (its content is the worker's)."""
+def check_corpus(source: Source, storage: Storage, max_bytes: int | None = None) -> None:
+    """An ability corpus is one file; check that it exists and is within ``max_bytes``
+    (its content is the worker's)."""
+    size: int
     if source.kind == "local":
         if not Path(source.path).is_file():
             raise SourceNotFound(f"{source.uri}: no such corpus file", source=source.uri)
+        size = Path(source.path).stat().st_size
     elif source.kind == "s3":
-        if storage.for_bucket(source.bucket).head(source.prefix) is None:
+        info = storage.for_bucket(source.bucket).head(source.prefix)
+        if info is None:
             raise SourceNotFound(f"{source.uri}: no such object", source=source.uri)
+        size = info.size
     else:
         raise SourceError(f"{source.uri}: a corpus must be an s3:// object or a local file",
                           source=source.uri)
+    if max_bytes is not None and size > max_bytes:
+        raise CorpusError(
+            f"{source.uri}: the corpus is {size} bytes, above this service's "
+            f"{max_bytes} byte cap (MAEC_MAX_CORPUS_BYTES)",
+            source=source.uri, size=size, limit=max_bytes,
+        )

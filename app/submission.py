@@ -162,6 +162,12 @@ def check_sources(
 
     Blocking (file and S3 I/O): the API calls it in a worker thread.
     """
+    if len(model_sources(recipe)) > settings.max_models_per_job:
+        raise RecipeError(
+            f"the job names {len(model_sources(recipe))} checkpoints; this service takes "
+            f"at most {settings.max_models_per_job} (MAEC_MAX_MODELS_PER_JOB)",
+            limit=settings.max_models_per_job,
+        )
     parsed: dict[str, Source] = {}
     for uri in [*model_sources(recipe), *corpus_sources(recipe)]:
         parsed[uri] = parse_source(uri, settings)
@@ -170,5 +176,5 @@ def check_sources(
     }
     build_plan(folders, next(iter(folders)))
     for uri in corpus_sources(recipe):
-        check_corpus(parsed[uri], storage)
+        check_corpus(parsed[uri], storage, settings.max_corpus_bytes)
     return {uri: s.to_dict() for uri, s in parsed.items()}

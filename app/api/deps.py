@@ -8,9 +8,10 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from app.api.errors import ApiError
+from app.api.limits import RateLimiter, owner_of
 from app.jobs.api_store import ApiJobStore
 from app.queue import Enqueuer
-from app.settings import Settings, hash_key
+from app.settings import Settings
 from app.storage.base import Storage
 
 
@@ -22,6 +23,7 @@ class Services:
     enqueuer: Enqueuer
     # sha256 -> key id, built once: authenticating a request is one hash + one lookup.
     keys: dict[str, str]
+    limiter: RateLimiter
 
 
 def get_services(request: Request) -> Services:
@@ -44,9 +46,10 @@ def require_key(request: Request, svc: Svc) -> str:
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise _unauthorized("missing API key (Authorization: Bearer <key>)")
-    owner = svc.keys.get(hash_key(token.strip()))
+    owner = owner_of(token.strip(), svc.keys)
     if owner is None:
         raise _unauthorized("unknown API key")
+    svc.limiter.check(owner)
     return owner
 
 

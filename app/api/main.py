@@ -11,6 +11,7 @@ from fastapi import FastAPI
 
 from app.api import errors
 from app.api.deps import Services
+from app.api.limits import RateLimiter
 from app.api.routes import files, health, jobs
 from app.jobs.api_store import ApiJobStore
 from app.queue import Enqueuer
@@ -79,8 +80,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         storage = make_storage(settings)
         store = ApiJobStore.from_url(settings.redis_url)
         enqueuer = Enqueuer(settings.redis_url)
-        app.state.services = Services(settings, store, storage, enqueuer,
-                                      settings.key_lookup)
+        app.state.services = Services(
+            settings, store, storage, enqueuer, settings.key_lookup,
+            RateLimiter(settings.rate_limit_per_minute, settings.rate_limit_burst),
+        )
         try:
             yield
         finally:
