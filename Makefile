@@ -22,3 +22,12 @@ bench-engine: setup
 
 bench-maec: setup
 	$(PY) -m bench.maec
+
+run: setup
+	$(PY) -m app.run_local
+
+demo: setup
+	$(PY) scripts/demo.py
+
+bench-api: setup
+	$(PY) -m bench.api

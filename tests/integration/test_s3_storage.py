@@ -1,0 +1,95 @@
+"""The S3 backend against a real S3 server (SeaweedFS), and header-only source reads."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+from app.settings import Settings, hash_key
+from app.sources import inspect_source, parse_source
+from app.storage.s3 import S3Storage
+from tests.conftest import TinyModels
+from tests.stack import S3_BUCKET, S3_KEY_ID, S3_SECRET, S3Server
+
+pytestmark = pytest.mark.integration
+
+
+def _settings(s3: S3Server, **kw: object) -> Settings:
+    values: dict[str, object] = dict(
+        api_keys={"a": hash_key("a")}, storage_backend="s3", s3_endpoint_url=s3.endpoint,
+        s3_bucket=S3_BUCKET, s3_access_key=S3_KEY_ID, s3_secret_key=S3_SECRET,
+        s3_multipart_bytes=5 * 1024 * 1024)
+    return Settings.model_validate({**values, **kw})
+
+
+class CountingStorage(S3Storage):
+    """Records every byte-range read, to prove what a header check transfers."""
+
+    fetched = 0
+    whole_reads: list[str] = []  # noqa: RUF012 - per-class record, reset by the test
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        data = super().get_range(key, start, end)
+        CountingStorage.fetched += len(data)
+        return data
+
+    def get_bytes(self, key: str) -> bytes:
+        CountingStorage.whole_reads.append(key)
+        return super().get_bytes(key)
+
+    def for_bucket(self, bucket: str) -> CountingStorage:
+        return CountingStorage(self.client, bucket, multipart_bytes=self.multipart_bytes)
+
+
+def test_multipart_upload_with_checksums_and_ranges(s3_server: S3Server, tmp_path: Path) -> None:
+    store = S3Storage.from_settings(_settings(s3_server))
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom(12 * 1024 * 1024))  # three 5 MiB parts
+    store.put_file("t/multipart/big.bin", big)
+    head = store.client.head_object(Bucket=S3_BUCKET, Key="t/multipart/big.bin",
+                                    ChecksumMode="ENABLED")
+    assert head["ETag"].strip('"').endswith("-3"), "uploaded as a 3-part multipart upload"
+    data = big.read_bytes()
+    assert store.get_range("t/multipart/big.bin", 5 * 2**20 - 3, 5 * 2**20 + 2) == \
+        data[5 * 2**20 - 3: 5 * 2**20 + 3]
+    assert b"".join(store.iter_range("t/multipart/big.bin", 0, len(data) - 1)) == data
+    dest = tmp_path / "back.bin"
+    store.download("t/multipart/big.bin", dest)
+    assert hashlib.sha256(dest.read_bytes()).digest() == hashlib.sha256(data).digest()
+    info = store.head("t/multipart/big.bin")
+    assert info is not None and info.size == len(data)
+    assert store.head("t/multipart/none") is None
+    store.put_bytes("t/multipart/small.json", b"{}")
+    assert [o.key for o in store.list("t/multipart/")] == [
+        "t/multipart/big.bin", "t/multipart/small.json"]
+    url = store.presign("t/multipart/small.json", 60)
+    assert url is not None and url.startswith(s3_server.endpoint)
+    store.delete_prefix("t/multipart/")
+    assert store.list("t/multipart/") == []
+    assert store.ping()
+    assert not S3Storage.from_settings(_settings(s3_server, s3_bucket="no-such-bucket")).ping()
+
+
+def test_s3_sources_are_checked_from_headers_only(s3_server: S3Server,
+                                                  tiny_models: TinyModels,
+                                                  tmp_path: Path) -> None:
+    from tests.factories import make_llama
+
+    # A checkpoint big enough that reading it whole would show: ~4 MB of weights.
+    bigger = make_llama(tmp_path / "bigger", 7, hidden_size=256, intermediate_size=512,
+                        num_attention_heads=4, num_key_value_heads=2, vocab_size=64)
+    uri = s3_server.upload_folder(bigger, "headers/bigger")
+    settings = _settings(s3_server)
+    plain = S3Storage.from_settings(settings)
+    counting = CountingStorage(plain.client, S3_BUCKET, multipart_bytes=5 * 2**20)
+    CountingStorage.fetched, CountingStorage.whole_reads = 0, []
+    folder = inspect_source(parse_source(uri, settings), counting)
+    weights = sum(p.stat().st_size for p in bigger.glob("*.safetensors"))
+    assert weights > 3_000_000
+    assert 0 < CountingStorage.fetched < 20_000, "only the 8-byte length and the header"
+    assert all(k.endswith(".json") for k in CountingStorage.whole_reads)
+    assert len(folder.tensors) > 10
+    assert folder.config["hidden_size"] == 256
