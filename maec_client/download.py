@@ -3,15 +3,16 @@
 Layout while downloading ``DIR``::
 
     DIR.partial/.maec-download.json      which job this partial folder belongs to
-    DIR.partial/<path>.part              a small file in flight (bytes 0..n so far)
-    DIR.partial/<path>.part.<a>-<b>      one range of a large file (bytes a..a+n so far)
+    DIR.partial/<path>.part              a file in flight
+    DIR.partial/<path>.part.json         bytes done per range, for a file fetched in ranges
     DIR.partial/<path>                   a complete file (verified before the rename)
 
-A part file's length *is* its progress, so resuming needs no state file: each range
-continues with ``Range: bytes=<a+len>-<b>``. Range boundaries are in the name, so a run
-with another ``part_size`` discards stale parts instead of splicing them wrongly. Only
-when every file matches the manifest's sha256 does ``DIR.partial`` become ``DIR`` with
-one rename, so ``DIR`` existing means "complete and verified".
+A file up to ``part_size`` is one stream appended to ``.part``: its length is its
+progress, and a resume asks for ``Range: bytes=<len>-``. A larger file is split into
+ranges written in place (pwrite at their offsets, so no concatenation pass doubles the
+disk traffic), with the bytes done per range in ``.part.json``; each range resumes from
+its own offset. Only when every file matches the manifest's sha256 does ``DIR.partial``
+become ``DIR`` with one rename, so ``DIR`` existing means "complete and verified".
 """
 
 from __future__ import annotations
@@ -54,16 +55,106 @@ MiB = 1 << 20
 ByteCallback = Callable[[int, int], None]
 
 
+class _Ledger:
+    """Bytes done per range of a file whose ranges are written in place.
+
+    Saved atomically every SAVE_EVERY bytes and whenever a range attempt ends. After a
+    crash it may lag the data (those bytes are fetched again); it never runs ahead of
+    what was written in this process, and the final sha256 catches anything else.
+    """
+
+    SAVE_EVERY = 16 * MiB
+
+    def __init__(self, path: Path, size: int, bounds: list[tuple[int, int]]) -> None:
+        self.path = path
+        self.size = size
+        self.bounds = bounds
+        self.done = {a: 0 for a, _ in bounds}
+        self._lock = threading.Lock()
+        self._unsaved = 0
+
+    @classmethod
+    def open(cls, path: Path, data: Path, size: int,
+             bounds: list[tuple[int, int]]) -> _Ledger:
+        ledger = cls(path, size, bounds)
+        try:
+            raw = json.loads(path.read_text())
+        except (OSError, ValueError):
+            raw = None
+        if (data.exists() and isinstance(raw, dict) and raw.get("size") == size
+                and raw.get("ranges") == [list(b) for b in bounds]
+                and isinstance(raw.get("done"), dict)):
+            for a, b in bounds:
+                ledger.done[a] = max(0, min(int(raw["done"].get(str(a), 0)), b - a + 1))
+        elif data.exists() and raw is None and not path.exists():
+            # A single-stream run (larger part_size) left a contiguous prefix: credit it.
+            have = data.stat().st_size
+            for a, b in bounds:
+                ledger.done[a] = max(0, min(have - a, b - a + 1))
+        else:
+            data.unlink(missing_ok=True)  # other boundaries or no trustworthy record
+        ledger.save()
+        return ledger
+
+    def add(self, start: int, n: int) -> None:
+        with self._lock:
+            self.done[start] += n
+            self._unsaved += n
+            due = self._unsaved >= self.SAVE_EVERY
+        if due:
+            self.save()
+
+    def save(self) -> None:
+        with self._lock:
+            doc = {"size": self.size, "ranges": [list(b) for b in self.bounds],
+                   "done": {str(a): n for a, n in self.done.items()}}
+            self._unsaved = 0
+            tmp = self.path.with_name(f"{self.path.name}.{threading.get_ident()}.tmp")
+            tmp.write_text(json.dumps(doc))
+            os.replace(tmp, self.path)
+
+
 @dataclass
 class _Range:
     file: FileInfo
     part: Path
     start: int
     end: int  # inclusive, as in the Range header
+    ledger: _Ledger | None = None  # None: a single stream appended to ``part``
 
     @property
     def length(self) -> int:
         return self.end - self.start + 1
+
+    def have(self) -> int:
+        if self.ledger is not None:
+            return self.ledger.done[self.start]
+        return self.part.stat().st_size if self.part.exists() else 0
+
+
+class _Writer:
+    """Writes a range's bytes: appended (single stream) or in place at the range offset."""
+
+    def __init__(self, r: _Range, first: int) -> None:
+        self.r = r
+        self.pos = first
+        flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if r.ledger is None else 0)
+        self.fd = os.open(r.part, flags, 0o644)
+
+    def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            n = (os.write(self.fd, view) if self.r.ledger is None
+                 else os.pwrite(self.fd, view, self.pos))
+            view = view[n:]
+            self.pos += n
+        if self.r.ledger is not None:
+            self.r.ledger.add(self.r.start, len(data))
+
+    def close(self) -> None:
+        os.close(self.fd)
+        if self.r.ledger is not None:
+            self.r.ledger.save()
 
 
 @dataclass
@@ -105,7 +196,7 @@ def safe_relpath(path: str) -> PurePosixPath:
     if (not path or "\\" in path or "\x00" in path or rel.is_absolute()
             or any(p in ("", ".", "..") for p in path.split("/"))):
         raise DownloadError(f"refusing unsafe file path {path!r} from the service")
-    if rel.name == MARKER or rel.name.endswith(".part") or ".part." in rel.name:
+    if rel.name == MARKER or rel.name.endswith((".part", ".part.json")) or ".tmp" in rel.name:
         # Would collide with this module's own bookkeeping names.
         raise DownloadError(f"refusing reserved file name {path!r}")
     return rel
@@ -231,22 +322,22 @@ def _reuse(plan: _Plan) -> None:
 
 
 def _split(plan: _Plan, part_size: int) -> None:
-    """Ranges still to fetch for a file; part files of other boundaries are dropped."""
+    """The ranges of a file still to fetch, resuming what an earlier run left."""
     f, final = plan.file, plan.final
+    part = final.with_name(final.name + ".part")
+    record = final.with_name(final.name + ".part.json")
     if f.size > part_size:
         bounds = [(a, min(a + part_size, f.size) - 1) for a in range(0, f.size, part_size)]
-        plan.ranges = [_Range(f, final.with_name(f"{final.name}.part.{a}-{b}"), a, b)
-                       for a, b in bounds]
-    elif f.size > 0:
-        plan.ranges = [_Range(f, final.with_name(final.name + ".part"), 0, f.size - 1)]
-    wanted = {r.part.name for r in plan.ranges}
-    for stale in final.parent.glob(f"{_glob_escape(final.name)}.part*"):
-        if stale.name not in wanted:
-            stale.unlink()
-
-
-def _glob_escape(name: str) -> str:
-    return re.sub(r"([*?\[])", r"[\1]", name)
+        ledger = _Ledger.open(record, part, f.size, bounds)
+        plan.ranges = [_Range(f, part, a, b, ledger) for a, b in bounds]
+    else:
+        if record.exists():
+            # Written in place with holes by a run with a smaller part_size: its length
+            # is not a prefix, so it cannot be appended to.
+            part.unlink(missing_ok=True)
+            record.unlink()
+        if f.size > 0:
+            plan.ranges = [_Range(f, part, 0, f.size - 1)]
 
 
 def _present(plan: _Plan) -> int:
@@ -254,9 +345,9 @@ def _present(plan: _Plan) -> int:
         return plan.file.size
     total = 0
     for r in plan.ranges:
-        size = r.part.stat().st_size if r.part.exists() else 0
+        size = r.have()
         if size > r.length:
-            r.part.unlink()  # longer than its range: cannot be ours, start it again
+            r.part.unlink()  # longer than the file: cannot be ours, start it again
             size = 0
         total += size
     return total
@@ -316,7 +407,7 @@ def _fetch_range(client: Client, job_id: str, r: _Range, bar: _Progress, redirec
     params = {"redirect": "true"} if redirect else None
     failures = 0
     while True:
-        have = r.part.stat().st_size if r.part.exists() else 0
+        have = r.have()
         if have >= r.length:
             return
         before = have
@@ -330,7 +421,7 @@ def _fetch_range(client: Client, job_id: str, r: _Range, bar: _Progress, redirec
             error = exc
         else:
             continue  # re-check the length: a complete part returns above
-        now = r.part.stat().st_size if r.part.exists() else 0
+        now = r.have()
         # Only consecutive attempts without progress count: a slow flaky link still finishes.
         failures = 0 if now > before else failures + 1
         if failures > retries:
@@ -374,7 +465,8 @@ def _stream_into(client: Client, url: str, params: dict[str, str] | None, r: _Ra
                                       f"{r.file.path}: HTTP {resp.status_code} for a range",
                                       {}, resp.status_code)
         remaining = r.length - have
-        with r.part.open("ab") as out:
+        out = _Writer(r, first)
+        try:
             # No chunk_size: httpx would buffer up to it, and bytes buffered when the
             # connection drops are lost to the resume; write what arrives as it arrives.
             for chunk in resp.iter_bytes():
@@ -392,6 +484,8 @@ def _stream_into(client: Client, url: str, params: dict[str, str] | None, r: _Ra
                 bar.add(len(chunk))
                 if remaining == 0:
                     break
+        finally:
+            out.close()
     if remaining:
         raise _ShortRead(f"{r.file.path}: stream ended {remaining} bytes early")
 
@@ -419,36 +513,25 @@ def _finish_task(plan: _Plan) -> Callable[[], None]:
 
 
 def _finish(plan: _Plan) -> None:
-    """Assemble a file's parts, verify size and sha256, and make it the complete file."""
+    """Verify a fetched file's size and sha256, then make it the complete file."""
     f, final = plan.file, plan.final
-    h = hashlib.sha256()
     if not plan.ranges:
         final.touch()  # a zero-byte file: nothing was fetched
         src = final
-    elif len(plan.ranges) == 1:
-        src = plan.ranges[0].part
-        with src.open("rb") as fh:
-            while chunk := fh.read(4 * MiB):
-                h.update(chunk)
     else:
-        src = final.with_name(final.name + ".part")
-        with src.open("wb") as out:
-            for r in plan.ranges:
-                with r.part.open("rb") as fh:
-                    while chunk := fh.read(4 * MiB):
-                        h.update(chunk)
-                        out.write(chunk)
-        for r in plan.ranges:
-            r.part.unlink()
+        src = plan.ranges[0].part  # every range of a file shares its part file
     size = src.stat().st_size
-    actual = h.hexdigest()
+    actual = sha256_file(src)
+    record = final.with_name(final.name + ".part.json")
     if size != f.size or actual != f.sha256:
         # Drop the bad bytes so the next run fetches this file again instead of trusting them.
         src.unlink()
+        record.unlink(missing_ok=True)
         raise ChecksumMismatch(f.path, f.sha256, actual if size == f.size else f"size {size}")
     _fsync(src)
     if src != final:
         os.replace(src, final)
+    record.unlink(missing_ok=True)
 
 
 def _prune(partial: Path, keep: set[Path]) -> None:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 
@@ -111,15 +112,49 @@ def test_ranged_parts_resume_with_their_own_offsets(client, fake, job, tmp_path)
     assert starts & {5_000, 35_000, 65_000, 95_000}
 
 
-def test_stale_parts_from_another_part_size_are_discarded(client, fake, job, tmp_path):
+def test_ranges_are_written_in_place_with_a_ledger(client, fake, job, tmp_path):
     dest = tmp_path / "out"
     partial = tmp_path / "out.partial"
+    name = "model-00001-of-00002.safetensors"
+    fake.cut_next = [5_000, 0]  # first range: 5000 bytes, then a fruitless retry
+    with pytest.raises(NetworkError):
+        client.download(job["id"], dest, part_size=30_000, workers=1, retries=0)
+    ledger = json.loads((partial / (name + ".part.json")).read_text())
+    assert ledger["ranges"] == [[0, 29999], [30000, 59999], [60000, 89999], [90000, 99999]]
+    assert ledger["done"] == {"0": 5000, "30000": 0, "60000": 0, "90000": 0}
+    assert (partial / (name + ".part")).read_bytes()[:5000] == FILES[name][:5000]
+    fake.requests.clear()
+    client.download(job["id"], dest, part_size=30_000, workers=2)
+    assert tree(dest) == FILES
+    assert sorted(ranges(fake, name)) == ["bytes=30000-59999", "bytes=5000-29999",
+                                          "bytes=60000-89999", "bytes=90000-99999"]
+
+
+def test_single_stream_prefix_is_credited_to_ranges(client, fake, job, tmp_path):
+    dest = tmp_path / "out"
+    name = "model-00001-of-00002.safetensors"
+    fake.cut_next = [45_000, 0]
+    with pytest.raises(NetworkError):
+        client.download(job["id"], dest, part_size=10**9, workers=1, retries=0)
+    fake.requests.clear()
+    client.download(job["id"], dest, part_size=30_000, workers=3)
+    assert tree(dest) == FILES
+    assert sorted(ranges(fake, name)) == ["bytes=45000-59999", "bytes=60000-89999",
+                                          "bytes=90000-99999"]
+
+
+def test_in_place_file_with_holes_is_not_appended_to(client, fake, job, tmp_path):
+    dest = tmp_path / "out"
+    partial = tmp_path / "out.partial"
+    name = "model-00001-of-00002.safetensors"
     fake.cut_next = [5_000, 0]
     with pytest.raises(NetworkError):
         client.download(job["id"], dest, part_size=30_000, workers=1, retries=0)
-    assert any(".part." in p.name for p in partial.iterdir())
+    fake.requests.clear()
     client.download(job["id"], dest, part_size=10**9, workers=3)
     assert tree(dest) == FILES
+    assert ranges(fake, name) == ["bytes=0-99999"]
+    assert not partial.exists()
 
 
 def test_corrupted_byte_is_detected_and_nothing_published(client, fake, job, tmp_path):
