@@ -18,6 +18,7 @@ become ``DIR`` with one rename, so ``DIR`` existing means "complete and verified
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -263,8 +264,28 @@ def download_job(client: Client, job: Job, dest: Path, *, workers: int = 8,
     if dest.exists() and not overwrite:
         raise DownloadError(f"{dest} already exists (use overwrite)")
     partial = dest.with_name(dest.name + ".partial")
-    _claim_partial(partial, job.id, overwrite)
+    partial.mkdir(parents=True, exist_ok=True)
+    # One downloader per folder: a second `maec jobs download` into the same DIR would
+    # interleave writes into the same part files. The lock dies with the process.
+    lock = os.open(partial, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DownloadError(f"another download into {dest} is running") from None
+        _claim_partial(partial, job.id, overwrite)
+        _download_into(client, job, files, partial, dest, workers=workers,
+                       part_size=part_size, progress=progress, on_bytes=on_bytes,
+                       overwrite=overwrite, redirect=redirect, retries=retries)
+    finally:
+        os.close(lock)
+    return dest
 
+
+def _download_into(client: Client, job: Job, files: list[FileInfo], partial: Path,
+                   dest: Path, *, workers: int, part_size: int, progress: bool,
+                   on_bytes: ByteCallback | None, overwrite: bool, redirect: bool,
+                   retries: int) -> None:
     plans = [_Plan(f, partial / safe_relpath(f.path)) for f in files]
     stop = threading.Event()
     # Files completed by an earlier run are re-hashed (in parallel): kept if they match,
@@ -287,22 +308,24 @@ def download_job(client: Client, job: Job, dest: Path, *, workers: int = 8,
     _prune(partial, {p.final for p in plans})
     (partial / MARKER).unlink()
     _publish(partial, dest, overwrite)
-    return dest
 
 
 def _claim_partial(partial: Path, job_id: str, overwrite: bool) -> None:
     marker = partial / MARKER
-    if partial.exists():
-        try:
-            owner = json.loads(marker.read_text()).get("job_id")
-        except (OSError, ValueError, AttributeError):
-            owner = None
-        if owner != job_id:
-            if not overwrite:
-                raise DownloadError(f"{partial} holds another download ({owner or 'unknown'}); "
-                                    "remove it or use overwrite")
-            shutil.rmtree(partial)
-    partial.mkdir(parents=True, exist_ok=True)
+    try:
+        owner = json.loads(marker.read_text()).get("job_id")
+    except (OSError, ValueError, AttributeError):
+        owner = None
+    if owner != job_id and any(partial.iterdir()):
+        if not overwrite:
+            raise DownloadError(f"{partial} holds another download ({owner or 'unknown'}); "
+                                "remove it or use overwrite")
+        # Empty it rather than remove it: the folder itself carries our lock.
+        for child in partial.iterdir():
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
     marker.write_text(json.dumps({"job_id": job_id}))
 
 

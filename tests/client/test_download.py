@@ -287,3 +287,19 @@ def test_etag_naming_other_bytes_stops_before_download(client, fake, job, tmp_pa
         client.download(job["id"], tmp_path / "out", workers=1)
     assert info.value.path == name and info.value.actual.startswith("ETag")
     assert not (tmp_path / "out").exists()
+
+
+def test_second_concurrent_download_into_the_same_dir_is_refused(client, fake, job, tmp_path):
+    import fcntl
+
+    partial = tmp_path / "out.partial"
+    partial.mkdir()
+    fd = os.open(partial, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # as a running download holds it
+        with pytest.raises(DownloadError, match="another download"):
+            client.download(job["id"], tmp_path / "out")
+    finally:
+        os.close(fd)
+    client.download(job["id"], tmp_path / "out")
+    assert tree(tmp_path / "out") == FILES
