@@ -353,9 +353,9 @@ def list_(status_: str | None, limit: int, all_: bool) -> None:
     if not found:
         click.echo("no jobs")
         return
-    click.echo(f"{'ID':<24} {'STATUS':<11} {'STAGE':<8} {'DONE':>5}  {'METHOD':<16} CREATED")
+    click.echo(f"{'ID':<28} {'STATUS':<11} {'STAGE':<8} {'DONE':>5}  {'METHOD':<16} CREATED")
     for j in found:
-        click.echo(f"{j.id:<24} {j.status:<11} {j.stage or '-':<8} "
+        click.echo(f"{j.id:<28} {j.status:<11} {j.stage or '-':<8} "
                    f"{j.progress.fraction:>5.0%}  {(j.method or '-'):<16} {j.created_at or '-'}")
 
 
