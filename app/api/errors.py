@@ -52,6 +52,10 @@ async def _validation(_req: Request, exc: Exception) -> JSONResponse:
 
 async def _http(_req: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
+    if exc.status_code == 400:
+        # A body FastAPI cannot parse (malformed JSON, bad encoding) is the contract's
+        # invalid_request 422, like any other schema violation; 400 is not documented.
+        return problem(422, "invalid_request", f"invalid request: {exc.detail}")
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
     return problem(exc.status_code, code, str(exc.detail))
 
