@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.reliability import results
-from tests.stack import ROOT, S3Server
+from tests.stack import ROOT
 
 _outcome: dict[str, Any] = {}
 
@@ -67,15 +66,6 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 @pytest.fixture(scope="session")
-def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    server = S3Server(tmp_path_factory.mktemp("seaweedfs")).start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="session")
 def model_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The allow-listed local root every stack of this suite serves sources from."""
     return tmp_path_factory.mktemp("models")
@@ -83,11 +73,12 @@ def model_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny(model_root: Path) -> dict[str, Path]:
-    """Two tiny compatible Llamas: merges take a fraction of a second."""
+    """Tiny compatible Llamas (a base and two fine-tunes): merges take milliseconds."""
     from tests.factories import make_llama
 
     base = make_llama(model_root / "tiny-base", seed=0)
-    return {"base": base, "a": make_llama(model_root / "tiny-a", seed=1, like=base)}
+    return {"base": base, "a": make_llama(model_root / "tiny-a", seed=1, like=base),
+            "b": make_llama(model_root / "tiny-b", seed=2, like=base)}
 
 
 # Big enough that a ties merge takes seconds (a window to kill, stop or pause a worker
