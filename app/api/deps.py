@@ -26,11 +26,12 @@ class Services:
     limiter: RateLimiter
 
 
-def get_services(request: Request) -> Services:
+async def get_services(request: Request) -> Services:
     svc: Services = request.app.state.services
     return svc
 
 
+# Async dependencies: FastAPI runs sync ones in a thread pool, which costs throughput.
 Svc = Annotated[Services, Depends(get_services)]
 
 
@@ -38,7 +39,7 @@ def _unauthorized(message: str) -> ApiError:
     return ApiError(401, "unauthorized", message, headers={"WWW-Authenticate": "Bearer"})
 
 
-def require_key(request: Request, svc: Svc) -> str:
+async def require_key(request: Request, svc: Svc) -> str:
     """The key id of the caller (``dev`` in dev mode); 401 otherwise."""
     if svc.settings.dev_mode:
         return "dev"

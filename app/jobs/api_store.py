@@ -6,6 +6,7 @@ batch of ``HGETALL`` per page.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ import redis.asyncio as aioredis
 
 from app.jobs import scripts
 from app.jobs.record import (
+    INTERNAL_FIELDS,
     METRICS_KEY,
     STATUSES,
     WORKERS_KEY,
@@ -29,6 +31,7 @@ from app.jobs.record import (
     status_key,
 )
 
+PUBLIC_FIELDS = tuple(f.encode() for f in JobRecord.model_fields if f not in INTERNAL_FIELDS)
 CreateOutcome = Literal["created", "existing", "too_many"]
 CancelOutcome = Literal["cancelled", "requested", "finished", "missing"]
 # Upper bound on records examined for one filtered page, so a rare status cannot turn a
@@ -81,6 +84,18 @@ class ApiJobStore:
         if rec is None or (owner is not None and rec.owner != owner):
             return None
         return rec
+
+    async def get_public_json(self, job_id: str, owner: str) -> bytes | None:
+        """The public Job as JSON bytes, or None (missing or another owner's).
+
+        The hot read path (clients poll it): the hash values are already JSON text, so
+        the body is assembled from them without parsing or re-serialising the record.
+        """
+        raw = await cast(Awaitable[dict[bytes, bytes]], self.r.hgetall(job_key(job_id)))
+        if not raw or raw.get(b"owner") != json.dumps(owner).encode():
+            return None
+        parts = [b'"' + name + b'":' + raw.get(name, b"null") for name in PUBLIC_FIELDS]
+        return b"{" + b",".join(parts) + b"}"
 
     async def cancel(self, job_id: str) -> CancelOutcome:
         res = await self._cancel(

@@ -58,6 +58,11 @@ def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+# Record fields that are bookkeeping, never shown to API callers.
+INTERNAL_FIELDS = ("owner", "sources", "idempotency_key", "lease_until", "worker",
+                   "result_prefix")
+
+
 class Progress(BaseModel):
     fraction: float = 0.0
     done: int = 0
@@ -91,11 +96,7 @@ class JobRecord(BaseModel):
 
     def public(self) -> dict[str, Any]:
         """The Job object of the API contract (internal bookkeeping left out)."""
-        return self.model_dump(
-            mode="json",
-            exclude={"owner", "sources", "idempotency_key", "lease_until", "worker",
-                     "result_prefix"},
-        )
+        return self.model_dump(mode="json", exclude=set(INTERNAL_FIELDS))
 
 
 def encode(fields: dict[str, Any]) -> dict[str, str]:

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from app.api.deps import Owner, Svc
 from app.api.errors import ApiError
@@ -85,11 +85,11 @@ async def list_jobs(
 
 
 @router.get("/{job_id}", response_model=JobOut)
-async def get_job(job_id: str, owner: Owner, svc: Svc) -> JSONResponse:
-    rec = await svc.store.get(job_id, owner)
-    if rec is None:
+async def get_job(job_id: str, owner: Owner, svc: Svc) -> Response:
+    body = await svc.store.get_public_json(job_id, owner)
+    if body is None:
         raise not_found(job_id)
-    return _job(rec)
+    return Response(body, media_type="application/json")
 
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=JobOut)
