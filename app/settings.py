@@ -68,6 +68,8 @@ class Settings(BaseSettings):
 
     # API side.
     max_active_jobs_per_key: int = Field(default=100, ge=1)
+    # Job submissions per key per minute (429 rate_limited beyond).
+    submissions_per_minute: int = Field(default=120, ge=1)
     max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
     # Per key and API process (app/api/limits.py): sustained rate and saved-up burst.
     rate_limit_per_minute: int = Field(default=600, ge=1)

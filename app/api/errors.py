@@ -9,6 +9,8 @@ import redis.exceptions
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from maec_core.errors import MaecError
@@ -68,6 +70,12 @@ async def _store_down(_req: Request, exc: Exception) -> JSONResponse:
                    headers={"Retry-After": "2"})
 
 
+async def _redis_down(_req: Request, exc: Exception) -> JSONResponse:
+    log.error("redis unavailable: %s", exc)
+    return problem(503, "unavailable", "the job store is unreachable; retry later",
+                   headers={"Retry-After": "5"})
+
+
 async def _unexpected(_req: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error", exc_info=exc)
     return problem(500, "internal_error", "internal error (logged on the server)")
@@ -79,4 +87,6 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, _http)
     app.add_exception_handler(redis.exceptions.ConnectionError, _store_down)
     app.add_exception_handler(redis.exceptions.TimeoutError, _store_down)
+    app.add_exception_handler(RedisConnectionError, _redis_down)
+    app.add_exception_handler(RedisTimeoutError, _redis_down)
     app.add_exception_handler(Exception, _unexpected)

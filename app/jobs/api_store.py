@@ -77,6 +77,21 @@ class ApiJobStore:
         outcome, job_id = (x.decode() if isinstance(x, bytes) else str(x) for x in res)
         return outcome, job_id  # type: ignore[return-value]
 
+    async def idempotent_job(self, owner: str, key: str) -> str | None:
+        """The job id an earlier submission with this idempotency key created."""
+        found = await self.r.get(idem_key(owner, key))
+        return found.decode() if isinstance(found, bytes) else found
+
+    async def count_submission(self, owner: str, window_s: int = 60) -> int:
+        """Submissions by ``owner`` in the current fixed window (one pipelined call)."""
+        bucket = int(time.time() // window_s)
+        key = f"maec:rate:{owner}:{bucket}"
+        async with self.r.pipeline(transaction=True) as pipe:
+            pipe.incr(key)
+            pipe.expire(key, window_s * 2)
+            count, _ = await pipe.execute()
+        return int(count)
+
     async def get(self, job_id: str, owner: str | None = None) -> JobRecord | None:
         """The record, or None when missing or (with ``owner``) someone else's."""
         raw = await cast(Awaitable[dict[bytes, bytes]], self.r.hgetall(job_key(job_id)))

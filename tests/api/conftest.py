@@ -78,7 +78,7 @@ def api_factory(redis_server: RedisServer, tiny_models: TinyModels, tmp_path: Pa
         url = redis_server.db_url(next(_DB) % 16)
         r = redis.Redis.from_url(url)
         r.flushdb()
-        settings = make_settings(tmp_path, url, tiny_models, **kw)
+        settings = make_settings(tmp_path, str(kw.pop("redis_url", url)), tiny_models, **kw)
         client = TestClient(create_app(settings), raise_server_exceptions=False)
         client.__enter__()
         opened.append(client)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
@@ -33,6 +34,17 @@ def _job(rec: JobRecord, status: int = 200, headers: dict[str, str] | None = Non
              responses={200: {"model": JobOut, "description": "idempotent replay"}})
 async def submit(body: JobRequest, owner: Owner, svc: Svc) -> JSONResponse:
     """Validate (schema, parameters, sources, headers) and queue a merge job."""
+    if body.idempotency_key:
+        # A replay answers with the job even if its sources changed since.
+        earlier = await svc.store.idempotent_job(owner, body.idempotency_key)
+        rec = await svc.store.get(earlier, owner) if earlier else None
+        if rec is not None:
+            return _job(rec, 200, {"Location": f"/v1/jobs/{rec.id}"})
+    if await svc.store.count_submission(owner) > svc.settings.submissions_per_minute:
+        raise ApiError(429, "rate_limited",
+                       f"more than {svc.settings.submissions_per_minute} submissions in a "
+                       "minute", headers={"Retry-After": str(60 - int(time.time()) % 60)},
+                       limit=svc.settings.submissions_per_minute)
     recipe = build_recipe(body)
     sources = await run_in_threadpool(check_sources, recipe, svc.settings, svc.storage)
     record = JobRecord(
