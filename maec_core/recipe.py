@@ -149,4 +149,7 @@ def parse_recipe(source: Recipe | Mapping[str, Any] | str | Path) -> Recipe:
     from maec_core.methods.specs import validate_recipe
 
     validate_recipe(recipe)
+    # Checked here, not only when the writer asks: the API validates with parse_recipe
+    # before queueing, and a bad size must be a 422, not a failed job.
+    recipe.shard_size_bytes()
     return recipe
