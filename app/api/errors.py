@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import redis.exceptions
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -62,14 +61,6 @@ async def _http(_req: Request, exc: Exception) -> JSONResponse:
     return problem(exc.status_code, code, str(exc.detail))
 
 
-async def _store_down(_req: Request, exc: Exception) -> JSONResponse:
-    # Redis restarting or unreachable: a retryable 503 (the contract's ``unavailable``),
-    # not a 500, so clients back off and poll again instead of reporting a bug.
-    log.warning("job store unreachable: %s", type(exc).__name__)
-    return problem(503, "unavailable", "the job store is unreachable; retry later",
-                   headers={"Retry-After": "2"})
-
-
 async def _redis_down(_req: Request, exc: Exception) -> JSONResponse:
     log.error("redis unavailable: %s", exc)
     return problem(503, "unavailable", "the job store is unreachable; retry later",
@@ -85,8 +76,6 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(MaecError, _maec_error)
     app.add_exception_handler(RequestValidationError, _validation)
     app.add_exception_handler(StarletteHTTPException, _http)
-    app.add_exception_handler(redis.exceptions.ConnectionError, _store_down)
-    app.add_exception_handler(redis.exceptions.TimeoutError, _store_down)
     app.add_exception_handler(RedisConnectionError, _redis_down)
     app.add_exception_handler(RedisTimeoutError, _redis_down)
     app.add_exception_handler(Exception, _unexpected)
