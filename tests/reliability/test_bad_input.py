@@ -25,7 +25,8 @@ pytestmark = [pytest.mark.faults, pytest.mark.integration]
 
 CORPUS_CAP = 4096
 ENV = {"MAEC_MAX_CORPUS_BYTES": str(CORPUS_CAP), "MAEC_MAX_MODELS_PER_JOB": "20",
-       "MAEC_RATE_LIMIT_PER_MINUTE": "100000", "MAEC_RATE_LIMIT_BURST": "10000"}
+       "MAEC_RATE_LIMIT_PER_MINUTE": "100000", "MAEC_RATE_LIMIT_BURST": "10000",
+       "MAEC_SUBMISSIONS_PER_MINUTE": "100000"}
 
 
 @pytest.fixture(scope="module")
