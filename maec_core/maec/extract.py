@@ -13,7 +13,8 @@ Memory: a few tensors (plus, for global/gradient, one float32 score per candidat
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,14 +68,86 @@ def _rows2d(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(t.shape[0], -1) if t.dim() > 0 else t.reshape(1, 1)
 
 
-def delta_scores(granularity: str, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor,
-                                                                               torch.Tensor]:
-    """(float32 delta θA − θ0, float32 scores): mean |Δ| per row, or |Δ| per element."""
-    d = a.float()
-    d = d.sub_(b) if d.data_ptr() != a.data_ptr() else d - b.float()
+# Elements per CPU scoring slice: two float32 slices of 1 MB stay in the CPU cache while
+# they are converted, subtracted and reduced, instead of four passes over a 50 MB tensor.
+CHUNK_CPU = 1 << 18
+
+
+class Scratch:
+    """Reused float32 buffers for the per-tensor arithmetic.
+
+    A fresh 50 MB tensor is mmapped by the allocator and page-faulted in on first touch,
+    which costs more than the conversion it holds; buffers allocated once avoid that.
+    """
+
+    def __init__(self) -> None:
+        self._bufs: list[torch.Tensor] = [torch.empty(0), torch.empty(0)]
+
+    def buf(self, slot: int, n: int, device: torch.device) -> torch.Tensor:
+        b = self._bufs[slot]
+        if b.numel() < n or b.device != device:
+            b = self._bufs[slot] = torch.empty(n, dtype=torch.float32, device=device)
+        return b[:n]
+
+
+def row_scores(a: torch.Tensor, b: torch.Tensor, scratch: Scratch | None = None
+               ) -> torch.Tensor:
+    """Float32 ``mean_j |a[i, j] − b[i, j]|`` per row of ``a`` viewed as ``(shape[0], -1)``.
+
+    The mean is the L1 norm of the row over its width (one fused reduction). On CPU the
+    rows go through in cache-sized slices of whole rows (each row's reduction is the
+    same whatever the slice), on a GPU in one piece.
+    """
+    scratch = scratch or Scratch()
+    a2, b2 = _rows2d(a), _rows2d(b)
+    rows, width = a2.shape
+    if a.device.type != "cpu":
+        x = scratch.buf(0, a2.numel(), a.device).view(rows, width)
+        x.copy_(a2).sub_(b2)
+        norms: torch.Tensor = torch.linalg.vector_norm(x, 1, dim=1)
+        return norms.div_(width)
+    out = torch.empty(rows, dtype=torch.float32)
+    step = max(1, CHUNK_CPU // max(width, 1))
+    for r0 in range(0, rows, step):
+        r1 = min(rows, r0 + step)
+        n = (r1 - r0) * width
+        x = scratch.buf(0, n, a.device).view(r1 - r0, width).copy_(a2[r0:r1])
+        y = scratch.buf(1, n, a.device).view(r1 - r0, width).copy_(b2[r0:r1])
+        torch.linalg.vector_norm(x.sub_(y), 1, dim=1, out=out[r0:r1])
+    return out.div_(width)
+
+
+def delta_scores(granularity: str, a: torch.Tensor, b: torch.Tensor,
+                 scratch: Scratch | None = None) -> torch.Tensor:
+    """Float32 importance from the delta: mean |θA − θ0| per row, or |θA − θ0| per element."""
     if granularity == "element":
-        return d, d.abs().flatten()
-    return d, d.abs().reshape(d.shape[0], -1).mean(1) if d.dim() > 1 else d.abs()
+        return (a.float() - b.float()).abs_().flatten()
+    return row_scores(a, b, scratch)
+
+
+def key_delta(granularity: str, a: torch.Tensor, ref: torch.Tensor, idx: torch.Tensor
+              ) -> torch.Tensor:
+    """Float32 ``θA − θref`` on the key positions, both tensors in memory."""
+    return _gather(granularity, a, idx).float().sub_(_gather(granularity, ref, idx).float())
+
+
+@contextmanager
+def cpu_single_thread(device: torch.device) -> Iterator[None]:
+    """One intra-op thread for CPU passes over many small operations.
+
+    The per-slice ops are too small to split, and on a busy machine an OpenMP team waiting
+    at a barrier for a descheduled member stalls every op (extraction measured 15x
+    slower with 2 threads on 2 shared cores). Restored afterwards.
+    """
+    if device.type != "cpu":
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _gather(granularity: str, t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -176,11 +249,11 @@ def extract_ability(
             tick()
     elif params.rank_scope == "global":
         scores = {}
-        with TensorReader() as reader:
+        scratch = Scratch()
+        with TensorReader() as reader, cpu_single_thread(device):
             steps = [[t.sources["base"], t.sources["ability"]] for t in cands]
             for t, (b, a) in zip(cands, Prefetcher(reader, steps), strict=True):
-                _, scores[t.name] = delta_scores(gran, a.to(device), b.to(device))
-                scores[t.name] = scores[t.name].cpu()
+                scores[t.name] = delta_scores(gran, a.to(device), b.to(device), scratch).cpu()
                 tick()
     for t in cands:
         if scores is not None:
@@ -206,21 +279,22 @@ def extract_ability(
         try:
             if scores is None:
                 # Single pass: θ0 and θA in full (prefetched), θS on the key rows only.
-                with TensorReader() as reader:
+                scratch = Scratch()
+                with TensorReader() as reader, cpu_single_thread(device):
                     steps = [[t.sources["base"], t.sources["ability"]] for t in cands]
                     for t, (b, a) in zip(cands, Prefetcher(reader, steps), strict=True):
-                        d, s = delta_scores(gran, a.to(device), b.to(device))
-                        del b
+                        a, b = a.to(device), b.to(device)
+                        s = delta_scores(gran, a, b, scratch)
                         check_scores(t.name, s)
                         idx = top_k_indices(s, key_count(params.key_ratio, n_of(t)))
                         if control is None:
-                            values = _gather(gran, d, idx)
+                            values = key_delta(gran, a, b, idx)
                         else:
-                            values = _key_delta(gran, rows_io, t, idx, a.to(device),
-                                                t.sources["control"])
+                            values = _control_delta(gran, rows_io, idx, a,
+                                                    t.sources["control"])
                         sink.write(t, idx, values)
                         entries.append(_entry(t, n_of(t), idx, s))
-                        del a, d
+                        del a, b
                         tick()
             else:
                 # Scores known: read θA and θref only where the mask is set.
@@ -265,9 +339,9 @@ def _entry(t: PlannedTensor, n: int, idx: torch.Tensor, scores: torch.Tensor) ->
             "score": _stats(scores, idx.to(scores.device))}
 
 
-def _key_delta(gran: str, io: RowReader, t: PlannedTensor, idx: torch.Tensor,
-               a: torch.Tensor, ref_info: Any) -> torch.Tensor:
-    """θA − θS on the key positions, θA already in memory."""
+def _control_delta(gran: str, io: RowReader, idx: torch.Tensor, a: torch.Tensor,
+                   ref_info: Any) -> torch.Tensor:
+    """θA − θS on the key positions: θA in memory, θS read only there (rows)."""
     a_k = _gather(gran, a, idx).float()
     if gran == "element":
         ref = io.read(ref_info).reshape(-1)[idx.cpu()]

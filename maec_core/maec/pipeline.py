@@ -167,7 +167,8 @@ def run_maec(
         docs.append(doc)
         keys.append(key_of(doc))
         found.append(store.get(keys[-1]))
-    todo = [i for i, f in enumerate(found) if f is None]
+    # Two abilities with the same donor and parameters share one key: extract it once.
+    todo = {keys[i] for i, f in enumerate(found) if f is None}
     total = _passes(params) * len(included_tensors(params, plan.tensors)) * len(todo)
     done = [0]
 
@@ -180,8 +181,9 @@ def run_maec(
         else None
     try:
         dirs: list[Path] = []
+        made: dict[str, Path] = {}
         for i, (ability, control) in enumerate(abilities):
-            hit = found[i]
+            hit = found[i] or made.get(keys[i])
             if hit is not None:
                 dirs.append(hit)
                 continue
@@ -191,6 +193,7 @@ def run_maec(
                 tmp / keys[i], device=best_device(device), step=tick, cancel=cancel,
             )
             store.put(keys[i], res.folder)
+            made[keys[i]] = res.folder
             dirs.append(res.folder)
         extract_seconds = time.perf_counter() - started
         return _combine(r, params, dirs, out, reused=[f is not None for f in found],
