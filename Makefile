@@ -31,3 +31,13 @@ demo: setup
 
 bench-api: setup
 	$(PY) -m bench.api
+
+# Reliability suite (issue 5): fault injection on real processes, schemathesis, hostile
+# inputs, security, load. Also part of `make test`. Ends with the RESULT line.
+test-faults: setup
+	$(VENV)/bin/pytest -m faults tests/reliability tests/core/test_hostile_inputs.py tests/test_no_trust_remote_code.py $(PYTEST_ARGS)
+
+# 10-minute soak with a fault injected every 30 s (not in CI). SOAK_ARGS=--minutes 2 ...
+SOAK_ARGS ?=
+soak: setup
+	$(PY) -m bench.soak $(SOAK_ARGS)
