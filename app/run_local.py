@@ -111,6 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     if os.environ.get("MAEC_LOCAL_ROOTS"):
         roots += json.loads(os.environ["MAEC_LOCAL_ROOTS"])
     env = {
+        # One local user: per-key request limits would only throttle the demo's polling
+        # and the benchmark (explicit settings in the environment still win).
+        "MAEC_RATE_LIMIT_PER_MINUTE": "1000000",
+        "MAEC_RATE_LIMIT_BURST": "100000",
+        "MAEC_SUBMISSIONS_PER_MINUTE": "100000",
         **os.environ,
         "MAEC_DEV_MODE": "true",
         "MAEC_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",

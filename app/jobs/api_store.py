@@ -15,6 +15,7 @@ from typing import Any, Literal, cast
 import redis.asyncio as aioredis
 
 from app.jobs import scripts
+from app.jobs.batching import HashReader
 from app.jobs.record import (
     INTERNAL_FIELDS,
     METRICS_KEY,
@@ -48,6 +49,7 @@ class Page:
 class ApiJobStore:
     def __init__(self, client: aioredis.Redis) -> None:
         self.r = client
+        self._reader = HashReader(client)
         self._create = client.register_script(scripts.CREATE)
         self._cancel = client.register_script(scripts.CANCEL)
         self._transition = client.register_script(scripts.TRANSITION)
@@ -106,7 +108,7 @@ class ApiJobStore:
         The hot read path (clients poll it): the hash values are already JSON text, so
         the body is assembled from them without parsing or re-serialising the record.
         """
-        raw = await cast(Awaitable[dict[bytes, bytes]], self.r.hgetall(job_key(job_id)))
+        raw = await self._reader.hgetall(job_key(job_id))
         if not raw or raw.get(b"owner") != json.dumps(owner).encode():
             return None
         parts = [b'"' + name + b'":' + raw.get(name, b"null") for name in PUBLIC_FIELDS]

@@ -12,7 +12,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import RedirectResponse, Response, StreamingResponse
 
-from app.api.deps import Owner, Svc
+from app.api.deps import Auth
 from app.api.errors import ApiError
 from app.api.routes.jobs import not_found
 from app.api.schemas import PROBLEMS
@@ -56,9 +56,10 @@ def _unsatisfiable(size: int) -> ApiError:
             responses={206: {"description": "partial content"},
                        307: {"description": "redirect to a presigned URL"}})
 async def get_file(
-    job_id: str, path: str, request: Request, owner: Owner, svc: Svc,
+    job_id: str, path: str, request: Request, auth: Auth,
     redirect: Annotated[bool, Query()] = False,
 ) -> Response:
+    owner, svc = auth.owner, auth.svc
     rec = await svc.store.get(job_id, owner)
     if rec is None:
         raise not_found(job_id)

@@ -9,7 +9,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from app.api.deps import Owner, Svc
+from app.api.deps import Auth
 from app.api.metrics import render_metrics
 from app.api.schemas import Health, Ready
 
@@ -23,8 +23,9 @@ async def healthz() -> dict[str, str]:
 
 
 @router.get("/readyz", response_model=Ready, responses={503: {"model": Ready}})
-async def readyz(_owner: Owner, svc: Svc) -> JSONResponse:
+async def readyz(auth: Auth) -> JSONResponse:
     """Redis and storage reachable and at least one worker heartbeating."""
+    svc = auth.svc
     try:
         redis_ok = await asyncio.wait_for(svc.store.ping(), 2)
         workers = await svc.store.live_workers(3 * svc.settings.worker_heartbeat_seconds)
@@ -40,7 +41,7 @@ async def readyz(_owner: Owner, svc: Svc) -> JSONResponse:
 
 
 @router.get("/metrics", response_class=Response)
-async def metrics(_owner: Owner, svc: Svc) -> Response:
+async def metrics(auth: Auth) -> Response:
     """Prometheus text: jobs by status, durations, bytes published, live workers."""
-    return Response(await render_metrics(svc.store, svc.settings),
+    return Response(await render_metrics(auth.svc.store, auth.svc.settings),
                     media_type=CONTENT_TYPE_LATEST)

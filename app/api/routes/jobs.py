@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 
-from app.api.deps import Owner, Svc
+from app.api.deps import Auth
 from app.api.errors import ApiError
 from app.api.schemas import PROBLEMS, JobList, JobOut
 from app.jobs.record import STATUSES, JobRecord, new_job_id, now_iso
@@ -32,8 +32,9 @@ def _job(rec: JobRecord, status: int = 200, headers: dict[str, str] | None = Non
 
 @router.post("", status_code=202, response_model=JobOut,
              responses={200: {"model": JobOut, "description": "idempotent replay"}})
-async def submit(body: JobRequest, owner: Owner, svc: Svc) -> JSONResponse:
+async def submit(body: JobRequest, auth: Auth) -> JSONResponse:
     """Validate (schema, parameters, sources, headers) and queue a merge job."""
+    owner, svc = auth.owner, auth.svc
     if body.idempotency_key:
         # A replay answers with the job even if its sources changed since.
         earlier = await svc.store.idempotent_job(owner, body.idempotency_key)
@@ -81,12 +82,13 @@ async def submit(body: JobRequest, owner: Owner, svc: Svc) -> JSONResponse:
 
 @router.get("", response_model=JobList)
 async def list_jobs(
-    owner: Owner, svc: Svc,
+    auth: Auth,
     status: Annotated[str | None, Query()] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     cursor: Annotated[str | None, Query(max_length=64, pattern=r"^j_[0-9a-f]+$")] = None,
 ) -> JSONResponse:
     """The caller's jobs, newest first; pass ``next_cursor`` back for the next page."""
+    owner, svc = auth.owner, auth.svc
     if status is not None and status not in STATUSES:
         raise ApiError(422, "invalid_request",
                        f"status must be one of {', '.join(STATUSES)}", status=status)
@@ -97,16 +99,17 @@ async def list_jobs(
 
 
 @router.get("/{job_id}", response_model=JobOut)
-async def get_job(job_id: str, owner: Owner, svc: Svc) -> Response:
-    body = await svc.store.get_public_json(job_id, owner)
+async def get_job(job_id: str, auth: Auth) -> Response:
+    body = await auth.svc.store.get_public_json(job_id, auth.owner)
     if body is None:
         raise not_found(job_id)
     return Response(body, media_type="application/json")
 
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=JobOut)
-async def cancel_job(job_id: str, owner: Owner, svc: Svc) -> JSONResponse:
+async def cancel_job(job_id: str, auth: Auth) -> JSONResponse:
     """Queued jobs end at once; running ones stop at their next tensor and clean up."""
+    owner, svc = auth.owner, auth.svc
     if await svc.store.get(job_id, owner) is None:
         raise not_found(job_id)
     outcome = await svc.store.cancel(job_id)
