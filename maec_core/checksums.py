@@ -30,8 +30,13 @@ def _key(path: Path) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()
 
 
-def sha256_file(path: Path, *, use_cache: bool = True) -> str:
-    """The hex sha256 of ``path``'s bytes."""
+class Stopped(Exception):
+    """Hashing was abandoned (the merge it served failed)."""
+
+
+def sha256_file(path: Path, *, use_cache: bool = True,
+                stop: threading.Event | None = None) -> str:
+    """The hex sha256 of ``path``'s bytes (raises ``Stopped`` once ``stop`` is set)."""
     entry = cache_dir() / "sha256" / _key(path) if use_cache else None
     if entry is not None:
         try:
@@ -43,6 +48,8 @@ def sha256_file(path: Path, *, use_cache: bool = True) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(CHUNK):
+            if stop is not None and stop.is_set():
+                raise Stopped(str(path))
             h.update(chunk)
     digest = h.hexdigest()
     if entry is not None:
@@ -68,15 +75,20 @@ class BackgroundHasher:
         self._files = files
         self._out: dict[str, dict[str, str]] = {}
         self._error: BaseException | None = None
+        self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="maec-hash", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         try:
             for key, paths in self._files.items():
-                self._out[key] = {p.name: sha256_file(p) for p in paths}
+                self._out[key] = {p.name: sha256_file(p, stop=self._stop) for p in paths}
         except BaseException as exc:  # re-raised in result()
             self._error = exc
+
+    def stop(self) -> None:
+        """Abandon the hashing (a failed merge needs no input digests); returns at once."""
+        self._stop.set()
 
     def result(self) -> dict[str, dict[str, str]]:
         self._thread.join()

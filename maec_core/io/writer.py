@@ -10,7 +10,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import queue
 import struct
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -64,6 +67,13 @@ def shard_layout(tensors: list[OutputTensor], shard_size: int) -> list[list[Outp
     return shards
 
 
+def tensor_bytes(tensor: torch.Tensor) -> memoryview:
+    """A CPU tensor's bytes as a flat memoryview (no copy when already contiguous)."""
+    # Flat: len() of a 2-D memoryview would count rows, not bytes.
+    flat = tensor.detach().cpu().contiguous().reshape(-1)
+    return flat.view(torch.uint8).numpy().data.cast("B")
+
+
 def _header(tensors: list[OutputTensor]) -> bytes:
     doc: dict[str, object] = {"__metadata__": {"format": "pt"}}
     offset = 0
@@ -93,6 +103,7 @@ class ShardedWriter:
         self._pos = 0
         self._current: BinaryIO | None = None
         self._current_index = -1
+        self._open_bytes: int | None = None
         self.files: list[WrittenFile] = []
 
     @property
@@ -120,29 +131,56 @@ class ShardedWriter:
         self.files.append(WrittenFile(shard.file_name, shard.size, shard.sha.hexdigest()))
         self._current = None
 
-    def write(self, name: str, tensor: torch.Tensor) -> None:
-        """Append the next tensor; it must match the declared name, shape and dtype."""
+    def begin(self, name: str, shape: tuple[int, ...], dtype: str | None) -> None:
+        """Start the next tensor; it must match the declared name, shape and dtype."""
+        if self._open_bytes is not None:
+            raise MaecError(f"writer: tensor {name!r} begun before the previous one ended")
         if self._pos >= len(self._order):
             raise MaecError(f"writer got an unexpected extra tensor {name!r}")
         si, spec = self._order[self._pos]
-        got_dtype = SAFETENSORS_NAMES.get(tensor.dtype)
-        if spec.name != name or tuple(tensor.shape) != spec.shape or got_dtype != spec.dtype:
+        if spec.name != name or tuple(shape) != spec.shape or dtype != spec.dtype:
             raise MaecError(
                 f"writer expected {spec.name} {list(spec.shape)} {spec.dtype}, got "
-                f"{name} {list(tensor.shape)} {got_dtype}"
+                f"{name} {list(shape)} {dtype}"
             )
-        f = self._open(si)
-        # Flat bytes: len() of a 2-D memoryview would count rows, not bytes.
-        data = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().data
-        f.write(data)
+        self._open(si)
+        self._open_bytes = 0
+
+    def append(self, data: memoryview | bytes) -> None:
+        """Append bytes of the current tensor (hashed as they go)."""
+        if self._open_bytes is None:
+            raise MaecError("writer: append outside a tensor")
+        si, spec = self._order[self._pos]
+        n = memoryview(data).nbytes
+        if self._open_bytes + n > spec.nbytes:
+            raise MaecError(f"writer: more than {spec.nbytes} bytes for {spec.name!r}")
+        assert self._current is not None
+        self._current.write(data)
         shard = self._shards[si]
         shard.sha.update(data)
-        shard.size += len(data)
+        shard.size += n
+        self._open_bytes += n
+
+    def end(self) -> None:
+        if self._open_bytes is None:
+            raise MaecError("writer: end outside a tensor")
+        _, spec = self._order[self._pos]
+        if self._open_bytes != spec.nbytes:
+            raise MaecError(
+                f"writer: {spec.name!r} got {self._open_bytes} of {spec.nbytes} bytes"
+            )
+        self._open_bytes = None
         self._pos += 1
+
+    def write(self, name: str, tensor: torch.Tensor) -> None:
+        """Append the next tensor; it must match the declared name, shape and dtype."""
+        self.begin(name, tuple(tensor.shape), SAFETENSORS_NAMES.get(tensor.dtype))
+        self.append(tensor_bytes(tensor))
+        self.end()
 
     def close(self) -> list[WrittenFile]:
         """Finish the last shard, write the index when sharded; return files written."""
-        if self._pos != len(self._order):
+        if self._pos != len(self._order) or self._open_bytes is not None:
             raise MaecError(f"writer closed after {self._pos} of {len(self._order)} tensors")
         self._finish_current()
         if len(self._shards) > 1:
@@ -159,3 +197,84 @@ class ShardedWriter:
         if self._current is not None:
             self._current.close()
             self._current = None
+
+
+@dataclass
+class _Part:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    data: memoryview
+    first: bool
+    last: bool
+    done: Callable[[], None] | None
+
+
+class BackgroundWriter:
+    """Runs a ``ShardedWriter`` on its own thread, so hashing and writing overlap compute.
+
+    ``sha256.update`` and ``file.write`` release the GIL, so on a CPU merge the output's
+    hashing costs no wall time beside the math. Parts are queued (bounded, so memory stays
+    at ``depth`` parts); ``done`` runs after a part is written, which is how callers
+    recycle buffers. An error on the thread is raised on the next call from the caller.
+    """
+
+    def __init__(self, writer: ShardedWriter, depth: int = 4) -> None:
+        self.writer = writer
+        self._queue: queue.Queue[_Part | None] = queue.Queue(maxsize=depth)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="maec-write", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            part = self._queue.get()
+            if part is None:
+                return
+            if self._error is not None:
+                continue  # drain without writing after a failure
+            try:
+                if part.first:
+                    self.writer.begin(part.name, part.shape, part.dtype)
+                self.writer.append(part.data)
+                if part.last:
+                    self.writer.end()
+                if part.done is not None:
+                    part.done()
+            except BaseException as exc:  # re-raised in the caller's thread
+                self._error = exc
+
+    def _check(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def put(self, name: str, shape: tuple[int, ...], dtype: str, data: memoryview, *,
+            first: bool = True, last: bool = True,
+            done: Callable[[], None] | None = None) -> None:
+        """Queue the bytes ``data`` of tensor ``name`` (a whole tensor or one part)."""
+        self._check()
+        self._queue.put(_Part(name, tuple(shape), dtype, data, first, last, done))
+
+    def write(self, name: str, tensor: torch.Tensor) -> None:
+        """Queue a whole tensor (kept alive by the queue until written)."""
+        self.put(name, tuple(tensor.shape), SAFETENSORS_NAMES[tensor.dtype],
+                 tensor_bytes(tensor))
+
+    def join(self) -> None:
+        """Wait until everything queued is written; raise the thread's error if any."""
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+        self._check()
+
+    def close(self) -> list[WrittenFile]:
+        self.join()
+        return self.writer.close()
+
+    def abort(self) -> None:
+        if self._error is None:
+            self._error = MaecError("writer aborted")
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+        self.writer.abort()

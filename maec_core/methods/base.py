@@ -17,6 +17,10 @@ class TensorCall:
     ``models`` are the recipe's models besides ``base`` (in recipe order), with
     ``model_params`` resolved for this tensor; ``params`` are the method's global
     parameters resolved for this tensor.
+
+    The input tensors belong to the call: the engine hands out private float32 copies,
+    so a method may overwrite them and return one of them (the cheapest way to produce
+    its result). For element-wise methods they may be flat slices of the real tensors.
     """
 
     name: str

@@ -63,7 +63,7 @@ def language_weight(
     return alpha
 
 
-@register("layer_swap")
+@register("layer_swap", elementwise=True)
 def layer_swap(call: TensorCall) -> torch.Tensor:
     """The ability expert with the language expert's bottom and top blocks swapped in."""
     roles = {p.role: t for t, p in zip(call.models, call.model_params, strict=True)}

@@ -1,0 +1,192 @@
+"""Shared benchmark helpers: synthetic Llama checkpoints, measured child runs, medians.
+
+Benchmarks compare against a peer measured in the same run, interleaved, so the noise of
+a shared machine hits both sides alike.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import zlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from maec_core.io.writer import OutputTensor, ShardedWriter
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = ROOT / "bench" / "cache"
+VENV_BIN = ROOT / ".venv" / "bin"
+
+# Runs COMMAND, then reports its wall time and the peak RSS of it and everything it
+# waited for. A fresh wrapper per run, because RUSAGE_CHILDREN only ever grows within
+# one process (its ru_maxrss is a max over all children ever reaped).
+_MEASURE = r"""
+import json, resource, subprocess, sys, time
+t0 = time.perf_counter()
+proc = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+wall = time.perf_counter() - t0
+rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+print(json.dumps({"wall": wall, "rss": rss, "rc": proc.returncode,
+                  "err": proc.stderr.decode(errors="replace")[-2000:]}))
+"""
+
+
+@dataclass(frozen=True)
+class Measured:
+    wall: float
+    rss: int
+
+
+def measure(cmd: Sequence[str], env: dict[str, str] | None = None) -> Measured:
+    """Run ``cmd`` in a fresh wrapper; its wall seconds and peak RSS in bytes."""
+    out = subprocess.run(
+        [sys.executable, "-c", _MEASURE, *cmd], capture_output=True, text=True, check=True,
+        env={**os.environ, **(env or {})},
+    )
+    doc = json.loads(out.stdout)
+    if doc["rc"] != 0:
+        raise RuntimeError(f"{cmd[0]} failed ({doc['rc']}):\n{doc['err']}")
+    return Measured(doc["wall"], doc["rss"])
+
+
+def median(xs: Sequence[float]) -> float:
+    return statistics.median(xs)
+
+
+@dataclass(frozen=True)
+class LlamaShape:
+    hidden: int
+    layers: int
+    intermediate: int
+    vocab: int
+    heads: int
+    kv_heads: int
+
+    def tensors(self) -> Iterator[tuple[str, tuple[int, ...]]]:
+        h, kv = self.hidden, self.hidden // self.heads * self.kv_heads
+        yield "model.embed_tokens.weight", (self.vocab, h)
+        for i in range(self.layers):
+            p = f"model.layers.{i}."
+            yield p + "input_layernorm.weight", (h,)
+            yield p + "mlp.down_proj.weight", (h, self.intermediate)
+            yield p + "mlp.gate_proj.weight", (self.intermediate, h)
+            yield p + "mlp.up_proj.weight", (self.intermediate, h)
+            yield p + "post_attention_layernorm.weight", (h,)
+            yield p + "self_attn.k_proj.weight", (kv, h)
+            yield p + "self_attn.o_proj.weight", (h, h)
+            yield p + "self_attn.q_proj.weight", (h, h)
+            yield p + "self_attn.v_proj.weight", (kv, h)
+        yield "model.norm.weight", (h,)
+        yield "lm_head.weight", (self.vocab, h)
+
+    def params(self) -> int:
+        total = 0
+        for _, shape in self.tensors():
+            n = 1
+            for d in shape:
+                n *= d
+            total += n
+        return total
+
+    def config(self) -> dict[str, object]:
+        return {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "hidden_size": self.hidden,
+            "intermediate_size": self.intermediate,
+            "num_hidden_layers": self.layers,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": self.kv_heads,
+            "vocab_size": self.vocab,
+            "max_position_embeddings": 2048,
+            "rms_norm_eps": 1e-5,
+            "rope_theta": 10000.0,
+            "hidden_act": "silu",
+            "tie_word_embeddings": False,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+            "dtype": "bfloat16",
+            "torch_dtype": "bfloat16",
+        }
+
+
+def build_family(folders: Sequence[Path], shape: LlamaShape, *, seed: int = 0,
+                 noise: float = 0.002, shard_size: str = "1GB") -> None:
+    """Write a bf16 base (``folders[0]``) and fine-tunes of it (the rest), streaming.
+
+    Each tensor is drawn once from a generator seeded by its name, written to the base,
+    then perturbed per donor; nothing but one tensor is ever in memory, and a few seconds
+    per GB instead of instantiating and saving a transformers model.
+    """
+    from maec_core.recipe import parse_size
+
+    # One thread: on a shared machine an OpenMP team stalls at every op's barrier
+    # (measured 10x slower for this loop on 2 busy cores); the work is I/O-bound anyway.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        _build(folders, shape, seed, noise, parse_size(shard_size))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _build(folders: Sequence[Path], shape: LlamaShape, seed: int, noise: float,
+           shard_size: int) -> None:
+    specs = [OutputTensor(n, s, "BF16") for n, s in shape.tensors()]
+    tmp = [f.with_name(f.name + ".partial") for f in folders]
+    for t in tmp:
+        shutil.rmtree(t, ignore_errors=True)
+        t.mkdir(parents=True)
+    writers = [ShardedWriter(t, specs, shard_size) for t in tmp]
+    for name, dims in shape.tensors():
+        gen = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+        # Norm weights start at one, as in a real checkpoint; matrices ~ N(0, 0.02²).
+        is_norm = len(dims) == 1
+        base = torch.ones(dims) if is_norm else torch.randn(dims, generator=gen).mul_(0.02)
+        writers[0].write(name, base.to(torch.bfloat16))
+        for w in writers[1:]:
+            donor = torch.randn(dims, generator=gen).mul_(noise).add_(base)
+            w.write(name, donor.to(torch.bfloat16))
+            del donor
+        del base
+    for w, t, final in zip(writers, tmp, folders, strict=True):
+        w.close()
+        (t / "config.json").write_text(json.dumps(shape.config(), indent=2) + "\n")
+        shutil.rmtree(final, ignore_errors=True)
+        os.rename(t, final)
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.glob("*.safetensors"))
+
+
+def io_floor_cmd(inputs: Sequence[Path], out_file: Path, out_bytes: int) -> list[str]:
+    """A command that reads every input file once and writes ``out_bytes`` to ``out_file``.
+
+    The least any merge must do: plain Python file I/O in 16 MB blocks, no math, no
+    hashing, no fsync (neither engine syncs).
+    """
+    files = [str(p) for f in inputs for p in sorted(f.glob("*.safetensors"))]
+    code = (
+        "import sys\n"
+        "buf = bytearray(16 << 20)\n"
+        "view = memoryview(buf)\n"
+        "out, size, files = sys.argv[1], int(sys.argv[2]), sys.argv[3:]\n"
+        "for name in files:\n"
+        "    with open(name, 'rb', buffering=0) as f:\n"
+        "        while f.readinto(buf):\n"
+        "            pass\n"
+        "with open(out, 'wb', buffering=0) as f:\n"
+        "    left = size\n"
+        "    while left:\n"
+        "        left -= f.write(view[:min(left, len(buf))])\n"
+    )
+    return [sys.executable, "-c", code, str(out_file), str(out_bytes), *files]
