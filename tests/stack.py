@@ -210,7 +210,9 @@ class S3Server:
         self.proc = Proc("weed", [
             str(VENV_BIN / "weed"), "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
             f"-dir={self.dir}", f"-master.port={ports['master']}",
-            f"-volume.port={ports['volume']}", "-volume.max=20",
+            # 20 x 64 MB volumes filled up (storage_unavailable) during the reliability
+            # load/soak runs; volumes are not preallocated, so a higher cap costs nothing.
+            f"-volume.port={ports['volume']}", "-volume.max=200",
             "-master.volumeSizeLimitMB=64", "-filer", f"-filer.port={ports['filer']}",
             "-s3", f"-s3.port={self.port}", f"-s3.config={config}",
             "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.telemetry=false",
