@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -150,6 +151,66 @@ def cpu_single_thread(device: torch.device) -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
+# Elements per read block of the row-scoring stream (8 MB of bf16 per input): few
+# syscalls, and two blocks per input in memory whatever the tensor sizes.
+BLOCK_ELEMS = 1 << 22
+
+
+def stream_row_scores(
+    cands: list[PlannedTensor], keys: tuple[str, str], device: torch.device,
+    tick: Callable[[], None],
+) -> Iterator[tuple[PlannedTensor, torch.Tensor]]:
+    """(tensor, float32 mean |θA − θ0| per row) for each tensor, reading in row blocks.
+
+    Whole rows are read in blocks of about ``BLOCK_ELEMS`` into buffers allocated once,
+    the next block on a thread while this one is scored, so memory is a few blocks
+    rather than a few tensors (the largest tensors, embeddings, are not candidates, but
+    an MLP matrix is 50-500 MB in float32). On a GPU a block is a whole tensor.
+    """
+    plan: list[tuple[int, int, int]] = []  # (tensor position, first row, end row)
+    for ti, t in enumerate(cands):
+        rows = t.shape[0] if t.shape else 1
+        width = t.numel // max(rows, 1)
+        step = rows if device.type != "cpu" else max(1, BLOCK_ELEMS // max(width, 1))
+        plan += [(ti, r0, min(rows, r0 + step)) for r0 in range(0, rows, step)] or [(ti, 0, 0)]
+    biggest = max((r1 - r0) * (cands[ti].numel // max(cands[ti].shape[0], 1))
+                  for ti, r0, r1 in plan)
+    itemsize = max(cands[0].sources[k].nbytes // max(cands[0].numel, 1) for k in keys)
+    bufs = [[torch.empty(biggest * itemsize, dtype=torch.uint8) for _ in keys]
+            for _ in range(2)]
+    io = RowReader()
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="maec-rows")
+
+    def load(j: int) -> list[torch.Tensor]:
+        ti, r0, r1 = plan[j]
+        t = cands[ti]
+        return [io.read_row_range(t.sources[k], r0, r1, bufs[j % 2][i])
+                for i, k in enumerate(keys)]
+
+    scratch = Scratch()
+    try:
+        fut = pool.submit(load, 0)
+        scores: torch.Tensor | None = None
+        for j, (ti, r0, r1) in enumerate(plan):
+            a, b = fut.result()
+            if j + 1 < len(plan):
+                fut = pool.submit(load, j + 1)  # fills the other buffer set
+            t = cands[ti]
+            if r0 == 0:
+                scores = torch.empty(t.shape[0] if t.shape else 1, dtype=torch.float32,
+                                     device=device)
+            assert scores is not None
+            if r1 > r0:
+                scores[r0:r1] = row_scores(a.to(device), b.to(device), scratch)
+            if r1 == (t.shape[0] if t.shape else 1):
+                yield t, scores
+                scores = None
+                tick()
+    finally:
+        pool.shutdown(wait=True)
+        io.close()
+
+
 def _gather(granularity: str, t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     if granularity == "element":
         return t.reshape(-1)[idx]
@@ -247,6 +308,10 @@ def extract_ability(
         )
         for _ in cands:
             tick()
+    elif params.rank_scope == "global" and gran == "row":
+        with cpu_single_thread(device):
+            scores = {t.name: s.cpu() for t, s in
+                      stream_row_scores(cands, ("ability", "base"), device, tick)}
     elif params.rank_scope == "global":
         scores = {}
         scratch = Scratch()
@@ -277,8 +342,18 @@ def extract_ability(
     with StagedOutput(out_dir, overwrite=overwrite) as staged, RowReader() as rows_io:
         sink = _ArtifactSink(staged, params, art_dtype, counts)
         try:
-            if scores is None:
-                # Single pass: θ0 and θA in full (prefetched), θS on the key rows only.
+            if scores is None and gran == "row":
+                # Single pass: θ0 and θA streamed in row blocks for the scores, then θA
+                # and θref (θ0 or θS) read again on the key rows only (key_ratio of them).
+                with cpu_single_thread(device):
+                    for t, s in stream_row_scores(cands, ("ability", "base"), device, tick):
+                        check_scores(t.name, s)
+                        idx = top_k_indices(s, key_count(params.key_ratio, n_of(t)))
+                        values = _masked_delta(gran, rows_io, t, idx, ref_key, device)
+                        sink.write(t, idx, values)
+                        entries.append(_entry(t, n_of(t), idx, s))
+            elif scores is None:
+                # Element granularity: θ0 and θA in full (prefetched); θS where kept.
                 scratch = Scratch()
                 with TensorReader() as reader, cpu_single_thread(device):
                     steps = [[t.sources["base"], t.sources["ability"]] for t in cands]

@@ -51,6 +51,17 @@ class RowReader:
             self._pread_into(self._fd(info), memoryview(buf.numpy().data), info.start, info)
         return buf.view(TORCH_DTYPES[info.dtype]).reshape(info.shape)
 
+    def read_row_range(self, info: TensorInfo, r0: int, r1: int, buf: torch.Tensor
+                       ) -> torch.Tensor:
+        """Rows ``[r0, r1)`` as ``(r1 - r0, width)``, read into the uint8 buffer ``buf``."""
+        width = math.prod(info.shape[1:]) if len(info.shape) > 1 else 1
+        row_bytes = width * DTYPE_SIZES[info.dtype]
+        raw = buf[: (r1 - r0) * row_bytes]
+        if r1 > r0:
+            self._pread_into(self._fd(info), memoryview(raw.numpy().data),
+                             info.start + r0 * row_bytes, info)
+        return raw.view(TORCH_DTYPES[info.dtype]).reshape(r1 - r0, width)
+
     def read_rows(self, info: TensorInfo, rows: torch.Tensor) -> torch.Tensor:
         """Rows ``rows`` (ascending int64) of the tensor viewed as ``(shape[0], -1)``."""
         width = math.prod(info.shape[1:]) if len(info.shape) > 1 else 1
