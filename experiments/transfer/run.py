@@ -1,0 +1,331 @@
+"""The transfer experiment end to end: data, training (cached), merges, evaluation, report.
+
+    python -m experiments.transfer.run --full    # 3 seeds, the sweep, docs/experiments/*.png
+    python -m experiments.transfer.run --smoke   # 1 seed, small budget, ends with a RESULT line
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import LlamaForCausalLM
+
+from experiments.transfer import lang
+from experiments.transfer import model as M
+from experiments.transfer.config import FULL, SMOKE, Config
+from experiments.transfer.lang import Problem, ProblemSplits
+from experiments.transfer.merges import Candidate, Checkpoints, candidates, merge
+
+HERE = Path(__file__).resolve().parent
+CACHE = HERE / "cache"
+ROOT = HERE.parent.parent
+
+SINGLE = ("theta0", "thetaL", "thetaA", "thetaS")
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# ---------------------------------------------------------------------------------------
+# data
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class SeedData:
+    problems: ProblemSplits
+    t_docs_val: list[list[str]]
+    t_docs_test: list[list[str]]
+    align_pairs: list[tuple[list[str], list[str]]]
+
+
+def seed_data(cfg: Config, seed: int) -> SeedData:
+    probs = lang.problem_splits(seed, cfg.n_train, cfg.n_val, cfg.n_test)
+    # Held-out T text from its own RNG stream; training draws from random.Random(seed+...)
+    # streams, and with a 6×6×8×16-sized sentence space some overlap is unavoidable and
+    # the same for every compared model.
+    rng = random.Random(10_000 + seed)
+    docs = [lang.general_document(rng, "T", cfg.seq_len - 2) for _ in range(2 * cfg.n_ppl_docs)]
+    prng = random.Random(20_000 + seed)
+    pairs = []
+    for _ in range(cfg.n_align_pairs):
+        c = lang.random_clause(prng)
+        pairs.append((c.realise("S"), c.realise("T")))
+    return SeedData(probs, docs[: cfg.n_ppl_docs], docs[cfg.n_ppl_docs:], pairs)
+
+
+def base_sampler(cfg: Config) -> lang.Sampler:
+    m, n = cfg.mix, cfg.seq_len - 2
+    return lang.mixture([
+        (m.s_text, lambda r: lang.general_document(r, "S", n)),
+        (m.t_text, lambda r: lang.general_document(r, "T", n)),
+        (m.s_gloss, lambda r: lang.gloss_example(r, "S")),
+        (m.t_gloss, lambda r: lang.gloss_example(r, "T")),
+        (m.translation, lambda r: lang.translation_example(r, r.choice(lang.LANGS))),
+        (m.arithmetic, lang.arithmetic_example),
+        (m.code_switch, lambda r: lang.code_switched_example(r, r.choice(lang.LANGS))),
+    ])
+
+
+def ability_sampler(train: Sequence[Problem]) -> lang.Sampler:
+    return lambda r: r.choice(train).text("S")
+
+
+# ---------------------------------------------------------------------------------------
+# training (cached)
+# ---------------------------------------------------------------------------------------
+
+
+def trained(cfg: Config, stage: str, seed: int, make: Callable[[], LlamaForCausalLM],
+            spec: M.TrainSpec, sampler: lang.Sampler, train_seed: int) -> Path:
+    path = CACHE / "checkpoints" / cfg.stage_key(stage, seed)
+    if M.is_complete(path):
+        log(f"seed {seed}: {stage} cached at {path.name}")
+        return path
+    model = make()
+    t0 = time.perf_counter()
+    losses = M.train(model, sampler, spec, train_seed, cfg.seq_len, progress=lambda n, loss:
+                     log(f"seed {seed}: {stage} step {n}/{spec.steps} loss {loss:.3f}"))
+    secs = time.perf_counter() - t0
+    tail = losses[-50:]
+    log(f"seed {seed}: trained {stage} in {secs:.0f}s, final loss {sum(tail) / len(tail):.3f}")
+    M.save(model, path, {"stage": stage, "seed": seed, "spec": spec.as_dict(),
+                         "seconds": secs, "final_loss": sum(tail) / len(tail)})
+    return path
+
+
+def checkpoints(cfg: Config, seed: int, data: SeedData) -> Checkpoints:
+    base_seed = seed if cfg.base_per_seed else cfg.seeds[0]
+    theta0 = trained(cfg, "theta0", seed, lambda: M.new_model(cfg.size, base_seed), cfg.base,
+                     base_sampler(cfg), base_seed)
+
+    def from_base() -> LlamaForCausalLM:
+        return M.load(theta0)
+
+    n = cfg.seq_len - 2
+    thetaA = trained(cfg, "thetaA", seed, from_base, cfg.ability,
+                     ability_sampler(data.problems.train), 100 + seed)
+    thetaS = trained(cfg, "thetaS", seed, from_base, cfg.control,
+                     lambda r: lang.general_document(r, "S", n), 200 + seed)
+    thetaL = trained(cfg, "thetaL", seed, from_base, cfg.language,
+                     lambda r: lang.general_document(r, "T", n), 300 + seed)
+    corpus = CACHE / "corpus" / f"ability-S-seed{seed}-n{cfg.n_train}.jsonl"
+    corpus.parent.mkdir(parents=True, exist_ok=True)
+    with open(corpus, "w", encoding="utf-8") as f:
+        for p in data.problems.train:
+            f.write(json.dumps({"text": " ".join(p.text("S"))}) + "\n")
+    return Checkpoints(theta0, thetaA, thetaS, thetaL, corpus)
+
+
+# ---------------------------------------------------------------------------------------
+# evaluation
+# ---------------------------------------------------------------------------------------
+
+
+def evaluate(model: LlamaForCausalLM, data: SeedData, split: str, seq_len: int
+             ) -> dict[str, float]:
+    problems = data.problems.val if split == "val" else data.problems.test
+    docs = data.t_docs_val if split == "val" else data.t_docs_test
+    return {"T_acc": M.accuracy(model, problems, "T"), "S_acc": M.accuracy(model, problems, "S"),
+            "T_ppl": M.perplexity(model, docs, seq_len)}
+
+
+def selection_key(m: dict[str, float]) -> tuple[float, float]:
+    """Validation criterion: target-language accuracy (the goal), then lower T perplexity."""
+    return (m["T_acc"], -m["T_ppl"])
+
+
+@dataclass
+class MethodResult:
+    knobs: dict[str, Any]
+    val: dict[str, float]
+    test: dict[str, float]
+    sweep: list[dict[str, Any]] = field(default_factory=list)
+    report: dict[str, Any] | None = None
+
+
+def run_seed(cfg: Config, seed: int) -> dict[str, Any]:
+    log(f"seed {seed}: data")
+    data = seed_data(cfg, seed)
+    ck = checkpoints(cfg, seed, data)
+    out: dict[str, Any] = {"seed": seed, "methods": {}}
+    theta0 = M.load(ck.theta0)
+    out["alignment_theta0"] = M.hidden_alignment(theta0, data.align_pairs)
+    out["alignment_words_theta0"] = word_alignment(theta0)
+    for name in SINGLE:
+        model = M.load(getattr(ck, name))
+        out["methods"][name] = asdict(MethodResult(
+            {}, evaluate(model, data, "val", cfg.seq_len), evaluate(model, data, "test",
+                                                                     cfg.seq_len)))
+        out.setdefault("delta_norm", {})[name] = relative_delta(theta0, model)
+    log(f"seed {seed}: singles " + ", ".join(
+        f"{k} T={v['test']['T_acc']:.3f} S={v['test']['S_acc']:.3f}"
+        for k, v in out["methods"].items()))
+    work = CACHE / "merges" / cfg.name
+    by_method: dict[str, list[tuple[Candidate, dict[str, float], dict[str, Any] | None]]] = {}
+    t0 = time.perf_counter()
+    cands = candidates(cfg, ck, seed)
+    for i, cand in enumerate(cands):
+        dest = work / "current"
+        report = merge(cand.recipe, dest)
+        model = M.load(dest)
+        val = evaluate(model, data, "val", cfg.seq_len)
+        by_method.setdefault(cand.method, []).append((cand, val, report))
+        if (i + 1) % 25 == 0:
+            log(f"seed {seed}: {i + 1}/{len(cands)} merges, {time.perf_counter() - t0:.0f}s")
+    for method, rows in by_method.items():
+        best_cand, best_val, best_report = max(rows, key=lambda r: selection_key(r[1]))
+        dest = work / "current"
+        merge(best_cand.recipe, dest)
+        test = evaluate(M.load(dest), data, "test", cfg.seq_len)
+        out["methods"][method] = asdict(MethodResult(
+            best_cand.knobs, best_val, test,
+            sweep=[{"knobs": c.knobs, "val": v} for c, v, _ in rows],
+            report=summarise_report(best_report)))
+        log(f"seed {seed}: {method} chose {best_cand.knobs}: val T={best_val['T_acc']:.3f} "
+            f"test T={test['T_acc']:.3f} S={test['S_acc']:.3f} ppl={test['T_ppl']:.2f}")
+    return out
+
+
+def summarise_report(report: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Keep what explains a MAEC merge: how many tensors were selected, and the cosines."""
+    if not report:
+        return None
+    keep = {}
+    for k, v in report.items():
+        if isinstance(v, (int, float, str, bool)) or k in ("selection", "abilities"):
+            keep[k] = v
+    return keep
+
+
+@torch.no_grad()
+def relative_delta(base: LlamaForCausalLM, model: LlamaForCausalLM) -> float:
+    """||θ − θ0|| / ||θ0|| over the transformer layers (where the merges act)."""
+    num = den = 0.0
+    b = dict(base.named_parameters())
+    for name, p in model.named_parameters():
+        if ".layers." in name:
+            num += float((p - b[name]).norm() ** 2)
+            den += float(b[name].norm() ** 2)
+    return (num / den) ** 0.5 if den else 0.0
+
+
+@torch.no_grad()
+def word_alignment(model: LlamaForCausalLM) -> dict[str, float]:
+    """Input-embedding cosine of each concept's S word and T word, against S/T pairs of
+    different concepts: whether the base's lexicon itself is aligned."""
+    emb = model.model.embed_tokens.weight
+    s = torch.stack([emb[M.VOCAB.ids[v[0]]] for v in lang.LEXICON.values()])
+    t = torch.stack([emb[M.VOCAB.ids[v[1]]] for v in lang.LEXICON.values()])
+    same = torch.nn.functional.cosine_similarity(s, t).mean()
+    other = torch.nn.functional.cosine_similarity(s, t.roll(1, dims=0)).mean()
+    return {"same_concept": float(same), "other_concept": float(other)}
+
+
+# ---------------------------------------------------------------------------------------
+# aggregation and report
+# ---------------------------------------------------------------------------------------
+
+ORDER = ("theta0", "thetaL", "thetaA", "thetaS", "task_arithmetic", "ties", "dare_ties",
+         "layer_swap", "maec_delta", "maec_delta_ctrl", "maec_gradient",
+         "maec_gradient_ctrl")
+
+
+def aggregate(seeds: list[dict[str, Any]]) -> dict[str, dict[str, tuple[float, float]]]:
+    table: dict[str, dict[str, tuple[float, float]]] = {}
+    for method in ORDER:
+        if method not in seeds[0]["methods"]:
+            continue
+        row = {}
+        for metric in ("T_acc", "S_acc", "T_ppl"):
+            xs = [s["methods"][method]["test"][metric] for s in seeds]
+            row[metric] = (statistics.fmean(xs), statistics.stdev(xs) if len(xs) > 1 else 0.0)
+        table[method] = row
+    return table
+
+
+def markdown_table(table: dict[str, dict[str, tuple[float, float]]], chance: tuple[float, float],
+                   seeds: list[dict[str, Any]]) -> str:
+    lines = [
+        "| model / method | T accuracy (goal) | S accuracy (retained) | T perplexity | "
+        "chosen on validation (seed " + str(seeds[0]["seed"]) + ") |",
+        "|---|---|---|---|---|",
+    ]
+    for method, row in table.items():
+        knobs = seeds[0]["methods"][method]["knobs"]
+        lines.append(
+            f"| {method} | {row['T_acc'][0]:.3f} ± {row['T_acc'][1]:.3f} | "
+            f"{row['S_acc'][0]:.3f} ± {row['S_acc'][1]:.3f} | "
+            f"{row['T_ppl'][0]:.2f} ± {row['T_ppl'][1]:.2f} | "
+            f"{', '.join(f'{k}={v}' for k, v in knobs.items()) or '—'} |")
+    lines.append(f"| chance (uniform over 0–{lang.MAX_NUM} / most frequent answer) | "
+                 f"{chance[0]:.3f} / {chance[1]:.3f} | {chance[0]:.3f} / {chance[1]:.3f} | "
+                 "— | — |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--full", action="store_true")
+    mode.add_argument("--smoke", action="store_true")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--out", type=Path, default=None,
+                    help="results folder (default experiments/transfer/results/<name>)")
+    ap.add_argument("--plots", type=Path, default=None,
+                    help="where PNGs go (default docs/experiments for --full, none for smoke)")
+    args = ap.parse_args(argv)
+    cfg = FULL if args.full else SMOKE
+    torch.set_num_threads(args.threads or cfg.threads)
+    os.environ.setdefault("MAEC_CACHE_DIR", str(CACHE / "maec"))
+    started = time.perf_counter()
+    seeds = [run_seed(cfg, s) for s in cfg.seeds]
+    elapsed = time.perf_counter() - started
+    data0 = seed_data(cfg, cfg.seeds[0])
+    chance = lang.chance_levels(data0.problems.test)
+    table = aggregate(seeds)
+    out_dir = args.out or HERE / "results" / cfg.name
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "results.json").write_text(json.dumps(
+        {"config": repr(cfg), "seconds": elapsed, "chance": chance, "seeds": seeds,
+         "table": table}, indent=1, default=str))
+    md = markdown_table(table, chance, seeds)
+    (out_dir / "table.md").write_text(md + "\n")
+    print(md)
+    plots = args.plots if args.plots is not None else (
+        ROOT / "docs" / "experiments" if args.full else None)
+    if plots is not None:
+        from experiments.transfer.plots import make_plots
+
+        make_plots(cfg, seeds, chance, plots)
+    log(f"done in {elapsed:.0f}s")
+    maec = best_maec(table)
+    print(f"RESULT transfer maec_target_acc={table[maec]['T_acc'][0]:.3f} "
+          f"langbase_target_acc={table['thetaL']['T_acc'][0]:.3f} "
+          f"ta_target_acc={table['task_arithmetic']['T_acc'][0]:.3f} "
+          f"layerswap_target_acc={table['layer_swap']['T_acc'][0]:.3f}", flush=True)
+    return 0
+
+
+def best_maec(table: dict[str, dict[str, tuple[float, float]]]) -> str:
+    """The MAEC variant reported on the RESULT line: the plain default (delta importance,
+    no control) when present, so the line does not itself pick a winner on test data."""
+    return "maec_delta" if "maec_delta" in table else next(
+        k for k in table if k.startswith("maec"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
