@@ -97,8 +97,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     errors.install(app)
-    app.include_router(health.router)
+    # Route matching is first-match over the list: the polled job route goes first.
     app.include_router(jobs.router)
     app.include_router(files.router)
+    app.include_router(health.router)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     return app

@@ -41,12 +41,15 @@ class HashReader:
             task.add_done_callback(self._tasks.discard)
 
     async def _run(self, batch: list[tuple[str, asyncio.Future[dict[bytes, bytes]]]]) -> None:
+        # Requests in flight together for the same job share one read: any of them
+        # could have been answered by it, so no reader sees anything older.
+        keys = list(dict.fromkeys(key for key, _ in batch))
         try:
-            if len(batch) == 1:
-                results: list[Any] = [await self.r.hgetall(batch[0][0])]  # type: ignore[misc]
+            if len(keys) == 1:
+                results: list[Any] = [await self.r.hgetall(keys[0])]  # type: ignore[misc]
             else:
                 async with self.r.pipeline(transaction=False) as pipe:
-                    for key, _ in batch:
+                    for key in keys:
                         pipe.hgetall(key)
                     results = await pipe.execute()
         except BaseException as exc:
@@ -54,6 +57,7 @@ class HashReader:
                 if not fut.done():
                     fut.set_exception(exc)
             return
-        for (_, fut), value in zip(batch, results, strict=True):
+        found = dict(zip(keys, results, strict=True))
+        for key, fut in batch:
             if not fut.done():
-                fut.set_result(value)
+                fut.set_result(found[key])
