@@ -88,3 +88,36 @@ def test_reading_a_job_is_one_round_trip(api: Api) -> None:
     assert after - before == 1
     assert WorkerJobStore(api.r).get(jid) is not None
     assert api.r.type(job_key(jid)) == b"hash"
+
+
+def test_concurrent_reads_share_a_round_trip_and_stay_correct(api: Api) -> None:
+    import asyncio
+
+    import redis.asyncio as aioredis
+
+    from app.jobs.batching import HashReader
+
+    ids = [_job(api) for _ in range(3)]
+
+    async def main() -> tuple[list[dict[bytes, bytes]], int, Exception | None]:
+        client = aioredis.Redis.from_url(api.settings.redis_url)
+        reader = HashReader(client)
+        before = api.r.info("commandstats")["cmdstat_hgetall"]["calls"]
+        keys = [f"maec:job:{i}" for i in ids * 20] + ["maec:job:j_missing"]
+        got = await asyncio.gather(*(reader.hgetall(k) for k in keys))
+        calls = api.r.info("commandstats")["cmdstat_hgetall"]["calls"] - before
+        broken = HashReader(aioredis.Redis(port=1))
+        try:
+            await broken.hgetall("x")
+            error = None
+        except Exception as exc:
+            error = exc
+        await client.aclose()
+        return got, calls, error
+
+    got, calls, error = asyncio.run(main())
+    for i, raw in enumerate(got[:-1]):
+        assert raw[b"id"] == f'"{ids[i % 3]}"'.encode()
+    assert got[-1] == {}
+    assert calls == 4, "61 concurrent reads of 4 distinct jobs: 4 HGETALLs, one pipeline"
+    assert error is not None
