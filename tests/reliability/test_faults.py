@@ -45,12 +45,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory, s3_server: S3Server,
         yield st
 
 
-def slow_job(big: dict[str, Path], name: str) -> dict[str, Any]:
+def slow_job(big: dict[str, Path], name: str, shard: str = "10MB") -> dict[str, Any]:
     """A ties merge of the 24-layer models: seconds of combine, ~10 output shards."""
     return {"recipe": {
         "merge_method": "ties", "base_model": str(big["b"]),
         "models": [{"model": str(big["a"]), "parameters": {"weight": 0.5, "density": 0.5}}],
-        "out_shard_size": "10MB", "name": name,
+        "out_shard_size": shard, "name": name,
     }}
 
 
@@ -131,7 +131,9 @@ def test_redis_killed_and_restarted(stack: Stack, s3_server: S3Server,
 
 def test_api_restart_mid_download_and_during_jobs(stack: Stack, s3_server: S3Server,
                                                   big: dict[str, Path]) -> None:
-    done = stack.wait(stack.submit(slow_job(big, "download"))["id"], timeout=120)
+    # One ~95 MB file: far more than localhost socket buffers hold, so the crash really
+    # cuts the stream short.
+    done = stack.wait(stack.submit(slow_job(big, "download", "1GB"))["id"], timeout=120)
     assert done["status"] == "succeeded", done["error"]
     entry = max(done["result"]["files"], key=lambda f: f["size"])
     running = [stack.submit(slow_job(big, f"api-restart-{i}"))["id"] for i in range(2)]
