@@ -12,6 +12,7 @@ Two passes, neither holding more than a few tensors:
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from maec_core.engine import CancelFn, MergeResult, stream_merge
 from maec_core.errors import Cancelled
 from maec_core.io.headers import TensorInfo
 from maec_core.maec.artifact import Artifact
+from maec_core.maec.extract import cpu_single_thread
 from maec_core.maec.params import MaecParams
 from maec_core.maec.rowio import RowReader
 from maec_core.maec.select import select_tensors
@@ -71,7 +73,7 @@ def select(
     done = 0
     cosines: list[dict[str, float]] = []
     kept: list[set[str]] = []
-    with RowReader() as io:
+    with RowReader() as io, cpu_single_thread(torch.device("cpu")):
         for art in artifacts:
             cs: dict[str, float] = {}
             for name in art.tensors:
@@ -119,33 +121,78 @@ def merge(
         for name in sorted(kept):
             adds.setdefault(name, []).append(k)
     reader = RowReader()
+    adder = SparseAdder(artifacts, adds, mus, reader)
 
     def read(t: PlannedTensor) -> list[TensorInfo]:
         return [t.sources[language_key]]
 
-    def compute(t: PlannedTensor, inputs: list[torch.Tensor]) -> torch.Tensor:
-        out = inputs[0]
-        for k in adds.get(t.name, ()):
-            art = artifacts[k]
-            idx, values = art.read(t.name, reader)
-            idx, values = idx.to(out.device), values.to(out.device)
-            if art.granularity == "element":
-                out.view(-1).index_add_(0, idx, values, alpha=mus[k])
-            else:
-                out.view(out.shape[0], -1).index_add_(
-                    0, idx, values.reshape(idx.numel(), -1), alpha=mus[k]
-                )
-        return out
+    def whole(t: PlannedTensor, inputs: list[torch.Tensor]) -> torch.Tensor:
+        return adder(t, inputs, 0)
 
     try:
+        # Element-wise streaming over θL with slice offsets: the engine's fastest loop,
+        # and a few MB of memory whatever the tensor sizes.
         return stream_merge(
-            plan, recipe, out_dir, compute=compute, read=read, out_dtype=out_dtype,
-            tokenizer_from=language_key, base_models=base_models, device=device,
-            progress=progress, cancel=cancel, stage="combine", extra_json=extra_json,
-            card_summary=card_summary, manifest_extra=manifest_extra, overwrite=overwrite,
+            plan, recipe, out_dir, compute=whole, compute_at=adder, read=read,
+            out_dtype=out_dtype, tokenizer_from=language_key, base_models=base_models,
+            device=device, progress=progress, cancel=cancel, stage="combine",
+            extra_json=extra_json, card_summary=card_summary, manifest_extra=manifest_extra,
+            overwrite=overwrite,
         )
     finally:
         reader.close()
+
+
+class SparseAdder:
+    """Adds ``μ_k · R(A_k)`` to flat slices of θL, given each slice's offset.
+
+    Per tensor, the stored key rows are loaded once (on its first slice) and kept as
+    (flat start of each row, float32 values); a slice ``[o, o + m)`` then adds the parts
+    of the rows that overlap it, ability by ability in recipe order, so every weight gets
+    the same float32 operations in the same order however the tensor is sliced.
+    """
+
+    def __init__(self, artifacts: list[Artifact], adds: dict[str, list[int]],
+                 mus: list[float], reader: RowReader) -> None:
+        self._artifacts = artifacts
+        self._adds = adds
+        self._mus = mus
+        self._reader = reader
+        self._name: str | None = None
+        self._parts: list[tuple[list[int], torch.Tensor, torch.Tensor, int, float]] = []
+
+    def _load(self, t: PlannedTensor, device: torch.device) -> None:
+        self._parts = []
+        for k in self._adds.get(t.name, ()):
+            art = self._artifacts[k]
+            idx, values = art.read(t.name, self._reader)
+            width = 1 if art.granularity == "element" else t.numel // max(t.shape[0], 1)
+            starts = idx * width
+            self._parts.append((starts.tolist(), starts.to(device),
+                                values.reshape(idx.numel(), -1).to(device), width,
+                                self._mus[k]))
+        self._name = t.name
+
+    def __call__(self, t: PlannedTensor, inputs: list[torch.Tensor], offset: int
+                 ) -> torch.Tensor:
+        out = inputs[0].view(-1)
+        if t.name != self._name:
+            self._load(t, out.device)
+        end = offset + out.numel()
+        for starts, starts_dev, values, width, mu in self._parts:
+            # Rows overlapping [offset, end): start < end and start + width > offset.
+            lo = bisect.bisect_right(starts, offset - width)
+            hi = bisect.bisect_left(starts, end)
+            if lo >= hi:
+                continue
+            if width == 1:
+                out.index_add_(0, starts_dev[lo:hi] - offset, values[lo:hi, 0], alpha=mu)
+                continue
+            for i in range(lo, hi):
+                r0 = starts[i]
+                a, b = max(r0, offset), min(r0 + width, end)
+                out[a - offset: b - offset].add_(values[i, a - r0: b - r0], alpha=mu)
+        return inputs[0]
 
 
 def fmt_cos(c: float) -> str:

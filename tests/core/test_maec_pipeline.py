@@ -296,3 +296,88 @@ def test_incompatible_shapes_are_refused_before_reading(tmp_path: Path) -> None:
     with pytest.raises(IncompatibleCheckpoints, match="shape"):
         run_maec(r, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_one_donor_twice_is_extracted_once(tmp_path: Path) -> None:
+    base, ability, lang = planted(tmp_path)
+    r = maec_recipe(base, lang, [{"model": str(ability), "mu": 0.5, "name": "x"},
+                                 {"model": str(ability), "mu": 0.5, "name": "y"}],
+                    key_ratio=KEY_RATIO)
+    steps: list[tuple[str, int, int]] = []
+    res = run_maec(r, tmp_path / "out", progress=lambda s, d, t: steps.append((s, d, t)))
+    assert res.report is not None and len(set(res.report["artifact_keys"])) == 1
+    extract_steps = [s for s in steps if s[0] == "extract"]
+    assert extract_steps[-1] == ("extract", len(INCLUDED), len(INCLUDED))
+    # μ 0.5 + 0.5 adds the ability once (up to the rounding of two float32 additions).
+    single = maec_recipe(base, lang, [{"model": str(ability)}], key_ratio=KEY_RATIO)
+    run_maec(single, tmp_path / "single")
+    twice, once, wl = load(tmp_path / "out")[UP0], load(tmp_path / "single")[UP0], load(lang)[UP0]
+    assert torch.allclose(twice, once, rtol=0, atol=1e-6) and not torch.equal(twice, wl)
+
+
+def test_key_rows_straddling_stream_slices(tmp_path: Path) -> None:
+    # The engine streams θL in flat slices; key rows that cross a slice boundary must get
+    # each part of their addition exactly once (rows and elements alike).
+    from maec_core.engine import CHUNK_CPU
+
+    width = 1000
+    rows = 2 * CHUNK_CPU // width + 4
+    cross = [CHUNK_CPU // width, 2 * CHUNK_CPU // width]  # rows holding a boundary
+    g = torch.Generator().manual_seed(0)
+    name = "model.layers.0.mlp.up_proj.weight"
+    w0 = {name: torch.randn(rows, width, generator=g)}
+    d_a = 1e-3 * torch.randn(rows, width, generator=g)
+    d_a[cross] += 1.0
+    flat = [cross[0] * width + width // 2 - 1, CHUNK_CPU - 1, CHUNK_CPU, 2 * CHUNK_CPU]
+    d_a.view(-1)[flat] += 50.0  # the four largest single weights, two at a boundary
+    base = write_ckpt(tmp_path / "b", w0)
+    ability = write_ckpt(tmp_path / "a", {name: w0[name] + d_a})
+    lang = write_ckpt(tmp_path / "l", {name: w0[name] + 1e-2 * torch.randn(rows, width,
+                                                                        generator=g)})
+    wa, wl = load(ability)[name], load(lang)[name]
+    # Ratios a little under 2 rows and 4 weights: ceil() gives exactly those counts.
+    for gran, ratio in (("row", 1.5 / rows), ("element", 3.5 / (rows * width))):
+        r = maec_recipe(base, lang, [{"model": str(ability), "mu": 0.5}], key_ratio=ratio,
+                        granularity=gran, selection_ratio=1.0)
+        run_maec(r, tmp_path / gran)
+        expected = wl.clone()
+        if gran == "row":
+            expected[cross] = wl[cross] + 0.5 * (wa[cross] - w0[name][cross])
+        else:
+            e, a0, a1 = expected.view(-1), wa.view(-1), w0[name].view(-1)
+            e[flat] = e[flat] + 0.5 * (a0[flat] - a1[flat])
+        assert torch.equal(load(tmp_path / gran)[name], expected), gran
+
+
+def test_progress_stages_and_cancel(tmp_path: Path) -> None:
+    base, ability, lang = planted(tmp_path)
+    r = maec_recipe(base, lang, [{"model": str(ability)}], key_ratio=KEY_RATIO)
+    seen: list[tuple[str, int, int]] = []
+    run_maec(r, tmp_path / "out", progress=lambda s, d, t: seen.append((s, d, t)))
+    assert [s for s, _, _ in seen] == sorted((s for s, _, _ in seen), key=["extract",
+                                             "combine"].index)
+    for stage in ("extract", "combine"):
+        done = [(d, t) for s, d, t in seen if s == stage]
+        assert [d for d, _ in done] == sorted(d for d, _ in done)
+        assert done[-1][0] == done[-1][1]
+    # Cancelled in either stage: no output folder, no stored artifact, no staging debris.
+    for stage in ("extract", "combine"):
+        _cancel_during(r, tmp_path, stage)
+
+
+def _cancel_during(r: object, tmp_path: Path, stage: str) -> None:
+    from maec_core.errors import Cancelled
+
+    flag = {"on": False}
+
+    def progress(s: str, d: int, t: int) -> None:
+        flag["on"] = flag["on"] or s == stage
+
+    store = LocalArtifactStore(tmp_path / f"store-{stage}")
+    with pytest.raises(Cancelled):
+        run_maec(r, tmp_path / f"cancel-{stage}", progress=progress,  # type: ignore[arg-type]
+                 cancel=lambda: flag["on"], artifact_store=store)
+    assert not (tmp_path / f"cancel-{stage}").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".cancel")] == []
+    if stage == "extract":
+        assert not store.root.exists() or not any(store.root.iterdir())
