@@ -37,6 +37,7 @@ from maec_core.maec.artifact import (
 )
 from maec_core.maec.keys import key_of
 from maec_core.maec.params import MaecParams, key_count
+from maec_core.maec.radix import GlobalSelection, select_global
 from maec_core.maec.rowio import RowReader
 from maec_core.maec.select import check_scores, global_top_k, top_k_indices
 from maec_core.maec.store import META_NAME
@@ -298,6 +299,7 @@ def extract_ability(
         return t.numel if gran == "element" else (t.shape[0] if t.shape else 1)
 
     scores: dict[str, torch.Tensor] | None = None
+    global_cut: GlobalSelection | None = None
     gradient_stats: dict[str, Any] | None = None
     if params.importance == "gradient":
         from maec_core.maec.gradient import gradient_scores
@@ -313,20 +315,33 @@ def extract_ability(
             scores = {t.name: s.cpu() for t, s in
                       stream_row_scores(cands, ("ability", "base"), device, tick)}
     elif params.rank_scope == "global":
-        scores = {}
-        scratch = Scratch()
-        with TensorReader() as reader, cpu_single_thread(device):
-            steps = [[t.sources["base"], t.sources["ability"]] for t in cands]
-            for t, (b, a) in zip(cands, Prefetcher(reader, steps), strict=True):
-                scores[t.name] = delta_scores(gran, a.to(device), b.to(device), scratch).cpu()
-                tick()
+        # Element scores of the whole model are not held: a radix select streams θ0 and
+        # θA once per 16-bit digit of the ranking key (usually twice) to find the cut.
+        def element_scores() -> Iterator[tuple[str, torch.Tensor]]:
+            with TensorReader() as reader:
+                steps = [[t.sources["base"], t.sources["ability"]] for t in cands]
+                for t, (b, a) in zip(cands, Prefetcher(reader, steps), strict=True):
+                    s = delta_scores(gran, a.to(device), b.to(device))
+                    check_scores(t.name, s)
+                    yield t.name, s
+
+        with cpu_single_thread(device):
+            global_cut = select_global(
+                element_scores, {t.name: n_of(t) for t in cands},
+                key_count(params.key_ratio, sum(n_of(t) for t in cands)),
+            )
+        for _ in cands:
+            tick()
     for t in cands:
         if scores is not None:
             check_scores(t.name, scores[t.name])
 
-    if scores is None:
-        counts = [(t, key_count(params.key_ratio, n_of(t))) for t in cands]
+    if global_cut is not None:
+        counts = [(t, global_cut.counts[t.name]) for t in cands]
         chosen: dict[str, torch.Tensor] = {}
+    elif scores is None:
+        counts = [(t, key_count(params.key_ratio, n_of(t))) for t in cands]
+        chosen = {}
     else:
         if params.rank_scope == "global":
             total = sum(n_of(t) for t in cands)
@@ -361,13 +376,17 @@ def extract_ability(
                         a, b = a.to(device), b.to(device)
                         s = delta_scores(gran, a, b, scratch)
                         check_scores(t.name, s)
-                        idx = top_k_indices(s, key_count(params.key_ratio, n_of(t)))
-                        if control is None:
-                            values = key_delta(gran, a, b, idx)
+                        if global_cut is not None:
+                            idx = global_cut.keep(t.name, s)
                         else:
-                            values = _control_delta(gran, rows_io, idx, a,
-                                                    t.sources["control"])
-                        sink.write(t, idx, values)
+                            idx = top_k_indices(s, key_count(params.key_ratio, n_of(t)))
+                        if not idx.numel():
+                            pass  # ranked out globally: nothing to store
+                        elif control is None:
+                            sink.write(t, idx, key_delta(gran, a, b, idx))
+                        else:
+                            sink.write(t, idx, _control_delta(gran, rows_io, idx, a,
+                                                              t.sources["control"]))
                         entries.append(_entry(t, n_of(t), idx, s))
                         del a, b
                         tick()

@@ -167,3 +167,45 @@ def test_unknown_parameter_and_missing_fields_are_refused() -> None:
         validate_maec_recipe(_recipe(parameters={"selection": "threshold"}))
     with pytest.raises(RecipeError, match="not a regex"):
         validate_maec_recipe(_recipe(parameters={"include": "([a"}))
+
+
+@pytest.mark.parametrize("k", [1, 5, 17, 40, 99, 150, 199, 200, 250])
+def test_streaming_global_select_matches_in_memory_rule(k: int) -> None:
+    from maec_core.maec.radix import select_global
+
+    g = torch.Generator().manual_seed(k)
+    # Heavy ties (few distinct values, zeros among them) force the index digits too.
+    sizes = {"b.w": 60, "a.w": 80, "c.w": 60}
+    scores = {n: torch.randint(0, 4, (s,), generator=g).float() * 0.5 for n, s in
+              sizes.items()}
+    passes = [0]
+
+    def stream():
+        passes[0] += 1
+        yield from scores.items()
+
+    sel = select_global(stream, sizes, k)
+    names = list(sizes)
+    expected = global_top_k([scores[n] for n in names], names, k)
+    for n, e in zip(names, expected, strict=True):
+        assert sel.keep(n, scores[n]).tolist() == e.tolist(), n
+        assert sel.counts[n] == e.numel()
+    assert passes[0] <= 6
+
+
+def test_streaming_global_select_real_valued_needs_two_passes() -> None:
+    from maec_core.maec.radix import select_global
+
+    g = torch.Generator().manual_seed(0)
+    scores = {"x": torch.rand(1000, generator=g), "y": torch.rand(500, generator=g)}
+    passes = [0]
+
+    def stream():
+        passes[0] += 1
+        yield from scores.items()
+
+    sel = select_global(stream, {"x": 1000, "y": 500}, 75)
+    ref = global_top_k([scores["x"], scores["y"]], ["x", "y"], 75)
+    assert sel.keep("x", scores["x"]).tolist() == ref[0].tolist()
+    assert sel.keep("y", scores["y"]).tolist() == ref[1].tolist()
+    assert passes[0] == 2

@@ -381,3 +381,26 @@ def _cancel_during(r: object, tmp_path: Path, stage: str) -> None:
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".cancel")] == []
     if stage == "extract":
         assert not store.root.exists() or not any(store.root.iterdir())
+
+
+def test_element_granularity_with_global_ranking(tmp_path: Path) -> None:
+    w0 = base_weights(0)
+    d_a = noise_like(w0, 1, 1e-3)
+    d_a[Q0].view(-1)[[3, 50]] += 5.0
+    d_a[DOWN0].view(-1)[[7]] -= 4.0
+    d_a[Q1].view(-1)[[60]] += 3.0
+    base, ability = write_ckpt(tmp_path / "b", w0), write_ckpt(tmp_path / "a", add(w0, d_a))
+    lang = write_ckpt(tmp_path / "l", add(w0, noise_like(w0, 2, 1e-2)))
+    # 320 candidate weights; ceil(0.0125 * 320) = 4: exactly the planted ones.
+    r = maec_recipe(base, lang, [{"model": str(ability)}], key_ratio=0.0125,
+                    granularity="element", rank_scope="global", selection_ratio=1.0)
+    res = run_maec(r, tmp_path / "out")
+    assert res.report is not None
+    art = _artifact(LocalArtifactStore().get(res.report["artifact_keys"][0]))  # type: ignore[arg-type]
+    assert {k: v.tolist() for k, v in art.items() if k.endswith("::index")} == {
+        Q0 + "::index": [3, 50], DOWN0 + "::index": [7], Q1 + "::index": [60]}
+    out, wl, wa, w0s = (load(p) for p in (tmp_path / "out", lang, ability, base))
+    assert torch.equal(out[UP0], wl[UP0])
+    e = wl[Q0].clone().view(-1)
+    e[[3, 50]] += wa[Q0].view(-1)[[3, 50]] - w0s[Q0].view(-1)[[3, 50]]
+    assert torch.equal(out[Q0].view(-1), e)
