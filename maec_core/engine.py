@@ -269,7 +269,8 @@ def stream_merge(
 
     with StagedOutput(out_dir, overwrite=overwrite) as staged:
         writer = BackgroundWriter(
-            ShardedWriter(staged.folder, outputs, recipe.shard_size_bytes()),
+            ShardedWriter(staged.folder, outputs, recipe.shard_size_bytes(),
+                          parallel_io=True),
             # Whole tensors: one queued while one is written, so memory stays at a
             # couple of tensors; slices are small and recycled, a deeper queue is free.
             depth=WRITE_DEPTH if elementwise else 1,

@@ -14,6 +14,7 @@ import queue
 import struct
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -25,6 +26,8 @@ from maec_core.io.headers import DTYPE_SIZES
 from maec_core.io.reader import SAFETENSORS_NAMES
 
 INDEX_NAME = "model.safetensors.index.json"
+# Below this, handing a write to the helper thread costs more than it overlaps.
+PARALLEL_MIN_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -89,8 +92,14 @@ def _header(tensors: list[OutputTensor]) -> bytes:
 class ShardedWriter:
     """Write ``tensors`` (in this exact order) into ``folder`` as HF-named shards."""
 
-    def __init__(self, folder: Path, tensors: list[OutputTensor], shard_size: int) -> None:
+    def __init__(self, folder: Path, tensors: list[OutputTensor], shard_size: int, *,
+                 parallel_io: bool = False) -> None:
         self.folder = folder
+        # With parallel_io, each append writes the file on a helper thread while this one
+        # hashes the same bytes (both release the GIL): hashing is the slowest step of
+        # producing the output, and it no longer adds to the write.
+        self._io = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="maec-io")
+                    if parallel_io else None)
         groups = shard_layout(tensors, shard_size)
         n = len(groups)
         names = (
@@ -155,9 +164,14 @@ class ShardedWriter:
         if self._open_bytes + n > spec.nbytes:
             raise MaecError(f"writer: more than {spec.nbytes} bytes for {spec.name!r}")
         assert self._current is not None
-        self._current.write(data)
         shard = self._shards[si]
-        shard.sha.update(data)
+        if self._io is not None and n >= PARALLEL_MIN_BYTES:
+            pending = self._io.submit(self._current.write, data)
+            shard.sha.update(data)
+            pending.result()
+        else:
+            self._current.write(data)
+            shard.sha.update(data)
         shard.size += n
         self._open_bytes += n
 
@@ -183,6 +197,7 @@ class ShardedWriter:
         if self._pos != len(self._order) or self._open_bytes is not None:
             raise MaecError(f"writer closed after {self._pos} of {len(self._order)} tensors")
         self._finish_current()
+        self._shutdown_io()
         if len(self._shards) > 1:
             index = {
                 "metadata": {"total_size": self.total_bytes},
@@ -193,7 +208,13 @@ class ShardedWriter:
             self.files.append(WrittenFile(INDEX_NAME, len(raw), hashlib.sha256(raw).hexdigest()))
         return self.files
 
+    def _shutdown_io(self) -> None:
+        if self._io is not None:
+            self._io.shutdown(wait=True)
+            self._io = None
+
     def abort(self) -> None:
+        self._shutdown_io()
         if self._current is not None:
             self._current.close()
             self._current = None
