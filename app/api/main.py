@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
 
 from app.api import errors
 from app.api.deps import Services
@@ -71,6 +72,28 @@ class BodyLimit:
         await send({"type": "http.response.body", "body": resp.body})
 
 
+def _document_auth(app: FastAPI) -> None:
+    """Declare the bearer key in OpenAPI (so /docs has "Authorize"); /healthz is open.
+
+    Auth itself is enforced in ``app.api.deps.authenticate``, not by this description.
+    """
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version,
+                                 description=app.description, routes=app.routes)
+            schema.setdefault("components", {})["securitySchemes"] = {
+                "apiKey": {"type": "http", "scheme": "bearer",
+                           "description": "Authorization: Bearer <API key>"}}
+            for path, ops in schema.get("paths", {}).items():
+                for op in ops.values():
+                    op["security"] = [] if path == "/healthz" else [{"apiKey": []}]
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
     settings.warn_if_dev()
@@ -96,6 +119,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         description="Model merging (MAEC and baselines) as jobs. See docs/api.md.",
         lifespan=lifespan,
     )
+    _document_auth(app)
     errors.install(app)
     # Route matching is first-match over the list: the polled job route goes first.
     app.include_router(jobs.router)

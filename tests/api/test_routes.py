@@ -222,3 +222,6 @@ def test_openapi_lists_the_v1_routes(api: Api) -> None:
             "/v1/jobs/{job_id}/files/{path}", "/healthz", "/readyz", "/metrics"} <= set(
         spec["paths"])
     assert api.client.get("/docs").status_code == 200
+    assert spec["components"]["securitySchemes"]["apiKey"]["scheme"] == "bearer"
+    assert spec["paths"]["/healthz"]["get"]["security"] == []
+    assert spec["paths"]["/v1/jobs/{job_id}"]["get"]["security"] == [{"apiKey": []}]
