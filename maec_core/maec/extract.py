@@ -1,13 +1,17 @@
 """Stage 1 — extraction: key-neuron masks and R(A) = M ⊙ (θA − θref), streamed to an artifact.
 
 I/O plan (the cost of this stage is reading checkpoints):
-- ``importance: delta, rank_scope: tensor`` (default): one pass reading θ0 and θA in
-  full (the scores need every weight), prefetched a tensor ahead; a control θS is read
-  only on the key rows.
-- ``rank_scope: global`` and ``importance: gradient``: scores first (a pass over θ0 and
-  θA keeping only the float32 row scores, or the gradient pass), then a second pass
-  reading θA and θref only on the key rows.
-Memory: a few tensors (plus, for global/gradient, one float32 score per candidate).
+- ``granularity: row`` with delta importance (default): θ0 and θA stream through in
+  row blocks (two reused buffer sets, read-ahead thread) for the float32 row scores;
+  per tensor the key rows follow, then θA and θref (θ0 or θS) are read again on the key
+  rows only, about key_ratio of their bytes. ``rank_scope: global`` keeps the row scores
+  (4 bytes per row) across a first pass, then reads only key rows.
+- ``granularity: element``: θ0 and θA a tensor at a time (prefetched); with
+  ``rank_scope: global`` a radix select (``radix.py``) finds the global cut in a pass
+  per 16-bit key digit (usually two) without holding the scores.
+- ``importance: gradient``: the gradient pass (the model in memory: a GPU job at real
+  sizes), then θA and θref read on the key rows only.
+Memory is otherwise a few blocks or tensors, whatever the model size.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from maec_core.errors import CheckpointError, CorpusError
+from maec_core.errors import Cancelled, CheckpointError, CorpusError
 from maec_core.io.folder import ModelFolder
 from maec_core.maec.params import MaecParams
 
@@ -153,8 +153,6 @@ def gradient_scores(
     losses: list[float] = []
     for batch in batches:
         if cancel is not None and cancel():
-            from maec_core.errors import Cancelled
-
             raise Cancelled("extraction cancelled")
         x = torch.tensor(batch, dtype=torch.long, device=device)
         loss = model(input_ids=x, labels=x).loss

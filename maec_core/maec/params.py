@@ -45,7 +45,8 @@ class MaecParams(BaseModel):
     rank_scope: Literal["tensor", "global"] = "tensor"
     # Regular expressions searched in tensor names. ``include: null`` means the default
     # rule (2-D tensors whose name contains ``.layers.``); an explicit include selects
-    # any float tensor it matches. A string or a list of strings.
+    # any float tensor it matches. A string or a list of strings (a recipe's parameter
+    # values carry one string: join alternatives with ``|``).
     include: str | list[str] | None = None
     exclude: str | list[str] | None = None
     selection: Literal["ratio", "threshold"] = "ratio"
