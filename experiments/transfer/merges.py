@@ -57,11 +57,13 @@ def candidates(cfg: Config, ck: Checkpoints, seed: int) -> list[Candidate]:
             "models": [_model(ck.thetaA, role="ability"), _model(ck.thetaL, role="language")],
             "parameters": {"bottom_k": bottom, "top_k": top, "transition": 0},
             "dtype": "float32"}))
-    for importance, control in sw.maec_variants:
+    for vi, (importance, control) in enumerate(sw.maec_variants):
         method = maec_name(importance, control)
+        mus = sw.mu if vi == 0 else sw.coarse_mu
+        ratios = sw.selection_ratio if vi == 0 else sw.coarse_selection_ratio
         for kr in sw.key_ratio:
-            for mu in sw.mu:
-                for sr in sw.selection_ratio:
+            for mu in mus:
+                for sr in ratios:
                     ability: dict[str, Any] = {"model": str(ck.thetaA), "mu": mu}
                     if control:
                         ability["control"] = str(ck.thetaS)

@@ -45,14 +45,13 @@ def make_plots(cfg: Config, seeds: list[dict[str, Any]], chance: tuple[float, fl
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     variants = [m for m in seeds[0]["methods"] if m.startswith("maec")]
-    grids = {"key_ratio": cfg.sweep.key_ratio, "mu": cfg.sweep.mu,
-             "selection_ratio": cfg.sweep.selection_ratio}
     langbase = statistics.fmean(s["methods"]["thetaL"]["val"]["T_acc"] for s in seeds)
     donor = statistics.fmean(s["methods"]["thetaA"]["val"]["T_acc"] for s in seeds)
     for knob in KNOBS:
         fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
         for v in variants:
-            xs = list(grids[knob])
+            # Each variant's own grid (the first MAEC variant has a finer one).
+            xs = sorted({r["knobs"][knob] for r in seeds[0]["methods"][v]["sweep"]})
             axes[0].plot(xs, [_mean_best(seeds, v, knob, x, "T_acc") for x in xs], "o-",
                          label=v)
             axes[1].plot(xs, [_mean_at(seeds, v, knob, x, "T_acc") for x in xs], "o-",

@@ -23,7 +23,7 @@ from transformers import LlamaForCausalLM
 
 from experiments.transfer import lang
 from experiments.transfer import model as M
-from experiments.transfer.config import FULL, SMOKE, Config
+from experiments.transfer.config import DEBUG, FULL, SMOKE, Config
 from experiments.transfer.lang import Problem, ProblemSplits
 from experiments.transfer.merges import Candidate, Checkpoints, candidates, merge
 
@@ -134,12 +134,15 @@ def checkpoints(cfg: Config, seed: int, data: SeedData) -> Checkpoints:
 # ---------------------------------------------------------------------------------------
 
 
-def evaluate(model: LlamaForCausalLM, data: SeedData, split: str, seq_len: int
-             ) -> dict[str, float]:
+def evaluate(model: LlamaForCausalLM, data: SeedData, split: str, seq_len: int,
+             source: bool = True) -> dict[str, float]:
+    """T accuracy, T perplexity and (unless source=False, to save time in sweeps) S accuracy."""
     problems = data.problems.val if split == "val" else data.problems.test
     docs = data.t_docs_val if split == "val" else data.t_docs_test
-    return {"T_acc": M.accuracy(model, problems, "T"), "S_acc": M.accuracy(model, problems, "S"),
-            "T_ppl": M.perplexity(model, docs, seq_len)}
+    out = {"T_acc": M.accuracy(model, problems, "T"), "T_ppl": M.perplexity(model, docs, seq_len)}
+    if source:
+        out["S_acc"] = M.accuracy(model, problems, "S")
+    return out
 
 
 def selection_key(m: dict[str, float]) -> tuple[float, float]:
@@ -157,6 +160,22 @@ class MethodResult:
 
 
 def run_seed(cfg: Config, seed: int) -> dict[str, Any]:
+    """One seed's results, cached as JSON under the keys of everything that made them."""
+    key = cfg.result_key(seed)
+    path = CACHE / "results" / f"{key}.json"
+    if path.exists():
+        log(f"seed {seed}: results cached ({path.name})")
+        cached: dict[str, Any] = json.loads(path.read_text())
+        return cached
+    out = _run_seed(cfg, seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(out))
+    tmp.replace(path)
+    return out
+
+
+def _run_seed(cfg: Config, seed: int) -> dict[str, Any]:
     log(f"seed {seed}: data")
     data = seed_data(cfg, seed)
     ck = checkpoints(cfg, seed, data)
@@ -173,7 +192,7 @@ def run_seed(cfg: Config, seed: int) -> dict[str, Any]:
     log(f"seed {seed}: singles " + ", ".join(
         f"{k} T={v['test']['T_acc']:.3f} S={v['test']['S_acc']:.3f}"
         for k, v in out["methods"].items()))
-    work = CACHE / "merges" / cfg.name
+    work = CACHE / "merges" / cfg.name / f"seed{seed}"
     by_method: dict[str, list[tuple[Candidate, dict[str, float], dict[str, Any] | None]]] = {}
     t0 = time.perf_counter()
     cands = candidates(cfg, ck, seed)
@@ -181,7 +200,7 @@ def run_seed(cfg: Config, seed: int) -> dict[str, Any]:
         dest = work / "current"
         report = merge(cand.recipe, dest)
         model = M.load(dest)
-        val = evaluate(model, data, "val", cfg.seq_len)
+        val = evaluate(model, data, "val", cfg.seq_len, source=False)
         by_method.setdefault(cand.method, []).append((cand, val, report))
         if (i + 1) % 25 == 0:
             log(f"seed {seed}: {i + 1}/{len(cands)} merges, {time.perf_counter() - t0:.0f}s")
@@ -205,7 +224,7 @@ def summarise_report(report: dict[str, Any] | None) -> dict[str, Any] | None:
         return None
     keep = {}
     for k, v in report.items():
-        if isinstance(v, (int, float, str, bool)) or k in ("selection", "abilities"):
+        if isinstance(v, (int, float, str, bool)) or k in ("abilities", "tensors", "totals"):
             keep[k] = v
     return keep
 
@@ -282,22 +301,29 @@ def main(argv: list[str] | None = None) -> int:
     mode = ap.add_mutually_exclusive_group(required=True)
     mode.add_argument("--full", action="store_true")
     mode.add_argument("--smoke", action="store_true")
+    mode.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--seeds", type=int, nargs="*", default=None,
+                    help="only fill the cache for these seeds (for parallel runs), no report")
     ap.add_argument("--out", type=Path, default=None,
                     help="results folder (default experiments/transfer/results/<name>)")
     ap.add_argument("--plots", type=Path, default=None,
                     help="where PNGs go (default docs/experiments for --full, none for smoke)")
     args = ap.parse_args(argv)
-    cfg = FULL if args.full else SMOKE
+    cfg = FULL if args.full else SMOKE if args.smoke else DEBUG
     torch.set_num_threads(args.threads or cfg.threads)
     os.environ.setdefault("MAEC_CACHE_DIR", str(CACHE / "maec"))
     started = time.perf_counter()
+    if args.seeds is not None:
+        for s in args.seeds:
+            run_seed(cfg, s)
+        return 0
     seeds = [run_seed(cfg, s) for s in cfg.seeds]
     elapsed = time.perf_counter() - started
     data0 = seed_data(cfg, cfg.seeds[0])
     chance = lang.chance_levels(data0.problems.test)
     table = aggregate(seeds)
-    out_dir = args.out or HERE / "results" / cfg.name
+    out_dir = args.out or (CACHE / "debug" if cfg is DEBUG else HERE / "results" / cfg.name)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "results.json").write_text(json.dumps(
         {"config": repr(cfg), "seconds": elapsed, "chance": chance, "seeds": seeds,
