@@ -227,7 +227,9 @@ def _combine(
     base_sums = folder_checksums(base)
     ckpt_dtype = checkpoint_dtype(base)
     by_name = {t.name: t for t in plan.tensors}
-    artifacts = [load_artifact(d) for d in artifact_dirs]
+    # A store's or a caller's artifact is hashed against its metadata; one this run just
+    # wrote (not reused) was hashed as it was written.
+    artifacts = [load_artifact(d, verify=reused[i]) for i, d in enumerate(artifact_dirs)]
     for i, art in enumerate(artifacts):
         check_compatible(art, base_checksums=base_sums, params=params,
                          checkpoint_dtype=ckpt_dtype, tensors=by_name,
