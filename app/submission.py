@@ -91,7 +91,9 @@ def build_recipe(req: JobRequest) -> Recipe:
 
 
 def _named_recipe(req: JobRequest) -> Recipe:
-    assert req.method is not None and req.ability_donor and req.language_base
+    # Checked by the model validator; empty strings are refused later as invalid_source.
+    assert req.method is not None and req.ability_donor is not None
+    assert req.language_base is not None
     method = req.method.strip().lower()
     params = dict(req.parameters or {})
     common: dict[str, Any] = {"dtype": req.dtype, "name": req.name}

@@ -103,6 +103,15 @@ def test_invalid_sources(api: Api, source: str) -> None:
     assert doc["message"]
 
 
+@pytest.mark.parametrize(("field", "code"), [
+    ("language_base", "invalid_source"), ("source_control", "invalid_source"),
+    ("base", "invalid_recipe"),  # an empty base is "no base", which the method needs
+])
+def test_empty_source_strings(api: Api, field: str, code: str) -> None:
+    method = "maec" if field == "source_control" else "task_arithmetic"
+    _refused(api, api.named(method, **{field: ""}), code)
+
+
 def test_symlink_escaping_its_root_is_refused(api: Api, tmp_path: Path) -> None:
     link = api.root / "extra" / "sneaky"
     link.symlink_to("/etc")
