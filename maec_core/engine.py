@@ -4,6 +4,15 @@
 the best device, check finiteness, cast, append to the sharded writer, report progress,
 honour cancellation); ``run_recipe`` drives it for the registered methods and hands
 ``merge_method: maec`` to the MAEC pipeline, which reuses the same loop.
+
+Two paths share it. Methods that need a whole tensor (TIES, DARE, SLERP) get one tensor
+at a time, the next one read on a thread meanwhile. Element-wise methods (linear, task
+arithmetic, layer swapping) stream slices instead: a reader thread fills recycled
+buffers, the calling thread converts each 1 MB slice to float32, computes and casts it
+into a recycled output buffer, and a writer thread hashes and writes it (sha256 and the
+file write themselves overlap). Nothing is allocated per tensor, so memory is a few
+buffers, and the arithmetic runs in the CPU cache instead of streaming each pass
+through RAM (on CPU that path measured 3-6x faster than whole-tensor passes).
 """
 
 from __future__ import annotations

@@ -3,7 +3,9 @@
 We read with ``readinto`` into a fresh buffer rather than memory-mapping: mapped pages
 that have been touched count towards the process's resident set until unmapped, so an
 mmap reader's peak RSS grows with model size (that is most of mergekit's footprint).
-A plain read holds exactly the tensors in hand.
+A plain read holds exactly the tensors in hand. ``TensorReader`` reads whole tensors
+into fresh buffers (the whole-tensor path); ``UnitReader`` streams runs of elements into
+a few buffers recycled for the whole merge (the element-wise path).
 """
 
 from __future__ import annotations
