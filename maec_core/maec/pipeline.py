@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from maec_core.engine import CancelFn, MergeResult, ProgressFn, best_device
-from maec_core.errors import CheckpointError
+from maec_core.errors import CheckpointError, OutputExists
 from maec_core.io.folder import ModelFolder, open_model_folder
 from maec_core.maec.artifact import Artifact, check_compatible, load_artifact
 from maec_core.maec.combine import Selection, fmt_cos, merge, select
@@ -144,6 +144,9 @@ def run_maec(
     r, params = _recipe(recipe)
     assert r.base_model is not None and r.language_base is not None
     out = Path(out_dir)
+    if out.exists() and not overwrite:
+        # Before minutes of extraction, not after.
+        raise OutputExists(f"output folder {out} already exists", path=str(out))
     if r.artifact is not None:
         return _combine(r, params, [Path(r.artifact)], out, reused=[True],
                         extract_seconds=0.0, progress=progress, cancel=cancel,

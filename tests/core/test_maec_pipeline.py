@@ -404,3 +404,17 @@ def test_element_granularity_with_global_ranking(tmp_path: Path) -> None:
     e = wl[Q0].clone().view(-1)
     e[[3, 50]] += wa[Q0].view(-1)[[3, 50]] - w0s[Q0].view(-1)[[3, 50]]
     assert torch.equal(out[Q0].view(-1), e)
+
+
+def test_existing_output_is_refused_before_extraction(tmp_path: Path) -> None:
+    from maec_core.errors import OutputExists
+
+    base, ability, lang = planted(tmp_path)
+    (tmp_path / "out").mkdir()
+    r = maec_recipe(base, lang, [{"model": str(ability)}], key_ratio=KEY_RATIO)
+    steps: list[str] = []
+    with pytest.raises(OutputExists):
+        run_maec(r, tmp_path / "out", progress=lambda s, d, t: steps.append(s))
+    assert steps == []
+    run_maec(r, tmp_path / "out", overwrite=True)
+    assert (tmp_path / "out" / "maec_report.json").is_file()
