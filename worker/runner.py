@@ -169,7 +169,8 @@ class JobRunner:
         """Run ``job_id`` if it is claimable; returns the claim or final outcome."""
         claim = self.store.claim(job_id, worker=self.worker,
                                  lease_s=self.settings.lease_seconds,
-                                 max_attempts=self.settings.max_attempts)
+                                 max_attempts=self.settings.max_attempts,
+                                 time_limit_s=self.settings.task_time_limit)
         if claim.outcome != "claimed":
             log.info("job %s: not run (%s)", job_id, claim.outcome)
             return claim.outcome

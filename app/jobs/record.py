@@ -60,7 +60,7 @@ def now_iso() -> str:
 
 # Record fields that are bookkeeping, never shown to API callers.
 INTERNAL_FIELDS = ("owner", "sources", "idempotency_key", "lease_until", "worker",
-                   "result_prefix")
+                   "result_prefix", "attempt_started")
 
 
 class Progress(BaseModel):
@@ -90,6 +90,9 @@ class JobRecord(BaseModel):
     result: dict[str, Any] | None = None
     idempotency_key: str | None = None
     lease_until: float = 0.0
+    # Epoch seconds the current attempt was claimed: an expired lease on an attempt
+    # older than the time limit means Celery's hard limit killed it (not a crash).
+    attempt_started: float = 0.0
     worker: str | None = None
     # Storage prefix the result files were published under (attempt-specific).
     result_prefix: str | None = None

@@ -38,7 +38,7 @@ return {'created', ARGV[1]}
 """
 
 # KEYS: job. ARGV: id, now_s, lease_until, worker_json, max_attempts, now_iso_json, now_ms,
-#       exhausted_error_json
+#       exhausted_error_json, time_limit_s, time_limit_error_json
 CLAIM = _MOVE + """
 local raw = redis.call('HGET', KEYS[1], 'status')
 if not raw then return {'missing', 0} end
@@ -47,6 +47,15 @@ local attempts = tonumber(redis.call('HGET', KEYS[1], 'attempts'))
 if st == 'running' or st == 'publishing' then
   local lease = tonumber(redis.call('HGET', KEYS[1], 'lease_until'))
   if lease > tonumber(ARGV[2]) then return {'busy', attempts} end
+  local began = tonumber(redis.call('HGET', KEYS[1], 'attempt_started') or '0')
+  if began > 0 and tonumber(ARGV[2]) - began >= tonumber(ARGV[9]) then
+    -- The last attempt ran until the hard time limit killed it: running it again
+    -- would only time out again.
+    redis.call('HSET', KEYS[1], 'status', '"failed"', 'finished_at', ARGV[6],
+               'error', ARGV[10], 'stage', 'null')
+    move(ARGV[1], st, 'failed', ARGV[7])
+    return {'time_limit', attempts}
+  end
 elseif st ~= 'queued' then
   return {'done', attempts}
 end
@@ -65,6 +74,7 @@ end
 attempts = attempts + 1
 redis.call('HSET', KEYS[1], 'status', '"running"', 'attempts', tostring(attempts),
            'lease_until', ARGV[3], 'worker', ARGV[4], 'stage', '"fetch"',
+           'attempt_started', ARGV[2],
            'progress', '{"fraction":0.0,"done":0,"total":0}')
 if redis.call('HGET', KEYS[1], 'started_at') == 'null' then
   redis.call('HSET', KEYS[1], 'started_at', ARGV[6])

@@ -24,7 +24,8 @@ from app.jobs.record import (
     now_iso,
 )
 
-ClaimOutcome = Literal["claimed", "busy", "done", "missing", "cancelled", "exhausted"]
+ClaimOutcome = Literal["claimed", "busy", "done", "missing", "cancelled", "exhausted",
+                       "time_limit"]
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,8 @@ class WorkerJobStore:
         return decode(raw)
 
     def claim(
-        self, job_id: str, *, worker: str, lease_s: float, max_attempts: int
+        self, job_id: str, *, worker: str, lease_s: float, max_attempts: int,
+        time_limit_s: float = float("inf"),
     ) -> Claim:
         now = time.time()
         exhausted = {
@@ -62,10 +64,17 @@ class WorkerJobStore:
             "(its worker died or lost its lease each time); not retrying",
             "details": {"max_attempts": max_attempts},
         }
+        timed_out = {
+            "code": "time_limit",
+            "message": f"the job ran past its {time_limit_s:g} s time limit and was stopped",
+            "details": {"limit_s": time_limit_s},
+        }
         res = self._claim(
             keys=[job_key(job_id)],
-            args=[job_id, now, now + lease_s, json.dumps(worker), max_attempts,
-                  json.dumps(now_iso()), int(now * 1000), json.dumps(exhausted)],
+            args=[job_id, repr(now), repr(now + lease_s), json.dumps(worker), max_attempts,
+                  json.dumps(now_iso()), int(now * 1000), json.dumps(exhausted),
+                  repr(time_limit_s) if time_limit_s != float("inf") else "1e300",
+                  json.dumps(timed_out)],
         )
         return Claim(_s(res[0]), int(res[1]))  # type: ignore[arg-type]
 

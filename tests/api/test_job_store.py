@@ -121,3 +121,20 @@ def test_concurrent_reads_share_a_round_trip_and_stay_correct(api: Api) -> None:
     assert got[-1] == {}
     assert calls == 4, "61 concurrent reads of 4 distinct jobs: 4 HGETALLs, one pipeline"
     assert error is not None
+
+
+def test_an_attempt_killed_at_the_hard_time_limit_is_not_rerun(api: Api) -> None:
+    store, jid = api.worker_store(), _job(api)
+    store.claim(jid, worker="w1", lease_s=0.05, max_attempts=3, time_limit_s=0.1)
+    time.sleep(0.15)  # the child was killed at the limit; its lease lapsed
+    res = store.claim(jid, worker="w2", lease_s=30, max_attempts=3, time_limit_s=0.1)
+    assert (res.outcome, res.attempt) == ("time_limit", 1)
+    rec = store.get(jid)
+    assert rec is not None and rec.status == "failed" and rec.error is not None
+    assert rec.error["code"] == "time_limit"
+    # A crash well inside the limit is retried instead.
+    other = _job(api)
+    store.claim(other, worker="w1", lease_s=0.05, max_attempts=3, time_limit_s=60)
+    time.sleep(0.1)
+    assert store.claim(other, worker="w2", lease_s=30, max_attempts=3,
+                       time_limit_s=60).outcome == "claimed"
