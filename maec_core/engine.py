@@ -17,11 +17,14 @@ through RAM (on CPU that path measured 3-6x faster than whole-tensor passes).
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
 import queue
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +37,7 @@ from maec_core.errors import Cancelled, NonFiniteOutput, RecipeError
 from maec_core.io.folder import ModelFolder, open_model_folder
 from maec_core.io.headers import TensorInfo
 from maec_core.io.output import StagedOutput, output_config
-from maec_core.io.reader import SAFETENSORS_NAMES, Prefetcher, TensorReader, UnitReader
+from maec_core.io.reader import SAFETENSORS_NAMES, Prefetcher, TensorReader, Unit, UnitReader
 from maec_core.io.writer import BackgroundWriter, OutputTensor, ShardedWriter
 from maec_core.manifest import MANIFEST_NAME, build_manifest
 from maec_core.methods.base import TensorCall
@@ -58,6 +61,9 @@ CHUNK_CPU = 1 << 18
 UNIT_CUDA = 1 << 24
 # Whole-tensor merges on CPU use torch's thread team only from this size up.
 THREADED_MIN_NUMEL = 1 << 22
+# CPU threads computing element-wise slices side by side (the registered methods are
+# pure functions, safe to run concurrently).
+COMPUTE_THREADS = 2
 # Output parts queued for the writer thread.
 WRITE_DEPTH = 4
 CancelFn = Callable[[], bool]
@@ -153,6 +159,7 @@ def _elementwise(
     target: torch.dtype,
     tick: Callable[[int], None],
     compute_at: OffsetComputeFn | None = None,
+    compute_threads: int = 1,
 ) -> None:
     """Stream fixed-size runs of elements through ``compute``, all buffers recycled.
 
@@ -173,7 +180,7 @@ def _elementwise(
         torch.set_num_threads(1)
     try:
         _stream_units(plan, steps, writer, compute, device, target, tick, unit, chunk,
-                      compute_at)
+                      compute_at, workers=1 if cuda else compute_threads)
     finally:
         torch.set_num_threads(threads)
 
@@ -189,37 +196,73 @@ def _stream_units(
     unit: int,
     chunk: int,
     compute_at: OffsetComputeFn | None = None,
+    workers: int = 1,
 ) -> None:
     st_dtype = SAFETENSORS_NAMES[target]
     tsize = torch.empty((), dtype=target).element_size()
     slots = max((len(s) for s in steps), default=0)
-    scratch = [torch.empty(min(chunk, unit), dtype=torch.float32, device=device)
-               for _ in range(slots)]
+    scratch: queue.Queue[list[torch.Tensor]] = queue.Queue()
+    for _ in range(workers):
+        scratch.put([torch.empty(min(chunk, unit), dtype=torch.float32, device=device)
+                     for _ in range(slots)])
     biggest = max((t.numel for t in plan.tensors), default=0)
     out_free: queue.Queue[torch.Tensor] = queue.Queue()
-    for _ in range(WRITE_DEPTH + 2):
+    for _ in range(WRITE_DEPTH + 1 + workers):
         out_free.put(torch.empty(max(1, min(unit, biggest)) * tsize, dtype=torch.uint8))
-    with UnitReader(steps, unit) as units:
-        for u in units:
-            planned = plan.tensors[u.step]
-            if u.first:
-                tick(u.step)
-            m = u.hi - u.lo
-            buf = out_free.get()
-            out = buf[: m * tsize].view(target)
-            for c0 in range(0, m, chunk):
-                c1 = min(m, c0 + chunk)
-                ins = [s[: c1 - c0].copy_(t[c0:c1]) for s, t in zip(scratch, u.tensors,
-                                                                    strict=False)]
+
+    def work(planned: PlannedTensor, u: Unit, buf: torch.Tensor) -> None:
+        """Compute unit ``u`` into ``buf`` (on a worker when ``workers`` > 1)."""
+        mine = scratch.get()
+        try:
+            out = buf[: (u.hi - u.lo) * tsize].view(target)
+            for c0 in range(0, u.hi - u.lo, chunk):
+                c1 = min(u.hi - u.lo, c0 + chunk)
+                ins = [s[: c1 - c0].copy_(t[c0:c1])
+                       for s, t in zip(mine, u.tensors, strict=False)]
                 part = out[c0:c1]
                 part.copy_(compute(planned, ins) if compute_at is None
                            else compute_at(planned, ins, u.lo + c0))
                 if not all_finite(part):
                     raise _non_finite(planned.name)
-            u.release()
-            writer.put(planned.name, planned.shape, st_dtype,
-                       buf[: m * tsize].numpy().data.cast("B"), first=u.first,
-                       last=u.last, done=functools.partial(out_free.put, buf))
+        finally:
+            scratch.put(mine)
+
+    # Units in flight, oldest first: results reach the writer in order whatever order
+    # the workers finish in.
+    pending: collections.deque[tuple[PlannedTensor, Unit, torch.Tensor, Future[None]]] = (
+        collections.deque())
+    pool = (ThreadPoolExecutor(max_workers=workers, thread_name_prefix="maec-compute")
+            if workers > 1 else None)
+
+    def flush_oldest() -> None:
+        planned, u, buf, fut = pending.popleft()
+        fut.result()
+        u.release()
+        writer.put(planned.name, planned.shape, st_dtype,
+                   buf[: (u.hi - u.lo) * tsize].numpy().data.cast("B"), first=u.first,
+                   last=u.last, done=functools.partial(out_free.put, buf))
+
+    try:
+        with UnitReader(steps, unit, depth=workers + 1) as units:
+            for u in units:
+                planned = plan.tensors[u.step]
+                if u.first:
+                    tick(u.step)
+                buf = out_free.get()
+                if pool is None:
+                    fut: Future[None] = Future()
+                    work(planned, u, buf)
+                    fut.set_result(None)
+                else:
+                    fut = pool.submit(work, planned, u, buf)
+                pending.append((planned, u, buf, fut))
+                while len(pending) >= workers:
+                    flush_oldest()
+            while pending:
+                flush_oldest()
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 def stream_merge(
@@ -243,6 +286,7 @@ def stream_merge(
     hash_inputs: Mapping[str, Sequence[Path]] | None = None,
     elementwise: bool = False,
     compute_at: OffsetComputeFn | None = None,
+    compute_threads: int = 1,
 ) -> MergeResult:
     """Run ``compute`` over every planned tensor and publish a complete output folder.
 
@@ -256,6 +300,8 @@ def stream_merge(
     whole tensors, which is several times faster on CPU and holds a few MB, not a tensor.
     ``compute_at`` (implies ``elementwise``; ``compute`` is then unused) is such a function
     that is also given the flat offset of its slice in the tensor.
+    ``compute_threads`` > 1 runs element-wise slices on that many CPU threads at once;
+    only for a ``compute`` that is safe to call concurrently.
     """
     elementwise = elementwise or compute_at is not None
     started = time.perf_counter()
@@ -285,12 +331,12 @@ def stream_merge(
             depth=WRITE_DEPTH if elementwise else 1,
         )
         steps = [read(t) for t in plan.tensors]
-        loop = _elementwise if elementwise else _whole_tensors
         try:
-            if compute_at is not None:
-                _elementwise(plan, steps, writer, compute, device, target, tick, compute_at)
+            if elementwise:
+                _elementwise(plan, steps, writer, compute, device, target, tick, compute_at,
+                             compute_threads)
             else:
-                loop(plan, steps, writer, compute, device, target, tick)
+                _whole_tensors(plan, steps, writer, compute, device, target, tick)
             staged.add(writer.close())
         except BaseException:
             writer.abort()
@@ -374,11 +420,18 @@ def run_method(
         return [t.sources[k] for k in keys]
 
     # Parameters resolved once per tensor: element-wise merges call compute per slice.
+    # Locked: element-wise slices of two tensors may be computed on two threads at once.
     resolved: dict[str, tuple[list[Any], Any]] = {}
+    lock = threading.Lock()
 
     def params_for(name: str) -> tuple[list[Any], Any]:
+        with lock:
+            return _params_for(name)
+
+    def _params_for(name: str) -> tuple[list[Any], Any]:
         if name not in resolved:
-            resolved.clear()
+            if len(resolved) > 8:
+                resolved.clear()
             resolved[name] = (
                 [spec.model_params.model_validate(resolve_params(e.parameters, name, num_layers))
                  for e in entries],
@@ -410,7 +463,7 @@ def run_method(
         plan, recipe, Path(out_dir), compute=compute, read=read, out_dtype=out_dtype,
         tokenizer_from=tokenizer_from, base_models=list(named.values()), device=dev,
         progress=progress, cancel=cancel, overwrite=overwrite,
-        elementwise=is_elementwise(spec.name),
+        elementwise=is_elementwise(spec.name), compute_threads=COMPUTE_THREADS,
     )
 
 
