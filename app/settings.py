@@ -42,6 +42,9 @@ class Settings(BaseSettings):
     s3_region: str = "us-east-1"
     s3_access_key: str = ""
     s3_secret_key: str = ""
+    # Where clients reach the store, when that differs from where the service does
+    # (compose: http://s3:8333 inside, a public name outside); used for presigned URLs.
+    s3_public_endpoint_url: str | None = None
     s3_presign_seconds: int = Field(default=300, ge=10, le=3600)
     # Parts above this size go up as multipart uploads (each part with a checksum).
     s3_multipart_bytes: int = Field(default=64 * 1024 * 1024, ge=5 * 1024 * 1024)

@@ -30,8 +30,11 @@ def _fail(what: str, exc: Exception, **details: Any) -> StorageError:
 class S3Storage:
     kind = "s3"
 
-    def __init__(self, client: S3Client, bucket: str, *, multipart_bytes: int) -> None:
+    def __init__(self, client: S3Client, bucket: str, *, multipart_bytes: int,
+                 presigner: S3Client | None = None) -> None:
         self.client = client
+        # Signs URLs for the endpoint clients use (signatures cover the host).
+        self.presigner = presigner or client
         self.bucket = bucket
         self.multipart_bytes = multipart_bytes
         self.transfer = TransferConfig(
@@ -40,9 +43,17 @@ class S3Storage:
 
     @classmethod
     def from_settings(cls, s: Settings) -> S3Storage:
-        client = boto3.client(
+        client = cls._client(s, s.s3_endpoint_url)
+        presigner = (cls._client(s, s.s3_public_endpoint_url)
+                     if s.s3_public_endpoint_url else None)
+        return cls(client, s.s3_bucket, multipart_bytes=s.s3_multipart_bytes,
+                   presigner=presigner)
+
+    @staticmethod
+    def _client(s: Settings, endpoint: str | None) -> S3Client:
+        return boto3.client(
             "s3",
-            endpoint_url=s.s3_endpoint_url,
+            endpoint_url=endpoint,
             region_name=s.s3_region,
             aws_access_key_id=s.s3_access_key or None,
             aws_secret_access_key=s.s3_secret_key or None,
@@ -53,10 +64,10 @@ class S3Storage:
                 max_pool_connections=32,
             ),
         )
-        return cls(client, s.s3_bucket, multipart_bytes=s.s3_multipart_bytes)
 
     def for_bucket(self, bucket: str) -> Storage:
-        return S3Storage(self.client, bucket, multipart_bytes=self.multipart_bytes)
+        return S3Storage(self.client, bucket, multipart_bytes=self.multipart_bytes,
+                         presigner=self.presigner)
 
     def ensure_bucket(self) -> None:
         try:
@@ -163,6 +174,6 @@ class S3Storage:
             raise _fail(f"deleting {prefix}", exc, prefix=prefix) from None
 
     def presign(self, key: str, seconds: int) -> str | None:
-        return self.client.generate_presigned_url(
+        return self.presigner.generate_presigned_url(
             "get_object", Params={"Bucket": self.bucket, "Key": key}, ExpiresIn=seconds
         )

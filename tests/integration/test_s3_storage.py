@@ -67,6 +67,10 @@ def test_multipart_upload_with_checksums_and_ranges(s3_server: S3Server, tmp_pat
         "t/multipart/big.bin", "t/multipart/small.json"]
     url = store.presign("t/multipart/small.json", 60)
     assert url is not None and url.startswith(s3_server.endpoint)
+    public = S3Storage.from_settings(_settings(
+        s3_server, s3_public_endpoint_url="http://models.example.org:9000"))
+    assert (public.presign("t/multipart/small.json", 60) or "").startswith(
+        "http://models.example.org:9000/maec-test/t/multipart/small.json?")
     store.delete_prefix("t/multipart/")
     assert store.list("t/multipart/") == []
     assert store.ping()
