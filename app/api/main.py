@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.concurrency import run_in_threadpool
 from fastapi.openapi.utils import get_openapi
 
 from app.api import errors
@@ -101,6 +102,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         storage = make_storage(settings)
+        try:
+            # A fresh deployment (compose) starts with an empty store.
+            await run_in_threadpool(storage.prepare)
+        except Exception as exc:  # readyz reports storage; the API still starts
+            log.warning("could not prepare storage: %s", exc)
         store = ApiJobStore.from_url(settings.redis_url)
         enqueuer = Enqueuer(settings.redis_url)
         app.state.services = Services(

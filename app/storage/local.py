@@ -27,6 +27,9 @@ class LocalStorage:
     def _path(self, key: str) -> Path:
         return self.root / check_key(key)
 
+    def prepare(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+
     def ping(self) -> bool:
         return self.root.is_dir() and os.access(self.root, os.W_OK)
 

@@ -69,7 +69,7 @@ class S3Storage:
         return S3Storage(self.client, bucket, multipart_bytes=self.multipart_bytes,
                          presigner=self.presigner)
 
-    def ensure_bucket(self) -> None:
+    def prepare(self) -> None:
         try:
             self.client.head_bucket(Bucket=self.bucket)
         except ClientError:

@@ -74,7 +74,11 @@ def test_multipart_upload_with_checksums_and_ranges(s3_server: S3Server, tmp_pat
     store.delete_prefix("t/multipart/")
     assert store.list("t/multipart/") == []
     assert store.ping()
-    assert not S3Storage.from_settings(_settings(s3_server, s3_bucket="no-such-bucket")).ping()
+    fresh = S3Storage.from_settings(_settings(s3_server, s3_bucket="made-by-prepare"))
+    assert not fresh.ping()
+    fresh.prepare()
+    fresh.prepare()  # idempotent
+    assert fresh.ping()
 
 
 def test_s3_sources_are_checked_from_headers_only(s3_server: S3Server,
