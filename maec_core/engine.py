@@ -207,7 +207,10 @@ def _stream_units(
                      for _ in range(slots)])
     biggest = max((t.numel for t in plan.tensors), default=0)
     out_free: queue.Queue[torch.Tensor] = queue.Queue()
-    for _ in range(WRITE_DEPTH + 1 + workers):
+    # Units computed ahead of the oldest: two per worker, so a worker finds its next
+    # unit queued even when this thread is slow to be scheduled on a busy machine.
+    in_flight = 2 * workers if workers > 1 else 1
+    for _ in range(WRITE_DEPTH + 1 + in_flight):
         out_free.put(torch.empty(max(1, min(unit, biggest)) * tsize, dtype=torch.uint8))
 
     def work(planned: PlannedTensor, u: Unit, buf: torch.Tensor) -> None:
@@ -243,7 +246,7 @@ def _stream_units(
                    last=u.last, done=functools.partial(out_free.put, buf))
 
     try:
-        with UnitReader(steps, unit, depth=workers + 1) as units:
+        with UnitReader(steps, unit, depth=in_flight + 1) as units:
             for u in units:
                 planned = plan.tensors[u.step]
                 if u.first:
@@ -256,7 +259,7 @@ def _stream_units(
                 else:
                     fut = pool.submit(work, planned, u, buf)
                 pending.append((planned, u, buf, fut))
-                while len(pending) >= workers:
+                while len(pending) >= in_flight:
                     flush_oldest()
             while pending:
                 flush_oldest()
