@@ -47,10 +47,10 @@ class Sweep:
     coarse_selection_ratio: tuple[float, ...] = (0.75, 1.0)
 
 
-BASE_SPEC = TrainSpec(steps=2000, lr=2e-3, warmup=100)
-ABILITY_SPEC = TrainSpec(steps=500, lr=1e-3, warmup=30, freeze=FREEZE_IO, answer_only=True)
-CONTROL_SPEC = TrainSpec(steps=500, lr=1e-3, warmup=30, freeze=FREEZE_IO)
-LANGUAGE_SPEC = TrainSpec(steps=250, lr=5e-4, warmup=30, freeze=FREEZE_IO)
+BASE_SPEC = TrainSpec(steps=1500, lr=2e-3, warmup=100)
+ABILITY_SPEC = TrainSpec(steps=400, lr=1e-3, warmup=30, freeze=FREEZE_IO, answer_only=True)
+CONTROL_SPEC = TrainSpec(steps=400, lr=1e-3, warmup=30, freeze=FREEZE_IO)
+LANGUAGE_SPEC = TrainSpec(steps=200, lr=5e-4, warmup=30, freeze=FREEZE_IO)
 
 
 @dataclass(frozen=True)

@@ -295,6 +295,24 @@ def markdown_table(table: dict[str, dict[str, tuple[float, float]]], chance: tup
     return "\n".join(lines)
 
 
+def diagnostics(seeds: list[dict[str, Any]]) -> str:
+    """Alignment of θ0 and the size of each fine-tuning delta, per seed."""
+    lines = ["| seed | θ0 hidden cosine, parallel / mismatched S-T sentences, per layer "
+             "(0 = embeddings) | centred parallel | S-T word embedding cosine, same / other "
+             "concept | ‖θ−θ0‖/‖θ0‖ on the layers: θA, θS, θL |", "|---|---|---|---|---|"]
+    for s in seeds:
+        a = s["alignment_theta0"]
+        w = s["alignment_words_theta0"]
+        d = s["delta_norm"]
+        pairs = ", ".join(f"{p:.2f}/{m:.2f}" for p, m in zip(a["parallel"], a["mismatched"],
+                                                             strict=True))
+        lines.append(f"| {s['seed']} | {pairs} | "
+                     f"{', '.join(f'{c:.2f}' for c in a['centred_parallel'])} | "
+                     f"{w['same_concept']:.2f} / {w['other_concept']:.2f} | "
+                     f"{d['thetaA']:.3f}, {d['thetaS']:.3f}, {d['thetaL']:.3f} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -328,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     (out_dir / "results.json").write_text(json.dumps(
         {"config": repr(cfg), "seconds": elapsed, "chance": chance, "seeds": seeds,
          "table": table}, indent=1, default=str))
-    md = markdown_table(table, chance, seeds)
+    md = markdown_table(table, chance, seeds) + "\n\n" + diagnostics(seeds)
     (out_dir / "table.md").write_text(md + "\n")
     print(md)
     plots = args.plots if args.plots is not None else (
