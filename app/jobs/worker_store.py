@@ -108,7 +108,12 @@ class WorkerJobStore:
         return cast(bytes | None, self.r.hget(job_key(job_id), "cancel_requested")) == b"true"
 
     def heartbeat(self, worker: str) -> None:
-        self.r.zadd(WORKERS_KEY, {worker: time.time()})
+        now = time.time()
+        pipe = self.r.pipeline(transaction=False)
+        pipe.zadd(WORKERS_KEY, {worker: now})
+        # Workers killed without a clean shutdown never remove themselves.
+        pipe.zremrangebyscore(WORKERS_KEY, "-inf", now - 86400)
+        pipe.execute()
 
     def forget_worker(self, worker: str) -> None:
         self.r.zrem(WORKERS_KEY, worker)
