@@ -29,7 +29,8 @@ class Condition(BaseModel):
     value: Scalar | list[float]
 
 
-ParamValue = Scalar | list[float] | list[Condition]
+# list[str] carries regex lists (MAEC's include/exclude); methods reject it by type.
+ParamValue = Scalar | list[float] | list[Condition] | list[str]
 DType = Literal["float32", "float16", "bfloat16"]
 
 
