@@ -9,7 +9,9 @@ Every test ends with :func:`helpers.audit`, which feeds the lost/duplicate count
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
 import signal
 import time
 from collections.abc import Iterator
@@ -17,12 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 
 from app.queue import Enqueuer
 from tests.reliability import helpers as h
 from tests.reliability import results
-from tests.stack import S3Server, Stack, stack_context, wait_for
+from tests.stack import Proc, S3Server, Stack, stack_context, wait_for
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration, pytest.mark.slow]
 
@@ -216,6 +219,21 @@ def test_worker_killed_repeatedly_fails_worker_lost(stack: Stack, s3_server: S3S
     _finish(stack, s3_server, [job["id"]])
 
 
+@contextlib.contextmanager
+def only_worker(stack: Stack, env: dict[str, str]) -> Iterator[Proc]:
+    """Replace the stack's workers by one configured with ``env``; restore two after."""
+    for i, w in enumerate(stack.workers):
+        if w.alive():
+            stack.stop_worker(i)
+    special = stack.start_worker(env)
+    try:
+        yield special
+    finally:
+        special.stop()
+        for _ in range(2):
+            stack.start_worker()
+
+
 def test_time_limit_fails_with_code(stack: Stack, s3_server: S3Server,
                                     big: dict[str, Path]) -> None:
     """A task past its soft time limit fails with time_limit, once; no requeue loop.
@@ -223,20 +241,12 @@ def test_time_limit_fails_with_code(stack: Stack, s3_server: S3Server,
     The worker's child is paused (SIGSTOP) mid-combine past the limit, which is exactly
     what a merge that runs too long looks like to Celery's timer.
     """
-    for i in range(len(stack.workers)):
-        stack.stop_worker(i)
     limit = 12
-    special = stack.start_worker({"MAEC_TASK_TIME_LIMIT": str(limit),
-                                  "MAEC_LEASE_SECONDS": "60"})
-    try:
+    with only_worker(stack, {"MAEC_TASK_TIME_LIMIT": str(limit), "MAEC_LEASE_SECONDS": "60"}):
         job = stack.submit(slow_job(big, "time-limit"))
         rec = h.wait_record(stack, job["id"], h.combining, 60, "combine stage")
         pid = h.kill_child(stack, rec, signal.SIGSTOP)
-        started = h.record(stack, job["id"])["started_at"]
-        assert started
         time.sleep(limit - 5 + 1)  # past the soft limit (limit - 5 s), before the hard one
-        import os
-
         os.kill(pid, signal.SIGCONT)
         done = stack.wait(job["id"], timeout=60)
         assert done["status"] == "failed"
@@ -246,8 +256,24 @@ def test_time_limit_fails_with_code(stack: Stack, s3_server: S3Server,
         assert h.record(stack, job["id"])["attempts"] == 1
         assert h.job_keys(s3_server, job["id"]) == []
         _finish(stack, s3_server, [job["id"]])
-    finally:
-        special.stop()
-        stack.workers.remove(special)
-        for _ in range(2):
-            stack.start_worker()
+
+
+def test_hard_time_limit_is_bounded(stack: Stack, s3_server: S3Server,
+                                    big: dict[str, Path]) -> None:
+    """A merge that ignores the soft limit (stuck in native code: here, paused for good)
+    is killed by Celery at the hard limit; the job fails with time_limit after that one
+    attempt and is never requeued."""
+    limit = 10
+    with only_worker(stack, {"MAEC_TASK_TIME_LIMIT": str(limit)}):
+        job = stack.submit(slow_job(big, "hard-time-limit"))
+        rec = h.wait_record(stack, job["id"], h.combining, 60, "combine stage")
+        pid = h.kill_child(stack, rec, signal.SIGSTOP)  # never resumed
+        done = stack.wait(job["id"], timeout=90)
+        assert done["status"] == "failed"
+        assert done["error"]["code"] == "time_limit", done["error"]
+        assert done["attempts"] == 1
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
+        time.sleep(LEASE_S + 3)  # a lease's worth and more: no second attempt starts
+        assert h.record(stack, job["id"])["attempts"] == 1
+        assert h.job_keys(s3_server, job["id"]) == []
+        _finish(stack, s3_server, [job["id"]])
