@@ -119,7 +119,12 @@ def test_redis_killed_and_restarted(stack: Stack, s3_server: S3Server,
     # may be lost by design; the submissions above are older than that.
     time.sleep(1.2)
     stack.redis.kill()
-    time.sleep(2)
+    t_down = time.monotonic()
+    with stack.client() as c:  # the API keeps answering, with a retryable 503
+        resp = c.get(f"/v1/jobs/{running['id']}", timeout=15)
+    assert resp.status_code == 503, resp.text
+    assert resp.json()["code"] == "unavailable" and int(resp.headers["retry-after"]) >= 1
+    time.sleep(max(0.0, 2 - (time.monotonic() - t_down)))
     stack.redis.start()
     ids = [running["id"], *queued]
     recs = h.wait_all(stack, ids, 240)
