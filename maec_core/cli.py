@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import click
 from tqdm import tqdm
@@ -29,6 +31,24 @@ class _Bar:
             bar.close()
 
 
+T = TypeVar("T")
+
+
+def _run(no_progress: bool, job: Callable[[_Bar | None], T]) -> T:
+    """Run ``job`` with a progress bar (unless disabled); a MaecError exits 2 with its code."""
+    bar = None if no_progress else _Bar()
+    try:
+        return job(bar)
+    except MaecError as exc:
+        error = exc
+    finally:
+        # Bars closed first, so the error line is not drawn over.
+        if bar:
+            bar.close()
+    click.echo(f"error: {error}", err=True)
+    sys.exit(2)
+
+
 @click.group()
 @click.version_option(package_name="maec-service")
 def main() -> None:
@@ -46,16 +66,8 @@ def merge(recipe: Path, out_dir: Path, device: str | None, overwrite: bool,
     """Merge the checkpoints named in RECIPE (mergekit YAML shape) into OUT_DIR."""
     from maec_core.engine import run_recipe
 
-    bar = None if no_progress else _Bar()
-    try:
-        result = run_recipe(recipe, out_dir, progress=bar, device=device, overwrite=overwrite)
-    except MaecError as exc:
-        if bar:
-            bar.close()
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
-    if bar:
-        bar.close()
+    result = _run(no_progress, lambda bar: run_recipe(
+        recipe, out_dir, progress=bar, device=device, overwrite=overwrite))
     click.echo(f"wrote {out_dir} ({result.tensors} tensors, {result.seconds:.1f} s)")
 
 
@@ -72,17 +84,8 @@ def extract(recipe: Path, artifact_dir: Path, ability: int, device: str | None,
     """MAEC stage 1: extract one ability of RECIPE into the artifact folder ARTIFACT_DIR."""
     from maec_core.maec.pipeline import extract as run_extract
 
-    bar = None if no_progress else _Bar()
-    try:
-        result = run_extract(recipe, ability, artifact_dir, progress=bar, device=device,
-                             overwrite=overwrite)
-    except MaecError as exc:
-        if bar:
-            bar.close()
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
-    if bar:
-        bar.close()
+    result = _run(no_progress, lambda bar: run_extract(
+        recipe, ability, artifact_dir, progress=bar, device=device, overwrite=overwrite))
     totals = result.metadata["totals"]
     click.echo(f"wrote {artifact_dir} (key {result.key}, {totals['kept']} key neurons in "
                f"{totals['tensors']} tensors, {result.seconds:.1f} s)")
@@ -106,17 +109,8 @@ def combine(recipe: Path, paths: tuple[Path, ...], device: str | None, overwrite
     if len(paths) < 2:
         raise click.UsageError("give at least one ARTIFACT_DIR and then OUT_DIR")
     *artifacts, out_dir = paths
-    bar = None if no_progress else _Bar()
-    try:
-        result = run_combine(recipe, artifacts, out_dir, progress=bar, device=device,
-                             overwrite=overwrite)
-    except MaecError as exc:
-        if bar:
-            bar.close()
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
-    if bar:
-        bar.close()
+    result = _run(no_progress, lambda bar: run_combine(
+        recipe, artifacts, out_dir, progress=bar, device=device, overwrite=overwrite))
     report = result.report or {}
     kept = ", ".join(f"{a['name']}: {a['tensors_kept']}/{a['tensors_carrying']} tensors"
                      for a in report.get("abilities", []))
