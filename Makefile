@@ -41,3 +41,14 @@ test-faults: setup
 SOAK_ARGS ?=
 soak: setup
 	$(PY) -m bench.soak $(SOAK_ARGS)
+
+# The transfer experiment (issue 6): data, training (cached under experiments/transfer/cache),
+# merges through our engine, sweep, docs/experiments.md figures.
+experiment: setup
+	$(PY) -m experiments.transfer.run --full
+
+# One seed, small budget; the test asserts the stable facts, the second line prints the
+# RESULT line from the cache the test just filled.
+experiment-smoke: setup
+	$(VENV)/bin/pytest -q -m experiment tests/experiment
+	$(PY) -m experiments.transfer.run --smoke
