@@ -13,7 +13,7 @@ import statistics
 import subprocess
 import sys
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,6 +59,23 @@ def measure(cmd: Sequence[str], env: dict[str, str] | None = None) -> Measured:
 
 def median(xs: Sequence[float]) -> float:
     return statistics.median(xs)
+
+
+def interleaved(names: Sequence[str], runs: int,
+                run: Callable[[str], Measured]) -> dict[str, list[Measured]]:
+    """``runs`` rounds of every command, the order rotated each round, so drift in the
+    machine's load (or page cache) does not favour whichever command goes first."""
+    results: dict[str, list[Measured]] = {k: [] for k in names}
+    order = list(names)
+    width = max(len(k) for k in order)
+    for i in range(runs):
+        shift = i % len(order)
+        for name in order[shift:] + order[:shift]:
+            m = run(name)
+            results[name].append(m)
+            print(f"run {i + 1} {name:{width}s}   wall {m.wall:6.2f} s  "
+                  f"rss {m.rss / 1e9:5.2f} GB", flush=True)
+    return results
 
 
 @dataclass(frozen=True)

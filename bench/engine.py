@@ -28,6 +28,7 @@ from bench.common import (
     Measured,
     build_family,
     folder_bytes,
+    interleaved,
     io_floor_cmd,
     measure,
     median,
@@ -107,14 +108,7 @@ def main() -> None:
     print(f"warm-up maec       wall {cold.wall:6.2f} s  rss {cold.rss / 1e9:5.2f} GB "
           "(includes first-time input hashing)", flush=True)
 
-    results: dict[str, list[Measured]] = {k: [] for k in commands}
-    order = list(commands)
-    for i in range(args.runs):
-        for name in order[i % 3:] + order[:i % 3]:
-            m = run(name)
-            results[name].append(m)
-            print(f"run {i + 1} {name:9s}   wall {m.wall:6.2f} s  rss {m.rss / 1e9:5.2f} GB",
-                  flush=True)
+    results = interleaved(list(commands), args.runs, run)
 
     med = {k: (median([m.wall for m in v]), median([m.rss for m in v]))
            for k, v in results.items()}

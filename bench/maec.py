@@ -33,7 +33,16 @@ from typing import Any
 
 import yaml
 
-from bench.common import CACHE, ROOT, LlamaShape, Measured, folder_bytes, measure, median
+from bench.common import (
+    CACHE,
+    ROOT,
+    LlamaShape,
+    Measured,
+    folder_bytes,
+    interleaved,
+    measure,
+    median,
+)
 from bench.engine import FULL, SMALL, ensure_models
 
 WORK = CACHE / "maec-work"
@@ -215,14 +224,7 @@ def main() -> None:
           f"{art_bytes / (2 * included):.4f} of the included tensors' bytes "
           f"(key_ratio {KEY_RATIO})", flush=True)
 
-    results: dict[str, list[Measured]] = {k: [] for k in commands}
-    order = list(commands)
-    for i in range(args.runs):
-        for name in order[i % 3:] + order[:i % 3]:
-            m = run(name)
-            results[name].append(m)
-            print(f"run {i + 1} {name:8s}   wall {m.wall:6.2f} s  rss {m.rss / 1e9:5.2f} GB",
-                  flush=True)
+    results = interleaved(list(commands), args.runs, run)
     wall = {k: median([m.wall for m in v]) for k, v in results.items()}
     rss = {k: median([m.rss for m in v]) for k, v in results.items()}
     for k in commands:
