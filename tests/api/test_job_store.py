@@ -102,10 +102,13 @@ def test_concurrent_reads_share_a_round_trip_and_stay_correct(api: Api) -> None:
     async def main() -> tuple[list[dict[bytes, bytes]], int, Exception | None]:
         client = aioredis.Redis.from_url(api.settings.redis_url)
         reader = HashReader(client)
-        before = api.r.info("commandstats")["cmdstat_hgetall"]["calls"]
+        def hgetalls() -> int:  # absent until the server's first HGETALL
+            return int(api.r.info("commandstats").get("cmdstat_hgetall", {}).get("calls", 0))
+
+        before = hgetalls()
         keys = [f"maec:job:{i}" for i in ids * 20] + ["maec:job:j_missing"]
         got = await asyncio.gather(*(reader.hgetall(k) for k in keys))
-        calls = api.r.info("commandstats")["cmdstat_hgetall"]["calls"] - before
+        calls = hgetalls() - before
         broken = HashReader(aioredis.Redis(port=1))
         try:
             await broken.hgetall("x")
@@ -121,6 +124,56 @@ def test_concurrent_reads_share_a_round_trip_and_stay_correct(api: Api) -> None:
     assert got[-1] == {}
     assert calls == 4, "61 concurrent reads of 4 distinct jobs: 4 HGETALLs, one pipeline"
     assert error is not None
+
+
+def test_reads_arriving_during_a_round_trip_share_the_next_one(api: Api) -> None:
+    """One batch in flight at a time: everything that arrives meanwhile goes out in the
+    following batch, across event-loop ticks; an error reaches only its own batch."""
+    import asyncio
+
+    import redis.asyncio as aioredis
+
+    from app.jobs.batching import HashReader
+
+    jid = _job(api)
+
+    class Gated:
+        """The real client, with each round trip held until the test releases it."""
+
+        def __init__(self, real: aioredis.Redis) -> None:
+            self.real, self.trips, self.fail_next = real, 0, False
+            self.gate = asyncio.Event()
+
+        async def hgetall(self, key: str) -> dict[bytes, bytes]:
+            self.trips += 1
+            await self.gate.wait()
+            if self.fail_next:
+                self.fail_next = False
+                raise ConnectionError("injected")
+            return await self.real.hgetall(key)  # type: ignore[no-any-return, misc]
+
+    async def main() -> tuple[int, list[object]]:
+        real = aioredis.Redis.from_url(api.settings.redis_url)
+        client = Gated(real)
+        reader = HashReader(client)  # type: ignore[arg-type]
+        client.fail_next = True
+        first = asyncio.ensure_future(reader.hgetall(f"maec:job:{jid}"))
+        while client.trips == 0:
+            await asyncio.sleep(0)
+        later = []
+        for _ in range(20):  # twenty separate ticks while the first trip is out
+            later.append(asyncio.ensure_future(reader.hgetall(f"maec:job:{jid}")))
+            await asyncio.sleep(0)
+        client.gate.set()
+        got = await asyncio.gather(first, *later, return_exceptions=True)
+        await real.aclose()
+        return client.trips, got
+
+    trips, got = asyncio.run(main())
+    assert trips == 2, "the 20 later reads went out together, in one round trip"
+    assert isinstance(got[0], ConnectionError)
+    for raw in got[1:]:
+        assert isinstance(raw, dict) and raw[b"id"] == f'"{jid}"'.encode()
 
 
 def test_an_attempt_killed_at_the_hard_time_limit_is_not_rerun(api: Api) -> None:
