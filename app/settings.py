@@ -82,6 +82,10 @@ class Settings(BaseSettings):
     max_models_per_job: int = Field(default=20, ge=2)
     max_corpus_bytes: int = Field(default=100 * 10**6, ge=1)
     worker_heartbeat_seconds: float = Field(default=5.0, gt=0)
+    # The API process's cyclic-GC young-generation threshold (0: Python's default, 700).
+    # Many requests parked on Redis at once keep the default firing thousands of times
+    # a second; see app/api/gc_tuning.py.
+    api_gc_threshold: int = Field(default=20_000, ge=0)
 
     @field_validator("api_keys")
     @classmethod

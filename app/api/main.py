@@ -13,6 +13,7 @@ from fastapi.openapi.utils import get_openapi
 
 from app.api import errors
 from app.api.deps import Services
+from app.api.gc_tuning import tune_gc
 from app.api.limits import RateLimiter
 from app.api.routes import files, health, jobs
 from app.jobs.api_store import ApiJobStore
@@ -113,6 +114,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             settings, store, storage, enqueuer, settings.key_lookup,
             RateLimiter(settings.rate_limit_per_minute, settings.rate_limit_burst),
         )
+        tune_gc(settings.api_gc_threshold)
         try:
             yield
         finally:

@@ -62,6 +62,9 @@ def make_settings(root: Path, redis_url: str, models: TinyModels, **kw: object) 
         redis_url=redis_url, storage_dir=root / "storage", work_dir=root / "work",
         local_roots=[models.root, root / "extra"], lease_seconds=5,
         max_active_jobs_per_key=50, progress_interval=0.0, device="cpu",
+        # The app runs inside pytest here: leave the test process's collector alone
+        # (test_gc_tuning turns it on and restores it).
+        api_gc_threshold=0,
     )
     values.update(kw)
     return Settings.model_validate(values)
