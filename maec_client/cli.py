@@ -14,7 +14,7 @@ Exit codes (stable; scripts branch on them):
     5  network, server (5xx, 429 after retries) or local I/O error
     6  checksum mismatch on download (nothing is left at DIR)
     7  job cancelled, or --timeout reached while waiting
-    8  conflict: cancel of a job that already finished (409)
+    8  conflict: cancel of a job that already succeeded or failed (409)
   130  interrupted (Ctrl-C); a download resumes on the next run
 """
 

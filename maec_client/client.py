@@ -207,7 +207,8 @@ class Client:
         return list(self.iter_jobs(status=status, limit=limit))
 
     def cancel(self, job: Job | str) -> Job:
-        """Ask a job to stop; Conflict (``job_finished``) if it already ended."""
+        """Ask a job to stop (safe to retry); Conflict (``job_finished``) if it already
+        succeeded or failed."""
         path = f"/v1/jobs/{quote(job_id_of(job), safe='')}/cancel"
         return parse_job(self.request("POST", path))
 

@@ -155,14 +155,20 @@ def test_list_is_newest_first_with_cursor_and_status_filter(api: Api) -> None:
         assert r.status_code == 422 and r.json()["code"] == "invalid_request", bad
 
 
-def test_cancel_queued_job_then_409(api: Api) -> None:
+def test_cancel_queued_job_is_idempotent_and_a_finished_job_is_409(api: Api) -> None:
     jid = api.submit()["id"]
     r = api.client.post(f"/v1/jobs/{jid}/cancel", headers=api.auth())
     assert r.status_code == 202
     assert r.json()["status"] == "cancelled" and r.json()["cancel_requested"] is True
     assert r.json()["finished_at"]
     again = api.client.post(f"/v1/jobs/{jid}/cancel", headers=api.auth())
-    assert again.status_code == 409 and again.json()["code"] == "job_finished"
+    assert again.status_code == 202 and again.json() == r.json(), "a retried cancel"
+    done = api.submit()["id"]
+    api.worker_store().claim(done, worker="w", lease_s=30, max_attempts=3)
+    api.worker_store().transition(done, allowed=("running",), to="succeeded", attempt=1)
+    finished = api.client.post(f"/v1/jobs/{done}/cancel", headers=api.auth())
+    assert finished.status_code == 409 and finished.json()["code"] == "job_finished"
+    assert finished.json()["details"]["status"] == "succeeded"
     missing = api.client.post("/v1/jobs/j_0123/cancel", headers=api.auth())
     assert missing.status_code == 404 and missing.json()["code"] == "job_not_found"
 

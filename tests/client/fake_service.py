@@ -141,6 +141,8 @@ class FakeService:
         if job is None:
             return err(404, "job_not_found", job_id=m.group(1))
         if m.group(2) == "/cancel" and request.method == "POST":
+            if job["status"] == "cancelled":  # idempotent, as the service answers
+                return httpx.Response(202, json=job)
             if job["status"] in TERMINAL:
                 return err(409, "job_finished", job_status=job["status"])
             job["cancel_requested"] = True

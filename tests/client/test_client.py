@@ -178,8 +178,10 @@ def test_cancel_queued_and_conflict_when_finished(client, fake):
     job = fake.add_job()
     got = client.cancel(job["id"])
     assert got.status == "cancelled" and got.cancel_requested
+    assert client.cancel(got).status == "cancelled", "a retried cancel is answered again"
+    done = fake.add_job(status="succeeded")
     with pytest.raises(Conflict) as info:
-        client.cancel(got)
+        client.cancel(done["id"])
     assert info.value.code == "job_finished" and info.value.status == 409
 
 

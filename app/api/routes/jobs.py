@@ -113,7 +113,10 @@ async def list_jobs(
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=JobOut)
 async def cancel_job(job_id: str, auth: Auth) -> JSONResponse:
-    """Queued jobs end at once; running ones stop at their next tensor and clean up."""
+    """Queued jobs end at once; running ones stop at their next tensor and clean up.
+
+    Idempotent: cancelling a cancelled job answers as the first cancel did, so a client
+    whose first response was lost can retry. A job that succeeded or failed is a 409."""
     owner, svc = auth.owner, auth.svc
     if await svc.store.get(job_id, owner) is None:
         raise not_found(job_id)
@@ -123,7 +126,7 @@ async def cancel_job(job_id: str, auth: Auth) -> JSONResponse:
     rec = await svc.store.get(job_id, owner)
     if rec is None:
         raise not_found(job_id)
-    if outcome == "finished":
+    if outcome == "finished" and rec.status != "cancelled":
         raise ApiError(409, "job_finished", f"job {job_id} already ended ({rec.status})",
                        status=rec.status)
     return _job(rec, 202)
