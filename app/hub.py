@@ -11,7 +11,11 @@ Sub-folders, pickles, code and any other file are never fetched.
   *sparse* stand-in of the file's full size, as ``app.sources`` does for S3, so
   ``maec_core``'s own validation runs unchanged while no tensor byte is transferred.
   A pickle is listed as an empty stand-in (refused by name when it is the only weights).
-- ``hub_fetch`` (the worker): ``snapshot_download`` of exactly those files into a folder.
+- ``hub_files`` + ``hub_download`` (the worker, through ``worker.inputs.InputCache``): the
+  same listing gives each file's size and content identity (``HubFile.content_id``: the
+  LFS sha256, else the git blob id); ``hub_download`` streams one whole file at the
+  pinned commit and checks its size and that digest, so a truncated or corrupt transfer
+  is a ``StorageError`` and never becomes a cache entry.
 
 An unknown repository or revision (a private or gated repo this service has no token
 for looks the same) is ``source_not_found``; any other hub failure (unreachable, 5xx, a
@@ -28,13 +32,18 @@ or a stray JSON file), unknown revisions and repos are ``source_not_found``, arc
 mismatches and hostile repos get the same codes as local paths, a private repo needs the
 token and the token never reaches the CDN, a hub ignoring ``Range`` is refused cleanly,
 the worker fetch takes exactly the checkpoint files, byte-identical, at the pinned commit,
+once (a second fetch, or the same weights in another repo, comes from the cache), a
+corrupt, short or dropped download is ``storage_unavailable`` and leaves no cache entry,
 and a job with hub sources runs to ``succeeded`` with the same weights as from local paths.
 """
 
 from __future__ import annotations
 
-import glob
+import contextlib
+import hashlib
 import struct
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -58,9 +67,25 @@ SNIFF_BYTES = 64
 # X-Error-Code values of the Hub that mean "not there (for us)".
 _NOT_FOUND_CODES = ("RepoNotFound", "RevisionNotFound", "EntryNotFound")
 _TIMEOUT = 30.0
+_CHUNK = 1 << 20
 
 
-def wanted_files(listing: dict[str, int]) -> list[str]:
+@dataclass(frozen=True)
+class HubFile:
+    """One file of a repo at the pinned commit, as the hub's listing describes it."""
+
+    name: str
+    size: int
+    blob_id: str  # git blob sha1 (of the LFS pointer, for an LFS file)
+    sha256: str | None  # LFS files only: of the content itself
+
+    @property
+    def content_id(self) -> str:
+        """What names these exact bytes on any repo: the LFS sha256, else the git blob id."""
+        return f"sha256:{self.sha256}" if self.sha256 else f"git-blob:{self.blob_id}"
+
+
+def wanted_files(listing: Iterable[str]) -> list[str]:
     """The files of a repo's top level that make up a checkpoint folder."""
     return sorted(n for n in listing if "/" not in n
                   and (n.endswith(".safetensors") or n in SMALL_FILES))
@@ -102,14 +127,15 @@ def _client_errors() -> tuple[type[Exception], ...]:
     return tuple(errors)
 
 
-def _listing(source: Source) -> dict[str, int]:
-    """``{name: size}`` of the files at the top level of the repo at the pinned commit."""
+def _listing(source: Source) -> dict[str, HubFile]:
+    """The files at the top level of the repo at the pinned commit, by name."""
     from huggingface_hub import HfApi
     from huggingface_hub.hf_api import RepoFile
 
     try:
-        return {e.path: int(e.size) for e in HfApi().list_repo_tree(
-            source.repo, revision=source.revision) if isinstance(e, RepoFile)}
+        return {e.path: HubFile(e.path, int(e.size), e.blob_id, e.lfs.sha256 if e.lfs else None)
+                for e in HfApi().list_repo_tree(source.repo, revision=source.revision)
+                if isinstance(e, RepoFile)}
     except _client_errors() as exc:  # HfHubHTTPError and friends are OSErrors
         raise _hub_error(source, exc) from None
 
@@ -130,25 +156,33 @@ class _Reader:
     def close(self) -> None:
         self.http.close()
 
-    def get(self, name: str, first: int | None = None, last: int | None = None,
-            *, cap: int) -> bytes:
-        """Bytes ``first..last`` (inclusive) of ``name``, or the whole file (at most ``cap``)."""
+    @contextlib.contextmanager
+    def _stream(self, name: str, headers: dict[str, str]) -> Iterator[Iterator[bytes]]:
+        """The body of a GET of ``name`` (ranged when ``headers`` has a Range), as chunks;
+        transport failures, here or while the caller reads, are ``StorageError``s."""
         url = self._url(self.source.repo, name, revision=self.source.revision)
-        want = None if first is None or last is None else last - first + 1
-        headers = {} if want is None else {"Range": f"bytes={first}-{last}"}
-        data = bytearray()
+        ranged = "Range" in headers
         try:
             with self.http.stream("GET", url, headers=headers) as r:
-                if r.status_code != (200 if want is None else 206):
-                    raise self._status_error(name, r, want is not None)
-                for chunk in r.iter_bytes():
-                    data += chunk
-                    if len(data) > cap:
-                        break
+                if r.status_code != (206 if ranged else 200):
+                    raise self._status_error(name, r, ranged)
+                yield r.iter_bytes(_CHUNK)
         except httpx.HTTPError as exc:
             raise StorageError(f"{self.source.uri}: the hub could not be read "
                                f"({type(exc).__name__}: {exc})", source=self.source.uri,
                                file=name) from None
+
+    def get(self, name: str, first: int | None = None, last: int | None = None,
+            *, cap: int) -> bytes:
+        """Bytes ``first..last`` (inclusive) of ``name``, or the whole file (at most ``cap``)."""
+        want = None if first is None or last is None else last - first + 1
+        headers = {} if want is None else {"Range": f"bytes={first}-{last}"}
+        data = bytearray()
+        with self._stream(name, headers) as chunks:
+            for chunk in chunks:
+                data += chunk
+                if len(data) > cap:
+                    break
         if len(data) > cap:
             raise CorruptCheckpoint(f"{name} is more than {cap} bytes", file=name)
         if want is not None and len(data) != want:
@@ -184,6 +218,32 @@ class _Reader:
             f.write(head)
             f.truncate(size)
 
+    def download(self, file: HubFile, dest: Path) -> None:
+        """``dest``: the whole of ``file``, checked against the listing while it streams."""
+        # Git names a blob by the sha1 of "blob <size>\0" + its bytes; an LFS file's blob
+        # is only its pointer, so its content is checked against the LFS sha256 instead.
+        digest = (hashlib.sha256() if file.sha256
+                  else hashlib.sha1(b"blob %d\x00" % file.size, usedforsecurity=False))
+        want = file.sha256 or file.blob_id
+        got = 0
+        with self._stream(file.name, {}) as chunks, open(dest, "wb") as out:
+            for chunk in chunks:
+                got += len(chunk)
+                if got > file.size:
+                    break  # no point reading (or storing) more of a wrong file
+                digest.update(chunk)
+                out.write(chunk)
+        if got != file.size:
+            sent = f"more than {file.size}" if got > file.size else str(got)
+            raise StorageError(f"{self.source.uri}: the hub sent {sent} bytes of {file.name}, "
+                               f"which is {file.size} bytes at this commit",
+                               source=self.source.uri, file=file.name)
+        if digest.hexdigest() != want:
+            what = "sha256" if file.sha256 else "git blob id"
+            raise StorageError(f"{self.source.uri}: the bytes the hub sent for {file.name} do "
+                               f"not match its {what} at this commit",
+                               source=self.source.uri, file=file.name)
+
 
 def hub_view(source: Source, into: Path) -> Path:
     """Configs plus sparse header copies of every shard (ranged GETs, no weights)."""
@@ -196,7 +256,7 @@ def hub_view(source: Source, into: Path) -> Path:
     reader = _Reader(source)
     try:
         for name in wanted_files(listing):
-            size, dest = listing[name], folder / name
+            size, dest = listing[name].size, folder / name
             if name.endswith(".safetensors"):
                 reader.sparse(name, size, dest)
             elif name in WHOLE_FILES:
@@ -210,21 +270,20 @@ def hub_view(source: Source, into: Path) -> Path:
     return folder
 
 
-def hub_fetch(source: Source, dest: Path) -> Path:
-    """Download the checkpoint files of the pinned commit into ``dest``."""
-    from huggingface_hub import snapshot_download
-
-    wanted = wanted_files(_listing(source))
-    if not any(n.endswith(".safetensors") for n in wanted):
+def hub_files(source: Source) -> list[HubFile]:
+    """The checkpoint files of the pinned commit (``wanted_files``), with their identities."""
+    listing = _listing(source)
+    wanted = [listing[n] for n in wanted_files(listing)]
+    if not any(f.name.endswith(".safetensors") for f in wanted):
         raise SourceNotFound(f"{source.uri}: no safetensors weights at this commit",
                              source=source.uri)
+    return wanted
+
+
+def hub_download(source: Source, file: HubFile, dest: Path) -> None:
+    """Write ``file`` of the pinned commit to ``dest``, verified (size and digest)."""
+    reader = _Reader(source)
     try:
-        snapshot_download(source.repo, revision=source.revision, local_dir=dest,
-                          allow_patterns=[glob.escape(n) for n in wanted])
-    except _client_errors() as exc:
-        raise _hub_error(source, exc) from None
-    missing = [n for n in wanted if not (dest / n).is_file()]
-    if missing:
-        raise StorageError(f"{source.uri}: the hub download left out {', '.join(missing)}",
-                           source=source.uri)
-    return dest
+        reader.download(file, dest)
+    finally:
+        reader.close()

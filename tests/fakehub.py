@@ -23,6 +23,12 @@ an unknown repo (or a private one without its token) is ``RepoNotFound`` (401 wi
 token, 404 with one), an unknown revision ``RevisionNotFound`` (404), a missing file
 ``EntryNotFound`` (404). Only the fixed commit sha of each repo (and ``main``) resolve.
 
+Two switches make a bad transfer: ``tampered[(repo, file)]`` serves other bytes (short,
+or of the right length but wrong) in place of a file's content while the listing and the
+resolve headers still describe the real file, as a corrupt mirror or CDN object would;
+``drop_after = n`` announces a file download's full ``Content-Length`` and then closes the
+connection after ``n`` body bytes. Range answers are cut from the served bytes as well.
+
 Every request is recorded as a :class:`HubRequest` (origin, method, path, repo file,
 ``Range`` header, whether it carried ``Authorization``, body bytes sent) so tests can
 assert exactly what a client fetched. :func:`use_fake_hub` points ``huggingface_hub`` at
@@ -92,6 +98,10 @@ class FakeHub:
         self.repos: dict[str, FakeRepo] = {}
         self.requests: list[HubRequest] = []
         self.ignore_range = False  # answer 200 with the whole file to a Range request
+        # (repo, file) -> bytes served in place of the file's content (listing unchanged).
+        self.tampered: dict[tuple[str, str], bytes] = {}
+        # Close the connection after this many body bytes of a file (GET resolve or blob).
+        self.drop_after: int | None = None
         self._lock = threading.Lock()
         self._servers: list[ThreadingHTTPServer] = []
         self._threads: list[threading.Thread] = []
@@ -121,6 +131,21 @@ class FakeHub:
     def clear(self) -> None:
         with self._lock:
             self.requests.clear()
+
+    def downloads(self, repo: str | None = None) -> dict[str, int]:
+        """How many times each repo file's content was served whole (a 200 to a GET on a
+        resolve URL or a CDN blob, not a redirect or a range)."""
+        counts: dict[str, int] = {}
+        for r in self.log():
+            if (r.file is not None and r.method == "GET" and r.status == 200
+                    and (repo is None or r.repo == repo)):
+                counts[r.file] = counts.get(r.file, 0) + 1
+        return counts
+
+    def content(self, repo: FakeRepo, name: str) -> bytes:
+        """The bytes served for ``name``: the file's, unless tampered with."""
+        with self._lock:
+            return self.tampered.get((repo.repo_id, name), repo.files[name])
 
     def files_fetched(self, repo: str | None = None) -> set[str]:
         """Repo files whose bytes were requested (GET on a resolve URL or a CDN blob)."""
@@ -233,6 +258,9 @@ def _handler(hub: FakeHub, origin: str) -> type[BaseHTTPRequestHandler]:
             for k, v in headers.items():
                 self.send_header(k, v)
             self.end_headers()
+            if (hub.drop_after is not None and answer.file is not None
+                    and answer.status in (200, 206)):
+                body = body[:hub.drop_after]  # then the connection closes (HTTP/1.0)
             sent = 0
             with contextlib.suppress(OSError):  # the client may stop reading early
                 self.wfile.write(body)
@@ -250,7 +278,7 @@ def _handler(hub: FakeHub, origin: str) -> type[BaseHTTPRequestHandler]:
                     or repo.sha256(name) != m.group(1)):
                 return _Answer(404, {"Content-Type": "text/plain"}, b"NoSuchKey")
             status, headers, body = _ranged(
-                repo.files[name], rng, hub.ignore_range,
+                hub.content(repo, name), rng, hub.ignore_range,
                 {"ETag": f'"{m.group(1)}"', "Content-Type": "application/octet-stream",
                  "Content-Disposition": f'inline; filename="{name.rsplit("/", 1)[-1]}";'})
             return _Answer(status, headers, body, repo.repo_id, name)
@@ -333,7 +361,7 @@ def _handler(hub: FakeHub, origin: str) -> type[BaseHTTPRequestHandler]:
                                      "X-Linked-Etag": f'"{sha256}"',
                                      "X-Linked-Size": str(len(data))},
                                b"", repo.repo_id, name)
-            status, headers, body = _ranged(data, rng, hub.ignore_range,
+            status, headers, body = _ranged(hub.content(repo, name), rng, hub.ignore_range,
                                             {**common, "Content-Type": "text/plain"})
             return _Answer(status, headers, body, repo.repo_id, name)
 
