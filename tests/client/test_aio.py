@@ -32,8 +32,9 @@ def test_async_round_trip(fake, clock, tmp_path):
             assert ids == ["j_0005", "j_0004", "j_0003", "j_0002", "j_0001"]
             assert len(await c.list_jobs(limit=3)) == 3
             assert (await c.cancel(job)).status == "cancelled"
+            assert (await c.cancel(job.id)).status == "cancelled", "a retried cancel"
             with pytest.raises(Conflict):
-                await c.cancel(job.id)
+                await c.cancel(fake.add_job(status="succeeded")["id"])
             with pytest.raises(NotFound):
                 await c.get("j_9999")
             run = fake.add_job(status="running")
