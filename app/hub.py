@@ -41,14 +41,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import struct
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
-from app.sources import SMALL_FILES, Source
+from app.sources import Source, is_checkpoint_file, sparse_header_copy
 from app.storage.base import StorageError
 from maec_core.errors import CorruptCheckpoint, MaecError, SourceNotFound
 from maec_core.io.folder import (
@@ -57,7 +56,6 @@ from maec_core.io.folder import (
     PICKLE_SUFFIXES,
     TOKENIZER_FILES,
 )
-from maec_core.io.headers import MAX_HEADER_BYTES
 
 # Read whole at submission (the plan needs their content); side files are only sniffed.
 WHOLE_FILES = ("config.json", INDEX_FILE)
@@ -87,8 +85,7 @@ class HubFile:
 
 def wanted_files(listing: Iterable[str]) -> list[str]:
     """The files of a repo's top level that make up a checkpoint folder."""
-    return sorted(n for n in listing if "/" not in n
-                  and (n.endswith(".safetensors") or n in SMALL_FILES))
+    return sorted(n for n in listing if is_checkpoint_file(n))
 
 
 def _hub_error(source: Source, exc: Exception) -> MaecError:
@@ -200,16 +197,8 @@ class _Reader:
 
     def sparse(self, name: str, size: int, dest: Path) -> None:
         """``dest``: ``size`` bytes, of which only the safetensors header is real."""
-        if size < 8:
-            raise CorruptCheckpoint(f"{name}: shorter than the 8-byte header length",
-                                    file=name)
-        (n,) = struct.unpack("<Q", self.get(name, 0, 7, cap=8))
-        if n > MAX_HEADER_BYTES or 8 + n > size:
-            raise CorruptCheckpoint(f"{name}: header length {n} is impossible", file=name)
-        header = self.get(name, 8, 8 + n - 1, cap=n) if n else b""
-        with open(dest, "wb") as f:
-            f.write(struct.pack("<Q", n) + header)
-            f.truncate(size)
+        sparse_header_copy(lambda first, last: self.get(name, first, last,
+                                                        cap=last - first + 1), size, dest)
 
     def sniff(self, name: str, size: int, dest: Path) -> None:
         """``dest``: ``size`` bytes, of which only the first ``SNIFF_BYTES`` are real."""

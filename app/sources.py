@@ -15,7 +15,9 @@ from __future__ import annotations
 import re
 import struct
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -45,6 +47,12 @@ _REV = re.compile(r"^[0-9a-f]{40}$")
 # Files a checkpoint folder may contribute (weights, configs, tokenizer); the rest of a
 # prefix or repo is never fetched.
 SMALL_FILES = ("config.json", INDEX_FILE, "generation_config.json", *TOKENIZER_FILES)
+
+
+def is_checkpoint_file(name: str) -> bool:
+    """Whether ``name`` (relative to a prefix or repo) is fetched: top-level weights and
+    ``SMALL_FILES``; sub-folders are not part of a checkpoint."""
+    return "/" not in name and (name.endswith(".safetensors") or name in SMALL_FILES)
 
 
 @dataclass(frozen=True)
@@ -111,15 +119,17 @@ def parse_source(text: str, settings: Settings) -> Source:
     )
 
 
-def _sparse_header_copy(storage: Storage, key: str, size: int, dest: Path) -> None:
-    """Write the safetensors header at ``key`` into a sparse ``size``-byte file."""
+def sparse_header_copy(read_range: Callable[[int, int], bytes], size: int, dest: Path
+                       ) -> None:
+    """Write a ``size``-byte safetensors file's header into a sparse file of that size;
+    ``read_range(first, last)`` reads those bytes (inclusive) of the remote file."""
     if size < 8:
         raise CorruptCheckpoint(f"{dest.name}: shorter than the 8-byte header length",
                                 file=dest.name)
-    (n,) = struct.unpack("<Q", storage.get_range(key, 0, 7))
+    (n,) = struct.unpack("<Q", read_range(0, 7))
     if n > MAX_HEADER_BYTES or 8 + n > size:
         raise CorruptCheckpoint(f"{dest.name}: header length {n} is impossible", file=dest.name)
-    header = storage.get_range(key, 8, 8 + n - 1) if n else b""
+    header = read_range(8, 8 + n - 1) if n else b""
     with open(dest, "wb") as f:
         f.write(struct.pack("<Q", n) + header)
         f.truncate(size)
@@ -138,7 +148,7 @@ def _s3_view(source: Source, storage: Storage, into: Path) -> Path:
             continue  # sub-folders are not part of a checkpoint
         dest = folder / name
         if name.endswith(".safetensors"):
-            _sparse_header_copy(bucket, obj.key, obj.size, dest)
+            sparse_header_copy(partial(bucket.get_range, obj.key), obj.size, dest)
         elif name.endswith(PICKLE_SUFFIXES):
             dest.touch()  # present, never read: lets open_model_folder refuse it by name
         elif name in SMALL_FILES and name.endswith(".json"):

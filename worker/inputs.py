@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from app.sources import SMALL_FILES, Source
+from app.sources import Source, is_checkpoint_file
 from app.storage.base import ObjectInfo, Storage, StorageError
 from maec_core.errors import SourceNotFound
 
@@ -170,9 +170,7 @@ def fetch_source(
     wanted: list[_Wanted] = []
     for obj in bucket.list(source.prefix + "/"):
         name = obj.key[len(source.prefix) + 1:]
-        if "/" in name:
-            continue
-        if name.endswith(".safetensors") or name in SMALL_FILES:
+        if is_checkpoint_file(name):
             wanted.append(_s3_file(bucket, source.bucket, name, obj))
     if not wanted:
         raise SourceNotFound(f"{source.uri}: no checkpoint files", source=source.uri)
