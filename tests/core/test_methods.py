@@ -9,12 +9,10 @@ import pytest
 import torch
 
 from maec_core.errors import RecipeError
-from maec_core.methods.base import TensorCall
-from maec_core.methods.dare import tensor_generator
+from maec_core.methods import TensorCall, TensorMethod, get_method
+from maec_core.methods._sparsify import tensor_generator
 from maec_core.methods.layer_swap import language_weight
 from maec_core.methods.params import resolve_params
-from maec_core.methods.registry import get_impl
-from maec_core.methods.specs import get_spec
 from maec_core.recipe import parse_recipe
 
 
@@ -28,7 +26,7 @@ def call(
     num_layers: int = 4,
     **params: Any,
 ) -> torch.Tensor:
-    spec = get_spec(method)
+    spec = get_method(method, TensorMethod)
     tensors = [torch.as_tensor(m, dtype=torch.float32) for m in models]
     mp = model_params or [{} for _ in models]
     c = TensorCall(
@@ -40,7 +38,7 @@ def call(
         layer=layer,
         num_layers=num_layers,
     )
-    return get_impl(method)(c)
+    return spec.merge(c)
 
 
 def close(got: torch.Tensor, want: list[float]) -> None:
