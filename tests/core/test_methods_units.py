@@ -27,7 +27,7 @@ from maec_core.recipe import parse_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILTIN = {"breadcrumbs", "breadcrumbs_ties", "dare_linear", "dare_ties", "layer_swap",
-           "linear", "maec", "slerp", "task_arithmetic", "ties"}
+           "linear", "maec", "model_stock", "nearswap", "slerp", "task_arithmetic", "ties"}
 
 
 def test_every_method_module_imports_without_torch() -> None:
