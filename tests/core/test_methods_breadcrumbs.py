@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.core.test_methods import call, close
+from tests.core.test_methods import call, close, lam
 
 
 def test_breadcrumbs_drops_outliers_then_small_entries() -> None:
@@ -31,7 +31,7 @@ def test_breadcrumbs_weights_normalize_lambda_rescale() -> None:
     b = [0.0, 3.0, 1.0, 1.0]  # delta (-1, 2, 0, 0)
     mp = [{"weight": 0.5, "density": 1.0}, {"weight": 2.0, "density": 1.0}]
     # Density 1 is task arithmetic: base + λ Σ w_i τ_i.
-    close(call("breadcrumbs", base, [a, b], mp, **{"lambda": 2.0}),
+    close(call("breadcrumbs", base, [a, b], mp, **lam(2.0)),
           [1.0 + 2 * (0.5 - 2.0), 1.0 + 2 * 4.0, 1.0 + 2 * 2.0, 1.0 + 2 * 0.25])
     close(call("breadcrumbs", base, [a, b], mp, normalize=True),
           [1.0 - 1.5 / 2.5, 1.0 + 4 / 2.5, 1.0 + 2 / 2.5, 1.0 + 0.25 / 2.5])

@@ -45,8 +45,12 @@ def compare_with_mergekit(recipe: dict[str, Any], tmp_path: Path) -> None:
         # bf16 tolerance: relative 2^-6 (torch's bf16 default), and an absolute floor of
         # one bf16 step at the tensor's own scale, for entries that cancel to near zero.
         atol = float(ref.float().abs().max()) * 2**-8
+
+        def msg(m: str, n: str = name) -> str:
+            return f"{n}: {m}"
+
         torch.testing.assert_close(got.float(), ref.float(), rtol=1.6e-2, atol=atol,
-                                   msg=lambda m, n=name: f"{n}: {m}")
+                                   msg=msg)
 
 
 def two_donors(zoo: dict[str, Path], method: str, donor: dict[str, Any],
