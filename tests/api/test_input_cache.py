@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from app.sources.s3 import content_key
 from app.storage.base import ObjectInfo, StorageError
 from app.storage.local import LocalStorage
 from worker.inputs import InputCache
@@ -20,7 +21,7 @@ from worker.inputs import InputCache
 
 def _get(cache: InputCache, store: LocalStorage, info: ObjectInfo) -> tuple[Path, bool]:
     """What ``fetch_source`` does for one S3 object."""
-    return cache.get(InputCache.s3_identity("bucket", info), info.size,
+    return cache.get(content_key("bucket", info), info.size,
                      partial(store.download, info.key))
 
 
@@ -59,7 +60,7 @@ def test_entries_are_keyed_by_content_identity(tmp_path: Path) -> None:
     second, hit = _get(cache, store, changed)
     assert not hit and second != first and second.read_bytes() == b"2" * 10
     # The same bytes under another name (or from another source kind) are one entry.
-    third, hit = cache.get(InputCache.s3_identity("bucket", changed), 10,
+    third, hit = cache.get(content_key("bucket", changed), 10,
                            lambda tmp: tmp.write_bytes(b"2" * 10))
     assert hit and third == second
 
