@@ -32,8 +32,9 @@ from app.storage.base import Storage, StorageError
 log = logging.getLogger("maec.worker.inputs")
 _EVICT_LOCK = threading.Lock()
 
-# Writes the content into the (temporary) path it is given; raises on any failure.
-Download = Callable[[Path], None]
+# Writes the content into the (temporary) path it is given (what it returns is not
+# used); raises on any failure.
+Download = Callable[[Path], object]
 
 
 class InputCache:
