@@ -3,8 +3,7 @@
 Both sides look at the same files of the repo, always at the pinned commit: its top-level
 ``*.safetensors`` and the small files a checkpoint folder may contribute
 (``app.sources.base.SMALL_FILES``: config, shard index, generation config, tokenizer
-files).
-Sub-folders, pickles, code and any other file are never fetched.
+files). Sub-folders, pickles, code and any other file are never fetched.
 
 - ``HubSource.headers`` (the API, at submission): one listing of the repo's top level, then
   ``config.json`` and the shard index whole (size-capped), and HTTP Range requests for the
