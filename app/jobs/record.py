@@ -21,32 +21,6 @@ STATUSES: tuple[Status, ...] = (
 TERMINAL: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
 ACTIVE: frozenset[str] = frozenset({"queued", "running", "publishing"})
 
-PREFIX = "maec:"
-
-
-def job_key(job_id: str) -> str:
-    return f"{PREFIX}job:{job_id}"
-
-
-def owner_key(owner: str) -> str:
-    return f"{PREFIX}owner:{owner}"
-
-
-def active_key(owner: str) -> str:
-    return f"{PREFIX}active:{owner}"
-
-
-def status_key(status: str) -> str:
-    return f"{PREFIX}status:{status}"
-
-
-def idem_key(owner: str, key: str) -> str:
-    return f"{PREFIX}idem:{owner}:{key}"
-
-
-METRICS_KEY = f"{PREFIX}metrics"
-WORKERS_KEY = f"{PREFIX}workers"
-
 
 def new_job_id() -> str:
     """``j_`` + 12 hex digits of milliseconds + random: ids sort by creation time, so a

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from app.jobs.record import job_key
+from app.jobs.keys import job_key
 from app.jobs.worker_store import WorkerJobStore
 from tests.api.conftest import Api
 
