@@ -18,7 +18,7 @@ import redis.asyncio as aioredis
 from app.jobs import calls, scripts
 from app.jobs.accounting import finish_increments
 from app.jobs.batching import HashReader
-from app.jobs.calls import CancelOutcome, CreateOutcome, text
+from app.jobs.calls import CancelOutcome, CreateOutcome
 from app.jobs.keys import (
     METRICS_KEY,
     WORKERS_KEY,
@@ -28,7 +28,7 @@ from app.jobs.keys import (
     rate_key,
     status_key,
 )
-from app.jobs.record import INTERNAL_FIELDS, STATUSES, JobRecord, decode, now_iso
+from app.jobs.record import INTERNAL_FIELDS, STATUSES, JobRecord, decode, now_iso, text
 
 T = TypeVar("T")
 PUBLIC_FIELDS = tuple(f.encode() for f in JobRecord.model_fields if f not in INTERNAL_FIELDS)

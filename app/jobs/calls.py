@@ -1,8 +1,7 @@
 """Every state change of a job as one packed script call and the reading of its reply.
 
 Built here once and run by either face of the store (the worker's sync one, the API's
-async one), so both sides agree on the arguments and outcomes by construction. Replies
-are decoded to text by :func:`text`, the one place bytes from Redis become strings.
+async one), so both sides agree on the arguments and outcomes by construction.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ from typing import Any, Generic, Literal, TypeVar, cast
 
 from app.jobs import scripts
 from app.jobs.keys import METRICS_KEY, active_key, idem_key, job_key, owner_key, status_key
-from app.jobs.record import JobRecord, encode, now_iso
+from app.jobs.record import JobRecord, encode, now_iso, text
 from app.jobs.scripts import Arg, Script
 
 T = TypeVar("T")
@@ -25,12 +24,6 @@ ClaimOutcome = Literal["claimed", "busy", "done", "missing", "cancelled", "exhau
                        "time_limit"]
 # Lua has no infinity literal and tonumber('inf') is nil: "no limit" is sent as this.
 _NO_LIMIT = "1e300"
-
-
-def text(value: bytes | str | int | float) -> str:
-    """A Redis reply as text (the store's clients return bytes, so that job reads can
-    pass stored JSON through without decoding it)."""
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 @dataclass(frozen=True)

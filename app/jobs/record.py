@@ -80,11 +80,13 @@ def encode(fields: dict[str, Any]) -> dict[str, str]:
     return {k: json.dumps(v, separators=(",", ":")) for k, v in fields.items()}
 
 
+def text(value: bytes | str | int | float) -> str:
+    """A Redis reply as text: the one place the store decodes bytes. Its clients return
+    bytes so that the polled job read can pass the stored JSON through undecoded."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def decode(raw: dict[bytes, bytes] | dict[str, str]) -> JobRecord | None:
     if not raw:
         return None
-    doc = {
-        (k.decode() if isinstance(k, bytes) else k): json.loads(v)
-        for k, v in raw.items()
-    }
-    return JobRecord.model_validate(doc)
+    return JobRecord.model_validate({text(k): json.loads(v) for k, v in raw.items()})

@@ -16,9 +16,9 @@ from typing import Any, TypeVar, cast
 import redis
 
 from app.jobs import calls, scripts
-from app.jobs.calls import Call, Claim, text
+from app.jobs.calls import Call, Claim
 from app.jobs.keys import ORPHANS_KEY, WORKERS_KEY, job_key, requeue_key, status_key
-from app.jobs.record import JobRecord, decode
+from app.jobs.record import JobRecord, decode, text
 from app.storage.base import Storage, StorageError
 
 T = TypeVar("T")
