@@ -30,7 +30,6 @@ from maec_core.errors import Cancelled, MaecError
 from maec_core.manifest import MANIFEST_NAME
 from maec_core.recipe import parse_recipe
 from worker.inputs import InputCache, fetch_source
-from worker.janitor import remember_orphan
 
 log = logging.getLogger("maec.worker")
 
@@ -214,7 +213,7 @@ class JobRunner:
         except StorageError as exc:
             log.warning("could not clean staging %s: %s", prefix, exc)
             # The store is down: the workers' heartbeat deletes it once it is back.
-            remember_orphan(self.store.r, prefix + "/")
+            self.store.remember_orphan(prefix + "/")
 
     def _end(self, rec: JobRecord, att: Attempt, status: str, error: dict[str, Any] | None,
              started: float, result: dict[str, Any] | None = None) -> str:
