@@ -19,14 +19,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from maec_core.engine import TORCH_DTYPE, CancelFn
 from maec_core.errors import Cancelled, RecipeError
 from maec_core.io.folder import ModelFolder
 from maec_core.io.output import StagedOutput
@@ -46,6 +44,7 @@ from maec_core.maec.rowio import RowReader
 from maec_core.maec.select import check_scores, global_top_k, top_k_indices
 from maec_core.maec.store import META_NAME
 from maec_core.plan import PlannedTensor, build_plan
+from maec_core.runtime import CancelFn, cpu_single_thread, torch_dtype
 
 StepFn = Callable[[], None]
 # An artifact is one file however large: shards would only add an index to keep in sync.
@@ -137,25 +136,6 @@ def key_delta(granularity: str, a: torch.Tensor, ref: torch.Tensor, idx: torch.T
     return _gather(granularity, a, idx).float().sub_(_gather(granularity, ref, idx).float())
 
 
-@contextmanager
-def cpu_single_thread(device: torch.device) -> Iterator[None]:
-    """One intra-op thread for CPU passes over many small operations.
-
-    The per-slice ops are too small to split, and on a busy machine an OpenMP team waiting
-    at a barrier for a descheduled member stalls every op (extraction measured 15x
-    slower with 2 threads on 2 shared cores). Restored afterwards.
-    """
-    if device.type != "cpu":
-        yield
-        return
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 # Elements per read block of the row-scoring stream (8 MB of bf16 per input): few
 # syscalls, and two blocks per input in memory whatever the tensor sizes.
 BLOCK_ELEMS = 1 << 22
@@ -234,7 +214,7 @@ class _ArtifactSink:
 
     def __init__(self, staged: StagedOutput, params: MaecParams, art_dtype: str,
                  counts: list[tuple[PlannedTensor, int]]) -> None:
-        self.dtype = TORCH_DTYPE[art_dtype]
+        self.dtype = torch_dtype(art_dtype)
         st = SAFETENSORS_NAMES[self.dtype]
         outs: list[OutputTensor] = []
         for t, k in counts:
