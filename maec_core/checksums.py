@@ -54,13 +54,21 @@ class _StoppableReader:
 def _read_cached(entry: Path | None, memo_key: str) -> str | None:
     with _LOCK:
         hit = _MEMO.get(memo_key)
-    if hit is not None or entry is None:
+    if hit is not None:
+        if entry is not None and not entry.is_file():
+            _remember(entry, memo_key, hit)  # known here, not yet in this cache folder
         return hit
+    if entry is None:
+        return None
     try:
         cached = entry.read_text().strip()
     except OSError:
         return None
-    return cached if len(cached) == 64 else None
+    if len(cached) != 64:
+        return None
+    with _LOCK:
+        _MEMO[memo_key] = cached
+    return cached
 
 
 def _remember(entry: Path | None, memo_key: str, digest: str) -> None:
