@@ -273,11 +273,11 @@ class JobRunner:
         recipe = parse_recipe(_rewrite(rec.recipe, local))
         workdir.mkdir(parents=True, exist_ok=True)
         out = workdir / "out"
-        from maec_core.run import run
+        from maec_core.run import run as run_merge
 
-        merged = run(recipe, out, artifact_store=self.artifacts, progress=att.progress,
-                     cancel=att.cancel_requested, device=self.settings.device,
-                     hash_cache=self.settings.work_dir / "checksums")
+        merged = run_merge(recipe, out, artifact_store=self.artifacts, progress=att.progress,
+                           cancel=att.cancel_requested, device=self.settings.device,
+                           hash_cache=self.settings.work_dir / "checksums")
         report = merged.report or {}
         reused = [bool(a.get("artifact_reused")) for a in report.get("abilities", [])]
         # 3. publish: every file, then manifest.json last (the commit marker).

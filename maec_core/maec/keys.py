@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ from maec_core.errors import CorpusError
 from maec_core.io.folder import TOKENIZER_FILES, ModelFolder, open_model_folder
 from maec_core.maec.params import MaecParams, maec_params
 from maec_core.plan import DTYPE_NAMES
-from maec_core.recipe import Recipe, parse_recipe
+from maec_core.recipe import Recipe
 
 ARTIFACT_FORMAT = "maec-ability-vector"
 # Bump when the artifact layout or the extraction arithmetic changes: old artifacts then
@@ -89,18 +88,17 @@ def key_of(doc: dict[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def artifact_key(recipe: Recipe | Mapping[str, Any] | str | Path, ability_index: int,
-                 *, hash_cache: Path | None = None) -> str:
+def artifact_key(recipe: Recipe, ability_index: int, *, hash_cache: Path | None = None
+                 ) -> str:
     """The content-addressed key of ability ``ability_index``'s artifact.
 
     Hashes the input files (remembered by path, size, mtime and inode, so a second call
     on the same files costs nothing) and the canonical extraction parameters.
     """
-    r = parse_recipe(recipe)
-    params = maec_params(r)
-    ab = r.abilities[ability_index]
-    assert r.base_model is not None
-    base = open_model_folder(r.base_model)
+    params = maec_params(recipe)
+    ab = recipe.abilities[ability_index]
+    assert recipe.base_model is not None
+    base = open_model_folder(recipe.base_model)
     ability = open_model_folder(ab.model)
     control = open_model_folder(ab.control) if ab.control else None
     return key_of(key_document(params, base, ability, control, ab.corpus, hash_cache))

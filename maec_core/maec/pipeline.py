@@ -5,7 +5,7 @@ Public entry points (``maec_core.run`` and the CLI call them, with a parsed reci
   added to an ``ArtifactStore`` by content-addressed key, when one is given.
 - ``extract(recipe, ability_index, artifact_dir, ...)``: stage 1 alone.
 - ``combine(recipe, artifact_dirs, out_dir, ...)``: stage 2 alone, from artifacts.
-- ``artifact_key(recipe, ability_index)``: the key an artifact is stored under.
+- ``artifact_key(recipe, ability_index)`` (from ``keys``): the key an artifact is stored under.
 
 The report file (``maec_report.json``) holds only what the inputs determine, so a
 one-run merge and extract-then-combine publish identical folders; run facts (seconds,
