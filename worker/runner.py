@@ -139,22 +139,6 @@ class Outcome:
     error: dict[str, Any] | None = None
 
 
-def _rewrite(recipe: dict[str, Any], local: dict[str, str]) -> dict[str, Any]:
-    """The recipe with every source string replaced by its local path."""
-    out = dict(recipe)
-    for k in ("base_model", "language_base", "tokenizer_source"):
-        if out.get(k) in local:
-            out[k] = local[out[k]]
-    out["models"] = [{**m, "model": local.get(m["model"], m["model"])}
-                     for m in out.get("models", [])]
-    out["abilities"] = [
-        {**a, **{k: local[a[k]] for k in ("model", "control", "corpus")
-                 if a.get(k) in local}}
-        for a in out.get("abilities", [])
-    ]
-    return out
-
-
 class JobRunner:
     def __init__(self, settings: Settings, store: WorkerJobStore, storage: Storage,
                  *, worker: str | None = None) -> None:
@@ -255,7 +239,8 @@ class JobRunner:
                  ) -> dict[str, Any]:
         # 1. fetch
         local: dict[str, str] = {}
-        corpora = {a.get("corpus") for a in rec.recipe.get("abilities", [])}
+        recipe = parse_recipe(rec.recipe)
+        corpora = {s.ref for s in recipe.sources() if s.kind == "corpus"}
         total = len(rec.sources)
         att.progress("fetch", 0, total)
         fetched = cached = 0
@@ -269,8 +254,8 @@ class JobRunner:
             att.progress("fetch", i + 1, total)
         log.info("job %s: inputs ready (%d bytes fetched, %d from cache)", rec.id,
                  fetched, cached)
-        # 2. merge: the recipe is parsed here, once, and passed on typed.
-        recipe = parse_recipe(_rewrite(rec.recipe, local))
+        # 2. merge: the recipe was parsed once from the job record; passed on typed.
+        recipe = recipe.with_sources(local)
         workdir.mkdir(parents=True, exist_ok=True)
         out = workdir / "out"
         from maec_core.run import run as run_merge

@@ -14,6 +14,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoTokenizer, LlamaForCausalLM
 
 from maec_core.errors import Cancelled, IncompatibleCheckpoints
+from maec_core.methods import get_method
 from maec_core.recipe import parse_recipe
 from maec_core.run import run
 from tests.core.conftest import leftovers
@@ -249,7 +250,7 @@ def test_sliced_streaming_equals_whole_tensors(
     monkeypatch.setattr(engine, "UNIT_CPU", 300)
     monkeypatch.setattr(engine, "CHUNK_CPU", 77)
     run(parse_recipe(recipe), tmp_path / "sliced")
-    monkeypatch.setattr(engine, "is_elementwise", lambda name: False)
+    monkeypatch.setattr(type(get_method(method)), "elementwise", False)
     run(parse_recipe(recipe), tmp_path / "whole")
     assert ((tmp_path / "sliced" / "model.safetensors").read_bytes()
             == (tmp_path / "whole" / "model.safetensors").read_bytes())
