@@ -253,21 +253,15 @@ class JobRunner:
             att.progress("fetch", i + 1, total)
         log.info("job %s: inputs ready (%d bytes fetched, %d from cache)", rec.id,
                  fetched, cached)
-        # 2. merge
+        # 2. merge: the recipe was parsed once from the job record; passed on typed.
         recipe = recipe.with_sources(local)
         workdir.mkdir(parents=True, exist_ok=True)
         out = workdir / "out"
-        if recipe.merge_method == "maec":
-            from maec_core.maec.pipeline import run_maec
+        from maec_core.run import run as run_merge
 
-            merged = run_maec(recipe, out, progress=att.progress,
-                              cancel=att.cancel_requested, device=self.settings.device,
-                              artifact_store=self.artifacts)
-        else:
-            from maec_core.engine import run_recipe
-
-            merged = run_recipe(recipe, out, progress=att.progress,
-                                cancel=att.cancel_requested, device=self.settings.device)
+        merged = run_merge(recipe, out, artifact_store=self.artifacts, progress=att.progress,
+                           cancel=att.cancel_requested, device=self.settings.device,
+                           hash_cache=self.settings.work_dir / "checksums")
         report = merged.report or {}
         reused = [bool(a.get("artifact_reused")) for a in report.get("abilities", [])]
         # 3. publish: every file, then manifest.json last (the commit marker).

@@ -14,7 +14,6 @@ class StorageError(MaecError):
     """The object store is unreachable or refused an operation."""
 
     code = "storage_unavailable"
-    http_status = 503
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from maec_core.engine import run_recipe
+from maec_core.recipe import parse_recipe
+from maec_core.run import run
 
 mergekit_config = pytest.importorskip("mergekit.config")
 mergekit_merge = pytest.importorskip("mergekit.merge")
@@ -32,7 +33,7 @@ def _tensors(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def compare_with_mergekit(recipe: dict[str, Any], tmp_path: Path) -> None:
-    run_recipe(recipe, tmp_path / "ours")
+    run(parse_recipe(recipe), tmp_path / "ours")
     cfg = mergekit_config.MergeConfiguration.model_validate(recipe)
     options = mergekit_merge.MergeOptions(quiet=True, copy_tokenizer=False,
                                           write_model_card=False)
