@@ -4,8 +4,9 @@ Field order is the order the service serialises (the job store assembles the bod
 the stored fields in this order), so a parsed job dumps back to the same JSON.
 
 Parsing is lenient where a newer service may differ from an older client: unknown fields
-are kept (``extra="allow"``) and ``status`` accepts any string. Fields with a default may
-be missing from an answer, yet the published schema lists every field as required,
+are kept (``extra="allow"``), ``status`` accepts any string, and every field but a job's
+``id`` and ``status`` (a file's ``path``, ``size``, ``sha256``) may be missing and takes a
+default. The published schema still lists every field as required, with its exact type,
 because the service always sends them all.
 """
 
@@ -49,7 +50,7 @@ class FileInfo(_Answer):
     size: int
     sha256: str
     # Relative to the service (``/v1/jobs/{id}/files/{path}``) or absolute.
-    url: str
+    url: str = ""
 
 
 class JobResult(_Answer):
@@ -64,10 +65,10 @@ class Job(_Answer):
     status: StatusText
     stage: str | None = None
     progress: Progress = Field(default_factory=Progress)
-    method: str
+    method: str = ""
     name: str | None = None
-    recipe: dict[str, Any]
-    created_at: str
+    recipe: dict[str, Any] = Field(default_factory=dict)
+    created_at: str = ""
     started_at: str | None = None
     finished_at: str | None = None
     attempts: int = 0
