@@ -28,11 +28,11 @@ class Invalid(Exception):
         self.details = {"key": "merge_method"}
 
 
-def refuse(recipe: dict) -> None:
+def refuse(recipe: dict[str, object]) -> None:
     raise Invalid("no good")
 
 
-def crash(recipe: dict) -> None:
+def crash(recipe: dict[str, object]) -> None:
     raise RuntimeError("bug")
 
 
