@@ -396,7 +396,7 @@ def build_body(source: RecipeSource, *, validate: bool = True) -> dict[str, Any]
     elif "merge_method" in data:
         job = request_model(RecipeJob, {"recipe": data})
     elif "method" in data:
-        return dict(request_model(NamedJob, data).body())
+        return request_model(NamedJob, data).body()
     else:
         raise ValidationFailed(
             "invalid_request",
