@@ -19,17 +19,23 @@ WORKDIR /srv
 FROM base AS build-cpu
 RUN pip install "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu
 COPY pyproject.toml README.md ./
+COPY maec_client maec_client
+COPY maec_contract maec_contract
 COPY maec_core maec_core
 COPY app app
 COPY worker worker
+RUN pip install ./maec_client
 RUN pip install .
 
 FROM base AS build-cuda
 RUN pip install "torch==2.13.0"
 COPY pyproject.toml README.md ./
+COPY maec_client maec_client
+COPY maec_contract maec_contract
 COPY maec_core maec_core
 COPY app app
 COPY worker worker
+RUN pip install ./maec_client
 RUN pip install .
 
 # ---- run stages ----

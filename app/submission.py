@@ -7,60 +7,17 @@ source is then allow-listed, resolved and its headers compared (no weights are r
 
 from __future__ import annotations
 
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from typing import Any
 
 from app.settings import Settings
 from app.sources import Source, check_corpus, inspect_source, parse_source
 from app.storage.base import Storage
+from maec_contract import JobRequest as JobRequest  # the body model, shared with the client
 from maec_core.errors import RecipeError
 from maec_core.io.folder import ModelFolder
 from maec_core.methods import NamedForm, get_method
 from maec_core.plan import build_plan
 from maec_core.recipe import Recipe, parse_recipe
-
-_NAMED = ("method", "base", "ability_donor", "language_base", "source_control",
-          "ability_corpus", "parameters", "dtype", "shard_size")
-
-
-class JobRequest(BaseModel):
-    """Body of POST /v1/jobs: exactly one of the named form (``method``) or ``recipe``."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    method: str | None = Field(default=None, max_length=64)
-    base: str | None = None
-    ability_donor: list[str] | None = Field(default=None, min_length=1, max_length=16)
-    language_base: str | None = None
-    source_control: str | None = None
-    ability_corpus: str | None = None
-    parameters: dict[str, Any] | None = None
-    dtype: Literal["float32", "float16", "bfloat16"] | None = None
-    shard_size: str | int | None = None
-    recipe: dict[str, Any] | None = None
-    idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
-    name: str | None = Field(default=None, max_length=200)
-
-    @field_validator("ability_donor", mode="before")
-    @classmethod
-    def _one_donor(cls, v: Any) -> Any:
-        return [v] if isinstance(v, str) else v
-
-    @model_validator(mode="after")
-    def _one_form(self) -> JobRequest:
-        named = [f for f in _NAMED if getattr(self, f) is not None]
-        if self.recipe is not None:
-            if named:
-                raise ValueError(f"give either recipe or the named form, not both ({named})")
-            return self
-        if self.method is None:
-            raise ValueError("give either recipe or method (with ability_donor and "
-                             "language_base)")
-        missing = [f for f in ("ability_donor", "language_base") if getattr(self, f) is None]
-        if missing:
-            raise ValueError(f"the named form needs {', '.join(missing)}")
-        return self
 
 
 def build_recipe(req: JobRequest) -> Recipe:

@@ -1,4 +1,8 @@
-"""Python client for the maec merge service (torch-free; see docs/api.md)."""
+"""Python client for the maec merge service (torch-free; see docs/api.md).
+
+Its own distribution (maec_client/pyproject.toml): httpx, pydantic, click and tqdm, plus
+maec_contract, the REST contract's models that the service imports too.
+"""
 
 from maec_client.aio import AsyncClient
 from maec_client.client import Client, build_body
@@ -21,13 +25,24 @@ from maec_client.errors import (
     ValidationFailed,
     WaitTimeout,
 )
-from maec_client.models import FileInfo, Job, JobPage, JobResult, NamedJob, Progress
+from maec_client.models import (
+    FileInfo,
+    Job,
+    JobPage,
+    JobRequest,
+    JobResult,
+    NamedJob,
+    Progress,
+    RecipeJob,
+)
+from maec_client.retry import RetryPolicy
 
 __all__ = [
     "ApiError", "AsyncClient", "AuthError", "ChecksumMismatch", "Client", "ClientConfig",
     "ClientError",
     "ConfigError", "Conflict", "DownloadError", "FileInfo", "Job", "JobCancelled",
-    "JobFailed", "JobNotSucceeded", "JobPage", "JobResult", "NamedJob", "NetworkError",
-    "NotFound", "Progress", "RangeNotSatisfiable", "RateLimited", "ServerError",
-    "ValidationFailed", "WaitTimeout", "build_body", "resolve_config",
+    "JobFailed", "JobNotSucceeded", "JobPage", "JobRequest", "JobResult", "NamedJob",
+    "NetworkError", "NotFound", "Progress", "RangeNotSatisfiable", "RateLimited",
+    "RecipeJob", "RetryPolicy", "ServerError", "ValidationFailed", "WaitTimeout",
+    "build_body", "resolve_config",
 ]

@@ -17,25 +17,25 @@ from urllib.parse import quote
 import httpx
 
 from maec_client.client import (
-    RETRY_STATUS,
     Client,
     Poller,
     ProgressCallback,
     RecipeSource,
-    error_body,
+    checked,
     http_options,
     job_id_of,
     list_params,
     named_job,
+    network_error,
     parse_job,
     parse_json,
     parse_page,
-    retry_delay,
+    retry_policy,
     submit_body,
 )
 from maec_client.config import ClientConfig, resolve_config
-from maec_client.errors import NetworkError, error_from_response
 from maec_client.models import Job, JobPage
+from maec_client.retry import RetryPolicy
 
 
 class AsyncClient:
@@ -44,15 +44,15 @@ class AsyncClient:
     def __init__(self, url: str | None = None, api_key: str | None = None, *,
                  timeout: float | None = None, config: ClientConfig | None = None,
                  transport: httpx.AsyncBaseTransport | None = None,
-                 sync_transport: httpx.BaseTransport | None = None, max_retries: int = 3,
-                 backoff: float = 0.5,
+                 sync_transport: httpx.BaseTransport | None = None,
+                 retry: RetryPolicy | None = None, max_retries: int | None = None,
+                 backoff: float | None = None,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if config is None:
             config = resolve_config(url=url, api_key=api_key, timeout=timeout)
         self.config = config
-        self.max_retries = max_retries
-        self.backoff = backoff
+        self.retry = retry_policy(retry, max_retries, backoff)
         self._sleep = sleep
         self._clock = clock
         self._sync_transport = sync_transport
@@ -71,25 +71,14 @@ class AsyncClient:
     async def request(self, method: str, path: str, *, json_body: Any = None,
                       params: Mapping[str, Any] | None = None,
                       retry: bool = True) -> httpx.Response:
-        attempt = 0
-        while True:
-            try:
-                resp = await self.http.request(method, path, json=json_body, params=params)
-            except httpx.TransportError as exc:
-                if retry and attempt < self.max_retries:
-                    await self._sleep(retry_delay(self.backoff, attempt))
-                    attempt += 1
-                    continue
-                raise NetworkError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
-            if resp.status_code < 400:
-                return resp
-            err = error_from_response(resp.status_code, error_body(resp),
-                                      resp.headers.get("retry-after"))
-            if retry and resp.status_code in RETRY_STATUS and attempt < self.max_retries:
-                await self._sleep(retry_delay(self.backoff, attempt, err))
-                attempt += 1
-                continue
-            raise err
+        async def send() -> httpx.Response:
+            return checked(await self.http.request(method, path, json=json_body,
+                                                   params=params))
+
+        try:
+            return await self.retry.acall(send, self._sleep, enabled=retry)
+        except httpx.TransportError as exc:
+            raise network_error(method, path, exc) from exc
 
     async def health(self) -> dict[str, Any]:
         data = parse_json(await self.request("GET", "/healthz"))
@@ -155,7 +144,7 @@ class AsyncClient:
 
         def run() -> Path:
             with Client(config=self.config, transport=self._sync_transport,
-                        max_retries=self.max_retries, backoff=self.backoff) as sync:
+                        retry=self.retry) as sync:
                 return sync.download(current, dest, **options)
 
         return await asyncio.to_thread(run)

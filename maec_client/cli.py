@@ -1,7 +1,7 @@
-"""``maec jobs ...``: the merge service from the shell, over maec_client.Client.
-
-The installed ``maec`` script is this module's ``main``: maec_core's group (``merge``
-and friends) with ``jobs`` added here, so maec_core never imports the client.
+"""The ``maec`` script: ``maec jobs ...`` (the merge service from the shell, over
+maec_client.Client), plus whatever commands other installed distributions register under
+the ``maec.commands`` entry point group (the merge library's ``merge``, ``extract``,
+``combine``). Those are loaded only when asked for, so ``maec jobs`` never imports them.
 
 Exit codes (stable; scripts branch on them):
 
@@ -21,6 +21,7 @@ Exit codes (stable; scripts branch on them):
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Callable
 from functools import wraps
@@ -46,10 +47,8 @@ from maec_client.errors import (
     ValidationFailed,
     WaitTimeout,
 )
+from maec_client.extensions import COMMANDS, registered
 from maec_client.models import Job
-from maec_core.cli import main as _core_main
-from maec_core.errors import MaecError
-from maec_core.recipe import parse_size
 
 EXIT_OK = 0
 EXIT_JOB_FAILED = 1
@@ -247,11 +246,23 @@ def _wait(client: Client, job: Job | str, timeout: float | None, no_progress: bo
         bar.close()
 
 
+_UNITS = {"": 1, "B": 1, "K": 10**3, "KB": 10**3, "M": 10**6, "MB": 10**6, "G": 10**9,
+          "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+
+
+def parse_size(value: str) -> int:
+    """``64MiB``, ``30KB``, ``1048576``: the size syntax recipes use for shard sizes."""
+    m = re.fullmatch(r"(\d+(?:\.\d*)?|\.\d+)([A-Z]*)", value.strip().upper().replace(" ", ""))
+    if m is None or m.group(2) not in _UNITS:
+        raise click.BadParameter(f"{value!r} is not a size like '64MiB'")
+    size = int(float(m.group(1)) * _UNITS[m.group(2)])
+    if size < 1:
+        raise click.BadParameter(f"{value!r} is less than one byte")
+    return size
+
+
 def _parse_part_size(ctx: click.Context, param: click.Parameter, value: str) -> int:
-    try:
-        return parse_size(value)
-    except MaecError as exc:
-        raise click.BadParameter(exc.message) from None
+    return parse_size(value)
 
 
 # -- commands -------------------------------------------------------------------------
@@ -410,7 +421,40 @@ def download(job_id: str, dest: Path, workers: int, part_size: int, overwrite: b
                    "sha256 verified")
 
 
-main = _core_main
+class _Maec(click.Group):
+    """``jobs`` here; every other command from an installed ``maec.commands`` entry point,
+    imported only when that command (or the full command list) is needed."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(super().list_commands(ctx)) | set(registered(COMMANDS)))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        own = super().get_command(ctx, cmd_name)
+        if own is not None:
+            return own  # a plugin cannot shadow ``jobs``
+        ep = registered(COMMANDS).get(cmd_name)
+        if ep is None:
+            return None
+        try:
+            command = ep.load()
+        except Exception as exc:
+            # One broken plugin must not take ``maec jobs`` or ``maec --help`` down with it.
+            click.echo(f"warning: command {cmd_name!r} ({ep.value}) cannot be loaded: "
+                       f"{type(exc).__name__}: {exc}", err=True)
+            return None
+        if not isinstance(command, click.Command):
+            click.echo(f"warning: {ep.value} is not a click command", err=True)
+            return None
+        return command
+
+
+@click.group(cls=_Maec)
+@click.version_option(package_name="maec-client")
+def main() -> None:
+    """Talk to the merge service (maec jobs) and, where the merge library is installed,
+    merge checkpoints locally (maec merge, extract, combine)."""
+
+
 main.add_command(jobs)
 
 if __name__ == "__main__":

@@ -1,18 +1,20 @@
 """Synchronous client for the merge service's REST API (docs/api.md).
 
-Torch-free by design: internal tools install this next to anything. The only maec_core
-modules used are ``recipe`` and ``errors``, which import no torch (see maec_core/__init__).
+Torch-free by design: internal tools install this next to anything. It imports neither
+the merge library nor the service; what they add (local recipe checks) is found by entry
+point (maec_client.extensions).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import uuid
 from collections.abc import Callable, Generator, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote, urlsplit
 
 import httpx
@@ -21,27 +23,23 @@ from pydantic import BaseModel, ValidationError
 
 from maec_client.config import ClientConfig, resolve_config
 from maec_client.errors import (
-    ApiError,
     ClientError,
     JobCancelled,
     JobFailed,
     NetworkError,
-    RateLimited,
     ServerError,
     ValidationFailed,
     WaitTimeout,
     error_from_response,
 )
-from maec_client.models import Job, JobPage, NamedJob
-from maec_core.errors import MaecError
-from maec_core.recipe import Recipe, parse_recipe
+from maec_client.extensions import check_recipe
+from maec_client.models import Job, JobPage, JobRequest, NamedJob, RecipeJob
+from maec_client.retry import RetryPolicy
 
-RecipeSource = Recipe | NamedJob | BaseModel | Mapping[str, Any] | str | Path
+# A Recipe model of the merge library is a BaseModel too.
+RecipeSource = NamedJob | BaseModel | Mapping[str, Any] | str | Path
 ProgressCallback = Callable[[Job], None]
-
-# Statuses worth retrying: the request was refused before doing anything (429) or the
-# service is momentarily unable to serve it (502-504: a restarting API or proxy).
-RETRY_STATUS = frozenset({429, 502, 503, 504})
+RequestT = TypeVar("RequestT", bound=JobRequest)
 
 
 class _OriginBearer(httpx.Auth):
@@ -84,24 +82,36 @@ def job_id_of(job: Job | str) -> str:
     return job.id if isinstance(job, Job) else job
 
 
+def retry_policy(retry: RetryPolicy | None, max_retries: int | None,
+                 backoff: float | None) -> RetryPolicy:
+    """``retry`` (default RetryPolicy()) with the two shorthand arguments applied."""
+    policy = retry or RetryPolicy()
+    if max_retries is not None:
+        policy = dataclasses.replace(policy, max_retries=max_retries)
+    if backoff is not None:
+        policy = dataclasses.replace(policy, backoff=backoff)
+    return policy
+
+
 class Client:
     """One service endpoint and API key; thread-safe (downloads use it from many threads).
 
     ``url``/``api_key``/``timeout`` left as None are read from the environment and the
-    config file (see maec_client.config). ``transport``, ``sleep`` and ``clock`` exist for
+    config file (see maec_client.config). ``retry`` is the retry policy (``max_retries``
+    and ``backoff`` override its fields). ``transport``, ``sleep`` and ``clock`` exist for
     tests and embedding (e.g. an httpx.MockTransport, a fake clock).
     """
 
     def __init__(self, url: str | None = None, api_key: str | None = None, *,
                  timeout: float | None = None, config: ClientConfig | None = None,
-                 transport: httpx.BaseTransport | None = None, max_retries: int = 3,
-                 backoff: float = 0.5, sleep: Callable[[float], None] = time.sleep,
+                 transport: httpx.BaseTransport | None = None,
+                 retry: RetryPolicy | None = None, max_retries: int | None = None,
+                 backoff: float | None = None, sleep: Callable[[float], None] = time.sleep,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if config is None:
             config = resolve_config(url=url, api_key=api_key, timeout=timeout)
         self.config = config
-        self.max_retries = max_retries
-        self.backoff = backoff
+        self.retry = retry_policy(retry, max_retries, backoff)
         self._sleep = sleep
         self._clock = clock
         self.http = httpx.Client(transport=transport, **http_options(config))
@@ -118,35 +128,20 @@ class Client:
     def close(self) -> None:
         self.http.close()
 
-    def retry_delay(self, attempt: int, err: ApiError | None = None) -> float:
-        return retry_delay(self.backoff, attempt, err)
-
     def request(self, method: str, path: str, *, json_body: Any = None,
                 params: Mapping[str, Any] | None = None, retry: bool = True) -> httpx.Response:
-        """Send one request, retrying transport errors and 429/502-504 when ``retry``.
+        """Send one request under the retry policy (when ``retry``); errors typed.
 
         ``retry`` is False only for a non-idempotent request that could run twice;
         ``submit`` always sends an idempotency key, so every call here is retry-safe.
         """
-        attempt = 0
-        while True:
-            try:
-                resp = self.http.request(method, path, json=json_body, params=params)
-            except httpx.TransportError as exc:
-                if retry and attempt < self.max_retries:
-                    self._sleep(self.retry_delay(attempt))
-                    attempt += 1
-                    continue
-                raise NetworkError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
-            if resp.status_code < 400:
-                return resp
-            err = error_from_response(resp.status_code, error_body(resp),
-                                      resp.headers.get("retry-after"))
-            if retry and resp.status_code in RETRY_STATUS and attempt < self.max_retries:
-                self._sleep(self.retry_delay(attempt, err))
-                attempt += 1
-                continue
-            raise err
+        def send() -> httpx.Response:
+            return checked(self.http.request(method, path, json=json_body, params=params))
+
+        try:
+            return self.retry.call(send, self._sleep, enabled=retry)
+        except httpx.TransportError as exc:
+            raise network_error(method, path, exc) from exc
 
     # -- endpoints --------------------------------------------------------------------
 
@@ -238,11 +233,16 @@ class Client:
         return download_job(self, current, Path(dest), **options)
 
 
-def retry_delay(backoff: float, attempt: int, err: ApiError | None = None) -> float:
-    """Exponential backoff (capped at 30 s); a server's Retry-After wins when given."""
-    if isinstance(err, RateLimited) and err.retry_after is not None:
-        return min(err.retry_after, 300.0)
-    return float(min(backoff * (2 ** attempt), 30.0))
+def checked(resp: httpx.Response) -> httpx.Response:
+    """The response if it is a success; else the typed error its status and body mean."""
+    if resp.status_code < 400:
+        return resp
+    raise error_from_response(resp.status_code, error_body(resp),
+                              resp.headers.get("retry-after"))
+
+
+def network_error(method: str, path: str, exc: httpx.TransportError) -> NetworkError:
+    return NetworkError(f"{method} {path}: {type(exc).__name__}: {exc}")
 
 
 def error_body(resp: httpx.Response) -> Any:
@@ -287,8 +287,14 @@ def list_params(status: str | None, limit: int, cursor: str | None) -> dict[str,
 
 
 def named_job(method: str, **fields: Any) -> NamedJob:
+    return request_model(NamedJob, {"method": method, **fields})
+
+
+def request_model(model: type[RequestT], data: Mapping[str, Any]) -> RequestT:
+    """``data`` validated as a request body; ValidationFailed(invalid_request) if it is
+    not one, as the service would answer."""
     try:
-        return NamedJob(method=method, **fields)
+        return model.model_validate(data)
     except ValidationError as exc:
         raise ValidationFailed("invalid_request", f"invalid job fields: {exc}",
                                {"errors": exc.errors(include_url=False)}) from None
@@ -386,29 +392,19 @@ def build_body(source: RecipeSource, *, validate: bool = True) -> dict[str, Any]
     if data.pop("__named__", False):
         return data
     if "recipe" in data:
-        recipe = data["recipe"]
-        if not isinstance(recipe, Mapping):
-            raise ValidationFailed("invalid_request", "'recipe' must be a mapping")
-        body = dict(data)
+        job: JobRequest = request_model(RecipeJob, data)
     elif "merge_method" in data:
-        recipe = data
-        body = {"recipe": data}
+        job = request_model(RecipeJob, {"recipe": data})
     elif "method" in data:
-        try:
-            return NamedJob.model_validate(data).body()
-        except ValidationError as exc:
-            raise ValidationFailed("invalid_request", f"invalid job fields: {exc}",
-                                   {"errors": exc.errors(include_url=False)}) from None
+        return request_model(NamedJob, data).body()
     else:
         raise ValidationFailed(
             "invalid_request",
             "not a job: expected a recipe ('merge_method'), a named-checkpoints job "
             "('method') or a body with 'recipe'")
+    body = job.body()
     if validate:
-        try:
-            parse_recipe(dict(recipe))
-        except MaecError as exc:
-            raise ValidationFailed(exc.code, exc.message, exc.details) from None
+        check_recipe(body["recipe"])
     return body
 
 

@@ -36,7 +36,6 @@ from urllib.parse import quote
 import httpx
 from tqdm import tqdm
 
-from maec_client.client import RETRY_STATUS
 from maec_client.errors import (
     ApiError,
     ChecksumMismatch,
@@ -252,8 +251,9 @@ def download_job(client: Client, job: Job, dest: Path, *, workers: int = 8,
     """Download every file of ``job`` into ``dest``; returns ``dest``.
 
     Files larger than ``part_size`` are split into ranges; all ranges of all files share
-    ``workers`` threads. A transport error retries that range from where it stopped
-    (``retries`` times without progress). If the call still fails, the bytes stay in
+    ``workers`` threads. A transport error (or an answer the client's retry policy
+    retries) retries that range from where it stopped, ``retries`` times in a row without
+    progress, waiting as the policy says. If the call still fails, the bytes stay in
     ``dest.partial`` and the next call continues them. ``redirect`` asks the service for
     307s to presigned store URLs (S3 storage only) instead of proxying the bytes.
     """
@@ -414,9 +414,8 @@ def _run_parallel(workers: int, tasks: list[Callable[[], None]],
 
 
 def _file_url(job_id: str, f: FileInfo) -> str:
-    if f.url:
-        return f.url
-    return f"/v1/jobs/{quote(job_id, safe='')}/files/{quote(f.path)}"
+    # The service sends every file's URL; an empty one would mean "ask the API for it".
+    return f.url or f"/v1/jobs/{quote(job_id, safe='')}/files/{quote(f.path)}"
 
 
 def _fetch_task(client: Client, job_id: str, r: _Range, bar: _Progress, redirect: bool,
@@ -436,10 +435,10 @@ def _fetch_range(client: Client, job_id: str, r: _Range, bar: _Progress, redirec
         before = have
         try:
             _stream_into(client, url, params, r, have, bar)
-        except (httpx.TransportError, _ShortRead) as exc:
+        except _ShortRead as exc:
             error: Exception = exc
-        except ApiError as exc:
-            if exc.status not in RETRY_STATUS:
+        except (httpx.TransportError, ApiError) as exc:
+            if not client.retry.retryable(exc):
                 raise
             error = exc
         else:
@@ -450,8 +449,7 @@ def _fetch_range(client: Client, job_id: str, r: _Range, bar: _Progress, redirec
         if failures > retries:
             raise NetworkError(f"{r.file.path}: gave up after {failures} failed attempts "
                                f"({error}); run again to resume from {now} bytes") from error
-        client._sleep(client.retry_delay(failures - 1,
-                                         error if isinstance(error, ApiError) else None))
+        client._sleep(client.retry.delay(failures - 1, error))
 
 
 class _ShortRead(Exception):

@@ -27,14 +27,18 @@ class ClientError(Exception):
 
 
 class ApiError(ClientError):
-    """The service answered with an error body ``{code, message, details}``."""
+    """The service answered with an error body ``{code, message, details}``.
+
+    ``retry_after``: seconds the service asked to wait (its ``Retry-After``), if it did.
+    """
 
     def __init__(self, code: str, message: str, details: dict[str, Any] | None = None,
-                 status: int = 0) -> None:
+                 status: int = 0, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.details: dict[str, Any] = dict(details or {})
         self.status = status
+        self.retry_after = retry_after
 
     def to_dict(self) -> dict[str, Any]:
         return {"code": self.code, "message": self.message, "details": self.details,
@@ -62,8 +66,7 @@ class RateLimited(ApiError):
 
     def __init__(self, code: str, message: str, details: dict[str, Any] | None = None,
                  status: int = 429, retry_after: float | None = None) -> None:
-        super().__init__(code, message, details, status)
-        self.retry_after = retry_after
+        super().__init__(code, message, details, status, retry_after)
 
 
 class RangeNotSatisfiable(ApiError):
@@ -71,7 +74,7 @@ class RangeNotSatisfiable(ApiError):
 
 
 class ServerError(ApiError):
-    """5xx: ``unavailable`` (503) or an unexpected server failure."""
+    """5xx: ``unavailable`` (503, with ``retry_after``) or an unexpected server failure."""
 
 
 class NetworkError(ClientError):
@@ -156,7 +159,7 @@ def error_from_response(status: int, body: Any, retry_after: str | None = None) 
     if status == 429:
         return RateLimited(code, message, details, status, _parse_retry_after(retry_after))
     if status >= 500:
-        return ServerError(code, message, details, status)
+        return ServerError(code, message, details, status, _parse_retry_after(retry_after))
     cls = _BY_STATUS.get(status, ApiError)
     return cls(code, message, details, status)
 

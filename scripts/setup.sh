@@ -5,13 +5,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-stamp=.venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)
+stamp=.venv/.installed-$(cat pyproject.toml maec_client/pyproject.toml | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ]; then
   [ -x .venv/bin/python ] || "$PY" -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip
   # torch first and pinned, so nothing pulls a multi-GB CUDA build on a CPU machine.
   .venv/bin/python -m pip install -q "torch==2.13.0"
-  .venv/bin/python -m pip install -q -e '.[dev]'
+  # The client is its own distribution, which the package depends on: one resolve for both.
+  .venv/bin/python -m pip install -q -e ./maec_client -e '.[dev]'
+  # Replacing a maec-service installed before the client had its own distribution
+  # removes that old install's bin/maec, which the client had just written: put it back.
+  [ -x .venv/bin/maec ] || .venv/bin/python -m pip install -q --no-deps --force-reinstall -e ./maec_client
   rm -f .venv/.installed-*
   touch "$stamp"
 fi

@@ -1,4 +1,5 @@
-"""Response models (for OpenAPI and the client); the request model is app.submission's."""
+"""Response models for OpenAPI: the job contract is maec_contract's (shared with the
+client), the request model too (see app.submission); only the probes are service-only."""
 
 from __future__ import annotations
 
@@ -6,50 +7,12 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from app.jobs.record import Progress, Status
+from maec_contract import ErrorBody, Job, JobPage
 
-
-class Problem(BaseModel):
-    code: str
-    message: str
-    details: dict[str, Any]
-
-
-class FileOut(BaseModel):
-    path: str
-    size: int
-    sha256: str
-    url: str
-
-
-class ResultOut(BaseModel):
-    manifest: dict[str, Any]
-    report: dict[str, Any]
-    files: list[FileOut]
-    core_seconds: float
-
-
-class JobOut(BaseModel):
-    id: str
-    status: Status
-    stage: str | None
-    progress: Progress
-    method: str
-    name: str | None
-    recipe: dict[str, Any]
-    created_at: str
-    started_at: str | None
-    finished_at: str | None
-    attempts: int
-    cancel_requested: bool
-    artifact_reused: bool | None
-    error: Problem | None
-    result: ResultOut | None
-
-
-class JobList(BaseModel):
-    jobs: list[JobOut]
-    next_cursor: str | None
+# The service's names for the contract models (routes and tests use these).
+Problem = ErrorBody
+JobOut = Job
+JobList = JobPage
 
 
 class Health(BaseModel):

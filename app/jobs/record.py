@@ -10,15 +10,15 @@ import json
 import secrets
 import time
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, Field
 
-Status = Literal["queued", "running", "publishing", "succeeded", "failed", "cancelled"]
-STATUSES: tuple[Status, ...] = (
-    "queued", "running", "publishing", "succeeded", "failed", "cancelled",
-)
-TERMINAL: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
+from maec_contract import STATUSES as STATUSES  # re-exported: the store and API use it
+from maec_contract import TERMINAL as TERMINAL
+from maec_contract import Job, Progress
+from maec_contract import JobStatus as Status
+
 ACTIVE: frozenset[str] = frozenset({"queued", "running", "publishing"})
 
 
@@ -30,17 +30,6 @@ def new_job_id() -> str:
 
 def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-# Record fields that are bookkeeping, never shown to API callers.
-INTERNAL_FIELDS = ("owner", "sources", "idempotency_key", "lease_until", "worker",
-                   "result_prefix", "attempt_started")
-
-
-class Progress(BaseModel):
-    fraction: float = 0.0
-    done: int = 0
-    total: int = 0
 
 
 class JobRecord(BaseModel):
@@ -72,8 +61,15 @@ class JobRecord(BaseModel):
     result_prefix: str | None = None
 
     def public(self) -> dict[str, Any]:
-        """The Job object of the API contract (internal bookkeeping left out)."""
+        """The Job object of the API contract (maec_contract.Job), bookkeeping left out."""
         return self.model_dump(mode="json", exclude=set(INTERNAL_FIELDS))
+
+
+# The contract decides what callers see; every other record field is bookkeeping, never
+# shown. The public fields keep the contract's order (the store assembles bodies in
+# record order), which tests/client/test_contract.py checks.
+INTERNAL_FIELDS: tuple[str, ...] = tuple(f for f in JobRecord.model_fields
+                                         if f not in Job.model_fields)
 
 
 def encode(fields: dict[str, Any]) -> dict[str, str]:

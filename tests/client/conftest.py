@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 
 from maec_client import Client, ClientConfig
+from maec_client.retry import RetryPolicy
 from tests.client.fake_service import FakeService
 
 BASE = "http://127.0.0.1:8000"
@@ -33,9 +34,13 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
+# Backoff without jitter, so tests can state the exact delays.
+EXACT = RetryPolicy(jitter=0.0)
+
+
 @pytest.fixture
 def client(fake: FakeService, clock: FakeClock):
     c = Client(config=ClientConfig(url=BASE, api_key="k1"), transport=fake.transport(),
-               sleep=clock.sleep, clock=clock)
+               retry=EXACT, sleep=clock.sleep, clock=clock)
     yield c
     c.close()

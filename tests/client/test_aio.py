@@ -6,7 +6,7 @@ import json
 import pytest
 
 from maec_client import AsyncClient, ClientConfig, Conflict, JobFailed, NotFound
-from tests.client.conftest import BASE
+from tests.client.conftest import BASE, EXACT
 from tests.client.test_client import MERGEKIT_YAML
 from tests.client.test_download import FILES
 
@@ -17,7 +17,7 @@ def make(fake, clock) -> AsyncClient:
 
     t = fake.transport()  # MockTransport serves both the async and the sync (download) side
     return AsyncClient(config=ClientConfig(url=BASE, api_key="k1"), transport=t,
-                       sync_transport=t, sleep=sleep, clock=clock)
+                       sync_transport=t, retry=EXACT, sleep=sleep, clock=clock)
 
 
 def test_async_round_trip(fake, clock, tmp_path):

@@ -9,6 +9,7 @@ from click.testing import CliRunner
 
 from maec_client import Client
 from maec_client.cli import main
+from tests.client.conftest import EXACT
 from tests.client.test_client import MERGEKIT_YAML
 from tests.client.test_download import FILES
 
@@ -21,8 +22,8 @@ def run(fake, clock, monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
 
     def factory(config):
-        return Client(config=config, transport=fake.transport(), sleep=clock.sleep,
-                      clock=clock)
+        return Client(config=config, transport=fake.transport(), retry=EXACT,
+                      sleep=clock.sleep, clock=clock)
 
     def invoke(*args, input=None, env=None):
         runner = CliRunner()

@@ -1,0 +1,24 @@
+"""The merge service's REST contract (docs/api.md) as pydantic models, declared once.
+
+The service validates requests and documents its responses with these models; the client
+parses responses and builds requests with the same ones. Torch-free and dependency-light
+(pydantic only), so it ships with the client distribution and the service imports it.
+"""
+
+from maec_contract.jobs import (
+    STATUSES,
+    TERMINAL,
+    ErrorBody,
+    FileInfo,
+    Job,
+    JobPage,
+    JobResult,
+    JobStatus,
+    Progress,
+)
+from maec_contract.requests import JobRequest, NamedJob, RecipeJob
+
+__all__ = [
+    "STATUSES", "TERMINAL", "ErrorBody", "FileInfo", "Job", "JobPage",
+    "JobRequest", "JobResult", "JobStatus", "NamedJob", "Progress", "RecipeJob",
+]

@@ -1,0 +1,89 @@
+"""What ``GET /v1/jobs/{id}`` and ``GET /v1/jobs`` answer, and the error body.
+
+Field order is the order the service serialises (the job store assembles the body from
+the stored fields in this order), so a parsed job dumps back to the same JSON.
+
+Parsing is lenient where a newer service may differ from an older client: unknown fields
+are kept (``extra="allow"``), ``status`` accepts any string, and every field but a job's
+``id`` and ``status`` (a file's ``path``, ``size``, ``sha256``) may be missing and takes a
+default. The published schema still lists every field as required, with its exact type,
+because the service always sends them all.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+
+JobStatus = Literal["queued", "running", "publishing", "succeeded", "failed", "cancelled"]
+STATUSES: tuple[JobStatus, ...] = (
+    "queued", "running", "publishing", "succeeded", "failed", "cancelled",
+)
+TERMINAL: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
+
+# A str when parsing, so a status added later does not make every read of that job fail;
+# the schema still names the statuses the service sends today.
+StatusText = Annotated[str, WithJsonSchema({"type": "string", "enum": list(STATUSES)})]
+
+
+class _Answer(BaseModel):
+    model_config = ConfigDict(extra="allow", json_schema_serialization_defaults_required=True)
+
+
+class Progress(_Answer):
+    fraction: float = 0.0
+    done: int = 0
+    total: int = 0
+
+
+class ErrorBody(_Answer):
+    """Every error answer, and a failed job's ``error``: a stable ``code`` to branch on."""
+
+    code: str
+    message: str = ""
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+class FileInfo(_Answer):
+    path: str
+    size: int
+    sha256: str
+    # Relative to the service (``/v1/jobs/{id}/files/{path}``) or absolute.
+    url: str = ""
+
+
+class JobResult(_Answer):
+    manifest: dict[str, Any] = Field(default_factory=dict)
+    report: dict[str, Any] = Field(default_factory=dict)
+    files: list[FileInfo] = Field(default_factory=list)
+    core_seconds: float = 0.0
+
+
+class Job(_Answer):
+    id: str
+    status: StatusText
+    stage: str | None = None
+    progress: Progress = Field(default_factory=Progress)
+    method: str = ""
+    name: str | None = None
+    recipe: dict[str, Any] = Field(default_factory=dict)
+    created_at: str = ""
+    started_at: str | None = None
+    finished_at: str | None = None
+    attempts: int = 0
+    cancel_requested: bool = False
+    artifact_reused: bool | None = None
+    error: ErrorBody | None = None
+    result: JobResult | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.status in TERMINAL
+
+
+class JobPage(_Answer):
+    """One page of ``GET /v1/jobs``, newest first; pass ``next_cursor`` for the next."""
+
+    jobs: list[Job]
+    next_cursor: str | None = None

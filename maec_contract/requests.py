@@ -1,0 +1,74 @@
+"""The body of ``POST /v1/jobs``: named checkpoints, or a recipe (docs/api.md).
+
+``JobRequest`` is what the service accepts (either form, checked by one validator);
+``NamedJob`` and ``RecipeJob`` are the same model narrowed to one form, for callers that
+build a body. Strict (``extra="forbid"``): a misspelt key fails here, not as a silent
+default.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+_NAMED = ("method", "base", "ability_donor", "language_base", "source_control",
+          "ability_corpus", "parameters", "dtype", "shard_size")
+
+
+class JobRequest(BaseModel):
+    """Body of POST /v1/jobs: exactly one of the named form (``method``) or ``recipe``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    method: str | None = Field(default=None, max_length=64)
+    base: str | None = None
+    ability_donor: list[str] | None = Field(default=None, min_length=1, max_length=16)
+    language_base: str | None = None
+    source_control: str | None = None
+    ability_corpus: str | None = None
+    parameters: dict[str, Any] | None = None
+    dtype: Literal["float32", "float16", "bfloat16"] | None = None
+    shard_size: str | int | None = None
+    recipe: dict[str, Any] | None = None
+    idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
+    name: str | None = Field(default=None, max_length=200)
+
+    @field_validator("ability_donor", mode="before")
+    @classmethod
+    def _one_donor(cls, v: Any) -> Any:
+        return [v] if isinstance(v, str) else v
+
+    @model_validator(mode="after")
+    def _one_form(self) -> JobRequest:
+        named = [f for f in _NAMED if getattr(self, f) is not None]
+        if self.recipe is not None:
+            if named:
+                raise ValueError(f"give either recipe or the named form, not both ({named})")
+            return self
+        if self.method is None:
+            raise ValueError("give either recipe or method (with ability_donor and "
+                             "language_base)")
+        missing = [f for f in ("ability_donor", "language_base") if getattr(self, f) is None]
+        if missing:
+            raise ValueError(f"the named form needs {', '.join(missing)}")
+        return self
+
+    def body(self) -> dict[str, Any]:
+        """The JSON body to send; unset fields are left out so the service's defaults
+        apply (e.g. shard_size "5GB")."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+
+class NamedJob(JobRequest):
+    """Form 1: named checkpoints (``method``, ``ability_donor``, ``language_base``, ...);
+    the service turns it into a recipe."""
+
+    method: str = Field(max_length=64)
+    recipe: None = None
+
+
+class RecipeJob(JobRequest):
+    """Form 2: a recipe (mergekit or MAEC shape), sent as ``{"recipe": ...}``."""
+
+    recipe: dict[str, Any]
