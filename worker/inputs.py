@@ -202,6 +202,7 @@ class InputCache:
                 if self._drop(p):
                     freed += size
             self._drop_stale_partials()
+            self._drop_orphan_locks()
             return freed
         finally:
             os.close(guard)
@@ -232,6 +233,21 @@ class InputCache:
             try:
                 p.unlink(missing_ok=True)
                 if not entry.exists():
+                    lock.unlink(missing_ok=True)
+            finally:
+                os.close(fd)
+
+    def _drop_orphan_locks(self) -> None:
+        """Lock files of entries that do not exist and that nobody holds (a download that
+        failed leaves its entry's lock file behind)."""
+        for lock in self.locks.iterdir():
+            if (self.objects / lock.name).exists():
+                continue
+            fd = _lock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if fd is None:
+                continue  # being filled right now
+            try:
+                if not (self.objects / lock.name).exists():
                     lock.unlink(missing_ok=True)
             finally:
                 os.close(fd)

@@ -452,9 +452,12 @@ def test_eviction_skips_an_entry_being_filled_by_another_process(tmp_path: Path)
         _release(filler)
 
 
-def test_a_partial_file_left_by_a_killed_process_is_swept(tmp_path: Path) -> None:
+def test_partial_files_and_lock_files_left_behind_are_swept(tmp_path: Path) -> None:
     cache = InputCache(tmp_path / "cache", max_bytes=10**6)
     entry = cache.entry_for("crashed", 10)
-    (cache.objects / f".{entry.name}.deadbeef").write_bytes(b"half")
+    (cache.objects / f".{entry.name}.deadbeef").write_bytes(b"half")  # a killed process
+    with pytest.raises(StorageError):
+        cache.get("failed", 10, _fails_midway)  # leaves its entry's lock file
+    assert len(list(cache.locks.iterdir())) == 1
     cache.evict()
     assert list(cache.objects.iterdir()) == [] and list(cache.locks.iterdir()) == []
