@@ -111,7 +111,7 @@ class EvalSetSpec(BaseModel):
         other = "accuracy" if self.kind == "perplexity" else "perplexity"
         wrong = sorted(given & only[other])
         if wrong:
-            raise ValueError(f"{', '.join(wrong)} only apply to kind: {other}")
+            raise ValueError(f"{', '.join(wrong)}: only for kind {other}")
         if self.kind == "accuracy" and self.file_format == "text":
             raise ValueError("an accuracy set is JSONL or TSV: name it *.jsonl or *.tsv, "
                              "or give format: jsonl|tsv")
@@ -198,7 +198,9 @@ def parse_spec(text: str, *, source: str = "eval spec", base_dir: Path | None = 
         line = _node_line(node, loc)
         field = ".".join(str(x) for x in err["loc"])
         where = f" line {line}" if line else ""
-        raise EvalSetError(f"{source}{where}: {field or 'spec'}: {err['msg']}",
+        # Our own checks read better without pydantic's "Value error, " prefix.
+        msg = str(err["ctx"]["error"]) if err["type"] == "value_error" else err["msg"]
+        raise EvalSetError(f"{source}{where}: {field or 'spec'}: {msg}",
                            file=source, line=line, field=field) from None
     base = base_dir if base_dir is not None else Path.cwd()
     return spec.model_copy(update={"sets": [_resolved(s, base, root) for s in spec.sets]})

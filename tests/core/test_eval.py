@@ -17,7 +17,6 @@ from maec_core.eval.measure import sliding_windows
 from maec_core.eval.report import read_report
 from maec_core.eval.runner import evaluate, evaluate_many
 from maec_core.eval.sets import load_spec
-from tests.factories import make_llama
 
 # The memorised model's world: numbered words, the numbers 0..99, a prompt vocabulary.
 WORDS = [f"w{i}" for i in range(40)] + [str(i) for i in range(100)] + [
