@@ -35,7 +35,8 @@ class _Bars:
 
 @click.command("eval")
 @click.argument("model_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.argument("spec", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("spec", metavar="EVAL.yaml",
+                type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
               default=Path("eval_report.json"), show_default=True,
               help="where to write the report (every item of every set)")
@@ -45,7 +46,11 @@ class _Bars:
 @click.option("--no-progress", is_flag=True, help="no progress bars")
 def eval_command(model_dir: Path, spec: Path, out: Path, device: str | None,
                  label: str | None, markdown: bool, no_progress: bool) -> None:
-    """Score MODEL_DIR on the eval sets listed in SPEC (YAML)."""
+    """Score MODEL_DIR on the eval sets listed in EVAL.yaml; print the table, write the report.
+
+    EVAL.yaml lists sets: {name, language, kind: perplexity|accuracy, path, ...}; set paths
+    are relative to its folder.
+    """
     from maec_core.eval.report import write_report
     from maec_core.eval.runner import evaluate
 
