@@ -290,6 +290,31 @@ def test_evaluate_many_rows_models_columns_sets(tiny_models, memoriser: Path,
     assert report.markdown_table().startswith("| model | texts [sw] | unseen-text [sw] |\n")
 
 
+def test_evaluate_many_holds_one_model_at_a_time(tiny_models, memoriser: Path,
+                                                 memorised_spec: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    import weakref
+
+    from maec_core.eval import runner
+
+    alive: list[weakref.ref[object]] = []
+    real_load = runner.load_model
+
+    def load(model_dir, device):
+        gone = [ref() is None for ref in alive]
+        assert all(gone), "the previous model is still in memory"
+        loaded = real_load(model_dir, device)
+        alive.append(weakref.ref(loaded.model))
+        return loaded
+
+    monkeypatch.setattr(runner, "load_model", load)
+    spec = load_spec(memorised_spec)
+    report = evaluate_many({"a": memoriser, "b": tiny_models.base, "c": memoriser},
+                           spec.model_copy(update={"sets": spec.sets[:1]}), device="cpu")
+    assert [m.label for m in report.models] == ["a", "b", "c"] and len(alive) == 3
+    assert all(ref() is None for ref in alive)
+
+
 def test_cancel_stops_between_batches(memoriser: Path, memorised_spec: Path) -> None:
     with pytest.raises(Cancelled):
         evaluate(memoriser, memorised_spec, device="cpu", cancel=lambda: True)
