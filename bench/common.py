@@ -144,15 +144,12 @@ def build_family(folders: Sequence[Path], shape: LlamaShape, *, seed: int = 0,
     per GB instead of instantiating and saving a transformers model.
     """
     from maec_core.recipe import parse_size
+    from maec_core.runtime import torch_threads
 
     # One thread: on a shared machine an OpenMP team stalls at every op's barrier
     # (measured 10x slower for this loop on 2 busy cores); the work is I/O-bound anyway.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         _build(folders, shape, seed, noise, parse_size(shard_size))
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _build(folders: Sequence[Path], shape: LlamaShape, seed: int, noise: float,

@@ -203,8 +203,13 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (1: steady timings on a shared machine)")
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+    from maec_core.runtime import torch_threads
 
+    with torch_threads(args.threads):
+        measure_all(args.runs, args.threads)
+
+
+def measure_all(runs: int, threads: int) -> None:
     from maec_core.eval.runner import evaluate, load_model
     from maec_core.eval.sets import load_sets, load_spec
 
@@ -212,12 +217,12 @@ def main() -> None:
     ppl_set, gen_set = load_sets(spec)
     loaded = load_model(ensure_model(), torch.device("cpu"))
     params = sum(p.numel() for p in loaded.model.parameters())
-    print(f"model: Llama {params / 1e6:.1f}M params, float32, CPU, {args.threads} thread(s); "
+    print(f"model: Llama {params / 1e6:.1f}M params, float32, CPU, {threads} thread(s); "
           f"ppl: {DOCS} docs x {DOC_WORDS} words, context {CONTEXT}, stride {STRIDE}, "
           f"batch {PPL_BATCH}; gen: {PROMPTS} prompts, {NEW_TOKENS} new tokens, "
           f"batch {GEN_BATCH}", flush=True)
     rate = compare(loaded.model, loaded.tokenizer, list(ppl_set.texts),
-                   [it.question for it in gen_set.items], args.runs)
+                   [it.question for it in gen_set.items], runs)
     del loaded
     t0 = time.perf_counter()
     report = evaluate(MODEL, spec, device="cpu")

@@ -4,7 +4,7 @@ The engine benchmark's three bf16 Llama checkpoints of ~0.85B parameters (bench/
 built once by ``bench.engine.ensure_models``): θ0 = base, θA = donor1, θL = donor2. In
 one run, as fresh subprocesses on CPU, interleaved, medians of ``--runs``:
 
-- ``full``: ``run_maec`` with ``importance: delta`` and an empty artifact store
+- ``full``: ``maec_core.run.run`` with ``importance: delta`` and an empty artifact store
   (extraction + combination);
 - ``combine``: ``combine`` from the artifact extracted once during warm-up;
 - ``ta``: the engine's task arithmetic on the same inputs, ``θ0 + (θA − θ0) + (θL − θ0)``.
@@ -74,28 +74,33 @@ def ta_recipe(folders: list[Path]) -> dict[str, Any]:
 def child(argv: list[str]) -> None:
     mode, recipe_path, out = argv[0], Path(argv[1]), Path(argv[2])
     recipe = yaml.safe_load(recipe_path.read_text())
-    if mode == "ta":
-        from maec_core.engine import run_recipe
+    from maec_core.recipe import parse_recipe
 
-        run_recipe(recipe, out, device="cpu")
+    parsed = parse_recipe(recipe)
+    # The input-digest cache the parent chose (kept with the benchmark, not in ~/.cache).
+    hash_cache = Path(os.environ["MAEC_CACHE_DIR"]) / "sha256"
+    if mode == "ta":
+        from maec_core.run import run
+
+        run(parsed, out, device="cpu", hash_cache=hash_cache)
     elif mode == "full":
-        from maec_core.maec.pipeline import run_maec
         from maec_core.maec.store import LocalArtifactStore
+        from maec_core.run import run
 
         # An empty store: this run must extract.
         store = LocalArtifactStore(out.with_name(out.name + ".store"))
         try:
-            run_maec(recipe, out, device="cpu", artifact_store=store)
+            run(parsed, out, device="cpu", artifact_store=store, hash_cache=hash_cache)
         finally:
             shutil.rmtree(store.root, ignore_errors=True)
     elif mode == "combine":
         from maec_core.maec.pipeline import combine
 
-        combine(recipe, [Path(argv[3])], out, device="cpu")
+        combine(parsed, [Path(argv[3])], out, device="cpu", hash_cache=hash_cache)
     elif mode == "extract":
         from maec_core.maec.pipeline import extract
 
-        extract(recipe, 0, out, device="cpu")
+        extract(parsed, 0, out, device="cpu", hash_cache=hash_cache)
     else:
         raise SystemExit(f"unknown child mode {mode}")
 

@@ -1,27 +1,26 @@
-"""sha256 of input files, with a stat-keyed cache so a file is hashed once per version.
+"""sha256 of input files, remembered per file version so a file is hashed once.
 
-Hashing a 16 GB checkpoint takes several seconds on one core; the cache (keyed on
-real path, size, mtime and inode) makes repeat merges of the same inputs free, and the
-engine runs the first hashing on a thread beside the merge (hashlib releases the GIL).
+Hashing a 16 GB checkpoint takes several seconds on one core. Digests are remembered
+in memory for the process and, when the caller names a cache folder, on disk (keyed on
+real path, size, mtime and inode), which makes repeat merges of the same inputs free.
+The engine runs the first hashing on a thread beside the merge (hashlib releases the
+GIL). The library never picks a cache folder itself: the CLI and the worker do.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import threading
 from pathlib import Path
 
 _LOCK = threading.Lock()
-CHUNK = 8 * 1024 * 1024
-
-
-def cache_dir() -> Path:
-    base = os.environ.get("MAEC_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "maec"
-    )
-    return Path(base)
+# Digests remembered in this process, by file version; bounded so a long-lived worker
+# hashing many inputs does not grow without limit.
+_MEMO: dict[str, str] = {}
+_MEMO_MAX = 4096
 
 
 def _key(path: Path) -> str:
@@ -34,32 +33,78 @@ class Stopped(Exception):
     """Hashing was abandoned (the merge it served failed)."""
 
 
-def sha256_file(path: Path, *, use_cache: bool = True,
+class _StoppableReader:
+    """A binary file whose reads raise ``Stopped`` once ``stop`` is set, so a hash of a
+    large file running beside a merge ends soon after the merge fails."""
+
+    def __init__(self, f: io.BufferedReader, path: Path, stop: threading.Event) -> None:
+        self._f = f
+        self._path = path
+        self._stop = stop
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf: bytearray) -> int:
+        if self._stop.is_set():
+            raise Stopped(str(self._path))
+        return self._f.readinto(buf)
+
+
+def _read_cached(entry: Path | None, memo_key: str) -> str | None:
+    with _LOCK:
+        hit = _MEMO.get(memo_key)
+    if hit is not None:
+        if entry is not None and not entry.is_file():
+            _remember(entry, memo_key, hit)  # known here, not yet in this cache folder
+        return hit
+    if entry is None:
+        return None
+    try:
+        cached = entry.read_text().strip()
+    except OSError:
+        return None
+    if len(cached) != 64:
+        return None
+    with _LOCK:
+        _MEMO[memo_key] = cached
+    return cached
+
+
+def _remember(entry: Path | None, memo_key: str, digest: str) -> None:
+    with _LOCK:
+        if len(_MEMO) >= _MEMO_MAX:
+            _MEMO.clear()
+        _MEMO[memo_key] = digest
+    if entry is None:
+        return
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        tmp = entry.with_suffix(f".{os.getpid()}.{threading.get_ident()}")
+        tmp.write_text(digest)
+        os.replace(tmp, entry)
+    except OSError:
+        pass  # a read-only cache only costs speed
+
+
+def sha256_file(path: Path, *, cache: Path | None = None, use_cache: bool = True,
                 stop: threading.Event | None = None) -> str:
-    """The hex sha256 of ``path``'s bytes (raises ``Stopped`` once ``stop`` is set)."""
-    entry = cache_dir() / "sha256" / _key(path) if use_cache else None
-    if entry is not None:
-        try:
-            cached = entry.read_text().strip()
-            if len(cached) == 64:
-                return cached
-        except OSError:
-            pass
-    h = hashlib.sha256()
+    """The hex sha256 of ``path``'s bytes (raises ``Stopped`` once ``stop`` is set).
+
+    ``cache`` is a folder where digests are kept between processes (None: memory only);
+    ``use_cache=False`` always reads the file (for a file just written by the caller).
+    """
+    memo_key = _key(path)
+    entry = cache / memo_key if cache is not None else None
+    if use_cache:
+        hit = _read_cached(entry, memo_key)
+        if hit is not None:
+            return hit
     with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            if stop is not None and stop.is_set():
-                raise Stopped(str(path))
-            h.update(chunk)
-    digest = h.hexdigest()
-    if entry is not None:
-        try:
-            entry.parent.mkdir(parents=True, exist_ok=True)
-            tmp = entry.with_suffix(f".{os.getpid()}.{threading.get_ident()}")
-            tmp.write_text(digest)
-            os.replace(tmp, entry)
-        except OSError:
-            pass  # a read-only cache only costs speed
+        source = f if stop is None else _StoppableReader(f, path, stop)
+        digest = hashlib.file_digest(source, "sha256").hexdigest()
+    if use_cache:
+        _remember(entry, memo_key, digest)
     return digest
 
 
@@ -71,8 +116,9 @@ def folder_digest(files: dict[str, str]) -> str:
 class BackgroundHasher:
     """Hash a list of files on a thread; ``result()`` joins and returns name -> sha256."""
 
-    def __init__(self, files: dict[str, list[Path]]) -> None:
+    def __init__(self, files: dict[str, list[Path]], *, cache: Path | None = None) -> None:
         self._files = files
+        self._cache = cache
         self._out: dict[str, dict[str, str]] = {}
         self._error: BaseException | None = None
         self._stop = threading.Event()
@@ -82,7 +128,8 @@ class BackgroundHasher:
     def _run(self) -> None:
         try:
             for key, paths in self._files.items():
-                self._out[key] = {p.name: sha256_file(p, stop=self._stop) for p in paths}
+                self._out[key] = {p.name: sha256_file(p, cache=self._cache, stop=self._stop)
+                                  for p in paths}
         except BaseException as exc:  # re-raised in result()
             self._error = exc
 

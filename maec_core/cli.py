@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -12,6 +13,7 @@ from tqdm import tqdm
 
 from maec_core.errors import MaecError
 from maec_core.eval.cli import eval_command
+from maec_core.recipe import parse_recipe
 
 
 class _Bar:
@@ -50,6 +52,25 @@ def _run(no_progress: bool, job: Callable[[_Bar | None], T]) -> T:
     sys.exit(2)
 
 
+def default_cache_dir() -> Path:
+    """Where the command line keeps input digests and MAEC artifacts between runs:
+    ``$XDG_CACHE_HOME/maec``, else ``~/.cache/maec`` (``--cache-dir`` or
+    ``MAEC_CACHE_DIR`` choose another)."""
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return Path(xdg) / "maec"
+
+
+def _hash_cache(cache_dir: Path | None) -> Path:
+    return (cache_dir or default_cache_dir()) / "sha256"
+
+
+_cache_option = click.option(
+    "--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+    envvar="MAEC_CACHE_DIR",
+    help="keeps input digests and MAEC artifacts between runs "
+         "(default: $XDG_CACHE_HOME/maec or ~/.cache/maec)")
+
+
 @click.group()
 @click.version_option(package_name="maec-service")
 def main() -> None:
@@ -62,13 +83,17 @@ def main() -> None:
 @click.option("--device", default=None, help="cuda, cpu, ... (default: CUDA when present)")
 @click.option("--overwrite", is_flag=True, help="replace an existing OUT_DIR")
 @click.option("--no-progress", is_flag=True, help="no progress bar")
+@_cache_option
 def merge(recipe: Path, out_dir: Path, device: str | None, overwrite: bool,
-          no_progress: bool) -> None:
+          no_progress: bool, cache_dir: Path | None) -> None:
     """Merge the checkpoints named in RECIPE (mergekit YAML shape) into OUT_DIR."""
-    from maec_core.engine import run_recipe
+    from maec_core.maec.store import LocalArtifactStore
+    from maec_core.run import run
 
-    result = _run(no_progress, lambda bar: run_recipe(
-        recipe, out_dir, progress=bar, device=device, overwrite=overwrite))
+    store = LocalArtifactStore((cache_dir or default_cache_dir()) / "artifacts")
+    result = _run(no_progress, lambda bar: run(
+        parse_recipe(recipe), out_dir, artifact_store=store, progress=bar, device=device,
+        overwrite=overwrite, hash_cache=_hash_cache(cache_dir)))
     click.echo(f"wrote {out_dir} ({result.tensors} tensors, {result.seconds:.1f} s)")
 
 
@@ -80,13 +105,15 @@ def merge(recipe: Path, out_dir: Path, device: str | None, overwrite: bool,
 @click.option("--device", default=None, help="cuda, cpu, ... (default: CUDA when present)")
 @click.option("--overwrite", is_flag=True, help="replace an existing ARTIFACT_DIR")
 @click.option("--no-progress", is_flag=True, help="no progress bar")
+@_cache_option
 def extract(recipe: Path, artifact_dir: Path, ability: int, device: str | None,
-            overwrite: bool, no_progress: bool) -> None:
+            overwrite: bool, no_progress: bool, cache_dir: Path | None) -> None:
     """MAEC stage 1: extract one ability of RECIPE into the artifact folder ARTIFACT_DIR."""
     from maec_core.maec.pipeline import extract as run_extract
 
     result = _run(no_progress, lambda bar: run_extract(
-        recipe, ability, artifact_dir, progress=bar, device=device, overwrite=overwrite))
+        parse_recipe(recipe), ability, artifact_dir, progress=bar, device=device,
+        overwrite=overwrite, hash_cache=_hash_cache(cache_dir)))
     totals = result.metadata["totals"]
     click.echo(f"wrote {artifact_dir} (key {result.key}, {totals['kept']} key neurons in "
                f"{totals['tensors']} tensors, {result.seconds:.1f} s)")
@@ -98,8 +125,9 @@ def extract(recipe: Path, artifact_dir: Path, ability: int, device: str | None,
 @click.option("--device", default=None, help="cuda, cpu, ... (default: CUDA when present)")
 @click.option("--overwrite", is_flag=True, help="replace an existing OUT_DIR")
 @click.option("--no-progress", is_flag=True, help="no progress bar")
+@_cache_option
 def combine(recipe: Path, paths: tuple[Path, ...], device: str | None, overwrite: bool,
-            no_progress: bool) -> None:
+            no_progress: bool, cache_dir: Path | None) -> None:
     """MAEC stage 2: combine artifacts into RECIPE's language base.
 
     PATHS is ARTIFACT_DIR... OUT_DIR: one artifact folder per ability, in recipe order,
@@ -111,7 +139,8 @@ def combine(recipe: Path, paths: tuple[Path, ...], device: str | None, overwrite
         raise click.UsageError("give at least one ARTIFACT_DIR and then OUT_DIR")
     *artifacts, out_dir = paths
     result = _run(no_progress, lambda bar: run_combine(
-        recipe, artifacts, out_dir, progress=bar, device=device, overwrite=overwrite))
+        parse_recipe(recipe), artifacts, out_dir, progress=bar, device=device,
+        overwrite=overwrite, hash_cache=_hash_cache(cache_dir)))
     report = result.report or {}
     kept = ", ".join(f"{a['name']}: {a['tensors_kept']}/{a['tensors_carrying']} tensors"
                      for a in report.get("abilities", []))

@@ -2,8 +2,8 @@
 
 ``stream_merge`` is the shared loop (read inputs with prefetch, compute in float32 on
 the best device, check finiteness, cast, append to the sharded writer, report progress,
-honour cancellation); ``run_recipe`` drives it for the registered methods and hands
-``merge_method: maec`` to the MAEC pipeline, which reuses the same loop.
+honour cancellation); ``run_method`` drives it for the registered methods, and the MAEC
+pipeline reuses it for combination. ``maec_core.run`` chooses between the two.
 
 Two paths share it. Methods that need a whole tensor (TIES, DARE, SLERP) get one tensor
 at a time, the next one read on a thread meanwhile. Element-wise methods (linear, task
@@ -25,7 +25,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,15 +39,19 @@ from maec_core.io.output import StagedOutput, output_config
 from maec_core.io.reader import SAFETENSORS_NAMES, Prefetcher, TensorReader, Unit, UnitReader
 from maec_core.io.writer import BackgroundWriter, OutputTensor, ShardedWriter
 from maec_core.manifest import MANIFEST_NAME, build_manifest
-from maec_core.methods.base import TensorCall
+from maec_core.methods import TensorCall, TensorMethod, get_method
 from maec_core.methods.params import layer_index, resolve_params
-from maec_core.methods.registry import get_impl, is_elementwise
-from maec_core.methods.specs import get_spec
 from maec_core.plan import MergePlan, PlannedTensor, build_plan
-from maec_core.recipe import Recipe, parse_recipe
+from maec_core.recipe import Recipe
+from maec_core.runtime import (
+    CancelFn,
+    MergeResult,
+    ProgressFn,
+    best_device,
+    torch_dtype,
+    torch_threads,
+)
 
-# progress(stage, done, total)
-ProgressFn = Callable[[str, int, int], None]
 ComputeFn = Callable[[PlannedTensor, list[torch.Tensor]], torch.Tensor]
 # An element-wise compute also told the flat offset of its slice in the tensor, for
 # sparse updates (MAEC adds stored key rows to the language base's slices).
@@ -66,24 +69,6 @@ THREADED_MIN_NUMEL = 1 << 22
 COMPUTE_THREADS = 2
 # Output parts queued for the writer thread.
 WRITE_DEPTH = 4
-CancelFn = Callable[[], bool]
-TORCH_DTYPE = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def best_device(requested: str | None = None) -> torch.device:
-    if requested:
-        return torch.device(requested)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-@dataclass
-class MergeResult:
-    out_dir: Path
-    manifest: dict[str, Any]
-    tensors: int
-    seconds: float
-    stage_seconds: dict[str, float] = field(default_factory=dict)
-    report: dict[str, Any] | None = None
 
 
 def open_models(named: Mapping[str, str]) -> dict[str, ModelFolder]:
@@ -121,8 +106,7 @@ def _whole_tensors(
     tick: Callable[[int], None],
 ) -> None:
     """One tensor at a time: for methods that need the whole tensor (TIES, SLERP, ...)."""
-    threads = torch.get_num_threads()
-    with TensorReader() as reader:
+    with TensorReader() as reader, torch_threads() as threads:
         prefetch = Prefetcher(reader, steps)
         try:
             for i, (planned, raw) in enumerate(zip(plan.tensors, prefetch, strict=True)):
@@ -131,9 +115,7 @@ def _whole_tensors(
                     # Small tensors on one thread: an OpenMP team costs a barrier per op,
                     # and on a busy machine a descheduled member stalls each one
                     # (TIES on many small tensors measured 30x slower on 2 shared cores).
-                    want = threads if planned.numel >= THREADED_MIN_NUMEL else 1
-                    if torch.get_num_threads() != want:
-                        torch.set_num_threads(want)
+                    threads.use(threads.saved if planned.numel >= THREADED_MIN_NUMEL else 1)
                 inputs = [r.to(device=device, dtype=torch.float32) for r in raw]
                 del raw
                 merged = compute(planned, inputs).to(device="cpu", dtype=target)
@@ -147,7 +129,6 @@ def _whole_tensors(
                 del merged
         finally:
             prefetch.close()
-            torch.set_num_threads(threads)
 
 
 def _elementwise(
@@ -175,14 +156,27 @@ def _elementwise(
     # One compute thread: the slices are too small to split, and on a busy machine an
     # OpenMP team waiting at a barrier for a descheduled member stalls every op (measured
     # 20x slower on 2 shared cores). Reading and writing run on their own threads.
-    threads = torch.get_num_threads()
-    if not cuda:
-        torch.set_num_threads(1)
-    try:
+    with torch_threads(None if cuda else 1):
         _stream_units(plan, steps, writer, compute, device, target, tick, unit, chunk,
                       compute_at, workers=1 if cuda else compute_threads)
-    finally:
-        torch.set_num_threads(threads)
+
+
+def _unit_buffers(
+    plan: MergePlan, steps: list[list[TensorInfo]], device: torch.device, tsize: int,
+    unit: int, chunk: int, workers: int, outputs: int,
+) -> tuple[queue.Queue[list[torch.Tensor]], queue.Queue[torch.Tensor]]:
+    """The recycled buffers of ``_stream_units``, allocated once per merge: per compute
+    worker one float32 slice per input, and ``outputs`` byte buffers of one unit each."""
+    slots = max((len(s) for s in steps), default=0)
+    scratch: queue.Queue[list[torch.Tensor]] = queue.Queue()
+    for _ in range(workers):
+        scratch.put([torch.empty(min(chunk, unit), dtype=torch.float32, device=device)
+                     for _ in range(slots)])
+    biggest = max((t.numel for t in plan.tensors), default=0)
+    out_free: queue.Queue[torch.Tensor] = queue.Queue()
+    for _ in range(outputs):
+        out_free.put(torch.empty(max(1, min(unit, biggest)) * tsize, dtype=torch.uint8))
+    return scratch, out_free
 
 
 def _stream_units(
@@ -200,18 +194,11 @@ def _stream_units(
 ) -> None:
     st_dtype = SAFETENSORS_NAMES[target]
     tsize = torch.empty((), dtype=target).element_size()
-    slots = max((len(s) for s in steps), default=0)
-    scratch: queue.Queue[list[torch.Tensor]] = queue.Queue()
-    for _ in range(workers):
-        scratch.put([torch.empty(min(chunk, unit), dtype=torch.float32, device=device)
-                     for _ in range(slots)])
-    biggest = max((t.numel for t in plan.tensors), default=0)
-    out_free: queue.Queue[torch.Tensor] = queue.Queue()
     # Units computed ahead of the oldest: two per worker, so a worker finds its next
     # unit queued even when this thread is slow to be scheduled on a busy machine.
     in_flight = 2 * workers if workers > 1 else 1
-    for _ in range(WRITE_DEPTH + 1 + in_flight):
-        out_free.put(torch.empty(max(1, min(unit, biggest)) * tsize, dtype=torch.uint8))
+    scratch, out_free = _unit_buffers(plan, steps, device, tsize, unit, chunk, workers,
+                                      WRITE_DEPTH + 1 + in_flight)
 
     def work(planned: PlannedTensor, u: Unit, buf: torch.Tensor) -> None:
         """Compute unit ``u`` into ``buf`` (on a worker when ``workers`` > 1)."""
@@ -287,6 +274,7 @@ def stream_merge(
     manifest_extra: Mapping[str, Any] | None = None,
     overwrite: bool = False,
     hash_inputs: Mapping[str, Sequence[Path]] | None = None,
+    hash_cache: Path | None = None,
     elementwise: bool = False,
     compute_at: OffsetComputeFn | None = None,
     compute_threads: int = 1,
@@ -295,7 +283,9 @@ def stream_merge(
 
     ``read(t)`` names the stored tensors to load for ``t``; ``compute`` receives them as
     float32 on ``device`` and returns the merged float32 tensor. Nothing appears at
-    ``out_dir`` unless every step succeeds.
+    ``out_dir`` unless every step succeeds. The input files (``hash_inputs``, by default
+    every model's weight files) are hashed for the manifest on a thread meanwhile,
+    digests kept in the folder ``hash_cache`` when given.
 
     ``elementwise=True`` promises that ``compute`` works entry by entry (its inputs may
     then be flat slices of the tensors, and it must not keep or return references that
@@ -311,11 +301,10 @@ def stream_merge(
     hasher = BackgroundHasher(
         {k: list(v) for k, v in (hash_inputs or {
             key: m.weight_files for key, m in plan.models.items()
-        }).items()}
+        }).items()},
+        cache=hash_cache,
     )
-    target = TORCH_DTYPE[out_dtype]
-    st_dtype = SAFETENSORS_NAMES[target]
-    outputs = [OutputTensor(t.name, t.shape, st_dtype) for t in plan.tensors]
+    target = torch_dtype(out_dtype)
     total = len(plan.tensors)
 
     def tick(i: int) -> None:
@@ -326,53 +315,95 @@ def stream_merge(
             raise Cancelled("merge cancelled")
 
     with StagedOutput(out_dir, overwrite=overwrite) as staged:
-        writer = BackgroundWriter(
-            ShardedWriter(staged.folder, outputs, recipe.shard_size_bytes(),
-                          parallel_io=True),
-            # Whole tensors: one queued while one is written, so memory stays at a
-            # couple of tensors; slices are small and recycled, a deeper queue is free.
-            depth=WRITE_DEPTH if elementwise else 1,
-        )
-        steps = [read(t) for t in plan.tensors]
         try:
-            if elementwise:
-                _elementwise(plan, steps, writer, compute, device, target, tick, compute_at,
-                             compute_threads)
-            else:
-                _whole_tensors(plan, steps, writer, compute, device, target, tick)
-            staged.add(writer.close())
+            _write_tensors(staged, plan, recipe, read, compute, compute_at, device, target,
+                           tick, elementwise, compute_threads)
         except BaseException:
-            writer.abort()
             hasher.stop()
             raise
         if progress is not None and total:
             progress(stage, total, total)
-        source = plan.models[tokenizer_from]
-        staged.copy_side_files(source)
-        staged.write_json("config.json", output_config(source.config, out_dtype))
-        recipe_dump = recipe.model_dump(mode="json", exclude_none=True)
-        staged.write_bytes("recipe.yaml", recipe.to_yaml().encode())
-        staged.write_bytes(
-            "README.md", model_card(recipe, base_models, card_summary).encode()
-        )
-        for name, doc in (extra_json or {}).items():
-            staged.write_json(name, doc)
-        digests = hasher.result()
-        inputs_doc = {
-            key: {"path": str(m.root), "files": digests.get(key, {})}
-            for key, m in plan.models.items()
-        }
-        manifest = build_manifest(
-            staged.files, inputs=inputs_doc, recipe=recipe_dump,
-            extra=dict(manifest_extra or {}),
-        )
-        # Written last and outside staged.files: the manifest lists the others.
-        (staged.folder / MANIFEST_NAME).write_text(
-            json.dumps(manifest, indent=2, sort_keys=True) + "\n"
+        manifest = _finish_folder(
+            staged, plan, recipe, hasher, out_dtype=out_dtype, tokenizer_from=tokenizer_from,
+            base_models=base_models, extra_json=extra_json, card_summary=card_summary,
+            manifest_extra=manifest_extra,
         )
         staged.commit()
     seconds = time.perf_counter() - started
     return MergeResult(out_dir, manifest, total, seconds, {stage: seconds})
+
+
+def _write_tensors(
+    staged: StagedOutput,
+    plan: MergePlan,
+    recipe: Recipe,
+    read: Callable[[PlannedTensor], list[TensorInfo]],
+    compute: ComputeFn,
+    compute_at: OffsetComputeFn | None,
+    device: torch.device,
+    target: torch.dtype,
+    tick: Callable[[int], None],
+    elementwise: bool,
+    compute_threads: int,
+) -> None:
+    """Merge every planned tensor into the staged folder's shards (and their index)."""
+    st_dtype = SAFETENSORS_NAMES[target]
+    outputs = [OutputTensor(t.name, t.shape, st_dtype) for t in plan.tensors]
+    writer = BackgroundWriter(
+        ShardedWriter(staged.folder, outputs, recipe.shard_size_bytes(), parallel_io=True),
+        # Whole tensors: one queued while one is written, so memory stays at a couple
+        # of tensors; slices are small and recycled, a deeper queue is free.
+        depth=WRITE_DEPTH if elementwise else 1,
+    )
+    steps = [read(t) for t in plan.tensors]
+    try:
+        if elementwise:
+            _elementwise(plan, steps, writer, compute, device, target, tick, compute_at,
+                         compute_threads)
+        else:
+            _whole_tensors(plan, steps, writer, compute, device, target, tick)
+        staged.add(writer.close())
+    except BaseException:
+        writer.abort()
+        raise
+
+
+def _finish_folder(
+    staged: StagedOutput,
+    plan: MergePlan,
+    recipe: Recipe,
+    hasher: BackgroundHasher,
+    *,
+    out_dtype: str,
+    tokenizer_from: str,
+    base_models: list[str],
+    extra_json: Mapping[str, Any] | None,
+    card_summary: str,
+    manifest_extra: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """Write the side files, config, recipe, card and extra documents, then the manifest
+    (last: it lists the others); returns the manifest."""
+    source = plan.models[tokenizer_from]
+    staged.copy_side_files(source)
+    staged.write_json("config.json", output_config(source.config, out_dtype))
+    recipe_dump = recipe.model_dump(mode="json", exclude_none=True)
+    staged.write_bytes("recipe.yaml", recipe.to_yaml().encode())
+    staged.write_bytes("README.md", model_card(recipe, base_models, card_summary).encode())
+    for name, doc in (extra_json or {}).items():
+        staged.write_json(name, doc)
+    digests = hasher.result()
+    inputs_doc = {
+        key: {"path": str(m.root), "files": digests.get(key, {})}
+        for key, m in plan.models.items()
+    }
+    manifest = build_manifest(
+        staged.files, inputs=inputs_doc, recipe=recipe_dump, extra=dict(manifest_extra or {}),
+    )
+    # Written last and outside staged.files: the manifest lists the others.
+    (staged.folder / MANIFEST_NAME).write_text(
+        json.dumps(manifest, indent=2, sort_keys=True) + "\n"
+    )
+    return manifest
 
 
 def _model_keys(recipe: Recipe) -> tuple[str | None, list[tuple[str, str]]]:
@@ -401,10 +432,11 @@ def run_method(
     cancel: CancelFn | None = None,
     device: str | None = None,
     overwrite: bool = False,
+    hash_cache: Path | None = None,
 ) -> MergeResult:
-    """Run one registered (non-MAEC) method."""
-    spec = get_spec(recipe.merge_method)
-    fn = get_impl(spec.name)
+    """Run one registered (non-MAEC) method of a parsed ``recipe`` into ``out_dir``."""
+    spec = get_method(recipe.merge_method, TensorMethod)
+    fn = spec.merge
     base_key, others = _model_keys(recipe)
     named = dict(others)
     if base_key:
@@ -465,29 +497,7 @@ def run_method(
     return stream_merge(
         plan, recipe, Path(out_dir), compute=compute, read=read, out_dtype=out_dtype,
         tokenizer_from=tokenizer_from, base_models=list(named.values()), device=dev,
-        progress=progress, cancel=cancel, overwrite=overwrite,
-        elementwise=is_elementwise(spec.name), compute_threads=COMPUTE_THREADS,
+        progress=progress, cancel=cancel, overwrite=overwrite, hash_cache=hash_cache,
+        elementwise=spec.elementwise, compute_threads=COMPUTE_THREADS,
     )
 
-
-def run_recipe(
-    recipe: Recipe | Mapping[str, Any] | str | Path,
-    out_dir: str | Path,
-    *,
-    progress: ProgressFn | None = None,
-    cancel: CancelFn | None = None,
-    device: str | None = None,
-    overwrite: bool = False,
-) -> MergeResult:
-    """Validate ``recipe`` and write the merged checkpoint folder to ``out_dir``."""
-    r = parse_recipe(recipe)
-    if r.merge_method == "maec":
-        from maec_core.maec.pipeline import run_maec
-
-        result: MergeResult = run_maec(
-            r, Path(out_dir), progress=progress, cancel=cancel, device=device,
-            overwrite=overwrite,
-        )
-        return result
-    return run_method(r, Path(out_dir), progress=progress, cancel=cancel, device=device,
-                      overwrite=overwrite)

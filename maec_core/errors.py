@@ -2,7 +2,8 @@
 
 Every failure a user can cause maps to one class here with a fixed ``code`` string; the
 API returns it as ``{code, message, details}`` and a failed job stores it as
-``error.code``. Codes are part of the public contract: never rename one.
+``error.code``. Codes are part of the public contract: never rename one. Which HTTP
+status a code answers with is the API's business (``app.api.errors``), not the library's.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ class MaecError(Exception):
     """Base of every expected failure. ``details`` must be JSON-serialisable."""
 
     code = "merge_error"
-    http_status = 400
 
     def __init__(self, message: str, **details: Any) -> None:
         super().__init__(message)
@@ -32,14 +32,12 @@ class RecipeError(MaecError):
     """The recipe or job parameters are invalid (unknown key, method, range)."""
 
     code = "invalid_recipe"
-    http_status = 422
 
 
 class SourceError(MaecError):
     """A checkpoint source cannot be resolved or is not allowed."""
 
     code = "invalid_source"
-    http_status = 422
 
 
 class SourceNotFound(SourceError):
@@ -50,7 +48,6 @@ class CheckpointError(MaecError):
     """A checkpoint folder is unusable."""
 
     code = "invalid_checkpoint"
-    http_status = 422
 
 
 class PickleRefused(CheckpointError):
@@ -81,35 +78,30 @@ class NonFiniteOutput(MaecError):
     """A merged tensor contains NaN or inf: nothing is published."""
 
     code = "non_finite_output"
-    http_status = 422
 
 
 class ArtifactMismatch(MaecError):
     """An ability-vector artifact does not match the checkpoints it is combined with."""
 
     code = "artifact_mismatch"
-    http_status = 422
 
 
 class CorpusError(MaecError):
     """The ability corpus is missing, empty, too large or malformed."""
 
     code = "invalid_corpus"
-    http_status = 422
 
 
 class OutputExists(MaecError):
     """The output folder already exists: merges never overwrite a published result."""
 
     code = "output_exists"
-    http_status = 409
 
 
 class Cancelled(MaecError):
     """The caller asked the merge to stop (checked between tensors)."""
 
     code = "cancelled"
-    http_status = 409
 
 
 class EvalSetError(MaecError):

@@ -2,8 +2,8 @@
 
 The parent (prefork) process imports torch through ``worker.tasks`` so that each child
 forks with it loaded, but never touches CUDA: device selection happens in the child,
-inside the task. The parent runs the heartbeat thread (``/readyz`` counts live workers)
-and the lease sweeper.
+inside the task. The parent runs the heartbeat thread: ``/readyz`` counts live workers,
+and each beat sweeps expired leases and retries deleting orphaned staging prefixes.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from app.jobs.worker_store import WorkerJobStore
 from app.settings import get_settings
 from app.storage import make_storage
 from worker.celery_config import celery_settings
-from worker.janitor import clean_orphans
 from worker.sweeper import sweep_expired
 
 log = logging.getLogger("maec.worker")
@@ -44,7 +43,7 @@ def _heartbeat() -> None:
         try:
             store.heartbeat(_NAME)
             sweep_expired(store, celery, settings)
-            clean_orphans(store.r, storage)
+            store.clean_orphans(storage)
         except Exception as exc:  # Redis down: keep trying, readyz shows it meanwhile
             log.warning("heartbeat failed: %s", exc)
         if _stop.wait(settings.worker_heartbeat_seconds):

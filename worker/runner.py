@@ -30,7 +30,6 @@ from maec_core.errors import Cancelled, MaecError
 from maec_core.manifest import MANIFEST_NAME
 from maec_core.recipe import parse_recipe
 from worker.inputs import InputCache, fetch_source
-from worker.janitor import remember_orphan
 
 log = logging.getLogger("maec.worker")
 
@@ -139,22 +138,6 @@ class Outcome:
     error: dict[str, Any] | None = None
 
 
-def _rewrite(recipe: dict[str, Any], local: dict[str, str]) -> dict[str, Any]:
-    """The recipe with every source string replaced by its local path."""
-    out = dict(recipe)
-    for k in ("base_model", "language_base", "tokenizer_source"):
-        if out.get(k) in local:
-            out[k] = local[out[k]]
-    out["models"] = [{**m, "model": local.get(m["model"], m["model"])}
-                     for m in out.get("models", [])]
-    out["abilities"] = [
-        {**a, **{k: local[a[k]] for k in ("model", "control", "corpus")
-                 if a.get(k) in local}}
-        for a in out.get("abilities", [])
-    ]
-    return out
-
-
 class JobRunner:
     def __init__(self, settings: Settings, store: WorkerJobStore, storage: Storage,
                  *, worker: str | None = None) -> None:
@@ -230,7 +213,7 @@ class JobRunner:
         except StorageError as exc:
             log.warning("could not clean staging %s: %s", prefix, exc)
             # The store is down: the workers' heartbeat deletes it once it is back.
-            remember_orphan(self.store.r, prefix + "/")
+            self.store.remember_orphan(prefix + "/")
 
     def _end(self, rec: JobRecord, att: Attempt, status: str, error: dict[str, Any] | None,
              started: float, result: dict[str, Any] | None = None) -> str:
@@ -255,7 +238,8 @@ class JobRunner:
                  ) -> dict[str, Any]:
         # 1. fetch
         local: dict[str, str] = {}
-        corpora = {a.get("corpus") for a in rec.recipe.get("abilities", [])}
+        recipe = parse_recipe(rec.recipe)
+        corpora = {s.ref for s in recipe.sources() if s.kind == "corpus"}
         total = len(rec.sources)
         att.progress("fetch", 0, total)
         fetched = cached = 0
@@ -269,21 +253,15 @@ class JobRunner:
             att.progress("fetch", i + 1, total)
         log.info("job %s: inputs ready (%d bytes fetched, %d from cache)", rec.id,
                  fetched, cached)
-        # 2. merge
-        recipe = parse_recipe(_rewrite(rec.recipe, local))
+        # 2. merge: the recipe was parsed once from the job record; passed on typed.
+        recipe = recipe.with_sources(local)
         workdir.mkdir(parents=True, exist_ok=True)
         out = workdir / "out"
-        if recipe.merge_method == "maec":
-            from maec_core.maec.pipeline import run_maec
+        from maec_core.run import run as run_merge
 
-            merged = run_maec(recipe, out, progress=att.progress,
-                              cancel=att.cancel_requested, device=self.settings.device,
-                              artifact_store=self.artifacts)
-        else:
-            from maec_core.engine import run_recipe
-
-            merged = run_recipe(recipe, out, progress=att.progress,
-                                cancel=att.cancel_requested, device=self.settings.device)
+        merged = run_merge(recipe, out, artifact_store=self.artifacts, progress=att.progress,
+                           cancel=att.cancel_requested, device=self.settings.device,
+                           hash_cache=self.settings.work_dir / "checksums")
         report = merged.report or {}
         reused = [bool(a.get("artifact_reused")) for a in report.get("abilities", [])]
         # 3. publish: every file, then manifest.json last (the commit marker).

@@ -28,6 +28,34 @@ class ApiError(MaecError):
         self.headers = headers or {}
 
 
+# The HTTP status each error code answers with. An error whose own code is not listed
+# answers like its nearest base class that is (a new checkpoint error is a 422 without
+# an entry here); the library itself knows nothing of HTTP.
+STATUS_BY_CODE: dict[str, int] = {
+    "merge_error": 400,
+    "invalid_recipe": 422,
+    "invalid_source": 422,
+    "invalid_checkpoint": 422,
+    "non_finite_output": 422,
+    "artifact_mismatch": 422,
+    "invalid_corpus": 422,
+    "output_exists": 409,
+    "cancelled": 409,
+    "storage_unavailable": 503,
+}
+
+
+def http_status(exc: MaecError) -> int:
+    """The HTTP status of ``exc`` (an ``ApiError`` carries its own)."""
+    if isinstance(exc, ApiError):
+        return exc.http_status
+    for cls in type(exc).__mro__:
+        code = getattr(cls, "code", None)
+        if isinstance(code, str) and code in STATUS_BY_CODE:
+            return STATUS_BY_CODE[code]
+    return STATUS_BY_CODE["merge_error"]
+
+
 def problem(status: int, code: str, message: str, details: dict[str, Any] | None = None,
             headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"code": code, "message": message, "details": details or {}},
@@ -37,7 +65,7 @@ def problem(status: int, code: str, message: str, details: dict[str, Any] | None
 async def _maec_error(_req: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, MaecError)
     headers = exc.headers if isinstance(exc, ApiError) else None
-    return problem(exc.http_status, exc.code, exc.message, exc.details, headers)
+    return problem(http_status(exc), exc.code, exc.message, exc.details, headers)
 
 
 async def _validation(_req: Request, exc: Exception) -> JSONResponse:

@@ -1,7 +1,8 @@
-"""The API's view of the job store (asyncio Redis): create, read, list, cancel, counts.
+"""The API's face of the job store (asyncio Redis): create, read, list, cancel, counts.
 
-Reading a job is one ``HGETALL``; listing is one ``ZREVRANGEBYLEX`` plus one pipelined
-batch of ``HGETALL`` per page.
+Reading a job is one ``HGETALL`` (auto-pipelined with concurrent reads); listing is one
+``ZREVRANGEBYLEX`` plus one pipelined batch of ``HGETALL`` per page. State changes run the
+scripts of :mod:`app.jobs.calls`, shared with the worker.
 """
 
 from __future__ import annotations
@@ -10,31 +11,27 @@ import json
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Any, TypeVar, cast
 
 import redis.asyncio as aioredis
 
-from app.jobs import scripts
+from app.jobs import calls, scripts
+from app.jobs.accounting import finish_increments
 from app.jobs.batching import HashReader
-from app.jobs.record import (
-    INTERNAL_FIELDS,
+from app.jobs.calls import CancelOutcome, CreateOutcome
+from app.jobs.keys import (
     METRICS_KEY,
-    STATUSES,
     WORKERS_KEY,
-    JobRecord,
-    active_key,
-    decode,
-    encode,
     idem_key,
     job_key,
-    now_iso,
     owner_key,
+    rate_key,
     status_key,
 )
+from app.jobs.record import INTERNAL_FIELDS, STATUSES, JobRecord, decode, now_iso, text
 
+T = TypeVar("T")
 PUBLIC_FIELDS = tuple(f.encode() for f in JobRecord.model_fields if f not in INTERNAL_FIELDS)
-CreateOutcome = Literal["created", "existing", "too_many"]
-CancelOutcome = Literal["cancelled", "requested", "finished", "missing"]
 # Upper bound on records examined for one filtered page, so a rare status cannot turn a
 # list request into a scan of every job the key ever ran.
 MAX_SCAN = 1000
@@ -48,47 +45,44 @@ class Page:
 
 class ApiJobStore:
     def __init__(self, client: aioredis.Redis) -> None:
-        self.r = client
+        self._r = client
         self._reader = HashReader(client)
-        self._create = client.register_script(scripts.CREATE)
-        self._cancel = client.register_script(scripts.CANCEL)
-        self._transition = client.register_script(scripts.TRANSITION)
+        self._scripts = {s.name: client.register_script(s.lua) for s in scripts.ALL}
 
     @classmethod
     def from_url(cls, url: str) -> ApiJobStore:
         return cls(aioredis.Redis.from_url(url, health_check_interval=30))
 
+    @property
+    def client(self) -> aioredis.Redis:
+        """The connection pool, for other API pieces that keep state in the same Redis
+        (one pool per process); job keys are only ever touched through this store."""
+        return self._r
+
     async def close(self) -> None:
-        await self.r.aclose()
+        await self._r.aclose()
 
     async def ping(self) -> bool:
-        return bool(await self.r.ping())
+        return bool(await self._r.ping())
+
+    async def _run(self, call: calls.Call[T]) -> T:
+        return call.parse(await self._scripts[call.script.name](keys=call.keys,
+                                                                 args=call.args))
 
     async def create(
         self, record: JobRecord, *, max_active: int
     ) -> tuple[CreateOutcome, str]:
-        fields = encode(record.model_dump(mode="json"))
-        flat: list[str] = [x for kv in fields.items() for x in kv]
-        idem = idem_key(record.owner, record.idempotency_key or "")
-        res = await self._create(
-            keys=[job_key(record.id), owner_key(record.owner), active_key(record.owner),
-                  status_key("queued"), idem],
-            args=[record.id, max_active, "1" if record.idempotency_key else "0",
-                  int(time.time() * 1000), *flat],
-        )
-        outcome, job_id = (x.decode() if isinstance(x, bytes) else str(x) for x in res)
-        return outcome, job_id  # type: ignore[return-value]
+        return await self._run(calls.create(record, max_active=max_active))
 
     async def idempotent_job(self, owner: str, key: str) -> str | None:
         """The job id an earlier submission with this idempotency key created."""
-        found = await self.r.get(idem_key(owner, key))
-        return found.decode() if isinstance(found, bytes) else found
+        found = await self._r.get(idem_key(owner, key))
+        return None if found is None else text(found)
 
     async def count_submission(self, owner: str, window_s: int = 60) -> int:
         """Submissions by ``owner`` in the current fixed window (one pipelined call)."""
-        bucket = int(time.time() // window_s)
-        key = f"maec:rate:{owner}:{bucket}"
-        async with self.r.pipeline(transaction=True) as pipe:
+        key = rate_key(owner, int(time.time() // window_s))
+        async with self._r.pipeline(transaction=True) as pipe:
             pipe.incr(key)
             pipe.expire(key, window_s * 2)
             count, _ = await pipe.execute()
@@ -96,7 +90,7 @@ class ApiJobStore:
 
     async def get(self, job_id: str, owner: str | None = None) -> JobRecord | None:
         """The record, or None when missing or (with ``owner``) someone else's."""
-        raw = await cast(Awaitable[dict[bytes, bytes]], self.r.hgetall(job_key(job_id)))
+        raw = await cast(Awaitable[dict[bytes, bytes]], self._r.hgetall(job_key(job_id)))
         rec = decode(raw)
         if rec is None or (owner is not None and rec.owner != owner):
             return None
@@ -115,21 +109,16 @@ class ApiJobStore:
         return b"{" + b",".join(parts) + b"}"
 
     async def cancel(self, job_id: str) -> CancelOutcome:
-        res = await self._cancel(
-            keys=[job_key(job_id)],
-            args=[job_id, encode({"t": now_iso()})["t"], int(time.time() * 1000)],
-        )
-        return (res.decode() if isinstance(res, bytes) else str(res))  # type: ignore[return-value]
+        return await self._run(calls.cancel(job_id))
 
     async def fail(self, job_id: str, error: dict[str, Any]) -> bool:
         """Fail a job that never reached the queue (enqueue error)."""
-        fields = encode({"error": error, "finished_at": now_iso()})
-        res = await self._transition(
-            keys=[job_key(job_id), METRICS_KEY],
-            args=[job_id, "queued", "failed", int(time.time() * 1000), "", 1,
-                  "finished_total:failed", "1", *[x for kv in fields.items() for x in kv]],
-        )
-        return bool((res[0].decode() if isinstance(res[0], bytes) else res[0]) == "ok")
+        done, _ = await self._run(calls.transition(
+            job_id, allowed=("queued",), to="failed", attempt=None,
+            fields={"error": error, "finished_at": now_iso()},
+            metrics=finish_increments("failed", None),
+        ))
+        return done
 
     async def list(
         self, owner: str, *, status: str | None, limit: int, cursor: str | None
@@ -141,15 +130,12 @@ class ApiJobStore:
         batch = limit if status is None else max(limit * 2, 50)
         last: str | None = None
         while len(out) < limit and scanned < MAX_SCAN:
-            ids = [
-                i.decode() if isinstance(i, bytes) else str(i)
-                for i in await self.r.zrevrangebylex(
-                    owner_key(owner), upper, "-", start=0, num=batch
-                )
-            ]
+            found = await self._r.zrevrangebylex(owner_key(owner), upper, "-", start=0,
+                                                 num=batch)
+            ids = [text(i) for i in found]
             if not ids:
                 return Page(out, None)
-            async with self.r.pipeline(transaction=False) as pipe:
+            async with self._r.pipeline(transaction=False) as pipe:
                 for i in ids:
                     pipe.hgetall(job_key(i))
                 raws: list[Any] = await pipe.execute()
@@ -165,22 +151,20 @@ class ApiJobStore:
             if len(ids) < batch and len(out) < limit:
                 return Page(out, None)
         # A full page (or the scan bound) ends here; more may follow.
-        more = await self.r.zrevrangebylex(owner_key(owner), f"({last}", "-", start=0, num=1)
+        more = await self._r.zrevrangebylex(owner_key(owner), f"({last}", "-", start=0, num=1)
         return Page(out, last if more else None)
 
     async def status_counts(self) -> dict[str, int]:
-        async with self.r.pipeline(transaction=False) as pipe:
+        async with self._r.pipeline(transaction=False) as pipe:
             for s in STATUSES:
                 pipe.zcard(status_key(s))
             counts = await pipe.execute()
         return dict(zip(STATUSES, (int(c) for c in counts), strict=True))
 
     async def metrics_hash(self) -> dict[str, float]:
-        raw = await cast(Awaitable[dict[bytes, bytes]], self.r.hgetall(METRICS_KEY))
-        return {
-            (k.decode() if isinstance(k, bytes) else k): float(v) for k, v in raw.items()
-        }
+        raw = await cast(Awaitable[dict[bytes, bytes]], self._r.hgetall(METRICS_KEY))
+        return {text(k): float(v) for k, v in raw.items()}
 
     async def live_workers(self, window_s: float) -> int:
         """Workers whose heartbeat is newer than ``window_s`` seconds."""
-        return int(await self.r.zcount(WORKERS_KEY, time.time() - window_s, "+inf"))
+        return int(await self._r.zcount(WORKERS_KEY, time.time() - window_s, "+inf"))

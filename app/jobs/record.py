@@ -21,32 +21,6 @@ STATUSES: tuple[Status, ...] = (
 TERMINAL: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
 ACTIVE: frozenset[str] = frozenset({"queued", "running", "publishing"})
 
-PREFIX = "maec:"
-
-
-def job_key(job_id: str) -> str:
-    return f"{PREFIX}job:{job_id}"
-
-
-def owner_key(owner: str) -> str:
-    return f"{PREFIX}owner:{owner}"
-
-
-def active_key(owner: str) -> str:
-    return f"{PREFIX}active:{owner}"
-
-
-def status_key(status: str) -> str:
-    return f"{PREFIX}status:{status}"
-
-
-def idem_key(owner: str, key: str) -> str:
-    return f"{PREFIX}idem:{owner}:{key}"
-
-
-METRICS_KEY = f"{PREFIX}metrics"
-WORKERS_KEY = f"{PREFIX}workers"
-
 
 def new_job_id() -> str:
     """``j_`` + 12 hex digits of milliseconds + random: ids sort by creation time, so a
@@ -106,11 +80,13 @@ def encode(fields: dict[str, Any]) -> dict[str, str]:
     return {k: json.dumps(v, separators=(",", ":")) for k, v in fields.items()}
 
 
+def text(value: bytes | str | int | float) -> str:
+    """A Redis reply as text: the one place the store decodes bytes. Its clients return
+    bytes so that the polled job read can pass the stored JSON through undecoded."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def decode(raw: dict[bytes, bytes] | dict[str, str]) -> JobRecord | None:
     if not raw:
         return None
-    doc = {
-        (k.decode() if isinstance(k, bytes) else k): json.loads(v)
-        for k, v in raw.items()
-    }
-    return JobRecord.model_validate(doc)
+    return JobRecord.model_validate({text(k): json.loads(v) for k, v in raw.items()})

@@ -1,151 +1,229 @@
 """Lua scripts for every job state change, so each is one atomic Redis call.
 
+Each script declares its KEYS and ARGV by name; the body reads them as ``K.<name>`` and
+``A.<name>``, and :meth:`Script.pack` lays the values out in the declared order, so the
+argument layout is written once, not once in Lua and again in each caller. Key names come
+from :mod:`app.jobs.keys`; no script spells a key prefix.
+
 Values in the job hash are JSON, hence comparisons against ``cjson.decode``d values. The
-status sets (``maec:status:<s>``) and an owner's active set move in the same script as
-the record, so counts and listings never disagree with the record. Keys derived inside a
-script (status sets, active set) assume a single Redis instance, which is the deployment.
+status sets and an owner's active set move in the same script as the record, so counts and
+listings never disagree with the record. A script that moves a job between statuses gets
+every status set as KEYS and builds the owner's active-set key from the record's owner
+(its prefix passed in ARGV): the owner is only known inside the script, which assumes a
+single Redis instance, the deployment.
 """
 
 from __future__ import annotations
 
-_MOVE = """
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from app.jobs.keys import ACTIVE_PREFIX, STATUS_KEYS
+from app.jobs.record import STATUSES, TERMINAL
+
+# What redis-py sends as an ARGV entry.
+Arg = str | int | float
+_LUA_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
+# The move helper's one argument beyond a script's own (its name is used in _MOVE).
+_MOVE_ARG = "active_prefix"
+_LUA_KEYWORDS = frozenset((
+    "and", "break", "do", "else", "elseif", "end", "false", "for", "function", "if", "in",
+    "local", "nil", "not", "or", "repeat", "return", "then", "true", "until", "while",
+))
+
+_MOVE = "local TERMINAL = {" + ", ".join(f"{s} = true" for s in STATUSES if s in TERMINAL) + """}
 local function move(id, from, to, now_ms)
-  redis.call('ZREM', 'maec:status:' .. from, id)
-  redis.call('ZADD', 'maec:status:' .. to, now_ms, id)
-  if to == 'succeeded' or to == 'failed' or to == 'cancelled' then
-    local owner = cjson.decode(redis.call('HGET', 'maec:job:' .. id, 'owner'))
-    redis.call('SREM', 'maec:active:' .. owner, id)
+  redis.call('ZREM', SETS[from], id)
+  redis.call('ZADD', SETS[to], now_ms, id)
+  if TERMINAL[to] then
+    local owner = cjson.decode(redis.call('HGET', K.job, 'owner'))
+    redis.call('SREM', A.active_prefix .. owner, id)
   end
 end
 """
 
-# KEYS: job, owner zset, active set, queued zset, idem key
-# ARGV: id, max_active, has_idem, now_ms, field, value, ...
-CREATE = """
-if ARGV[3] == '1' then
-  local existing = redis.call('GET', KEYS[5])
+
+def _table(names: Sequence[str], array: str, first: int) -> str:
+    return "{" + ", ".join(f"{n} = {array}[{first + i}]" for i, n in enumerate(names)) + "}"
+
+
+@dataclass(frozen=True)
+class Script:
+    """One Lua script with its KEYS and ARGV named.
+
+    ARGV entries after the named ones (from index ``TAIL``) are the script's variable part,
+    e.g. field/value pairs. With ``moves`` the script also gets every status set (``SETS``
+    by status name), the active-set prefix and the ``move`` helper.
+    """
+
+    name: str
+    keys: tuple[str, ...]
+    args: tuple[str, ...]
+    body: str
+    moves: bool = False
+    lua: str = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        names = (*self.keys, *self.args)
+        bad = [n for n in names
+               if not _LUA_NAME.match(n) or n in _LUA_KEYWORDS or n == _MOVE_ARG]
+        if bad or len(set(self.keys)) != len(self.keys) or len(set(self.args)) != len(
+            self.args
+        ):
+            raise ValueError(f"script {self.name}: bad or repeated names {bad or names}")
+        object.__setattr__(self, "lua", self._source())
+
+    def _source(self) -> str:
+        args = (*self.args, _MOVE_ARG) if self.moves else self.args
+        head = [f"local K = {_table(self.keys, 'KEYS', 1)}",
+                f"local A = {_table(args, 'ARGV', 1)}",
+                f"local TAIL = {len(args) + 1}"]
+        if self.moves:
+            head.append(f"local SETS = {_table(STATUSES, 'KEYS', len(self.keys) + 1)}")
+            head.append(_MOVE)
+        return "\n".join(head) + "\n" + self.body
+
+    def pack(self, keys: Mapping[str, str], args: Mapping[str, Arg],
+             tail: Sequence[Arg] = ()) -> tuple[list[str], list[Arg]]:
+        """KEYS and ARGV in this script's order; every declared name must be given."""
+        if keys.keys() != set(self.keys) or args.keys() != set(self.args):
+            raise ValueError(f"script {self.name} takes keys {self.keys} and args "
+                             f"{self.args}; got {tuple(keys)} and {tuple(args)}")
+        packed_keys = [keys[n] for n in self.keys]
+        packed_args: list[Arg] = [args[n] for n in self.args]
+        if self.moves:
+            packed_keys.extend(STATUS_KEYS)
+            packed_args.append(ACTIVE_PREFIX)
+        packed_args.extend(tail)
+        return packed_keys, packed_args
+
+
+# Tail: field, value, ... of the new record.
+CREATE = Script("create", ("job", "owner", "active", "queued", "idem"),
+                ("id", "max_active", "has_idem", "now_ms"), """
+if A.has_idem == '1' then
+  local existing = redis.call('GET', K.idem)
   if existing then return {'existing', existing} end
 end
-if redis.call('SCARD', KEYS[3]) >= tonumber(ARGV[2]) then return {'too_many', ''} end
-local fields = {}
-for i = 5, #ARGV do fields[#fields + 1] = ARGV[i] end
-redis.call('HSET', KEYS[1], unpack(fields))
-redis.call('ZADD', KEYS[2], 0, ARGV[1])
-redis.call('SADD', KEYS[3], ARGV[1])
-redis.call('ZADD', KEYS[4], ARGV[4], ARGV[1])
-if ARGV[3] == '1' then redis.call('SET', KEYS[5], ARGV[1]) end
-return {'created', ARGV[1]}
-"""
+if redis.call('SCARD', K.active) >= tonumber(A.max_active) then return {'too_many', ''} end
+redis.call('HSET', K.job, unpack(ARGV, TAIL, #ARGV))
+redis.call('ZADD', K.owner, 0, A.id)
+redis.call('SADD', K.active, A.id)
+redis.call('ZADD', K.queued, A.now_ms, A.id)
+if A.has_idem == '1' then redis.call('SET', K.idem, A.id) end
+return {'created', A.id}
+""")
 
-# KEYS: job. ARGV: id, now_s, lease_until, worker_json, max_attempts, now_iso_json, now_ms,
-#       exhausted_error_json, time_limit_s, time_limit_error_json
-CLAIM = _MOVE + """
-local raw = redis.call('HGET', KEYS[1], 'status')
+# Values ending in _json (and now_iso) are JSON text, stored as they are.
+CLAIM = Script("claim", ("job",),
+               ("id", "now_s", "lease_until", "worker_json", "max_attempts", "now_iso",
+                "now_ms", "exhausted_error", "time_limit_s", "time_limit_error"), """
+local raw = redis.call('HGET', K.job, 'status')
 if not raw then return {'missing', 0} end
 local st = cjson.decode(raw)
-local attempts = tonumber(redis.call('HGET', KEYS[1], 'attempts'))
+local attempts = tonumber(redis.call('HGET', K.job, 'attempts'))
 if st == 'running' or st == 'publishing' then
-  local lease = tonumber(redis.call('HGET', KEYS[1], 'lease_until'))
-  if lease > tonumber(ARGV[2]) then return {'busy', attempts} end
-  local began = tonumber(redis.call('HGET', KEYS[1], 'attempt_started') or '0')
-  if began > 0 and tonumber(ARGV[2]) - began >= tonumber(ARGV[9]) then
+  local lease = tonumber(redis.call('HGET', K.job, 'lease_until'))
+  if lease > tonumber(A.now_s) then return {'busy', attempts} end
+  local began = tonumber(redis.call('HGET', K.job, 'attempt_started') or '0')
+  if began > 0 and tonumber(A.now_s) - began >= tonumber(A.time_limit_s) then
     -- The last attempt ran until the hard time limit killed it: running it again
     -- would only time out again.
-    redis.call('HSET', KEYS[1], 'status', '"failed"', 'finished_at', ARGV[6],
-               'error', ARGV[10], 'stage', 'null')
-    move(ARGV[1], st, 'failed', ARGV[7])
+    redis.call('HSET', K.job, 'status', '"failed"', 'finished_at', A.now_iso,
+               'error', A.time_limit_error, 'stage', 'null')
+    move(A.id, st, 'failed', A.now_ms)
     return {'time_limit', attempts}
   end
 elseif st ~= 'queued' then
   return {'done', attempts}
 end
-if redis.call('HGET', KEYS[1], 'cancel_requested') == 'true' then
-  redis.call('HSET', KEYS[1], 'status', '"cancelled"', 'finished_at', ARGV[6],
+if redis.call('HGET', K.job, 'cancel_requested') == 'true' then
+  redis.call('HSET', K.job, 'status', '"cancelled"', 'finished_at', A.now_iso,
              'stage', 'null')
-  move(ARGV[1], st, 'cancelled', ARGV[7])
+  move(A.id, st, 'cancelled', A.now_ms)
   return {'cancelled', attempts}
 end
-if attempts >= tonumber(ARGV[5]) then
-  redis.call('HSET', KEYS[1], 'status', '"failed"', 'finished_at', ARGV[6],
-             'error', ARGV[8])
-  move(ARGV[1], st, 'failed', ARGV[7])
+if attempts >= tonumber(A.max_attempts) then
+  redis.call('HSET', K.job, 'status', '"failed"', 'finished_at', A.now_iso,
+             'error', A.exhausted_error)
+  move(A.id, st, 'failed', A.now_ms)
   return {'exhausted', attempts}
 end
 attempts = attempts + 1
-redis.call('HSET', KEYS[1], 'status', '"running"', 'attempts', tostring(attempts),
-           'lease_until', ARGV[3], 'worker', ARGV[4], 'stage', '"fetch"',
-           'attempt_started', ARGV[2],
+redis.call('HSET', K.job, 'status', '"running"', 'attempts', tostring(attempts),
+           'lease_until', A.lease_until, 'worker', A.worker_json, 'stage', '"fetch"',
+           'attempt_started', A.now_s,
            'progress', '{"fraction":0.0,"done":0,"total":0}')
-if redis.call('HGET', KEYS[1], 'started_at') == 'null' then
-  redis.call('HSET', KEYS[1], 'started_at', ARGV[6])
+if redis.call('HGET', K.job, 'started_at') == 'null' then
+  redis.call('HSET', K.job, 'started_at', A.now_iso)
 end
-move(ARGV[1], st, 'running', ARGV[7])
+move(A.id, st, 'running', A.now_ms)
 return {'claimed', attempts}
-"""
+""", moves=True)
 
 # Progress / lease / report fields of the attempt that owns the job; returns the cancel
 # flag (1/0) so the worker learns about a cancel on its next progress write, or -1 when
 # the job is no longer this attempt's (a stale worker must stop writing).
-# KEYS: job. ARGV: attempt, field, value, ...
-UPDATE = """
-local raw = redis.call('HGET', KEYS[1], 'status')
+# Tail: field, value, ...
+UPDATE = Script("update", ("job",), ("attempt",), """
+local raw = redis.call('HGET', K.job, 'status')
 if not raw then return -1 end
 local st = cjson.decode(raw)
 if (st ~= 'running' and st ~= 'publishing')
-   or tonumber(redis.call('HGET', KEYS[1], 'attempts')) ~= tonumber(ARGV[1]) then
+   or tonumber(redis.call('HGET', K.job, 'attempts')) ~= tonumber(A.attempt) then
   return -1
 end
-local fields = {}
-for i = 2, #ARGV do fields[#fields + 1] = ARGV[i] end
-if #fields > 0 then redis.call('HSET', KEYS[1], unpack(fields)) end
-if redis.call('HGET', KEYS[1], 'cancel_requested') == 'true' then return 1 end
+if #ARGV >= TAIL then redis.call('HSET', K.job, unpack(ARGV, TAIL, #ARGV)) end
+if redis.call('HGET', K.job, 'cancel_requested') == 'true' then return 1 end
 return 0
-"""
+""")
 
-# KEYS: job, metrics hash. ARGV: id, allowed_from (space separated), to, now_ms,
-#       expect_attempt ('' = any), n_metrics, metric, incr, ..., field, value, ...
-TRANSITION = _MOVE + """
-local raw = redis.call('HGET', KEYS[1], 'status')
+# allowed: space-separated statuses; attempt: '' for any. Tail: n_metrics pairs of
+# (metric, increment), then field, value, ...
+TRANSITION = Script("transition", ("job", "metrics"),
+                    ("id", "allowed", "to", "now_ms", "attempt", "n_metrics"), """
+local raw = redis.call('HGET', K.job, 'status')
 if not raw then return {'missing', ''} end
 local st = cjson.decode(raw)
 local allowed = false
-for s in string.gmatch(ARGV[2], '%S+') do if s == st then allowed = true end end
+for s in string.gmatch(A.allowed, '%S+') do if s == st then allowed = true end end
 if not allowed then return {'conflict', st} end
-if ARGV[5] ~= '' and
-   tonumber(redis.call('HGET', KEYS[1], 'attempts')) ~= tonumber(ARGV[5]) then
+if A.attempt ~= '' and
+   tonumber(redis.call('HGET', K.job, 'attempts')) ~= tonumber(A.attempt) then
   return {'conflict', st}
 end
-local n = tonumber(ARGV[6])
-local i = 7
-for _ = 1, n do
-  redis.call('HINCRBYFLOAT', KEYS[2], ARGV[i], ARGV[i + 1])
+local i = TAIL
+for _ = 1, tonumber(A.n_metrics) do
+  redis.call('HINCRBYFLOAT', K.metrics, ARGV[i], ARGV[i + 1])
   i = i + 2
 end
-local fields = {'status', cjson.encode(ARGV[3])}
+local fields = {'status', cjson.encode(A.to)}
 while i <= #ARGV do
   fields[#fields + 1] = ARGV[i]
   fields[#fields + 1] = ARGV[i + 1]
   i = i + 2
 end
-redis.call('HSET', KEYS[1], unpack(fields))
-if st ~= ARGV[3] then move(ARGV[1], st, ARGV[3], ARGV[4]) end
+redis.call('HSET', K.job, unpack(fields))
+if st ~= A.to then move(A.id, st, A.to, A.now_ms) end
 return {'ok', st}
-"""
+""", moves=True)
 
-# KEYS: job. ARGV: id, now_iso_json, now_ms
-CANCEL = _MOVE + """
-local raw = redis.call('HGET', KEYS[1], 'status')
+CANCEL = Script("cancel", ("job",), ("id", "now_iso", "now_ms"), """
+local raw = redis.call('HGET', K.job, 'status')
 if not raw then return 'missing' end
 local st = cjson.decode(raw)
 if st == 'queued' then
-  redis.call('HSET', KEYS[1], 'status', '"cancelled"', 'cancel_requested', 'true',
-             'finished_at', ARGV[2])
-  move(ARGV[1], st, 'cancelled', ARGV[3])
+  redis.call('HSET', K.job, 'status', '"cancelled"', 'cancel_requested', 'true',
+             'finished_at', A.now_iso)
+  move(A.id, st, 'cancelled', A.now_ms)
   return 'cancelled'
 end
 if st == 'running' or st == 'publishing' then
-  redis.call('HSET', KEYS[1], 'cancel_requested', 'true')
+  redis.call('HSET', K.job, 'cancel_requested', 'true')
   return 'requested'
 end
 return 'finished'
-"""
+""", moves=True)
+
+ALL: tuple[Script, ...] = (CREATE, CLAIM, UPDATE, TRANSITION, CANCEL)

@@ -87,11 +87,19 @@ def maec_name(importance: str, control: bool) -> str:
     return f"maec_{importance}" + ("_ctrl" if control else "")
 
 
-def merge(recipe: dict[str, Any], out_dir: Path) -> dict[str, Any] | None:
-    """Run one recipe through the engine; returns the MAEC report (or None)."""
-    from maec_core.engine import run_recipe
+def merge(recipe: dict[str, Any], out_dir: Path, cache: Path) -> dict[str, Any] | None:
+    """Run one recipe through ``maec_core.run``; returns the MAEC report (or None).
+
+    ``cache`` keeps input digests and extracted ability artifacts, so a sweep extracts
+    each donor once and every other candidate only combines.
+    """
+    from maec_core.maec.store import LocalArtifactStore
+    from maec_core.recipe import parse_recipe
+    from maec_core.run import run
 
     if out_dir.exists():
         shutil.rmtree(out_dir)
-    result = run_recipe(recipe, out_dir, device="cpu")
+    result = run(parse_recipe(recipe), out_dir, device="cpu",
+                 artifact_store=LocalArtifactStore(cache / "artifacts"),
+                 hash_cache=cache / "sha256")
     return result.report

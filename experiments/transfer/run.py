@@ -26,9 +26,12 @@ from experiments.transfer import model as M
 from experiments.transfer.config import DEBUG, FULL, SMOKE, Config
 from experiments.transfer.lang import Problem, ProblemSplits
 from experiments.transfer.merges import Candidate, Checkpoints, candidates, merge
+from maec_core.runtime import torch_threads
 
 HERE = Path(__file__).resolve().parent
 CACHE = HERE / "cache"
+# Input digests and MAEC ability artifacts, reused across candidates and runs.
+MAEC_CACHE = Path(os.environ.get("MAEC_CACHE_DIR") or CACHE / "maec")
 ROOT = HERE.parent.parent
 
 SINGLE = ("theta0", "thetaL", "thetaA", "thetaS")
@@ -198,7 +201,7 @@ def _run_seed(cfg: Config, seed: int) -> dict[str, Any]:
     cands = candidates(cfg, ck, seed)
     for i, cand in enumerate(cands):
         dest = work / "current"
-        report = merge(cand.recipe, dest)
+        report = merge(cand.recipe, dest, MAEC_CACHE)
         model = M.load(dest)
         val = evaluate(model, data, "val", cfg.seq_len, source=False)
         by_method.setdefault(cand.method, []).append((cand, val, report))
@@ -207,7 +210,7 @@ def _run_seed(cfg: Config, seed: int) -> dict[str, Any]:
     for method, rows in by_method.items():
         best_cand, best_val, best_report = max(rows, key=lambda r: selection_key(r[1]))
         dest = work / "current"
-        merge(best_cand.recipe, dest)
+        merge(best_cand.recipe, dest, MAEC_CACHE)
         test = evaluate(M.load(dest), data, "test", cfg.seq_len)
         out["methods"][method] = asdict(MethodResult(
             best_cand.knobs, best_val, test,
@@ -329,8 +332,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="where PNGs go (default docs/experiments for --full, none for smoke)")
     args = ap.parse_args(argv)
     cfg = FULL if args.full else SMOKE if args.smoke else DEBUG
-    torch.set_num_threads(args.threads or cfg.threads)
-    os.environ.setdefault("MAEC_CACHE_DIR", str(CACHE / "maec"))
+    with torch_threads(args.threads or cfg.threads):
+        return _main(args, cfg)
+
+
+def _main(args: argparse.Namespace, cfg: Config) -> int:
     started = time.perf_counter()
     if args.seeds is not None:
         for s in args.seeds:

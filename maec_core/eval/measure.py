@@ -15,10 +15,10 @@ import torch.nn.functional as F
 
 from maec_core.errors import Cancelled
 from maec_core.eval.report import DocumentScore
+from maec_core.runtime import CancelFn
 
 # on_batch(done, total), called after each batch.
 BatchFn = Callable[[int, int], None]
-CancelFn = Callable[[], bool]
 IGNORE = -100
 
 

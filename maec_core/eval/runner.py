@@ -17,16 +17,14 @@ from typing import Any
 
 import torch
 
-from maec_core.engine import best_device
 from maec_core.errors import CheckpointError, EvalSetError
 from maec_core.eval.answers import extract_answer, is_correct
 from maec_core.eval.measure import generate, score_texts
 from maec_core.eval.report import AccuracyItem, EvalReport, ModelResult, SetResult
 from maec_core.eval.sets import EvalSpec, LoadedSet, load_sets, load_spec
 from maec_core.io.folder import open_model_folder
+from maec_core.runtime import CancelFn, ProgressFn, best_device
 
-ProgressFn = Callable[[str, int, int], None]
-CancelFn = Callable[[], bool]
 # Perplexity context when the spec leaves it open: the model's window, at most this.
 DEFAULT_CONTEXT = 1024
 

@@ -82,7 +82,8 @@ class Artifact:
         return reader.read(t.index).to(torch.int64), reader.read(t.delta).float()
 
 
-def load_artifact(folder: str | Path, *, verify: bool = True) -> Artifact:
+def load_artifact(folder: str | Path, *, verify: bool = True,
+                  hash_cache: Path | None = None) -> Artifact:
     """Open an artifact folder; check its format, header and (``verify``) file sha256."""
     root = Path(folder)
     if not (root / META_NAME).is_file() or not (root / WEIGHTS_NAME).is_file():
@@ -104,7 +105,7 @@ def load_artifact(folder: str | Path, *, verify: bool = True) -> Artifact:
     file_doc = meta.get("file") or {}
     weights = root / WEIGHTS_NAME
     if file_doc.get("size") != weights.stat().st_size or (
-        verify and sha256_file(weights) != file_doc.get("sha256")
+        verify and sha256_file(weights, cache=hash_cache) != file_doc.get("sha256")
     ):
         raise CorruptCheckpoint(
             f"artifact {root}: {WEIGHTS_NAME} does not match the size/sha256 in {META_NAME}"

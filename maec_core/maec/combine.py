@@ -21,16 +21,16 @@ from typing import Any
 
 import torch
 
-from maec_core.engine import CancelFn, MergeResult, stream_merge
+from maec_core.engine import stream_merge
 from maec_core.errors import Cancelled
 from maec_core.io.headers import TensorInfo
 from maec_core.maec.artifact import Artifact
-from maec_core.maec.extract import cpu_single_thread
 from maec_core.maec.params import MaecParams
 from maec_core.maec.rowio import RowReader
 from maec_core.maec.select import select_tensors
 from maec_core.plan import MergePlan, PlannedTensor
 from maec_core.recipe import Recipe
+from maec_core.runtime import CancelFn, MergeResult, ProgressFn, cpu_single_thread
 
 StepFn = Callable[[int, int], None]
 
@@ -108,9 +108,10 @@ def merge(
     extra_json: dict[str, Any],
     card_summary: str,
     manifest_extra: dict[str, Any],
-    progress: Callable[[str, int, int], None] | None,
+    progress: ProgressFn | None,
     cancel: CancelFn | None,
     overwrite: bool,
+    hash_cache: Path | None = None,
 ) -> MergeResult:
     # Which abilities add to each tensor, in ability order (the float32 sums are ordered).
     adds: dict[str, list[int]] = {}
@@ -137,7 +138,7 @@ def merge(
             out_dtype=out_dtype, tokenizer_from=language_key, base_models=base_models,
             device=device, progress=progress, cancel=cancel, stage="combine",
             extra_json=extra_json, card_summary=card_summary, manifest_extra=manifest_extra,
-            overwrite=overwrite,
+            overwrite=overwrite, hash_cache=hash_cache,
         )
     finally:
         reader.close()

@@ -19,14 +19,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from maec_core.engine import TORCH_DTYPE, CancelFn
 from maec_core.errors import Cancelled, RecipeError
 from maec_core.io.folder import ModelFolder
 from maec_core.io.output import StagedOutput
@@ -46,6 +44,7 @@ from maec_core.maec.rowio import RowReader
 from maec_core.maec.select import check_scores, global_top_k, top_k_indices
 from maec_core.maec.store import META_NAME
 from maec_core.plan import PlannedTensor, build_plan
+from maec_core.runtime import CancelFn, cpu_single_thread, torch_dtype
 
 StepFn = Callable[[], None]
 # An artifact is one file however large: shards would only add an index to keep in sync.
@@ -137,25 +136,6 @@ def key_delta(granularity: str, a: torch.Tensor, ref: torch.Tensor, idx: torch.T
     return _gather(granularity, a, idx).float().sub_(_gather(granularity, ref, idx).float())
 
 
-@contextmanager
-def cpu_single_thread(device: torch.device) -> Iterator[None]:
-    """One intra-op thread for CPU passes over many small operations.
-
-    The per-slice ops are too small to split, and on a busy machine an OpenMP team waiting
-    at a barrier for a descheduled member stalls every op (extraction measured 15x
-    slower with 2 threads on 2 shared cores). Restored afterwards.
-    """
-    if device.type != "cpu":
-        yield
-        return
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 # Elements per read block of the row-scoring stream (8 MB of bf16 per input): few
 # syscalls, and two blocks per input in memory whatever the tensor sizes.
 BLOCK_ELEMS = 1 << 22
@@ -234,7 +214,7 @@ class _ArtifactSink:
 
     def __init__(self, staged: StagedOutput, params: MaecParams, art_dtype: str,
                  counts: list[tuple[PlannedTensor, int]]) -> None:
-        self.dtype = TORCH_DTYPE[art_dtype]
+        self.dtype = torch_dtype(art_dtype)
         st = SAFETENSORS_NAMES[self.dtype]
         outs: list[OutputTensor] = []
         for t, k in counts:
@@ -264,6 +244,37 @@ class _ArtifactSink:
         return {"name": WEIGHTS_NAME, "size": final.stat().st_size, "sha256": written.sha256}
 
 
+@dataclass
+class _Extraction:
+    """What every step of one ability's extraction shares."""
+
+    params: MaecParams
+    cands: list[PlannedTensor]
+    device: torch.device
+    ref_key: str  # "control" (θS) when given, else "base" (θ0)
+    tick: Callable[[], None]
+
+    @property
+    def gran(self) -> str:
+        return self.params.granularity
+
+    def n_of(self, t: PlannedTensor) -> int:
+        """Candidates (rows or elements) of ``t``."""
+        return t.numel if self.gran == "element" else (t.shape[0] if t.shape else 1)
+
+    def local_count(self, t: PlannedTensor) -> int:
+        return key_count(self.params.key_ratio, self.n_of(t))
+
+
+@dataclass
+class _Scores:
+    """What a first pass found: every tensor's scores, or a global element cut."""
+
+    scores: dict[str, torch.Tensor] | None = None
+    global_cut: GlobalSelection | None = None
+    gradient: dict[str, Any] | None = None
+
+
 def extract_ability(
     params: MaecParams,
     key_document: dict[str, Any],
@@ -288,10 +299,6 @@ def extract_ability(
     if control is not None:
         models["control"] = control
     plan = build_plan(models, "base")  # names, shapes and dtypes agree: headers only
-    cands = included_tensors(params, plan.tensors)
-    art_dtype = key_document["parameters"]["artifact_dtype"]
-    ref_key = "control" if control is not None else "base"
-    gran = params.granularity
 
     def tick() -> None:
         if cancel is not None and cancel():
@@ -299,135 +306,181 @@ def extract_ability(
         if step is not None:
             step()
 
-    def n_of(t: PlannedTensor) -> int:
-        return t.numel if gran == "element" else (t.shape[0] if t.shape else 1)
-
-    scores: dict[str, torch.Tensor] | None = None
-    global_cut: GlobalSelection | None = None
-    gradient_stats: dict[str, Any] | None = None
-    if params.importance == "gradient":
-        from maec_core.maec.gradient import gradient_scores
-
-        assert corpus is not None
-        scores, gradient_stats = gradient_scores(
-            params, base, corpus, [t.name for t in cands], device, cancel=cancel
-        )
-        for _ in cands:
-            tick()
-    elif params.rank_scope == "global" and gran == "row":
-        with cpu_single_thread(device):
-            scores = {t.name: s.cpu() for t, s in
-                      stream_row_scores(cands, ("ability", "base"), device, tick)}
-    elif params.rank_scope == "global":
-        # Element scores of the whole model are not held: a radix select streams θ0 and
-        # θA once per 16-bit digit of the ranking key (usually twice) to find the cut.
-        def element_scores() -> Iterator[tuple[str, torch.Tensor]]:
-            with TensorReader() as reader:
-                steps = [[t.sources["base"], t.sources["ability"]] for t in cands]
-                for t, (b, a) in zip(cands, Prefetcher(reader, steps), strict=True):
-                    s = delta_scores(gran, a.to(device), b.to(device))
-                    check_scores(t.name, s)
-                    yield t.name, s
-
-        with cpu_single_thread(device):
-            global_cut = select_global(
-                element_scores, {t.name: n_of(t) for t in cands},
-                key_count(params.key_ratio, sum(n_of(t) for t in cands)),
-            )
-        for _ in cands:
-            tick()
-    for t in cands:
-        if scores is not None:
-            check_scores(t.name, scores[t.name])
-
-    if global_cut is not None:
-        counts = [(t, global_cut.counts[t.name]) for t in cands]
-        chosen: dict[str, torch.Tensor] = {}
-    elif scores is None:
-        counts = [(t, key_count(params.key_ratio, n_of(t))) for t in cands]
-        chosen = {}
-    else:
-        if params.rank_scope == "global":
-            total = sum(n_of(t) for t in cands)
-            picks = global_top_k([scores[t.name] for t in cands], [t.name for t in cands],
-                                 key_count(params.key_ratio, total))
-        else:
-            picks = [top_k_indices(scores[t.name], key_count(params.key_ratio, n_of(t)))
-                     for t in cands]
-        chosen = {t.name: p for t, p in zip(cands, picks, strict=True)}
-        counts = [(t, int(chosen[t.name].numel())) for t in cands]
-
-    entries: list[dict[str, Any]] = []
+    job = _Extraction(params, included_tensors(params, plan.tensors), device,
+                      "control" if control is not None else "base", tick)
+    first = _first_pass(job, base, corpus, cancel)
+    counts, chosen = _key_counts(job, first)
+    art_dtype = key_document["parameters"]["artifact_dtype"]
     with StagedOutput(out_dir, overwrite=overwrite) as staged, RowReader() as rows_io:
         sink = _ArtifactSink(staged, params, art_dtype, counts)
         try:
-            if scores is None and gran == "row":
-                # Single pass: θ0 and θA streamed in row blocks for the scores, then θA
-                # and θref (θ0 or θS) read again on the key rows only (key_ratio of them).
-                with cpu_single_thread(device):
-                    for t, s in stream_row_scores(cands, ("ability", "base"), device, tick):
-                        check_scores(t.name, s)
-                        idx = top_k_indices(s, key_count(params.key_ratio, n_of(t)))
-                        values = _masked_delta(gran, rows_io, t, idx, ref_key, device)
-                        sink.write(t, idx, values)
-                        entries.append(_entry(t, n_of(t), idx, s))
-            elif scores is None:
-                # Element granularity: θ0 and θA in full (prefetched); θS where kept.
-                scratch = Scratch()
-                with TensorReader() as reader, cpu_single_thread(device):
-                    steps = [[t.sources["base"], t.sources["ability"]] for t in cands]
-                    for t, (b, a) in zip(cands, Prefetcher(reader, steps), strict=True):
-                        a, b = a.to(device), b.to(device)
-                        s = delta_scores(gran, a, b, scratch)
-                        check_scores(t.name, s)
-                        if global_cut is not None:
-                            idx = global_cut.keep(t.name, s)
-                        else:
-                            idx = top_k_indices(s, key_count(params.key_ratio, n_of(t)))
-                        if not idx.numel():
-                            pass  # ranked out globally: nothing to store
-                        elif control is None:
-                            sink.write(t, idx, key_delta(gran, a, b, idx))
-                        else:
-                            sink.write(t, idx, _control_delta(gran, rows_io, idx, a,
-                                                              t.sources["control"]))
-                        entries.append(_entry(t, n_of(t), idx, s))
-                        del a, b
-                        tick()
+            if first.scores is not None:
+                entries = _write_chosen(job, sink, rows_io, chosen, first.scores)
+            elif job.gran == "row":
+                entries = _write_rows(job, sink, rows_io)
             else:
-                # Scores known: read θA and θref only where the mask is set.
-                for t in cands:
-                    idx = chosen[t.name]
-                    if idx.numel():
-                        values = _masked_delta(gran, rows_io, t, idx, ref_key, device)
-                        sink.write(t, idx, values)
-                    entries.append(_entry(t, n_of(t), idx, scores[t.name]))
-                    tick()
+                entries = _write_elements(job, sink, rows_io, first.global_cut)
             file_doc = sink.close()
         except BaseException:
             sink.writer.abort()
             raise
-        key = key_of(key_document)
-        meta = {
-            "format": key_document["format"],
-            "format_version": key_document["format_version"],
-            "key": key,
-            "key_document": key_document,
-            "checkpoint_dtype": plan.input_dtype,
-            "tensors": entries,
-            "totals": {
-                "tensors": len(entries),
-                "candidates": sum(e["candidates"] for e in entries),
-                "kept": sum(e["kept"] for e in entries),
-                "weights": sum(e["kept"] * e["row_width"] for e in entries),
-                "model_weights": sum(t.numel for t in plan.tensors),
-            },
-            "gradient": gradient_stats,
-            "file": file_doc,
-        }
+        meta = _metadata(key_document, plan.input_dtype, sum(t.numel for t in plan.tensors),
+                         entries, first.gradient, file_doc)
         staged.write_json(META_NAME, meta)
         staged.commit()
-    return ExtractResult(out_dir, key, meta, time.perf_counter() - started)
+    return ExtractResult(out_dir, meta["key"], meta, time.perf_counter() - started)
+
+
+def _first_pass(job: _Extraction, base: ModelFolder, corpus: str | None,
+                cancel: CancelFn | None) -> _Scores:
+    """The pass before writing, when ranking needs one: gradient scores, global row
+    scores, or the global element cut. Local delta ranking needs none (``_Scores()``)."""
+    params, cands = job.params, job.cands
+    if params.importance == "gradient":
+        from maec_core.maec.gradient import gradient_scores
+
+        assert corpus is not None
+        scores, stats = gradient_scores(
+            params, base, corpus, [t.name for t in cands], job.device, cancel=cancel
+        )
+        for _ in cands:
+            job.tick()
+        return _checked(_Scores(scores=scores, gradient=stats), cands)
+    if params.rank_scope != "global":
+        return _Scores()
+    if job.gran == "row":
+        with cpu_single_thread(job.device):
+            scores = {t.name: s.cpu() for t, s in
+                      stream_row_scores(cands, ("ability", "base"), job.device, job.tick)}
+        return _checked(_Scores(scores=scores), cands)
+
+    # Element scores of the whole model are not held: a radix select streams θ0 and θA
+    # once per 16-bit digit of the ranking key (usually twice) to find the cut.
+    def element_scores() -> Iterator[tuple[str, torch.Tensor]]:
+        with TensorReader() as reader:
+            steps = [[t.sources["base"], t.sources["ability"]] for t in cands]
+            for t, (b, a) in zip(cands, Prefetcher(reader, steps), strict=True):
+                s = delta_scores(job.gran, a.to(job.device), b.to(job.device))
+                check_scores(t.name, s)
+                yield t.name, s
+
+    with cpu_single_thread(job.device):
+        cut = select_global(
+            element_scores, {t.name: job.n_of(t) for t in cands},
+            key_count(params.key_ratio, sum(job.n_of(t) for t in cands)),
+        )
+    for _ in cands:
+        job.tick()
+    return _Scores(global_cut=cut)
+
+
+def _checked(first: _Scores, cands: list[PlannedTensor]) -> _Scores:
+    assert first.scores is not None
+    for t in cands:
+        check_scores(t.name, first.scores[t.name])
+    return first
+
+
+def _key_counts(job: _Extraction, first: _Scores
+                ) -> tuple[list[tuple[PlannedTensor, int]], dict[str, torch.Tensor]]:
+    """Key entries per tensor (the artifact's layout) and, when scores are known, the
+    chosen key indices per tensor."""
+    cands = job.cands
+    if first.global_cut is not None:
+        cut = first.global_cut
+        return [(t, cut.counts[t.name]) for t in cands], {}
+    if first.scores is None:
+        return [(t, job.local_count(t)) for t in cands], {}
+    scores = first.scores
+    if job.params.rank_scope == "global":
+        total = sum(job.n_of(t) for t in cands)
+        picks = global_top_k([scores[t.name] for t in cands], [t.name for t in cands],
+                             key_count(job.params.key_ratio, total))
+    else:
+        picks = [top_k_indices(scores[t.name], job.local_count(t)) for t in cands]
+    chosen = {t.name: p for t, p in zip(cands, picks, strict=True)}
+    return [(t, int(chosen[t.name].numel())) for t in cands], chosen
+
+
+def _write_rows(job: _Extraction, sink: _ArtifactSink, rows_io: RowReader
+                ) -> list[dict[str, Any]]:
+    """Single pass: θ0 and θA streamed in row blocks for the scores, then θA and θref
+    (θ0 or θS) read again on the key rows only (key_ratio of them)."""
+    entries: list[dict[str, Any]] = []
+    with cpu_single_thread(job.device):
+        for t, s in stream_row_scores(job.cands, ("ability", "base"), job.device, job.tick):
+            check_scores(t.name, s)
+            idx = top_k_indices(s, job.local_count(t))
+            sink.write(t, idx, _masked_delta(job.gran, rows_io, t, idx, job.ref_key,
+                                             job.device))
+            entries.append(_entry(t, job.n_of(t), idx, s))
+    return entries
+
+
+def _write_elements(job: _Extraction, sink: _ArtifactSink, rows_io: RowReader,
+                    global_cut: GlobalSelection | None) -> list[dict[str, Any]]:
+    """Element granularity: θ0 and θA in full (prefetched); θS read where kept."""
+    entries: list[dict[str, Any]] = []
+    scratch = Scratch()
+    with TensorReader() as reader, cpu_single_thread(job.device):
+        steps = [[t.sources["base"], t.sources["ability"]] for t in job.cands]
+        for t, (b, a) in zip(job.cands, Prefetcher(reader, steps), strict=True):
+            a, b = a.to(job.device), b.to(job.device)
+            s = delta_scores(job.gran, a, b, scratch)
+            check_scores(t.name, s)
+            if global_cut is not None:
+                idx = global_cut.keep(t.name, s)
+            else:
+                idx = top_k_indices(s, job.local_count(t))
+            if not idx.numel():
+                pass  # ranked out globally: nothing to store
+            elif job.ref_key == "base":
+                sink.write(t, idx, key_delta(job.gran, a, b, idx))
+            else:
+                sink.write(t, idx, _control_delta(job.gran, rows_io, idx, a,
+                                                  t.sources["control"]))
+            entries.append(_entry(t, job.n_of(t), idx, s))
+            del a, b
+            job.tick()
+    return entries
+
+
+def _write_chosen(job: _Extraction, sink: _ArtifactSink, rows_io: RowReader,
+                  chosen: dict[str, torch.Tensor], scores: dict[str, torch.Tensor]
+                  ) -> list[dict[str, Any]]:
+    """Scores known: read θA and θref only where the mask is set."""
+    entries: list[dict[str, Any]] = []
+    for t in job.cands:
+        idx = chosen[t.name]
+        if idx.numel():
+            sink.write(t, idx, _masked_delta(job.gran, rows_io, t, idx, job.ref_key,
+                                             job.device))
+        entries.append(_entry(t, job.n_of(t), idx, scores[t.name]))
+        job.tick()
+    return entries
+
+
+def _metadata(key_document: dict[str, Any], checkpoint_dtype: str, model_weights: int,
+              entries: list[dict[str, Any]], gradient: dict[str, Any] | None,
+              file_doc: dict[str, Any]) -> dict[str, Any]:
+    """The artifact's ``ability.json``."""
+    return {
+        "format": key_document["format"],
+        "format_version": key_document["format_version"],
+        "key": key_of(key_document),
+        "key_document": key_document,
+        "checkpoint_dtype": checkpoint_dtype,
+        "tensors": entries,
+        "totals": {
+            "tensors": len(entries),
+            "candidates": sum(e["candidates"] for e in entries),
+            "kept": sum(e["kept"] for e in entries),
+            "weights": sum(e["kept"] * e["row_width"] for e in entries),
+            "model_weights": model_weights,
+        },
+        "gradient": gradient,
+        "file": file_doc,
+    }
 
 
 def _entry(t: PlannedTensor, n: int, idx: torch.Tensor, scores: torch.Tensor) -> dict[str, Any]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ from maec_core.errors import CorpusError
 from maec_core.io.folder import TOKENIZER_FILES, ModelFolder, open_model_folder
 from maec_core.maec.params import MaecParams, maec_params
 from maec_core.plan import DTYPE_NAMES
-from maec_core.recipe import Recipe, parse_recipe
+from maec_core.recipe import Recipe
 
 ARTIFACT_FORMAT = "maec-ability-vector"
 # Bump when the artifact layout or the extraction arithmetic changes: old artifacts then
@@ -27,22 +26,26 @@ ARTIFACT_FORMAT = "maec-ability-vector"
 ARTIFACT_FORMAT_VERSION = 1
 
 
-def folder_checksums(folder: ModelFolder) -> dict[str, str]:
-    """sha256 of each weight file, by file name (stat-cached: cheap on repeats)."""
-    return {p.name: sha256_file(p) for p in folder.weight_files}
+def folder_checksums(folder: ModelFolder, hash_cache: Path | None = None) -> dict[str, str]:
+    """sha256 of each weight file, by file name (remembered: cheap on repeats).
+
+    ``hash_cache`` is a folder keeping digests across processes (see ``checksums``).
+    """
+    return {p.name: sha256_file(p, cache=hash_cache) for p in folder.weight_files}
 
 
-def tokenizer_checksums(folder: ModelFolder) -> dict[str, str]:
+def tokenizer_checksums(folder: ModelFolder, hash_cache: Path | None = None) -> dict[str, str]:
     return {
-        n: sha256_file(folder.root / n) for n in TOKENIZER_FILES if (folder.root / n).is_file()
+        n: sha256_file(folder.root / n, cache=hash_cache)
+        for n in TOKENIZER_FILES if (folder.root / n).is_file()
     }
 
 
-def corpus_checksum(path: str) -> str:
+def corpus_checksum(path: str, hash_cache: Path | None = None) -> str:
     p = Path(path)
     if not p.is_file():
         raise CorpusError(f"ability corpus not found: {path}", path=path)
-    return sha256_file(p)
+    return sha256_file(p, cache=hash_cache)
 
 
 def checkpoint_dtype(folder: ModelFolder) -> str:
@@ -60,6 +63,7 @@ def key_document(
     ability: ModelFolder,
     control: ModelFolder | None,
     corpus: str | None,
+    hash_cache: Path | None = None,
 ) -> dict[str, Any]:
     """Everything the key hashes, also stored in the artifact's metadata."""
     doc: dict[str, Any] = {
@@ -67,15 +71,15 @@ def key_document(
         "format_version": ARTIFACT_FORMAT_VERSION,
         "parameters": params.extraction_dict(checkpoint_dtype(base)),
         "inputs": {
-            "base": folder_checksums(base),
-            "ability": folder_checksums(ability),
-            "control": folder_checksums(control) if control is not None else None,
+            "base": folder_checksums(base, hash_cache),
+            "ability": folder_checksums(ability, hash_cache),
+            "control": folder_checksums(control, hash_cache) if control is not None else None,
         },
     }
     if params.importance == "gradient":
         assert corpus is not None  # validate_maec_recipe guarantees it
-        doc["inputs"]["corpus"] = corpus_checksum(corpus)
-        doc["inputs"]["tokenizer"] = tokenizer_checksums(base)
+        doc["inputs"]["corpus"] = corpus_checksum(corpus, hash_cache)
+        doc["inputs"]["tokenizer"] = tokenizer_checksums(base, hash_cache)
     return doc
 
 
@@ -84,17 +88,17 @@ def key_of(doc: dict[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def artifact_key(recipe: Recipe | Mapping[str, Any] | str | Path, ability_index: int) -> str:
+def artifact_key(recipe: Recipe, ability_index: int, *, hash_cache: Path | None = None
+                 ) -> str:
     """The content-addressed key of ability ``ability_index``'s artifact.
 
-    Hashes the input files (cached by path, size, mtime and inode, so a second call on
-    the same files costs nothing) and the canonical extraction parameters.
+    Hashes the input files (remembered by path, size, mtime and inode, so a second call
+    on the same files costs nothing) and the canonical extraction parameters.
     """
-    r = parse_recipe(recipe)
-    params = maec_params(r)
-    ab = r.abilities[ability_index]
-    assert r.base_model is not None
-    base = open_model_folder(r.base_model)
+    params = maec_params(recipe)
+    ab = recipe.abilities[ability_index]
+    assert recipe.base_model is not None
+    base = open_model_folder(recipe.base_model)
     ability = open_model_folder(ab.model)
     control = open_model_folder(ab.control) if ab.control else None
-    return key_of(key_document(params, base, ability, control, ab.corpus))
+    return key_of(key_document(params, base, ability, control, ab.corpus, hash_cache))

@@ -1,15 +1,18 @@
 """MAEC end to end: extract each ability (or reuse its stored artifact), then combine.
 
-Public entry points (used by the engine, the CLI and the service's worker):
+Public entry points (``maec_core.run`` and the CLI call them, with a parsed recipe):
 - ``run_maec(recipe, out_dir, ...)``: the one-run merge; artifacts are looked up in and
-  added to an ``ArtifactStore`` by content-addressed key.
+  added to an ``ArtifactStore`` by content-addressed key, when one is given.
 - ``extract(recipe, ability_index, artifact_dir, ...)``: stage 1 alone.
 - ``combine(recipe, artifact_dirs, out_dir, ...)``: stage 2 alone, from artifacts.
-- ``artifact_key(recipe, ability_index)``: the key an artifact is stored under.
+- ``artifact_key(recipe, ability_index)`` (from ``keys``): the key an artifact is stored under.
 
 The report file (``maec_report.json``) holds only what the inputs determine, so a
 one-run merge and extract-then-combine publish identical folders; run facts (seconds,
 whether an artifact was reused) are added to ``MergeResult.report`` only.
+
+``hash_cache`` everywhere is the folder where input-file digests are kept between
+processes (None: remembered for this process only).
 """
 
 from __future__ import annotations
@@ -17,11 +20,10 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from maec_core.engine import CancelFn, MergeResult, ProgressFn, best_device
 from maec_core.errors import CheckpointError, OutputExists
 from maec_core.io.folder import ModelFolder, open_model_folder
 from maec_core.maec.artifact import Artifact, check_compatible, load_artifact
@@ -37,7 +39,8 @@ from maec_core.maec.keys import (
 from maec_core.maec.params import MaecParams, validate_maec_recipe
 from maec_core.maec.store import ArtifactStore, LocalArtifactStore
 from maec_core.plan import MergePlan, build_plan
-from maec_core.recipe import Recipe, parse_recipe
+from maec_core.recipe import Recipe
+from maec_core.runtime import CancelFn, MergeResult, ProgressFn, best_device
 
 __all__ = ["ArtifactStore", "LocalArtifactStore", "artifact_key", "combine", "extract",
            "run_maec"]
@@ -47,11 +50,10 @@ REPORT_NAME = "maec_report.json"
 REPORT_VERSION = 1
 
 
-def _recipe(recipe: Recipe | Mapping[str, Any] | str | Path) -> tuple[Recipe, MaecParams]:
-    r = parse_recipe(recipe)
-    if r.merge_method != "maec":
-        raise CheckpointError(f"recipe merge_method is {r.merge_method!r}, not 'maec'")
-    return r, validate_maec_recipe(r)
+def _params(recipe: Recipe) -> MaecParams:
+    if recipe.merge_method != "maec":
+        raise CheckpointError(f"recipe merge_method is {recipe.merge_method!r}, not 'maec'")
+    return validate_maec_recipe(recipe)
 
 
 def _ability_folders(recipe: Recipe, i: int) -> tuple[ModelFolder, ModelFolder | None]:
@@ -63,20 +65,20 @@ def _passes(params: MaecParams) -> int:
     return 2 if params.importance == "gradient" or params.rank_scope == "global" else 1
 
 
-def _extract_one(
-    recipe: Recipe, params: MaecParams, i: int, base: ModelFolder, artifact_dir: Path,
-    *, device: str | None, tick: Any, cancel: CancelFn | None, overwrite: bool,
-) -> ExtractResult:
-    ability, control = _ability_folders(recipe, i)
-    doc = key_document(params, base, ability, control, recipe.abilities[i].corpus)
-    return extract_ability(
-        params, doc, base, ability, control, recipe.abilities[i].corpus, artifact_dir,
-        device=best_device(device), step=tick, cancel=cancel, overwrite=overwrite,
-    )
+def _counter(progress: ProgressFn | None, stage: str, total: int) -> Callable[[], None]:
+    """A step callback reporting ``stage`` progress out of ``total`` steps."""
+    done = [0]
+
+    def tick() -> None:
+        done[0] += 1
+        if progress is not None:
+            progress(stage, done[0], total)
+
+    return tick
 
 
 def extract(
-    recipe: Recipe | Mapping[str, Any] | str | Path,
+    recipe: Recipe,
     ability_index: int,
     artifact_dir: str | Path,
     *,
@@ -84,31 +86,31 @@ def extract(
     cancel: CancelFn | None = None,
     device: str | None = None,
     overwrite: bool = False,
+    hash_cache: Path | None = None,
 ) -> ExtractResult:
     """Extract ability ``ability_index`` of ``recipe`` into the folder ``artifact_dir``."""
-    r, params = _recipe(recipe)
-    if not 0 <= ability_index < len(r.abilities):
+    params = _params(recipe)
+    if not 0 <= ability_index < len(recipe.abilities):
         raise CheckpointError(
             f"ability index {ability_index} is out of range: the recipe has "
-            f"{len(r.abilities)} abilities"
+            f"{len(recipe.abilities)} abilities"
         )
-    assert r.base_model is not None
-    base = open_model_folder(r.base_model)
+    assert recipe.base_model is not None
+    base = open_model_folder(recipe.base_model)
     plan_tensors = build_plan({BASE: base}, BASE).tensors
     total = _passes(params) * len(included_tensors(params, plan_tensors))
-    done = [0]
-
-    def tick() -> None:
-        done[0] += 1
-        if progress is not None:
-            progress("extract", done[0], total)
-
-    return _extract_one(r, params, ability_index, base, Path(artifact_dir), device=device,
-                        tick=tick, cancel=cancel, overwrite=overwrite)
+    ability, control = _ability_folders(recipe, ability_index)
+    corpus = recipe.abilities[ability_index].corpus
+    doc = key_document(params, base, ability, control, corpus, hash_cache)
+    return extract_ability(
+        params, doc, base, ability, control, corpus, Path(artifact_dir),
+        device=best_device(device), step=_counter(progress, "extract", total),
+        cancel=cancel, overwrite=overwrite,
+    )
 
 
 def combine(
-    recipe: Recipe | Mapping[str, Any] | str | Path,
+    recipe: Recipe,
     artifact_dirs: Sequence[str | Path],
     out_dir: str | Path,
     *,
@@ -116,21 +118,23 @@ def combine(
     cancel: CancelFn | None = None,
     device: str | None = None,
     overwrite: bool = False,
+    hash_cache: Path | None = None,
 ) -> MergeResult:
     """Combine stored artifacts (one per ability, in recipe order) into θL."""
-    r, params = _recipe(recipe)
-    if len(artifact_dirs) != len(r.abilities):
+    params = _params(recipe)
+    if len(artifact_dirs) != len(recipe.abilities):
         raise CheckpointError(
-            f"combine needs one artifact per ability: the recipe has {len(r.abilities)}, "
-            f"got {len(artifact_dirs)}"
+            f"combine needs one artifact per ability: the recipe has "
+            f"{len(recipe.abilities)}, got {len(artifact_dirs)}"
         )
-    return _combine(r, params, [Path(d) for d in artifact_dirs], Path(out_dir),
+    return _combine(recipe, params, [Path(d) for d in artifact_dirs], Path(out_dir),
                     reused=[True] * len(artifact_dirs), extract_seconds=0.0,
-                    progress=progress, cancel=cancel, device=device, overwrite=overwrite)
+                    progress=progress, cancel=cancel, device=device, overwrite=overwrite,
+                    hash_cache=hash_cache)
 
 
 def run_maec(
-    recipe: Recipe | Mapping[str, Any] | str | Path,
+    recipe: Recipe,
     out_dir: str | Path,
     *,
     progress: ProgressFn | None = None,
@@ -138,73 +142,87 @@ def run_maec(
     device: str | None = None,
     overwrite: bool = False,
     artifact_store: ArtifactStore | None = None,
+    hash_cache: Path | None = None,
 ) -> MergeResult:
-    """The full MAEC merge: extraction (or artifact reuse) then combination."""
+    """The full MAEC merge: extraction (or artifact reuse) then combination.
+
+    Artifacts are looked up in and added to ``artifact_store``; without one, every
+    ability is extracted into a temporary folder that is removed afterwards.
+    """
     started = time.perf_counter()
-    r, params = _recipe(recipe)
-    assert r.base_model is not None and r.language_base is not None
+    params = _params(recipe)
+    assert recipe.base_model is not None and recipe.language_base is not None
     out = Path(out_dir)
     if out.exists() and not overwrite:
         # Before minutes of extraction, not after.
         raise OutputExists(f"output folder {out} already exists", path=str(out))
-    if r.artifact is not None:
-        return _combine(r, params, [Path(r.artifact)], out, reused=[True],
+    if recipe.artifact is not None:
+        return _combine(recipe, params, [Path(recipe.artifact)], out, reused=[True],
                         extract_seconds=0.0, progress=progress, cancel=cancel,
-                        device=device, overwrite=overwrite)
-    base = open_model_folder(r.base_model)
-    folders = {BASE: base, LANG: open_model_folder(r.language_base)}
-    abilities = [_ability_folders(r, i) for i in range(len(r.abilities))]
+                        device=device, overwrite=overwrite, hash_cache=hash_cache)
+    tmp: Path | None = None
+    try:
+        dirs, reused, tmp = _abilities(recipe, params, out, artifact_store, progress=progress,
+                                       cancel=cancel, device=device, hash_cache=hash_cache)
+        extract_seconds = time.perf_counter() - started
+        return _combine(recipe, params, dirs, out, reused=reused,
+                        extract_seconds=extract_seconds, progress=progress, cancel=cancel,
+                        device=device, overwrite=overwrite, hash_cache=hash_cache,
+                        started=started)
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _abilities(
+    recipe: Recipe, params: MaecParams, out: Path, store: ArtifactStore | None, *,
+    progress: ProgressFn | None, cancel: CancelFn | None, device: str | None,
+    hash_cache: Path | None,
+) -> tuple[list[Path], list[bool], Path | None]:
+    """Each ability's artifact folder, reused from ``store`` or extracted now (into a
+    temporary folder beside ``out``, returned for the caller to remove); and whether
+    each was reused."""
+    assert recipe.base_model is not None and recipe.language_base is not None
+    base = open_model_folder(recipe.base_model)
+    folders = {BASE: base, LANG: open_model_folder(recipe.language_base)}
+    abilities = [_ability_folders(recipe, i) for i in range(len(recipe.abilities))]
     for i, (ability, control) in enumerate(abilities):
         folders[f"abilities[{i}].model"] = ability
         if control is not None:
             folders[f"abilities[{i}].control"] = control
     # Every checkpoint agrees on names, shapes and dtypes before any tensor is read.
     plan = build_plan(folders, LANG)
-    store = artifact_store if artifact_store is not None else LocalArtifactStore()
-
-    keys: list[str] = []
-    found: list[Path | None] = []
-    docs = []
-    for i, (ability, control) in enumerate(abilities):
-        doc = key_document(params, base, ability, control, r.abilities[i].corpus)
-        docs.append(doc)
-        keys.append(key_of(doc))
-        found.append(store.get(keys[-1]))
+    docs = [key_document(params, base, ability, control, recipe.abilities[i].corpus,
+                         hash_cache)
+            for i, (ability, control) in enumerate(abilities)]
+    keys = [key_of(doc) for doc in docs]
+    found = [store.get(k) if store is not None else None for k in keys]
     # Two abilities with the same donor and parameters share one key: extract it once.
     todo = {keys[i] for i, f in enumerate(found) if f is None}
     total = _passes(params) * len(included_tensors(params, plan.tensors)) * len(todo)
-    done = [0]
-
-    def tick() -> None:
-        done[0] += 1
-        if progress is not None:
-            progress("extract", done[0], total)
-
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.extract-", dir=out.parent)) if todo \
-        else None
+    tick = _counter(progress, "extract", total)
+    tmp = (Path(tempfile.mkdtemp(prefix=f".{out.name}.extract-", dir=out.parent))
+           if todo else None)
+    dirs: list[Path] = []
+    made: dict[str, Path] = {}
     try:
-        dirs: list[Path] = []
-        made: dict[str, Path] = {}
         for i, (ability, control) in enumerate(abilities):
             hit = found[i] or made.get(keys[i])
-            if hit is not None:
-                dirs.append(hit)
-                continue
-            assert tmp is not None
-            res = extract_ability(
-                params, docs[i], base, ability, control, r.abilities[i].corpus,
-                tmp / keys[i], device=best_device(device), step=tick, cancel=cancel,
-            )
-            store.put(keys[i], res.folder)
-            made[keys[i]] = res.folder
-            dirs.append(res.folder)
-        extract_seconds = time.perf_counter() - started
-        return _combine(r, params, dirs, out, reused=[f is not None for f in found],
-                        extract_seconds=extract_seconds, progress=progress, cancel=cancel,
-                        device=device, overwrite=overwrite, started=started)
-    finally:
+            if hit is None:
+                assert tmp is not None
+                hit = extract_ability(
+                    params, docs[i], base, ability, control, recipe.abilities[i].corpus,
+                    tmp / keys[i], device=best_device(device), step=tick, cancel=cancel,
+                ).folder
+                if store is not None:
+                    store.put(keys[i], hit)
+                made[keys[i]] = hit
+            dirs.append(hit)
+    except BaseException:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return dirs, [f is not None for f in found], tmp
 
 
 def _combine(
@@ -219,6 +237,7 @@ def _combine(
     cancel: CancelFn | None,
     device: str | None,
     overwrite: bool,
+    hash_cache: Path | None = None,
     started: float | None = None,
 ) -> MergeResult:
     t0 = time.perf_counter()
@@ -227,12 +246,13 @@ def _combine(
     base = open_model_folder(recipe.base_model)
     lang = open_model_folder(recipe.language_base)
     plan = build_plan({BASE: base, LANG: lang}, LANG)
-    base_sums = folder_checksums(base)
+    base_sums = folder_checksums(base, hash_cache)
     ckpt_dtype = checkpoint_dtype(base)
     by_name = {t.name: t for t in plan.tensors}
     # A store's or a caller's artifact is hashed against its metadata; one this run just
     # wrote (not reused) was hashed as it was written.
-    artifacts = [load_artifact(d, verify=reused[i]) for i, d in enumerate(artifact_dirs)]
+    artifacts = [load_artifact(d, verify=reused[i], hash_cache=hash_cache)
+                 for i, d in enumerate(artifact_dirs)]
     for i, art in enumerate(artifacts):
         check_compatible(art, base_checksums=base_sums, params=params,
                          checkpoint_dtype=ckpt_dtype, tensors=by_name,
@@ -266,7 +286,7 @@ def _combine(
                      *[ab.model for ab in recipe.abilities]],
         extra_json={REPORT_NAME: report}, card_summary=card_summary(report),
         manifest_extra={"maec": {"artifact_keys": report["artifact_keys"]}},
-        progress=merge_progress, cancel=cancel, overwrite=overwrite,
+        progress=merge_progress, cancel=cancel, overwrite=overwrite, hash_cache=hash_cache,
     )
     now = time.perf_counter()
     seconds = {"extract": extract_seconds, "select": select_seconds,

@@ -1,7 +1,7 @@
 """Where ability-vector artifacts are kept between jobs, by content-addressed key.
 
 The library needs only two operations; the service's worker passes an object-storage
-implementation, the CLI and tests the local one below.
+implementation, the CLI and tests the local one below (in a folder they choose).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import uuid
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from maec_core.checksums import cache_dir
 from maec_core.errors import MaecError
 
 _KEY = re.compile(r"^[0-9a-f]{64}$")
@@ -42,8 +41,8 @@ def check_key(key: str) -> str:
 class LocalArtifactStore:
     """Artifacts as folders ``<root>/<key>/``, published by an atomic rename."""
 
-    def __init__(self, root: str | Path | None = None) -> None:
-        self.root = Path(root) if root is not None else cache_dir() / "artifacts"
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
 
     def get(self, key: str) -> Path | None:
         folder = self.root / check_key(key)

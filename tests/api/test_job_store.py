@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 
-from app.jobs.record import job_key
+from app.jobs.keys import job_key
+from app.jobs.record import STATUSES
 from app.jobs.worker_store import WorkerJobStore
 from tests.api.conftest import Api
 
@@ -191,3 +192,41 @@ def test_an_attempt_killed_at_the_hard_time_limit_is_not_rerun(api: Api) -> None
     time.sleep(0.1)
     assert store.claim(other, worker="w2", lease_s=30, max_attempts=3,
                        time_limit_s=60).outcome == "claimed"
+
+
+def test_scripts_name_no_key_and_take_exactly_their_arguments() -> None:
+    import pytest
+
+    from app.jobs import scripts
+    from app.jobs.keys import PREFIX
+
+    for script in scripts.ALL:
+        assert PREFIX not in script.lua, f"{script.name} spells a key prefix"
+    with pytest.raises(ValueError, match="takes keys"):
+        scripts.UPDATE.pack({"job": "k"}, {})
+    with pytest.raises(ValueError, match="takes keys"):
+        scripts.UPDATE.pack({"job": "k", "other": "k2"}, {"attempt": 1})
+    keys, args = scripts.CANCEL.pack({"job": "k"}, {"now_ms": 3, "id": "i", "now_iso": "t"})
+    assert keys[0] == "k" and len(keys) == 1 + len(STATUSES)
+    assert args[:3] == ["i", "t", 3]  # the declared order, whatever order they came in
+    with pytest.raises(ValueError, match="bad or repeated"):
+        scripts.Script("bad", ("job",), ("end",), "return 0")
+
+
+def test_the_worker_never_touches_the_redis_client() -> None:
+    """Every Redis access of the worker goes through the store's methods."""
+    import ast
+    from pathlib import Path
+
+    for path in sorted((Path(__file__).parents[2] / "worker").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            else:
+                names = []
+            assert not [n for n in names if n.split(".")[0] == "redis"], path.name
+            if isinstance(node, ast.Attribute):
+                assert node.attr not in ("r", "_r", "client"), f"{path.name}:{node.lineno}"

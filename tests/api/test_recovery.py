@@ -10,8 +10,10 @@ import pytest
 from celery import Celery
 from celery.exceptions import SoftTimeLimitExceeded
 
+from app.jobs.keys import ORPHANS_KEY
 from app.jobs.worker_store import WorkerJobStore
 from app.queue import QUEUE
+from app.storage.base import StorageError
 from app.storage.local import LocalStorage
 from tests.api.conftest import Api
 from worker.runner import JobRunner
@@ -90,3 +92,32 @@ def test_redis_outage_is_503(api_factory: Any, path: str) -> None:
     assert api.client.get("/healthz").status_code == 200
     ready = api.client.get("/readyz", headers=api.auth())
     assert ready.status_code == 503 and ready.json()["redis"] is False
+
+
+class StoreDown(LocalStorage):
+    """The object store while it is unreachable: every deletion fails."""
+
+    def delete_prefix(self, prefix: str) -> None:
+        raise StorageError("the store is down")
+
+
+def test_orphaned_staging_is_removed_once_the_store_answers(api: Api) -> None:
+    store, storage = api.worker_store(), api.storage()
+    storage.put_bytes("jobs/j_1/a1/model.safetensors", b"x")
+    storage.put_bytes("jobs/j_2/a1/keep.json", b"{}")
+    store.remember_orphan("jobs/j_1/a1/")
+    # Still down at the next heartbeat: nothing is removed or forgotten.
+    assert store.clean_orphans(StoreDown(api.settings.storage_dir)) == []
+    assert api.r.smembers(ORPHANS_KEY) == {b"jobs/j_1/a1/"}
+    assert store.clean_orphans(storage) == ["jobs/j_1/a1/"]
+    assert storage.list("jobs/j_1/") == [] and api.r.scard(ORPHANS_KEY) == 0
+    assert [o.key for o in storage.list("jobs/")] == ["jobs/j_2/a1/keep.json"]
+    # Redis down too: remembering is best effort and never raises.
+    WorkerJobStore.from_url("redis://127.0.0.1:1/0").remember_orphan("jobs/j_3/a1/")
+
+
+def test_a_failed_cleanup_is_remembered_by_the_runner(api: Api) -> None:
+    jid = str(api.submit()["id"])
+    runner = JobRunner(api.settings, TimesOut(api.r), StoreDown(api.settings.storage_dir))
+    assert runner.run(jid) == "failed"
+    assert api.r.smembers(ORPHANS_KEY) == {f"jobs/{jid}/a1/".encode()}

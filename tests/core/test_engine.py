@@ -13,8 +13,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoTokenizer, LlamaForCausalLM
 
-from maec_core.engine import run_recipe
 from maec_core.errors import Cancelled, IncompatibleCheckpoints
+from maec_core.methods import get_method
+from maec_core.recipe import parse_recipe
+from maec_core.run import run
 from tests.core.conftest import leftovers
 from tests.factories import make_llama, read_config
 
@@ -39,7 +41,7 @@ def ta_recipe(zoo: dict[str, Path], **extra: Any) -> dict[str, Any]:
 def test_output_loads_with_transformers_and_generates(zoo: dict[str, Path],
                                                       tmp_path: Path) -> None:
     out = tmp_path / "merged"
-    result = run_recipe(ta_recipe(zoo, dtype="bfloat16"), out)
+    result = run(parse_recipe(ta_recipe(zoo, dtype="bfloat16")), out)
     assert result.tensors == len(tensors(zoo["base"]))
     model = LlamaForCausalLM.from_pretrained(out)
     assert model.dtype == torch.bfloat16
@@ -61,7 +63,7 @@ def test_output_loads_with_transformers_and_generates(zoo: dict[str, Path],
 def test_manifest_lists_every_file_with_its_checksum(zoo: dict[str, Path],
                                                     tmp_path: Path) -> None:
     out = tmp_path / "merged"
-    run_recipe(ta_recipe(zoo, out_shard_size="40KB"), out)
+    run(parse_recipe(ta_recipe(zoo, out_shard_size="40KB")), out)
     manifest = json.loads((out / "manifest.json").read_text())
     listed = {f["path"]: f for f in manifest["files"]}
     on_disk = {p.name for p in out.iterdir()} - {"manifest.json"}
@@ -90,24 +92,24 @@ def test_same_recipe_gives_bit_identical_files(zoo: dict[str, Path], tmp_path: P
                    {"model": str(zoo["b"]), "parameters": {"weight": 0.6, **donor}}],
         "parameters": {"random_seed": 11} if method.startswith("dare") else {},
     }
-    run_recipe(recipe, tmp_path / "one")
-    run_recipe(recipe, tmp_path / "two")
+    run(parse_recipe(recipe), tmp_path / "one")
+    run(parse_recipe(recipe), tmp_path / "two")
     names = sorted(p.name for p in (tmp_path / "one").iterdir())
     assert names == sorted(p.name for p in (tmp_path / "two").iterdir())
     for name in names:
         assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes()
     if method == "dare_ties":
         other = dict(recipe, parameters={"random_seed": 12})
-        run_recipe(other, tmp_path / "three")
+        run(parse_recipe(other), tmp_path / "three")
         a = (tmp_path / "one" / "model.safetensors").read_bytes()
         assert a != (tmp_path / "three" / "model.safetensors").read_bytes()
 
 
 def test_small_shard_size_writes_an_index_transformers_loads(zoo: dict[str, Path],
                                                               tmp_path: Path) -> None:
-    run_recipe(ta_recipe(zoo), tmp_path / "single")
+    run(parse_recipe(ta_recipe(zoo)), tmp_path / "single")
     out = tmp_path / "sharded"
-    run_recipe(ta_recipe(zoo, out_shard_size="20KB"), out)
+    run(parse_recipe(ta_recipe(zoo, out_shard_size="20KB")), out)
     shards = sorted(out.glob("model-*.safetensors"))
     assert len(shards) >= 3 and not (out / "model.safetensors").exists()
     index = json.loads((out / "model.safetensors.index.json").read_text())
@@ -129,8 +131,8 @@ def test_sharded_inputs_merge_like_single_files(zoo: dict[str, Path], tmp_path: 
     b = make_llama(tmp_path / "b", seed=2, like=base)
     assert (base / "model.safetensors.index.json").is_file()
     assert (a / "model.safetensors.index.json").is_file()
-    run_recipe(ta_recipe({"base": base, "a": a, "b": b}), tmp_path / "from-shards")
-    run_recipe(ta_recipe(zoo), tmp_path / "from-single")
+    run(parse_recipe(ta_recipe({"base": base, "a": a, "b": b})), tmp_path / "from-shards")
+    run(parse_recipe(ta_recipe(zoo)), tmp_path / "from-single")
     got, want = tensors(tmp_path / "from-shards"), tensors(tmp_path / "from-single")
     assert sorted(got) == sorted(want)
     for k in want:
@@ -141,8 +143,8 @@ def test_tied_embeddings_merge(tmp_path: Path) -> None:
     base = make_llama(tmp_path / "base", seed=3, tie_word_embeddings=True)
     a = make_llama(tmp_path / "a", seed=4, like=base, tie_word_embeddings=True)
     out = tmp_path / "merged"
-    run_recipe({"merge_method": "ties", "base_model": str(base),
-                "models": [{"model": str(a), "parameters": {"weight": 1.0, "density": 0.5}}]},
+    run(parse_recipe({"merge_method": "ties", "base_model": str(base),
+                "models": [{"model": str(a), "parameters": {"weight": 1.0, "density": 0.5}}]}),
                out)
     merged = tensors(out)
     assert "lm_head.weight" not in merged and "model.embed_tokens.weight" in merged
@@ -162,7 +164,7 @@ def test_shape_mismatch_names_tensor_and_shapes(zoo: dict[str, Path], tmp_path: 
     out = tmp_path / "merged"
     recipe = ta_recipe({**zoo, "b": odd})
     with pytest.raises(IncompatibleCheckpoints) as info:
-        run_recipe(recipe, out)
+        run(parse_recipe(recipe), out)
     msg = str(info.value)
     assert name in msg and "[32, 64]" in msg and "[32, 48]" in msg
     assert info.value.details["tensor"] == name
@@ -173,7 +175,7 @@ def test_vocab_mismatch_says_vocab(zoo: dict[str, Path], tmp_path: Path) -> None
     wide = make_llama(tmp_path / "wide", seed=5, vocab_size=80, tokenizer=False)
     out = tmp_path / "merged"
     with pytest.raises(IncompatibleCheckpoints, match="vocab size differs") as info:
-        run_recipe(ta_recipe({**zoo, "b": wide}), out)
+        run(parse_recipe(ta_recipe({**zoo, "b": wide})), out)
     assert "64" in str(info.value) and "80" in str(info.value)
     assert leftovers(out) == []
 
@@ -186,7 +188,7 @@ def test_filter_override_applies_per_tensor(zoo: dict[str, Path], tmp_path: Path
             "weight": [{"filter": "mlp", "value": 0.0}, {"value": 1.0}]}}],
     }
     out = tmp_path / "merged"
-    run_recipe(recipe, out)
+    run(parse_recipe(recipe), out)
     got, base, a = tensors(out), tensors(zoo["base"]), tensors(zoo["a"])
     mlp = [k for k in got if ".mlp." in k]
     assert mlp
@@ -196,10 +198,10 @@ def test_filter_override_applies_per_tensor(zoo: dict[str, Path], tmp_path: Path
 
 def test_layer_swap_copies_whole_blocks(zoo: dict[str, Path], tmp_path: Path) -> None:
     out = tmp_path / "swapped"
-    run_recipe({"merge_method": "layer_swap",
+    run(parse_recipe({"merge_method": "layer_swap",
                 "models": [{"model": str(zoo["a"]), "parameters": {"role": "ability"}},
                            {"model": str(zoo["b"]), "parameters": {"role": "language"}}],
-                "parameters": {"bottom_k": 1, "top_k": 0}}, out)
+                "parameters": {"bottom_k": 1, "top_k": 0}}), out)
     got, a, b = tensors(out), tensors(zoo["a"]), tensors(zoo["b"])
     for k, v in got.items():
         from_language = ".layers.0." in k or "embed" in k
@@ -209,13 +211,13 @@ def test_layer_swap_copies_whole_blocks(zoo: dict[str, Path], tmp_path: Path) ->
 def test_progress_reports_and_cancel_leaves_nothing(zoo: dict[str, Path],
                                                    tmp_path: Path) -> None:
     seen: list[tuple[str, int, int]] = []
-    run_recipe(ta_recipe(zoo), tmp_path / "ok", progress=lambda *a: seen.append(a))
+    run(parse_recipe(ta_recipe(zoo)), tmp_path / "ok", progress=lambda *a: seen.append(a))
     total = len(tensors(zoo["base"]))
     assert seen[-1] == ("merge", total, total) and len(seen) == total
     calls = iter(range(100))
     out = tmp_path / "cancelled"
     with pytest.raises(Cancelled):
-        run_recipe(ta_recipe(zoo), out, cancel=lambda: next(calls) >= 3)
+        run(parse_recipe(ta_recipe(zoo)), out, cancel=lambda: next(calls) >= 3)
     assert leftovers(out) == []
 
 
@@ -247,8 +249,8 @@ def test_sliced_streaming_equals_whole_tensors(
         recipe["base_model"] = str(zoo["base"])
     monkeypatch.setattr(engine, "UNIT_CPU", 300)
     monkeypatch.setattr(engine, "CHUNK_CPU", 77)
-    run_recipe(recipe, tmp_path / "sliced")
-    monkeypatch.setattr(engine, "is_elementwise", lambda name: False)
-    run_recipe(recipe, tmp_path / "whole")
+    run(parse_recipe(recipe), tmp_path / "sliced")
+    monkeypatch.setattr(type(get_method(method)), "elementwise", False)
+    run(parse_recipe(recipe), tmp_path / "whole")
     assert ((tmp_path / "sliced" / "model.safetensors").read_bytes()
             == (tmp_path / "whole" / "model.safetensors").read_bytes())

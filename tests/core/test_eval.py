@@ -17,6 +17,7 @@ from maec_core.eval.measure import sliding_windows
 from maec_core.eval.report import read_report
 from maec_core.eval.runner import evaluate, evaluate_many
 from maec_core.eval.sets import load_spec
+from maec_core.runtime import torch_threads
 
 # The memorised model's world: numbered words, the numbers 0..99, a prompt vocabulary.
 WORDS = [f"w{i}" for i in range(40)] + [str(i) for i in range(100)] + [
@@ -83,10 +84,8 @@ def _train_memoriser(path: Path) -> Path:
 def _one_thread() -> Iterator[None]:
     # On a shared machine an OpenMP team stalls at every op of these tiny models
     # (training measured 20x slower with two threads on two busy cores).
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+    with torch_threads(1):
+        yield
 
 
 @pytest.fixture(scope="module")

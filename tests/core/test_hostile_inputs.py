@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from maec_core.engine import run_recipe
 from maec_core.errors import CorruptCheckpoint, MaecError
 from maec_core.io.folder import open_model_folder
 from maec_core.io.headers import read_header
 from maec_core.plan import build_plan
+from maec_core.recipe import parse_recipe
+from maec_core.run import run
 from tests.factories import make_llama
 from tests.hostile import HOSTILE, Hostile, marker_path, payload_bytes, torch_zip_bytes
 from tests.reliability import results
@@ -73,7 +74,7 @@ def test_good_checkpoint_passes_every_stage(good: Path, tmp_path: Path) -> None:
     """The harness is not refusing everything: an unbroken copy opens, plans and merges."""
     folder = open_model_folder(good)
     build_plan({"a": folder, "b": open_model_folder(good)}, "a")
-    result = run_recipe(_recipe(good, good), tmp_path / "out" / "merged")
+    result = run(parse_recipe(_recipe(good, good)), tmp_path / "out" / "merged")
     assert (result.out_dir / "manifest.json").is_file()
 
 
@@ -103,7 +104,7 @@ def test_hostile_checkpoint_is_refused(case: Hostile, good: Path, tmp_path: Path
     for i, (first, second) in enumerate(((bad, good), (good, bad))):
         out = tmp_path / f"out{i}" / "merged"
         with pytest.raises(MaecError) as info:
-            run_recipe(_recipe(first, second), out)
+            run(parse_recipe(_recipe(first, second)), out)
         _expect(case, info.value)
         assert not out.exists()
         leftovers = list(out.parent.iterdir()) if out.parent.exists() else []
@@ -144,7 +145,7 @@ def test_file_truncated_during_merge_publishes_nothing(good: Path, tmp_path: Pat
 
     out = tmp_path / "out" / "merged"
     with pytest.raises(CorruptCheckpoint) as info:
-        run_recipe(_recipe(good, victim), out, progress=progress)
+        run(parse_recipe(_recipe(good, victim)), out, progress=progress)
     assert "truncated" in info.value.message
     assert 1 <= len(calls) < 21, calls  # it failed mid-stream, not before or after
     assert not out.exists()

@@ -16,7 +16,6 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from maec_core.engine import run_recipe
 from maec_core.errors import (
     CheckpointError,
     CorruptCheckpoint,
@@ -28,6 +27,8 @@ from maec_core.errors import (
     UnsupportedDtype,
 )
 from maec_core.io.headers import read_header
+from maec_core.recipe import parse_recipe
+from maec_core.run import run
 from tests.core.conftest import leftovers
 
 
@@ -56,7 +57,7 @@ def rewrite_header(path: Path, edit: Callable[[dict[str, Any]], None]) -> None:
 def expect_failure(recipe: dict[str, Any], out: Path, error: type[MaecError],
                    match: str | None = None) -> MaecError:
     with pytest.raises(error, match=match) as info:
-        run_recipe(recipe, out)
+        run(parse_recipe(recipe), out)
     assert leftovers(out) == []
     return info.value
 
@@ -150,7 +151,7 @@ def test_file_shrinking_during_the_merge(zoo: dict[str, Path], tmp_path: Path) -
             cut.append(done)
 
     with pytest.raises(CorruptCheckpoint, match="truncated"):
-        run_recipe(ta(zoo["base"], zoo["a"], bad), out, progress=progress)
+        run(parse_recipe(ta(zoo["base"], zoo["a"], bad)), out, progress=progress)
     assert cut and leftovers(out) == []
 
 
@@ -194,6 +195,6 @@ def test_existing_output_is_not_touched(zoo: dict[str, Path], tmp_path: Path) ->
     out.mkdir()
     (out / "keep.txt").write_text("mine")
     with pytest.raises(OutputExists):
-        run_recipe(ta(zoo["base"], zoo["a"]), out)
+        run(parse_recipe(ta(zoo["base"], zoo["a"])), out)
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
     assert leftovers(out) == ["out"]

@@ -9,6 +9,7 @@ from click.testing import CliRunner
 
 from maec_core.cli import main
 from maec_core.maec.keys import artifact_key
+from maec_core.recipe import parse_recipe
 from tests.core.test_maec_common import _private_cache  # noqa: F401 - autouse fixture
 from tests.core.test_maec_invariants import KEY_RATIO, planted
 
@@ -24,7 +25,7 @@ def test_extract_then_combine_equals_merge(tmp_path: Path) -> None:
     res = runner.invoke(main, ["extract", str(recipe), str(tmp_path / "art"), "--ability", "0",
                                "--no-progress"])
     assert res.exit_code == 0, res.output
-    assert artifact_key(doc, 0) in res.output
+    assert artifact_key(parse_recipe(doc), 0) in res.output
     res = runner.invoke(main, ["combine", str(recipe), str(tmp_path / "art"),
                                str(tmp_path / "combined")])
     assert res.exit_code == 0, res.output

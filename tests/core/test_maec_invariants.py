@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 
 from maec_core.maec.keys import artifact_key
-from maec_core.maec.pipeline import run_maec
 from maec_core.maec.store import LocalArtifactStore
+from maec_core.run import run
 from tests.core.test_maec_common import (
     DOWN0,
     EMBED,
@@ -61,7 +61,7 @@ def test_mu_zero_gives_the_language_base_bitwise(tmp_path: Path) -> None:
     lang = write_ckpt(tmp_path / "lang_negzero", w_l, torch.bfloat16)
     r = maec_recipe(base, lang, [{"model": str(ability), "mu": 0.0}], key_ratio=KEY_RATIO,
                     selection_ratio=1.0)
-    run_maec(r, tmp_path / "out")
+    run(r, tmp_path / "out")
     out, ref = load(tmp_path / "out"), load(lang)
     assert out.keys() == ref.keys()
     for k in ref:
@@ -73,7 +73,7 @@ def test_full_ratios_equal_task_arithmetic(tmp_path: Path) -> None:
     base, ability, lang = planted(tmp_path, torch.bfloat16)
     r = maec_recipe(base, lang, [{"model": str(ability)}], key_ratio=1.0, selection_ratio=1.0,
                     artifact_dtype="float32")
-    run_maec(r, tmp_path / "out")
+    run(r, tmp_path / "out")
     out, w0, wa, wl = (load(p) for p in (tmp_path / "out", base, ability, lang))
     for k in wl:
         if k in INCLUDED:
@@ -88,10 +88,10 @@ def test_full_ratios_equal_task_arithmetic(tmp_path: Path) -> None:
 def test_planted_rows_are_the_key_rows_and_parallel_tensor_is_dropped(tmp_path: Path) -> None:
     base, ability, lang = planted(tmp_path)
     r = maec_recipe(base, lang, [{"model": str(ability)}], key_ratio=KEY_RATIO)
-    res = run_maec(r, tmp_path / "out")
+    store = LocalArtifactStore(tmp_path / "store")
+    res = run(r, tmp_path / "out", artifact_store=store)
     report = json.loads((tmp_path / "out" / "maec_report.json").read_text())
     # The artifact holds exactly the planted rows.
-    store = LocalArtifactStore()
     folder = store.get(report["artifact_keys"][0])
     assert folder is not None
     from safetensors.torch import load_file
@@ -117,8 +117,8 @@ def test_planted_rows_are_the_key_rows_and_parallel_tensor_is_dropped(tmp_path: 
 def test_same_inputs_give_identical_bytes_and_key(tmp_path: Path) -> None:
     base, ability, lang = planted(tmp_path, torch.bfloat16)
     r = maec_recipe(base, lang, [{"model": str(ability)}], key_ratio=KEY_RATIO)
-    run_maec(r, tmp_path / "one", artifact_store=LocalArtifactStore(tmp_path / "s1"))
-    run_maec(r, tmp_path / "two", artifact_store=LocalArtifactStore(tmp_path / "s2"))
+    run(r, tmp_path / "one", artifact_store=LocalArtifactStore(tmp_path / "s1"))
+    run(r, tmp_path / "two", artifact_store=LocalArtifactStore(tmp_path / "s2"))
     files = sorted(p.name for p in (tmp_path / "one").iterdir())
     assert files == sorted(p.name for p in (tmp_path / "two").iterdir())
     for name in files:
@@ -136,7 +136,7 @@ def test_same_inputs_give_identical_bytes_and_key(tmp_path: Path) -> None:
 def test_excluded_tensors_are_never_touched(tmp_path: Path) -> None:
     base, ability, lang = planted(tmp_path)
     r = maec_recipe(base, lang, [{"model": str(ability)}], key_ratio=1.0, selection_ratio=1.0)
-    run_maec(r, tmp_path / "out")
+    run(r, tmp_path / "out")
     out, wl = load(tmp_path / "out"), load(lang)
     for k in (EMBED, HEAD, NORM0, "model.norm.weight"):
         assert torch.equal(out[k], wl[k])

@@ -25,10 +25,11 @@ CHILD = r"""
 import json, sys
 from pathlib import Path
 import torch
-from maec_core.maec.pipeline import run_maec
 from maec_core.maec.store import LocalArtifactStore
+from maec_core.recipe import parse_recipe
+from maec_core.run import run
+from maec_core.runtime import torch_threads
 root = Path(sys.argv[1])
-torch.set_num_threads(1)
 
 
 def hwm_kb():
@@ -43,8 +44,9 @@ before = hwm_kb()
 recipe = {"merge_method": "maec", "base_model": str(root / "base"),
           "language_base": str(root / "lang"), "abilities": [{"model": str(root / "ability")}],
           "parameters": {"key_ratio": 0.05}}
-run_maec(recipe, root / "out", artifact_store=LocalArtifactStore(root / "store"),
-         device="cpu")
+with torch_threads(1):
+    run(parse_recipe(recipe), root / "out", artifact_store=LocalArtifactStore(root / "store"),
+        device="cpu")
 after = hwm_kb()
 print(json.dumps({"before_kb": before, "peak_kb": after}))
 """

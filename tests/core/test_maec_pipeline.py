@@ -10,11 +10,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from maec_core.engine import run_recipe
 from maec_core.errors import ArtifactMismatch, CorruptCheckpoint, IncompatibleCheckpoints
 from maec_core.maec.keys import artifact_key
-from maec_core.maec.pipeline import combine, extract, run_maec
+from maec_core.maec.pipeline import combine, extract
 from maec_core.maec.store import LocalArtifactStore
+from maec_core.run import run
 from tests.core.test_maec_common import (
     DOWN0,
     INCLUDED,
@@ -51,7 +51,7 @@ def test_control_is_subtracted_instead_of_base(tmp_path: Path) -> None:
     control = write_ckpt(tmp_path / "control", add(w0, noise_like(w0, 9, 0.05)))
     r = maec_recipe(base, lang, [{"model": str(ability), "control": str(control)}],
                     key_ratio=KEY_RATIO, selection_ratio=1.0)
-    run_maec(r, tmp_path / "out")
+    run(r, tmp_path / "out")
     out, ws, wa, wl = (load(p) for p in (tmp_path / "out", control, ability, lang))
     for k in wl:
         expected = wl[k].clone()
@@ -70,10 +70,11 @@ def test_rank_scope_global_ranks_across_tensors(tmp_path: Path) -> None:
     # 36 candidate rows in all; ceil(0.1 * 36) = 4 key rows, all in up_proj.
     r = maec_recipe(base, lang, [{"model": str(ability)}], key_ratio=0.1, rank_scope="global",
                     selection_ratio=1.0)
-    res = run_maec(r, tmp_path / "out")
+    store = LocalArtifactStore(tmp_path / "store")
+    res = run(r, tmp_path / "out", artifact_store=store)
     assert res.report is not None
     assert [t["name"] for t in res.report["tensors"]] == [UP0]
-    art = _artifact(LocalArtifactStore().get(res.report["artifact_keys"][0]))  # type: ignore[arg-type]
+    art = _artifact(store.get(res.report["artifact_keys"][0]))  # type: ignore[arg-type]
     assert art[UP0 + "::index"].tolist() == [1, 4, 9, 10]
     assert set(art) == {UP0 + "::index", UP0 + "::delta"}
     out, wl = load(tmp_path / "out"), load(lang)
@@ -92,9 +93,10 @@ def test_element_granularity_keeps_planted_weights(tmp_path: Path) -> None:
     lang = write_ckpt(tmp_path / "l", add(w0, noise_like(w0, 2, 1e-2)))
     r = maec_recipe(base, lang, [{"model": str(ability)}], key_ratio=0.03,
                     granularity="element", selection_ratio=1.0)
-    res = run_maec(r, tmp_path / "out")
+    store = LocalArtifactStore(tmp_path / "store")
+    res = run(r, tmp_path / "out", artifact_store=store)
     assert res.report is not None
-    art = _artifact(LocalArtifactStore().get(res.report["artifact_keys"][0]))  # type: ignore[arg-type]
+    art = _artifact(store.get(res.report["artifact_keys"][0]))  # type: ignore[arg-type]
     out, w0s, was, wl = (load(p) for p in (tmp_path / "out", base, ability, lang))
     for name, flat in plant.items():
         assert art[name + "::index"].tolist() == flat
@@ -116,7 +118,7 @@ def test_threshold_selection_drops_parallel_and_antiparallel(tmp_path: Path) -> 
     lang = write_ckpt(tmp_path / "l", add(w0, d_l))
     r = maec_recipe(base, lang, [{"model": str(ability)}], key_ratio=KEY_RATIO,
                     selection="threshold", selection_threshold=0.99)
-    res = run_maec(r, tmp_path / "out")
+    res = run(r, tmp_path / "out")
     assert res.report is not None
     c = {t["name"]: t["abilities"][0] for t in res.report["tensors"]}
     assert c[Q1]["c_t"] == pytest.approx(1.0) and c[Q0]["c_t"] == pytest.approx(-1.0)
@@ -143,7 +145,7 @@ def test_several_abilities_with_their_own_mu(tmp_path: Path) -> None:
                                  for i, (d, m) in enumerate(zip(donors, mus, strict=True))],
                     key_ratio=KEY_RATIO, selection_ratio=1.0,
                     include=r"(up_proj|layers\.0\.self_attn\.q_proj)")
-    res = run_maec(r, tmp_path / "out")
+    res = run(r, tmp_path / "out")
     assert res.report is not None and len(res.report["artifact_keys"]) == 2
     out, w0s, wl = load(tmp_path / "out"), load(base), load(lang)
     was = [load(d) for d in donors]
@@ -159,7 +161,7 @@ def test_several_abilities_with_their_own_mu(tmp_path: Path) -> None:
 def test_extract_store_combine_equals_one_run(tmp_path: Path) -> None:
     base, ability, lang = planted(tmp_path, torch.bfloat16)
     r = maec_recipe(base, lang, [{"model": str(ability)}], key_ratio=KEY_RATIO)
-    one = run_maec(r, tmp_path / "one", artifact_store=LocalArtifactStore(tmp_path / "s1"))
+    one = run(r, tmp_path / "one", artifact_store=LocalArtifactStore(tmp_path / "s1"))
     assert one.report is not None and one.report["abilities"][0]["artifact_reused"] is False
     ex = extract(r, 0, tmp_path / "artifact")
     assert ex.key == artifact_key(r, 0) == one.report["artifact_keys"][0]
@@ -171,7 +173,7 @@ def test_extract_store_combine_equals_one_run(tmp_path: Path) -> None:
     assert res.report is not None and res.report["abilities"][0]["artifact_reused"] is True
     _same_folder(tmp_path / "one", tmp_path / "two")
     # And a second one-run merge with the first store reuses the artifact, same bytes.
-    again = run_maec(r, tmp_path / "three", artifact_store=LocalArtifactStore(tmp_path / "s1"))
+    again = run(r, tmp_path / "three", artifact_store=LocalArtifactStore(tmp_path / "s1"))
     assert again.report is not None and again.report["abilities"][0]["artifact_reused"] is True
     _same_folder(tmp_path / "one", tmp_path / "three")
 
@@ -179,10 +181,10 @@ def test_extract_store_combine_equals_one_run(tmp_path: Path) -> None:
 def test_engine_routes_maec_and_artifact_field(tmp_path: Path) -> None:
     base, ability, lang = planted(tmp_path)
     r = maec_recipe(base, lang, [{"model": str(ability)}], key_ratio=KEY_RATIO)
-    via_engine = run_recipe(r, tmp_path / "one")
+    via_engine = run(r, tmp_path / "one")
     ex = extract(r, 0, tmp_path / "artifact")
     with_artifact = r.model_copy(update={"artifact": str(ex.folder)})
-    run_maec(with_artifact, tmp_path / "two")
+    run(with_artifact, tmp_path / "two")
     assert via_engine.report is not None
     for name in ("model.safetensors", "maec_report.json"):
         assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes()
@@ -294,7 +296,7 @@ def test_incompatible_shapes_are_refused_before_reading(tmp_path: Path) -> None:
     lang = write_ckpt(tmp_path / "lang_bad", w)
     r = maec_recipe(base, lang, [{"model": str(ability)}], key_ratio=KEY_RATIO)
     with pytest.raises(IncompatibleCheckpoints, match="shape"):
-        run_maec(r, tmp_path / "out")
+        run(r, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 
@@ -304,13 +306,13 @@ def test_one_donor_twice_is_extracted_once(tmp_path: Path) -> None:
                                  {"model": str(ability), "mu": 0.5, "name": "y"}],
                     key_ratio=KEY_RATIO)
     steps: list[tuple[str, int, int]] = []
-    res = run_maec(r, tmp_path / "out", progress=lambda s, d, t: steps.append((s, d, t)))
+    res = run(r, tmp_path / "out", progress=lambda s, d, t: steps.append((s, d, t)))
     assert res.report is not None and len(set(res.report["artifact_keys"])) == 1
     extract_steps = [s for s in steps if s[0] == "extract"]
     assert extract_steps[-1] == ("extract", len(INCLUDED), len(INCLUDED))
     # μ 0.5 + 0.5 adds the ability once (up to the rounding of two float32 additions).
     single = maec_recipe(base, lang, [{"model": str(ability)}], key_ratio=KEY_RATIO)
-    run_maec(single, tmp_path / "single")
+    run(single, tmp_path / "single")
     twice, once, wl = load(tmp_path / "out")[UP0], load(tmp_path / "single")[UP0], load(lang)[UP0]
     assert torch.allclose(twice, once, rtol=0, atol=1e-6) and not torch.equal(twice, wl)
 
@@ -339,7 +341,7 @@ def test_key_rows_straddling_stream_slices(tmp_path: Path) -> None:
     for gran, ratio in (("row", 1.5 / rows), ("element", 3.5 / (rows * width))):
         r = maec_recipe(base, lang, [{"model": str(ability), "mu": 0.5}], key_ratio=ratio,
                         granularity=gran, selection_ratio=1.0)
-        run_maec(r, tmp_path / gran)
+        run(r, tmp_path / gran)
         expected = wl.clone()
         if gran == "row":
             expected[cross] = wl[cross] + 0.5 * (wa[cross] - w0[name][cross])
@@ -353,7 +355,7 @@ def test_progress_stages_and_cancel(tmp_path: Path) -> None:
     base, ability, lang = planted(tmp_path)
     r = maec_recipe(base, lang, [{"model": str(ability)}], key_ratio=KEY_RATIO)
     seen: list[tuple[str, int, int]] = []
-    run_maec(r, tmp_path / "out", progress=lambda s, d, t: seen.append((s, d, t)))
+    run(r, tmp_path / "out", progress=lambda s, d, t: seen.append((s, d, t)))
     assert [s for s, _, _ in seen] == sorted((s for s, _, _ in seen), key=["extract",
                                              "combine"].index)
     for stage in ("extract", "combine"):
@@ -375,7 +377,7 @@ def _cancel_during(r: object, tmp_path: Path, stage: str) -> None:
 
     store = LocalArtifactStore(tmp_path / f"store-{stage}")
     with pytest.raises(Cancelled):
-        run_maec(r, tmp_path / f"cancel-{stage}", progress=progress,  # type: ignore[arg-type]
+        run(r, tmp_path / f"cancel-{stage}", progress=progress,  # type: ignore[arg-type]
                  cancel=lambda: flag["on"], artifact_store=store)
     assert not (tmp_path / f"cancel-{stage}").exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".cancel")] == []
@@ -394,9 +396,10 @@ def test_element_granularity_with_global_ranking(tmp_path: Path) -> None:
     # 320 candidate weights; ceil(0.0125 * 320) = 4: exactly the planted ones.
     r = maec_recipe(base, lang, [{"model": str(ability)}], key_ratio=0.0125,
                     granularity="element", rank_scope="global", selection_ratio=1.0)
-    res = run_maec(r, tmp_path / "out")
+    store = LocalArtifactStore(tmp_path / "store")
+    res = run(r, tmp_path / "out", artifact_store=store)
     assert res.report is not None
-    art = _artifact(LocalArtifactStore().get(res.report["artifact_keys"][0]))  # type: ignore[arg-type]
+    art = _artifact(store.get(res.report["artifact_keys"][0]))  # type: ignore[arg-type]
     assert {k: v.tolist() for k, v in art.items() if k.endswith("::index")} == {
         Q0 + "::index": [3, 50], DOWN0 + "::index": [7], Q1 + "::index": [60]}
     out, wl, wa, w0s = (load(p) for p in (tmp_path / "out", lang, ability, base))
@@ -414,7 +417,7 @@ def test_existing_output_is_refused_before_extraction(tmp_path: Path) -> None:
     r = maec_recipe(base, lang, [{"model": str(ability)}], key_ratio=KEY_RATIO)
     steps: list[str] = []
     with pytest.raises(OutputExists):
-        run_maec(r, tmp_path / "out", progress=lambda s, d, t: steps.append(s))
+        run(r, tmp_path / "out", progress=lambda s, d, t: steps.append(s))
     assert steps == []
-    run_maec(r, tmp_path / "out", overwrite=True)
+    run(r, tmp_path / "out", overwrite=True)
     assert (tmp_path / "out" / "maec_report.json").is_file()

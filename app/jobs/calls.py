@@ -1,0 +1,142 @@
+"""Every state change of a job as one packed script call and the reading of its reply.
+
+Built here once and run by either face of the store (the worker's sync one, the API's
+async one), so both sides agree on the arguments and outcomes by construction.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, Literal, TypeVar, cast
+
+from app.jobs import scripts
+from app.jobs.keys import METRICS_KEY, active_key, idem_key, job_key, owner_key, status_key
+from app.jobs.record import JobRecord, encode, now_iso, text
+from app.jobs.scripts import Arg, Script
+
+T = TypeVar("T")
+CreateOutcome = Literal["created", "existing", "too_many"]
+CancelOutcome = Literal["cancelled", "requested", "finished", "missing"]
+ClaimOutcome = Literal["claimed", "busy", "done", "missing", "cancelled", "exhausted",
+                       "time_limit"]
+# Lua has no infinity literal and tonumber('inf') is nil: "no limit" is sent as this.
+_NO_LIMIT = "1e300"
+
+
+@dataclass(frozen=True)
+class Call(Generic[T]):
+    """One script invocation, its KEYS and ARGV packed, and how to read its reply."""
+
+    script: Script
+    keys: list[str]
+    args: list[Arg]
+    parse: Callable[[Any], T]
+
+
+@dataclass(frozen=True)
+class Claim:
+    outcome: ClaimOutcome
+    attempt: int
+
+
+def _now_ms(now: float | None = None) -> int:
+    return int((time.time() if now is None else now) * 1000)
+
+
+def _pairs(fields: Mapping[str, Any]) -> list[Arg]:
+    """Record fields as ARGV field, value, ... (values JSON, as the hash stores them)."""
+    return [x for kv in encode(dict(fields)).items() for x in kv]
+
+
+def create(record: JobRecord, *, max_active: int) -> Call[tuple[CreateOutcome, str]]:
+    """Store a new queued job unless its owner has ``max_active`` active jobs or its
+    idempotency key names an earlier job (``existing``, with that job's id)."""
+    owner = record.owner
+    keys, args = scripts.CREATE.pack(
+        {"job": job_key(record.id), "owner": owner_key(owner), "active": active_key(owner),
+         "queued": status_key("queued"), "idem": idem_key(owner, record.idempotency_key or "")},
+        {"id": record.id, "max_active": max_active,
+         "has_idem": "1" if record.idempotency_key else "0", "now_ms": _now_ms()},
+        _pairs(record.model_dump(mode="json")),
+    )
+
+    def parse(reply: list[Any]) -> tuple[CreateOutcome, str]:
+        return cast(CreateOutcome, text(reply[0])), text(reply[1])
+
+    return Call(scripts.CREATE, keys, args, parse)
+
+
+def claim(job_id: str, *, worker: str, lease_s: float, max_attempts: int,
+          time_limit_s: float) -> Call[Claim]:
+    """Compare-and-set ``queued`` (or ``running`` with a lapsed lease) to ``running`` as
+    the next attempt, or end the job when it must not run again."""
+    now = time.time()
+    exhausted = {
+        "code": "worker_lost",
+        "message": f"the job was started {max_attempts} time(s) and never finished "
+        "(its worker died or lost its lease each time); not retrying",
+        "details": {"max_attempts": max_attempts},
+    }
+    timed_out = {
+        "code": "time_limit",
+        "message": f"the job ran past its {time_limit_s:g} s time limit and was stopped",
+        "details": {"limit_s": time_limit_s},
+    }
+    keys, args = scripts.CLAIM.pack({"job": job_key(job_id)}, {
+        "id": job_id, "now_s": repr(now), "lease_until": repr(now + lease_s),
+        "worker_json": json.dumps(worker), "max_attempts": max_attempts,
+        "now_iso": json.dumps(now_iso()), "now_ms": _now_ms(now),
+        "exhausted_error": json.dumps(exhausted),
+        "time_limit_s": _NO_LIMIT if time_limit_s == float("inf") else repr(time_limit_s),
+        "time_limit_error": json.dumps(timed_out),
+    })
+
+    def parse(reply: list[Any]) -> Claim:
+        return Claim(cast(ClaimOutcome, text(reply[0])), int(reply[1]))
+
+    return Call(scripts.CLAIM, keys, args, parse)
+
+
+def update(job_id: str, attempt: int, fields: Mapping[str, Any]) -> Call[int]:
+    """Write ``fields`` if ``attempt`` still owns the job: 1 = cancel requested,
+    0 = carry on, -1 = the job is no longer this attempt's."""
+    keys, args = scripts.UPDATE.pack({"job": job_key(job_id)}, {"attempt": attempt},
+                                     _pairs(fields))
+    return Call(scripts.UPDATE, keys, args, int)
+
+
+def transition(
+    job_id: str, *, allowed: tuple[str, ...], to: str, attempt: int | None,
+    fields: Mapping[str, Any] | None = None, metrics: Mapping[str, float] | None = None,
+) -> Call[tuple[bool, str]]:
+    """Move the job from one of ``allowed`` to ``to`` (only as ``attempt`` when given),
+    writing ``fields`` and adding ``metrics`` to the metrics hash; (done, previous)."""
+    metrics = metrics or {}
+    mflat: list[Arg] = [x for k, v in metrics.items() for x in (k, repr(v))]
+    keys, args = scripts.TRANSITION.pack(
+        {"job": job_key(job_id), "metrics": METRICS_KEY},
+        {"id": job_id, "allowed": " ".join(allowed), "to": to, "now_ms": _now_ms(),
+         "attempt": "" if attempt is None else attempt, "n_metrics": len(metrics)},
+        [*mflat, *_pairs(fields or {})],
+    )
+
+    def parse(reply: list[Any]) -> tuple[bool, str]:
+        return text(reply[0]) == "ok", text(reply[1])
+
+    return Call(scripts.TRANSITION, keys, args, parse)
+
+
+def cancel(job_id: str) -> Call[CancelOutcome]:
+    """End a queued job now; flag a running one (its worker stops at its next check)."""
+    keys, args = scripts.CANCEL.pack(
+        {"job": job_key(job_id)},
+        {"id": job_id, "now_iso": json.dumps(now_iso()), "now_ms": _now_ms()},
+    )
+
+    def parse(reply: Any) -> CancelOutcome:
+        return cast(CancelOutcome, text(reply))
+
+    return Call(scripts.CANCEL, keys, args, parse)

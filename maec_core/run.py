@@ -1,0 +1,45 @@
+"""The one entry for any recipe: a parsed ``Recipe`` in, a published output folder out.
+
+``merge_method: maec`` goes to the MAEC pipeline (extraction or artifact reuse, then
+combination); every other method to the engine's streaming merge. Callers parse the
+recipe once (``maec_core.recipe.parse_recipe``) and pass it on typed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from maec_core.engine import run_method
+from maec_core.maec.pipeline import run_maec
+from maec_core.maec.store import ArtifactStore
+from maec_core.recipe import Recipe
+from maec_core.runtime import CancelFn, MergeResult, ProgressFn
+
+__all__ = ["run"]
+
+
+def run(
+    recipe: Recipe,
+    out: Path,
+    *,
+    artifact_store: ArtifactStore | None = None,
+    progress: ProgressFn | None = None,
+    cancel: CancelFn | None = None,
+    device: str | None = None,
+    overwrite: bool = False,
+    hash_cache: Path | None = None,
+) -> MergeResult:
+    """Merge ``recipe`` into the folder ``out`` (published complete, or not at all).
+
+    ``artifact_store`` keeps MAEC ability artifacts between runs (other methods have
+    none; without a store MAEC extracts every ability afresh). ``progress(stage, done,
+    total)`` is called as tensors finish; ``cancel()`` returning True stops the run with
+    ``Cancelled``. ``device`` defaults to CUDA when present. ``hash_cache`` is a folder
+    keeping input-file digests between processes (None: this process only).
+    """
+    if recipe.merge_method == "maec":
+        return run_maec(recipe, out, progress=progress, cancel=cancel, device=device,
+                        overwrite=overwrite, artifact_store=artifact_store,
+                        hash_cache=hash_cache)
+    return run_method(recipe, Path(out), progress=progress, cancel=cancel, device=device,
+                      overwrite=overwrite, hash_cache=hash_cache)
