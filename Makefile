@@ -32,6 +32,11 @@ demo: setup
 bench-api: setup
 	$(PY) -m bench.api
 
+# Evaluation throughput (perplexity and generation) against a plain transformers loop.
+.PHONY: bench-eval
+bench-eval: setup
+	$(PY) -m bench.eval
+
 # Reliability suite (issue 5): fault injection on real processes, schemathesis, hostile
 # inputs, security, load. Also part of `make test`. Ends with the RESULT line.
 test-faults: setup
