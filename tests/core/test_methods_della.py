@@ -119,6 +119,22 @@ def test_della_refuses_probabilities_outside_the_unit_interval() -> None:
              name="model.layers.0.mlp.up_proj.weight")
 
 
+def test_a_gradient_leaving_the_band_fails_the_merge(tmp_path: Path) -> None:
+    # Three blocks: density 0.5, 0.75, 1.0 by depth. The recipe's values pass (1.0 prunes
+    # nothing), block 1's 0.75 ± 0.3 does not; nothing is published.
+    from maec_core.engine import run_recipe
+    from tests.factories import make_llama
+
+    base = make_llama(tmp_path / "base", seed=0, num_hidden_layers=3, tokenizer=False)
+    a = make_llama(tmp_path / "a", seed=1, like=base, num_hidden_layers=3, tokenizer=False)
+    recipe = {"merge_method": "della", "base_model": str(base), "models": [
+        {"model": str(a), "parameters": {"density": [0.5, 1.0], "epsilon": 0.3}}]}
+    parse_recipe(recipe)
+    with pytest.raises(RecipeError, match=r"layers\.1\..*density 0\.75, epsilon 0\.3"):
+        run_recipe(recipe, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
 FAMILY = ["task_arithmetic", "ties", "dare_linear", "dare_ties", "breadcrumbs",
           "breadcrumbs_ties", "della", "della_linear"]
 
@@ -200,3 +216,14 @@ def test_magprune_statistics_agree_with_mergekit(zoo: dict[str, Path],
     torch.testing.assert_close(stats[0], want, atol=0.045, rtol=0)
     torch.testing.assert_close(stats[1], want, atol=0.045, rtol=0)
     torch.testing.assert_close(stats[0], stats[1], atol=0.06, rtol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["ties", "task_arithmetic"])
+def test_family_rescale_agrees_with_mergekit(zoo: dict[str, Path], tmp_path: Path,
+                                             method: str) -> None:
+    from tests.core.test_methods_mergekit import compare_with_mergekit, two_donors
+
+    donor = {"density": 0.4} if method == "ties" else {}
+    compare_with_mergekit(two_donors(zoo, method, donor, rescale=True, int8_mask=True),
+                          tmp_path)
