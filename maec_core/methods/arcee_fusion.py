@@ -1,6 +1,6 @@
 """Arcee Fusion: take the other model's value only where the change matters most.
 
-As mergekit 0.1.5 runs it (Arcee AI 2025, arcee.ai). Each entry's importance is
+As mergekit 0.1.5 runs it (Arcee AI, arcee.ai). Each entry's importance is
 ``|θ1 − θ0|`` times the KL divergence ``KL(softmax(θ1) ‖ softmax(θ0))`` of its row
 (softmax over the last dimension, ``1e-8`` added to both distributions); entries whose
 importance reaches ``median + 1.5 · (Q3 − Q1)`` of the tensor's importances (Tukey's
@@ -49,7 +49,7 @@ def upper_fence(scores: torch.Tensor) -> torch.Tensor:
 
 class ArceeFusion(TensorMethod):
     name = "arcee_fusion"
-    paper = "Arcee AI 2025, Arcee Fusion (arcee.ai; mergekit's arcee_fusion)"
+    paper = "Arcee Fusion, Arcee AI (arcee.ai; as in mergekit 0.1.5)"
     params = NoParams
     model_params = NoParams
     min_models = 1

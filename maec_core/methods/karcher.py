@@ -79,7 +79,7 @@ def karcher_mean(units: Sequence[torch.Tensor], alphas: Sequence[float], max_ite
 class Karcher(TensorMethod):
     name = "karcher"
     paper = ("Karcher 1977, Riemannian center of mass and mollifier smoothing "
-             "(Comm. Pure Appl. Math. 30(5)), applied to model weights")
+             "(Comm. Pure Appl. Math. 30(5)); for model merging see arXiv:2603.04972")
     params = KarcherParams
     # Equal weights, as in mergekit (which takes no per-model parameters either).
     model_params = NoParams

@@ -1,8 +1,8 @@
 """Multi-SLERP: barycentric interpolation of several models on a hypersphere.
 
-Goddard 2025 (goddard.blog/posts/multislerp-wow-what-a-cool-idea), as mergekit 0.1.5
-runs it. Each tensor (a task vector when a base is given) is one flat vector ``x_i``
-with norm ``n_i`` and direction ``u_i = x_i / (n_i + eps)``. The result points along the
+From goddard.blog/posts/multislerp-wow-what-a-cool-idea, as mergekit 0.1.5 runs it.
+Each tensor (a task vector when a base is given) is one flat vector ``x_i`` with norm
+``n_i`` and direction ``u_i = x_i / (n_i + eps)``. The result points along the
 normalised weighted mean ``m = Σ w_i u_i / ‖Σ w_i u_i‖`` and has the weighted mean norm
 ``Σ w_i n_i``.
 
@@ -49,7 +49,7 @@ def _weights(call: TensorCall) -> list[float]:
 
 class MultiSlerp(TensorMethod):
     name = "multislerp"
-    paper = ("Goddard 2025, Multi-SLERP: barycentric interpolation on the hypersphere "
+    paper = ("Multi-SLERP: barycentric interpolation on the hypersphere "
              "(goddard.blog/posts/multislerp-wow-what-a-cool-idea)")
     params = MultiSlerpParams
     model_params = WeightParams

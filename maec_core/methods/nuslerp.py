@@ -56,8 +56,8 @@ def slerp_rows(t: float, v0: torch.Tensor, v1: torch.Tensor) -> torch.Tensor:
 
 class NuSlerp(TensorMethod):
     name = "nuslerp"
-    paper = ("Goddard 2024, NuSLERP: spherical interpolation with linear-merge weights "
-             "(mergekit, github.com/arcee-ai/mergekit)")
+    paper = ("NuSLERP: spherical interpolation with linear-merge weights "
+             "(mergekit 0.1.5, github.com/arcee-ai/mergekit)")
     params = NuSlerpParams
     model_params = WeightParams
     needs_base = False
