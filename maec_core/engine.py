@@ -44,6 +44,7 @@ from maec_core.methods import TensorCall, TensorMethod, get_method
 from maec_core.methods.params import layer_index, resolve_params
 from maec_core.plan import MergePlan, PlannedTensor, build_plan
 from maec_core.recipe import Recipe, parse_recipe
+from maec_core.slices import prepare_slices
 
 # progress(stage, done, total)
 ProgressFn = Callable[[str, int, int], None]
@@ -347,7 +348,8 @@ def stream_merge(
             progress(stage, total, total)
         source = plan.models[tokenizer_from]
         staged.copy_side_files(source)
-        staged.write_json("config.json", output_config(source.config, out_dtype))
+        staged.write_json("config.json",
+                          output_config(source.config, out_dtype, plan.config_updates))
         recipe_dump = recipe.model_dump(mode="json", exclude_none=True)
         staged.write_bytes("recipe.yaml", recipe.to_yaml().encode())
         staged.write_bytes(
@@ -402,6 +404,15 @@ def run_method(
 ) -> MergeResult:
     """Run one registered (non-MAEC) method."""
     spec = get_method(recipe.merge_method, TensorMethod)
+    if recipe.slices is not None:
+        job = prepare_slices(recipe, spec)
+        return stream_merge(
+            job.plan, recipe, Path(out_dir), compute=job.compute, read=job.read,
+            out_dtype=job.out_dtype, tokenizer_from=job.tokenizer_from,
+            base_models=job.base_models, device=best_device(device), progress=progress,
+            cancel=cancel, overwrite=overwrite, elementwise=spec.elementwise,
+            compute_threads=COMPUTE_THREADS,
+        )
     fn = spec.merge
     base_key, others = _model_keys(recipe)
     named = dict(others)
@@ -410,7 +421,7 @@ def run_method(
     folders = open_models(named)
     reference = base_key or others[0][0]
     plan = build_plan(folders, reference)
-    out_dtype = recipe.dtype or plan.input_dtype
+    out_dtype = recipe.output_dtype or plan.input_dtype
     entries = [m for m in recipe.models if m.model != recipe.base_model]
     other_keys = [k for k, _ in others]
     keys = ([base_key] if base_key else []) + other_keys
