@@ -31,6 +31,15 @@ LAYERS = 6
 # few units in the last place of the saved dtype (the tools round at different steps,
 # and float32 sums in a different order differ in the last bits).
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2.0**-9, torch.bfloat16: 2.0**-6}
+# Recipes whose outputs are known to differ, and why. Not hidden: the test expects them
+# to fail (strictly) and the benchmark counts them as not passed.
+KNOWN_DIFFERENCES = {
+    "breadcrumbs": (
+        "ties in magnitude at the pruning thresholds: ours keeps every entry tied with a "
+        "threshold (device- and sort-independent), mergekit keeps the ones its sort puts "
+        "first; the tiny float32 models have one such tie (1 entry of 1024 in one tensor)"
+    ),
+}
 
 
 def recipe_files() -> list[Path]:
