@@ -393,6 +393,27 @@ def _model_keys(recipe: Recipe) -> tuple[str | None, list[tuple[str, str]]]:
     return base_key, others
 
 
+def _run_slices(
+    recipe: Recipe,
+    spec: TensorMethod,
+    out_dir: Path,
+    *,
+    progress: ProgressFn | None,
+    cancel: CancelFn | None,
+    device: str | None,
+    overwrite: bool,
+) -> MergeResult:
+    """A slices recipe: its plan, reads and per-tensor calls come from maec_core.slices."""
+    job = prepare_slices(recipe, spec)
+    return stream_merge(
+        job.plan, recipe, out_dir, compute=job.compute, read=job.read,
+        out_dtype=job.out_dtype, tokenizer_from=job.tokenizer_from,
+        base_models=job.base_models, device=best_device(device), progress=progress,
+        cancel=cancel, overwrite=overwrite, elementwise=spec.elementwise,
+        compute_threads=COMPUTE_THREADS,
+    )
+
+
 def run_method(
     recipe: Recipe,
     out_dir: Path,
@@ -405,14 +426,8 @@ def run_method(
     """Run one registered (non-MAEC) method."""
     spec = get_method(recipe.merge_method, TensorMethod)
     if recipe.slices is not None:
-        job = prepare_slices(recipe, spec)
-        return stream_merge(
-            job.plan, recipe, Path(out_dir), compute=job.compute, read=job.read,
-            out_dtype=job.out_dtype, tokenizer_from=job.tokenizer_from,
-            base_models=job.base_models, device=best_device(device), progress=progress,
-            cancel=cancel, overwrite=overwrite, elementwise=spec.elementwise,
-            compute_threads=COMPUTE_THREADS,
-        )
+        return _run_slices(recipe, spec, Path(out_dir), progress=progress, cancel=cancel,
+                           device=device, overwrite=overwrite)
     fn = spec.merge
     base_key, others = _model_keys(recipe)
     named = dict(others)
