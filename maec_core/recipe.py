@@ -263,7 +263,9 @@ def _explain(exc: ValidationError) -> RecipeError:
         if err["type"] == "extra_forbidden":
             problems.append(f"unknown key '{where}'")
         else:
-            problems.append(f"{where}: {err['msg']}")
+            # A check on the whole recipe (models vs slices) has no field to name.
+            msg = str(err["msg"]).removeprefix("Value error, ")
+            problems.append(f"{where}: {msg}" if where else msg)
     return RecipeError("invalid recipe: " + "; ".join(problems), problems=problems)
 
 
