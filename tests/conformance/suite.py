@@ -22,8 +22,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from tests.factories import run_recipe
-from tests.factories import make_llama
+from tests.factories import make_llama, run_recipe
 
 RECIPES = Path(__file__).parent / "recipes"
 LAYERS = 6
