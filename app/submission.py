@@ -16,7 +16,7 @@ from maec_contract import JobRequest as JobRequest  # the body model, shared wit
 from maec_core.errors import RecipeError
 from maec_core.io.folder import ModelFolder
 from maec_core.methods import NamedForm, get_method
-from maec_core.plan import build_plan
+from maec_core.plan import plan_recipe
 from maec_core.recipe import Recipe, parse_recipe
 
 
@@ -86,7 +86,7 @@ def check_sources(
     folders: dict[str, ModelFolder] = {
         uri: inspect_source(parsed[uri], storage) for uri in model_sources(recipe)
     }
-    build_plan(folders, next(iter(folders)))
+    plan_recipe(recipe, folders)
     # Pinned after the checks: a file replaced in between is pinned as replaced, which
     # lets nothing unchecked through (the engine validates the folder it reads).
     pinned = {uri: pin_source(parsed[uri], storage) for uri in model_sources(recipe)}
