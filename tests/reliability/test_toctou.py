@@ -104,6 +104,15 @@ def test_sources_changed_after_submission_fail_the_job(
     jobs = {c.name: st.submit({**c.body, "name": c.name})["id"] for c in cases}
     control = st.submit({**_linear(model_root / "toctou-ok", tiny["base"]),
                          "name": "unchanged"})["id"]
+    # The record keeps each source with the files it held when it was checked.
+    from app.sources import is_checkpoint_file
+
+    want = {p.name for p in tiny["a"].iterdir() if is_checkpoint_file(p.name)}
+    for doc in h.record(st, jobs["s3_object_overwritten"])["sources"].values():
+        assert {f["name"] for f in doc["files"]} >= {"config.json", "model.safetensors"}
+        assert all(f["version"] for f in doc["files"]), doc
+        if doc["kind"] == "s3":
+            assert {f["name"] for f in doc["files"]} == want
     for c in cases:
         c.swap()
     st.start_worker()
