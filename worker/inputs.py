@@ -18,7 +18,8 @@ mount it, so its coordination is file locks (``flock``) on one lock file per ent
 
 - a job holds a shared lock on every entry it uses until it ends (``InputCache.hold``);
 - an entry is filled under its exclusive lock, so two processes wanting the same missing
-  entry download it once (the second waits, then finds it);
+  entry download it once (the second waits for the fill, then finds it); the exclusive
+  lock is only ever tried, never waited for, so a fill never waits behind a running job;
 - eviction (one evictor at a time: ``evict.lock``) takes each candidate's lock exclusive
   and non-blocking, and skips an entry in use or being filled.
 
@@ -37,6 +38,7 @@ import hashlib
 import logging
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -46,6 +48,10 @@ from app.sources import Source, SourceFile, open_source
 from app.storage.base import Storage, StorageError
 
 log = logging.getLogger("maec.worker.inputs")
+# How long a process that found an entry missing, and another about to fill it, waits
+# before looking again.
+_RETRY_S = 0.02
+_MAX_SPIN_S = 60.0
 
 # Writes the content into the (temporary) path it is given (what it returns is not
 # used); raises on any failure.
@@ -144,12 +150,26 @@ class InputCache:
         """
         entry = self.entry_for(identity, size)
         lock = self._lock_of(entry)
+        spins = 0
         while True:
+            # A shared lock waits only for a fill or an eviction of this entry in progress.
             fd = _lock_wait(lock, fcntl.LOCK_SH)
             hit = _fresh(entry, size)
             if not hit:
                 os.close(fd)
-                fd = _lock_wait(lock, fcntl.LOCK_EX)
+                # Never wait for an exclusive lock: jobs hold entries shared for as long as
+                # they run, and a wait behind them would stall this fill as long.
+                excl = _lock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if excl is None:
+                    # Another process is about to fill it: a moment's wait. A long one
+                    # means a held entry's file was removed by hand: nobody can fill it.
+                    spins += 1
+                    if spins * _RETRY_S > _MAX_SPIN_S:
+                        raise StorageError(f"the input cache entry for {identity} is held "
+                                           "but missing", identity=identity)
+                    time.sleep(_RETRY_S)
+                    continue
+                fd = excl
                 try:
                     hit = _fresh(entry, size)  # filled by another process meanwhile
                     if not hit:

@@ -409,6 +409,8 @@ def test_an_entry_held_by_another_process_is_never_evicted(tmp_path: Path) -> No
     other = _child(cache.root, "held", 100)
     try:
         assert _line(other) == "downloading" and _line(other) == "filled"
+        # Held by a running job elsewhere: still a hit here, at once.
+        assert cache.get("held", 100, _fails_midway)[1]
         mine, _ = cache.get("mine", 50, lambda tmp: tmp.write_bytes(b"y" * 50))
         # Over the cap (0): everything not in use goes, the other process's entry stays.
         assert cache.evict() == 50
