@@ -463,3 +463,16 @@ def test_partial_files_and_lock_files_left_behind_are_swept(tmp_path: Path) -> N
     assert len(list(cache.locks.iterdir())) == 1
     cache.evict()
     assert list(cache.objects.iterdir()) == [] and list(cache.locks.iterdir()) == []
+
+
+def test_a_held_entry_removed_by_hand_is_an_error_not_a_hang(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("worker.inputs._MAX_SPIN_S", 0.2)
+    cache = InputCache(tmp_path / "cache", max_bytes=10**6)
+    with cache.hold() as hold:
+        entry, _ = cache.get("x", 10, lambda tmp: tmp.write_bytes(b"x" * 10), hold=hold)
+        entry.unlink()  # not the cache's doing: it never removes a held entry
+        with pytest.raises(StorageError, match="held but missing"):
+            cache.get("x", 10, lambda tmp: tmp.write_bytes(b"x" * 10))
+    # Once nobody holds it, it is filled again.
+    assert not cache.get("x", 10, lambda tmp: tmp.write_bytes(b"x" * 10))[1]
