@@ -121,10 +121,7 @@ def attempt_once(rec: JobRecord, settings: Settings, resolve: Resolver = resolve
             "refused_address"
     body = job_body(rec)
     headers = signed_headers(secret.get_secret_value(), body)
-    try:
-        return post(target, body, headers, settings.webhook_timeout_seconds)
-    except SoftTimeLimitExceeded:
-        return "timeout"
+    return post(target, body, headers, settings.webhook_timeout_seconds)
 
 
 def deliver(store: WorkerJobStore, settings: Settings, job_id: str, attempt: int,
@@ -138,7 +135,10 @@ def deliver(store: WorkerJobStore, settings: Settings, job_id: str, attempt: int
     done = rec.webhook or WebhookDelivery()
     if done.delivered_at is not None or done.attempts >= attempt:
         return "skipped"  # a repeated message: this attempt already ran
-    status = attempt_once(rec, settings, resolve)
+    try:
+        status = attempt_once(rec, settings, resolve)
+    except SoftTimeLimitExceeded:  # a resolver or receiver too slow for the task's limit
+        status = "timeout"
     ok = delivered(status)
     state = WebhookDelivery(attempts=attempt, last_status=status,
                             delivered_at=now_iso() if ok else None)

@@ -416,3 +416,23 @@ def test_settings_env_form(monkeypatch: pytest.MonkeyPatch) -> None:
     s = Settings(api_keys={"alice": hash_key("k")})
     assert s.webhook_allowed_hosts == ["127.0.0.1", "*.example.com"]
     assert s.webhook_secrets["alice"].get_secret_value() == SECRET
+
+
+def test_an_attempt_cut_short_by_the_task_limit_counts_as_a_timeout(hooked: Api) -> None:
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    def stuck(_host: str, _port: int) -> list[str]:
+        raise SoftTimeLimitExceeded()
+
+    settings = hooked.settings.model_copy(update={"webhook_allowed_hosts": ["hooks.test"]})
+    jid = str(hooked.submit()["id"])
+    store = hooked.worker_store()
+    assert JobRunner(settings, store, LocalStorage(settings.storage_dir)).run(jid) == \
+        "succeeded"
+    hooked.r.hset(f"maec:job:{jid}", "callback_url", json.dumps("http://hooks.test/x"))
+    retries: list[float] = []
+    assert deliver(store, settings, jid, 1, retries.append, stuck) == "timeout"
+    rec = store.get(jid)
+    assert rec is not None and rec.webhook is not None
+    assert (rec.webhook.attempts, rec.webhook.last_status) == (1, "timeout")
+    assert retries == [0.5]
