@@ -1,16 +1,19 @@
 """A webhook receiver for tests: a real HTTP server on 127.0.0.1 in a thread.
 
 It records every request (method, path, headers, body) and answers with ``status``
-(plus ``location`` for redirects). ``start()`` may be called again after ``stop()`` on
-the same port, to play a receiver that was down and came back.
+(plus ``location`` for redirects), over HTTPS when given a certificate. ``start()`` may
+be called again after ``stop()`` on the same port, to play a receiver that was down and
+came back.
 """
 
 from __future__ import annotations
 
+import ssl
 import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 from tests.stack import free_port
 
@@ -28,6 +31,8 @@ class Receiver:
     port: int = field(default_factory=free_port)
     status: int = 200
     location: str | None = None
+    # (certificate, key) PEM files: serve HTTPS with them.
+    tls: tuple[Path, Path] | None = None
     requests: list[Received] = field(default_factory=list)
     _server: ThreadingHTTPServer | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -57,6 +62,10 @@ class Receiver:
 
         ThreadingHTTPServer.allow_reuse_address = True
         self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        if self.tls is not None:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(*self.tls)
+            self._server.socket = ctx.wrap_socket(self._server.socket, server_side=True)
         threading.Thread(target=self._server.serve_forever, daemon=True,
                          name=f"receiver-{self.port}").start()
         return self

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import ssl
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -78,9 +79,11 @@ def delivered(status: str) -> bool:
     return status.isdigit() and 200 <= int(status) < 300
 
 
-def post(target: Target, body: bytes, headers: dict[str, str], timeout_s: float) -> str:
+def post(target: Target, body: bytes, headers: dict[str, str], timeout_s: float,
+         verify: ssl.SSLContext | bool = True) -> str:
     """POST ``body`` to the first checked address that accepts a connection; the answer's
-    HTTP status as text, or why there was none. Redirects are answers, not followed."""
+    HTTP status as text, or why there was none. Redirects are answers, not followed.
+    ``verify``: the TLS trust (the system's by default; tests pass their own CA)."""
     headers = {**headers, "Host": target.host_header, "Content-Type": "application/json",
                "User-Agent": USER_AGENT}
     # The certificate is checked against the URL's host name, not the address dialled.
@@ -88,7 +91,8 @@ def post(target: Target, body: bytes, headers: dict[str, str], timeout_s: float)
         target.scheme == "https" and not target.host_is_ip) else {}
     outcome = "connect_error"
     # trust_env=False: a proxy from the environment would connect on its own terms.
-    with httpx.Client(follow_redirects=False, trust_env=False, timeout=timeout_s) as client:
+    with httpx.Client(follow_redirects=False, trust_env=False, timeout=timeout_s,
+                      verify=verify) as client:
         for address in target.addresses[:MAX_ADDRESSES]:
             try:
                 with client.stream("POST", target.url_for(address), content=body,

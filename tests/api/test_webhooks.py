@@ -7,7 +7,10 @@ from __future__ import annotations
 import base64
 import json
 import re
+import shutil
 import socket
+import ssl
+import subprocess
 from pathlib import Path
 from typing import Any, cast
 
@@ -436,3 +439,35 @@ def test_an_attempt_cut_short_by_the_task_limit_counts_as_a_timeout(hooked: Api)
     assert rec is not None and rec.webhook is not None
     assert (rec.webhook.attempts, rec.webhook.last_status) == (1, "timeout")
     assert retries == [0.5]
+
+
+def _certificate(folder: Path, name: str) -> tuple[Path, Path]:
+    """A self-signed certificate for ``name`` (and its key), made by the openssl tool."""
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl command is needed to make a test certificate")
+    cert, key = folder / f"{name}.pem", folder / f"{name}.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-keyout", str(key), "-out", str(cert), "-subj", f"/CN={name}",
+                    "-addext", f"subjectAltName=DNS:{name}"], check=True, capture_output=True)
+    return cert, key
+
+
+def test_https_dials_the_checked_address_and_checks_the_certificate_against_the_name(
+        tmp_path: Path) -> None:
+    cert, key = _certificate(tmp_path, "hooks.test")
+    other, other_key = _certificate(tmp_path, "other.test")
+    trust = ssl.create_default_context(cafile=str(cert))
+    trust.load_verify_locations(cafile=str(other))
+    allowed = AllowList.parse(["hooks.test", "127.0.0.1"])
+    good = Receiver(tls=(cert, key)).start()
+    wrong = Receiver(tls=(other, other_key)).start()
+    try:
+        for r, expected in ((good, "200"), (wrong, "connect_error")):
+            target = check_callback(f"https://hooks.test:{r.port}/in", allowed,
+                                    resolver({"hooks.test": ["127.0.0.1"]}))
+            assert post(target, b"{}", {}, 5, verify=trust) == expected
+        assert len(good.received()) == 1 and wrong.received() == []
+        assert good.received()[0].headers["host"] == f"hooks.test:{good.port}"
+    finally:
+        good.stop()
+        wrong.stop()
