@@ -64,8 +64,9 @@ class WebhookDelivery(_Answer):
     """Delivery of the job's signed webhook (docs/api.md, Webhooks).
 
     ``last_status`` is the HTTP status of the last attempt's answer as text (``"200"``,
-    ``"503"``), or what kept it from getting one (``"connect_error"``, ``"timeout"``,
-    ``"refused_address"``, ...). ``delivered_at`` is set once a receiver answered 2xx.
+    ``"503"``), or what kept it from getting one (``"connect_error"``, ``"tls_error"``,
+    ``"timeout"``, ``"refused_address"``, ...). ``delivered_at`` is set once a receiver
+    answered 2xx.
     """
 
     attempts: int = 0

@@ -98,8 +98,8 @@ def post(target: Target, body: bytes, headers: dict[str, str], timeout_s: float,
                 with client.stream("POST", target.url_for(address), content=body,
                                    headers=headers, extensions=extensions) as answer:
                     return str(answer.status_code)  # the body is never read
-            except httpx.ConnectError:
-                outcome = "connect_error"
+            except httpx.ConnectError as exc:
+                outcome = "tls_error" if _caused_by(exc, ssl.SSLError) else "connect_error"
             except httpx.ConnectTimeout:
                 outcome = "timeout"
             except httpx.TimeoutException:
@@ -107,6 +107,15 @@ def post(target: Target, body: bytes, headers: dict[str, str], timeout_s: float,
             except httpx.HTTPError:
                 return "http_error"
     return outcome
+
+
+def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, kind):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def attempt_once(rec: JobRecord, settings: Settings, resolve: Resolver = resolve_host

@@ -462,7 +462,7 @@ def test_https_dials_the_checked_address_and_checks_the_certificate_against_the_
     good = Receiver(tls=(cert, key)).start()
     wrong = Receiver(tls=(other, other_key)).start()
     try:
-        for r, expected in ((good, "200"), (wrong, "connect_error")):
+        for r, expected in ((good, "200"), (wrong, "tls_error")):
             target = check_callback(f"https://hooks.test:{r.port}/in", allowed,
                                     resolver({"hooks.test": ["127.0.0.1"]}))
             assert post(target, b"{}", {}, 5, verify=trust) == expected
