@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup run test lint demo test-faults soak bench-engine bench-maec bench-api experiment experiment-smoke
+.PHONY: setup run test lint demo test-faults soak bench-engine bench-maec bench-api bench-conformance experiment experiment-smoke
 
 setup:
 	@bash scripts/setup.sh
@@ -23,6 +23,10 @@ bench-engine: setup
 bench-maec: setup
 	$(PY) -m bench.maec
 
+# Our copies of mergekit-style recipes through our engine and mergekit, tensor by tensor.
+bench-conformance: setup
+	$(PY) -m bench.conformance
+
 run: setup
 	$(PY) -m app.run_local
 
@@ -31,6 +35,11 @@ demo: setup
 
 bench-api: setup
 	$(PY) -m bench.api
+
+# Evaluation throughput (perplexity and generation) against a plain transformers loop.
+.PHONY: bench-eval
+bench-eval: setup
+	$(PY) -m bench.eval
 
 # Reliability suite (issue 5): fault injection on real processes, schemathesis, hostile
 # inputs, security, load. Also part of `make test`. Ends with the RESULT line.

@@ -12,6 +12,7 @@ import click
 from tqdm import tqdm
 
 from maec_core.errors import MaecError
+from maec_core.eval.cli import eval_command
 from maec_core.recipe import parse_recipe
 
 
@@ -145,6 +146,8 @@ def combine(recipe: Path, paths: tuple[Path, ...], device: str | None, overwrite
                      for a in report.get("abilities", []))
     click.echo(f"wrote {out_dir} ({kept}; {result.seconds:.1f} s)")
 
+
+main.add_command(eval_command)
 
 if __name__ == "__main__":
     main()

@@ -102,3 +102,15 @@ class Cancelled(MaecError):
     """The caller asked the merge to stop (checked between tensors)."""
 
     code = "cancelled"
+
+
+class EvalSetError(MaecError):
+    """An eval spec or eval set is malformed (the message names the file and line)."""
+
+    code = "invalid_eval_set"
+
+
+class EvalSetUnreadable(EvalSetError):
+    """An eval set file is missing, not a file, not UTF-8 or cannot be read."""
+
+    code = "eval_set_unreadable"
