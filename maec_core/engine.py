@@ -40,10 +40,8 @@ from maec_core.io.output import StagedOutput, output_config
 from maec_core.io.reader import SAFETENSORS_NAMES, Prefetcher, TensorReader, Unit, UnitReader
 from maec_core.io.writer import BackgroundWriter, OutputTensor, ShardedWriter
 from maec_core.manifest import MANIFEST_NAME, build_manifest
-from maec_core.methods.base import TensorCall
+from maec_core.methods import TensorCall, TensorMethod, get_method
 from maec_core.methods.params import layer_index, resolve_params
-from maec_core.methods.registry import get_impl, is_elementwise
-from maec_core.methods.specs import get_spec
 from maec_core.plan import MergePlan, PlannedTensor, build_plan
 from maec_core.recipe import Recipe, parse_recipe
 
@@ -403,8 +401,8 @@ def run_method(
     overwrite: bool = False,
 ) -> MergeResult:
     """Run one registered (non-MAEC) method."""
-    spec = get_spec(recipe.merge_method)
-    fn = get_impl(spec.name)
+    spec = get_method(recipe.merge_method, TensorMethod)
+    fn = spec.merge
     base_key, others = _model_keys(recipe)
     named = dict(others)
     if base_key:
@@ -466,7 +464,7 @@ def run_method(
         plan, recipe, Path(out_dir), compute=compute, read=read, out_dtype=out_dtype,
         tokenizer_from=tokenizer_from, base_models=list(named.values()), device=dev,
         progress=progress, cancel=cancel, overwrite=overwrite,
-        elementwise=is_elementwise(spec.name), compute_threads=COMPUTE_THREADS,
+        elementwise=spec.elementwise, compute_threads=COMPUTE_THREADS,
     )
 
 

@@ -7,6 +7,7 @@ Unknown keys are errors that name the key (a typo must not silently change a mer
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -53,6 +54,30 @@ class AbilityEntry(BaseModel):
     name: str | None = None
 
 
+SourceRole = Literal["base", "language_base", "model", "ability_donor", "ability_control",
+                     "ability_corpus", "tokenizer"]
+
+
+@dataclass(frozen=True)
+class SourceRef:
+    """One reference to a checkpoint or corpus in a recipe, and the place it sits.
+
+    ``index`` is the entry's position in ``models`` or ``abilities`` (None for the
+    top-level fields). ``kind``: a checkpoint to read, a corpus file, or the tokenizer
+    (which names one of the recipe's checkpoints, never a separate input).
+    """
+
+    role: SourceRole
+    ref: str
+    index: int | None = None
+
+    @property
+    def kind(self) -> Literal["checkpoint", "corpus", "tokenizer"]:
+        if self.role == "ability_corpus":
+            return "corpus"
+        return "tokenizer" if self.role == "tokenizer" else "checkpoint"
+
+
 class Recipe(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -77,6 +102,49 @@ class Recipe(BaseModel):
 
     def shard_size_bytes(self) -> int:
         return parse_size(self.out_shard_size)
+
+    def sources(self) -> list[SourceRef]:
+        """Every checkpoint and corpus reference, in recipe order (base first).
+
+        The one place that knows where references sit in a recipe: the API resolves
+        these, the worker fetches them and rewrites them with :meth:`with_sources`.
+        ``tokenizer_source: base`` is a keyword, not a reference.
+        """
+        out: list[SourceRef] = []
+        if self.base_model is not None:
+            out.append(SourceRef("base", self.base_model))
+        if self.language_base is not None:
+            out.append(SourceRef("language_base", self.language_base))
+        out += [SourceRef("model", m.model, i) for i, m in enumerate(self.models)]
+        for i, a in enumerate(self.abilities):
+            out.append(SourceRef("ability_donor", a.model, i))
+            if a.control is not None:
+                out.append(SourceRef("ability_control", a.control, i))
+            if a.corpus is not None:
+                out.append(SourceRef("ability_corpus", a.corpus, i))
+        if self.tokenizer_source is not None and self.tokenizer_source != "base":
+            out.append(SourceRef("tokenizer", self.tokenizer_source))
+        return out
+
+    def with_sources(self, mapping: Mapping[str, str]) -> Recipe:
+        """A copy with every reference found in ``mapping`` replaced by its value."""
+
+        def sub(ref: str | None) -> str | None:
+            return mapping.get(ref, ref) if ref is not None else None
+
+        tokenizer = self.tokenizer_source
+        return self.model_copy(update={
+            "base_model": sub(self.base_model),
+            "language_base": sub(self.language_base),
+            "tokenizer_source": tokenizer if tokenizer == "base" else sub(tokenizer),
+            "models": [m.model_copy(update={"model": mapping.get(m.model, m.model)})
+                       for m in self.models],
+            "abilities": [
+                a.model_copy(update={"model": mapping.get(a.model, a.model),
+                                     "control": sub(a.control), "corpus": sub(a.corpus)})
+                for a in self.abilities
+            ],
+        })
 
     def to_yaml(self) -> str:
         """The recipe as YAML with every field spelled out (for recipe.yaml outputs)."""
@@ -147,7 +215,7 @@ def parse_recipe(source: Recipe | Mapping[str, Any] | str | Path) -> Recipe:
         recipe = Recipe.model_validate(data)
     except ValidationError as exc:
         raise _explain(exc) from None
-    from maec_core.methods.specs import validate_recipe
+    from maec_core.methods.registry import validate_recipe
 
     validate_recipe(recipe)
     # Checked here, not only when the writer asks: the API validates with parse_recipe

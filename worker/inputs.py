@@ -1,14 +1,12 @@
 """Fetch a job's sources into local folders, through a size-capped LRU disk cache.
 
-Cache entries are whole files keyed by their content identity and size, so the same
-weights under two names (or in two repos) are stored once and a repeated donor is not
-downloaded again:
-
-- S3 objects: their ETag, which S3 derives from the bytes (bucket + key when a store
-  gives none);
-- hub files (``hf://owner/name@<sha>``, listed and downloaded by ``app.hub``): the LFS
-  sha256, else the git blob id. A pinned commit never changes, and ``app.hub`` checks
-  every download against that digest, so an entry holds exactly the bytes it is named by.
+The cache only caches: entries are whole files named by their content key and size
+(``app.sources.base.SourceFile.content_key``, given by each source kind's module, which
+also lists and fetches the files), so the same bytes under two names, in two repos or
+buckets, or from the hub and S3, are stored once and a repeated donor is not downloaded
+again. A key is a digest of the content where the store has one (``sha256:``,
+``git-blob:``), checked while the file streams, so an entry holds exactly the bytes it is
+named by; otherwise it is scoped to the store's object and version.
 
 Every download goes to a temporary name beside its entry, is checked for size, and only
 then renamed into place, so a failed, short or corrupt transfer never leaves an entry.
@@ -24,20 +22,19 @@ import os
 import shutil
 import threading
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 
-from app.sources import Source, is_checkpoint_file
-from app.storage.base import ObjectInfo, Storage, StorageError
-from maec_core.errors import SourceNotFound
+from app.sources import Source, SourceFile, open_source
+from app.storage.base import Storage, StorageError
 
 log = logging.getLogger("maec.worker.inputs")
 _EVICT_LOCK = threading.Lock()
 
-# Writes the content into the (temporary) path it is given; raises on any failure.
-Download = Callable[[Path], None]
+# Writes the content into the (temporary) path it is given (what it returns is not
+# used); raises on any failure.
+Download = Callable[[Path], object]
 
 
 class InputCache:
@@ -45,10 +42,6 @@ class InputCache:
         self.objects = Path(root) / "objects"
         self.objects.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max_bytes
-
-    @staticmethod
-    def s3_identity(bucket: str, obj: ObjectInfo) -> str:
-        return obj.etag or f"{bucket}/{obj.key}"
 
     def entry_for(self, identity: str, size: int) -> Path:
         """Where the ``size`` bytes named by ``identity`` are (or would be) cached."""
@@ -103,13 +96,23 @@ class InputCache:
                 freed += size
             return freed
 
-
-@dataclass(frozen=True)
-class _Wanted:
-    name: str  # the file's name in the job folder
-    identity: str
-    size: int
-    download: Download
+    def fill(self, dest: Path, files: Sequence[SourceFile],
+             fetch: Callable[[SourceFile, Path], None]) -> tuple[int, int]:
+        """Link every file into ``dest`` (by its name) from the cache, ``fetch``-ing the
+        misses first making room for them; returns (bytes fetched, bytes from the cache)."""
+        # Looking the hits up marks them used, so making room evicts other entries, not them.
+        missing = {(f.content_key, f.size) for f in files
+                   if self.lookup(f.content_key, f.size) is None}
+        self.evict(keep_free=sum(size for _key, size in missing))
+        fetched = cached = 0
+        for f in files:
+            path, hit = self.get(f.content_key, f.size, partial(fetch, f))
+            _link(path, dest / f.name)
+            if hit:
+                cached += f.size
+            else:
+                fetched += f.size
+        return fetched, cached
 
 
 def _link(src: Path, dest: Path) -> None:
@@ -120,28 +123,6 @@ def _link(src: Path, dest: Path) -> None:
         shutil.copyfile(src, dest)  # another file system
 
 
-def _fill(cache: InputCache, dest: Path, wanted: list[_Wanted]) -> tuple[int, int]:
-    """Link every wanted file into ``dest`` from the cache, downloading the misses first
-    making room for them; returns (bytes fetched, bytes cached)."""
-    # Looking the hits up marks them used, so making room evicts other entries, not them.
-    missing = {(w.identity, w.size) for w in wanted if cache.lookup(w.identity, w.size) is None}
-    cache.evict(keep_free=sum(size for _i, size in missing))
-    fetched = cached = 0
-    for w in wanted:
-        path, hit = cache.get(w.identity, w.size, w.download)
-        _link(path, dest / w.name)
-        if hit:
-            cached += w.size
-        else:
-            fetched += w.size
-    return fetched, cached
-
-
-def _s3_file(bucket: Storage, bucket_name: str, name: str, obj: ObjectInfo) -> _Wanted:
-    return _Wanted(name, InputCache.s3_identity(bucket_name, obj), obj.size,
-                   partial(bucket.download, obj.key))
-
-
 def fetch_source(
     source: Source,
     storage: Storage,
@@ -150,28 +131,14 @@ def fetch_source(
     *,
     corpus: bool = False,
 ) -> tuple[Path, int, int]:
-    """Make ``source`` available locally; returns (path, bytes fetched, bytes cached)."""
-    if source.kind == "local":
-        return Path(source.path), 0, 0
-    if source.kind == "hf":
-        from app.hub import hub_download, hub_files
-
-        files = hub_files(source)  # one listing; SourceNotFound / StorageError as typed
-        return dest, *_fill(cache, dest, [
-            _Wanted(f.name, f.content_id, f.size, partial(hub_download, source, f))
-            for f in files])
-    bucket = storage.for_bucket(source.bucket)
+    """Make ``source`` (a checkpoint folder, or with ``corpus`` one corpus file) available
+    locally; returns (path, bytes fetched, bytes from the cache)."""
+    reader = open_source(source, storage)
+    here = reader.in_place()
+    if here is not None:
+        return here, 0, 0
     if corpus:
-        info = bucket.head(source.prefix)
-        if info is None:
-            raise SourceNotFound(f"{source.uri}: no such object", source=source.uri)
-        name = Path(source.prefix).name
-        return dest / name, *_fill(cache, dest, [_s3_file(bucket, source.bucket, name, info)])
-    wanted: list[_Wanted] = []
-    for obj in bucket.list(source.prefix + "/"):
-        name = obj.key[len(source.prefix) + 1:]
-        if is_checkpoint_file(name):
-            wanted.append(_s3_file(bucket, source.bucket, name, obj))
-    if not wanted:
-        raise SourceNotFound(f"{source.uri}: no checkpoint files", source=source.uri)
-    return dest, *_fill(cache, dest, wanted)
+        file = reader.corpus_file()
+        return dest / file.name, *cache.fill(dest, [file], reader.fetch)
+    # One listing; SourceNotFound / StorageError as typed.
+    return dest, *cache.fill(dest, reader.checkpoint_files(), reader.fetch)

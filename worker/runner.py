@@ -139,22 +139,6 @@ class Outcome:
     error: dict[str, Any] | None = None
 
 
-def _rewrite(recipe: dict[str, Any], local: dict[str, str]) -> dict[str, Any]:
-    """The recipe with every source string replaced by its local path."""
-    out = dict(recipe)
-    for k in ("base_model", "language_base", "tokenizer_source"):
-        if out.get(k) in local:
-            out[k] = local[out[k]]
-    out["models"] = [{**m, "model": local.get(m["model"], m["model"])}
-                     for m in out.get("models", [])]
-    out["abilities"] = [
-        {**a, **{k: local[a[k]] for k in ("model", "control", "corpus")
-                 if a.get(k) in local}}
-        for a in out.get("abilities", [])
-    ]
-    return out
-
-
 class JobRunner:
     def __init__(self, settings: Settings, store: WorkerJobStore, storage: Storage,
                  *, worker: str | None = None) -> None:
@@ -255,7 +239,8 @@ class JobRunner:
                  ) -> dict[str, Any]:
         # 1. fetch
         local: dict[str, str] = {}
-        corpora = {a.get("corpus") for a in rec.recipe.get("abilities", [])}
+        recipe = parse_recipe(rec.recipe)
+        corpora = {s.ref for s in recipe.sources() if s.kind == "corpus"}
         total = len(rec.sources)
         att.progress("fetch", 0, total)
         fetched = cached = 0
@@ -270,7 +255,7 @@ class JobRunner:
         log.info("job %s: inputs ready (%d bytes fetched, %d from cache)", rec.id,
                  fetched, cached)
         # 2. merge
-        recipe = parse_recipe(_rewrite(rec.recipe, local))
+        recipe = recipe.with_sources(local)
         workdir.mkdir(parents=True, exist_ok=True)
         out = workdir / "out"
         if recipe.merge_method == "maec":

@@ -23,6 +23,9 @@ class ObjectInfo:
     size: int
     # Identifies the content version (S3 ETag / checksum; size+mtime locally).
     etag: str
+    # The whole object's SHA-256 (hex) when the store keeps one: an S3 object uploaded
+    # with a SHA-256 checksum in one part (``head`` only; listings do not carry it).
+    sha256: str | None = None
 
 
 def check_key(key: str) -> str:
@@ -52,7 +55,11 @@ class Storage(Protocol):
         """Bytes ``[start, end]`` (inclusive, as in HTTP Range)."""
         ...
 
-    def iter_range(self, key: str, start: int, end: int) -> Iterator[bytes]: ...
+    def iter_range(self, key: str, start: int, end: int, *, if_match: str | None = None
+                   ) -> Iterator[bytes]:
+        """Bytes ``[start, end]`` as chunks; with ``if_match``, only while the object's
+        ``etag`` is still that one (a changed object is a ``StorageError``)."""
+        ...
 
     def head(self, key: str) -> ObjectInfo | None: ...
 

@@ -17,6 +17,10 @@ from app.storage.base import ObjectInfo, Storage, StorageError, check_key
 CHUNK = 1024 * 1024
 
 
+def _etag(st: os.stat_result) -> str:
+    return f"{st.st_size}-{st.st_mtime_ns}"
+
+
 class LocalStorage:
     kind = "local"
 
@@ -63,8 +67,11 @@ class LocalStorage:
             f.seek(start)
             return f.read(end - start + 1)
 
-    def iter_range(self, key: str, start: int, end: int) -> Iterator[bytes]:
+    def iter_range(self, key: str, start: int, end: int, *, if_match: str | None = None
+                   ) -> Iterator[bytes]:
         with open(self._path(key), "rb") as f:
+            if if_match is not None and _etag(os.fstat(f.fileno())) != if_match:
+                raise StorageError(f"{key} changed since it was listed", key=key)
             f.seek(start)
             left = end - start + 1
             while left > 0:
@@ -79,7 +86,7 @@ class LocalStorage:
             st = self._path(key).stat()
         except FileNotFoundError:
             return None
-        return ObjectInfo(key, st.st_size, f"{st.st_size}-{st.st_mtime_ns}")
+        return ObjectInfo(key, st.st_size, _etag(st))
 
     def list(self, prefix: str) -> list[ObjectInfo]:
         base = self._path(prefix.rstrip("/")) if prefix.strip("/") else self.root
@@ -93,7 +100,7 @@ class LocalStorage:
                 p = Path(dirpath) / name
                 st = p.stat()
                 key = p.relative_to(self.root).as_posix()
-                out.append(ObjectInfo(key, st.st_size, f"{st.st_size}-{st.st_mtime_ns}"))
+                out.append(ObjectInfo(key, st.st_size, _etag(st)))
         return sorted(out, key=lambda o: o.key)
 
     def download(self, key: str, dest: Path) -> None:

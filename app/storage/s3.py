@@ -4,7 +4,9 @@ ranged GETs, presigned URLs.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import base64
+import binascii
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +27,21 @@ CHUNK = 1024 * 1024
 
 def _fail(what: str, exc: Exception, **details: Any) -> StorageError:
     return StorageError(f"object store error while {what}: {exc}", **details)
+
+
+def _full_sha256(head: Mapping[str, Any]) -> str | None:
+    """The object's SHA-256 (hex) from a HEAD with checksums, when it covers the whole
+    object: a multipart upload's is a checksum of its parts' checksums ("<b64>-<n>",
+    ChecksumType COMPOSITE), which names the bytes only together with the part sizes."""
+    value = head.get("ChecksumSHA256")
+    if not isinstance(value, str) or "-" in value or \
+            head.get("ChecksumType", "FULL_OBJECT") != "FULL_OBJECT":
+        return None
+    try:
+        digest = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    return digest.hex() if len(digest) == 32 else None
 
 
 class S3Storage:
@@ -116,25 +133,39 @@ class S3Storage:
         except (ClientError, BotoCoreError) as exc:
             raise _fail(f"reading {key}", exc, key=key) from None
 
-    def iter_range(self, key: str, start: int, end: int) -> Iterator[bytes]:
+    def iter_range(self, key: str, start: int, end: int, *, if_match: str | None = None
+                   ) -> Iterator[bytes]:
         try:
-            resp = self.client.get_object(
-                Bucket=self.bucket, Key=key, Range=f"bytes={start}-{end}"
-            )
-        except (ClientError, BotoCoreError) as exc:
+            if if_match is None:
+                resp = self.client.get_object(
+                    Bucket=self.bucket, Key=key, Range=f"bytes={start}-{end}")
+            else:
+                resp = self.client.get_object(
+                    Bucket=self.bucket, Key=key, Range=f"bytes={start}-{end}",
+                    IfMatch=f'"{if_match}"')
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("PreconditionFailed", "412"):
+                raise StorageError(f"{key} changed since it was listed", key=key) from None
             raise _fail(f"reading {key}", exc, key=key) from None
-        yield from resp["Body"].iter_chunks(CHUNK)
+        except BotoCoreError as exc:
+            raise _fail(f"reading {key}", exc, key=key) from None
+        try:  # a connection cut mid-body is a BotoCoreError too (ResponseStreamingError)
+            yield from resp["Body"].iter_chunks(CHUNK)
+        except BotoCoreError as exc:
+            raise _fail(f"reading {key}", exc, key=key) from None
 
     def head(self, key: str) -> ObjectInfo | None:
         try:
-            h = self.client.head_object(Bucket=self.bucket, Key=key)
+            # ChecksumMode: the stored SHA-256, when the object was uploaded with one.
+            h = self.client.head_object(Bucket=self.bucket, Key=key, ChecksumMode="ENABLED")
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
                 return None
             raise _fail(f"reading {key}", exc, key=key) from None
         except BotoCoreError as exc:
             raise _fail(f"reading {key}", exc, key=key) from None
-        return ObjectInfo(key, int(h["ContentLength"]), str(h.get("ETag", "")).strip('"'))
+        return ObjectInfo(key, int(h["ContentLength"]), str(h.get("ETag", "")).strip('"'),
+                          sha256=_full_sha256(h))
 
     def list(self, prefix: str) -> list[ObjectInfo]:
         out: list[ObjectInfo] = []

@@ -1,13 +1,37 @@
-"""What a merge method implementation receives for one tensor."""
+"""A merge method as one unit: parameters, validation, named-form mapping, tensor function.
+
+Each method is a subclass of :class:`MergeMethod` (usually :class:`TensorMethod`) in its
+own module under ``maec_core.methods``; defining the class registers it, and
+``maec_core.methods.registry`` imports every module of the package, so adding a method
+is adding a file. Torch-free at import: the API imports every method module to validate
+recipes and map named bodies, so torch is imported only inside tensor functions (or
+under ``TYPE_CHECKING``).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import torch
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from maec_core.errors import RecipeError
+from maec_core.methods.params import candidate_values
+from maec_core.recipe import Recipe
+
+if TYPE_CHECKING:
+    import torch
+
+
+class Params(BaseModel):
+    """Base of every parameter model: an unknown key is an error naming the key."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class NoParams(Params):
+    pass
 
 
 @dataclass(frozen=True)
@@ -32,5 +56,159 @@ class TensorCall:
     num_layers: int
 
 
-MergeFn = Callable[[TensorCall], torch.Tensor]
-ParamsT = BaseModel
+@dataclass(frozen=True)
+class NamedForm:
+    """The API's named body: checkpoints by role instead of a recipe.
+
+    ``parameters`` holds the method's global parameters and, for per-model ones, one
+    value for every model or a list with one value per model (donors, then the
+    language base).
+    """
+
+    base: str | None
+    ability_donor: Sequence[str]
+    language_base: str
+    source_control: str | None = None
+    ability_corpus: str | None = None
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+
+
+def per_model(value: Any, n: int, key: str) -> list[Any]:
+    """A per-model parameter of the named form: one value for all n, or a list of n."""
+    if isinstance(value, list):
+        if len(value) != n:
+            raise RecipeError(
+                f"parameters.{key} is a list of {len(value)} values; give one value or "
+                f"one per model ({n}: the donors, then the language base)", parameter=key,
+            )
+        return value
+    return [value] * n
+
+
+def check_params(model: type[BaseModel], values: Mapping[str, Any], where: str) -> None:
+    """Validate every scalar each parameter may take (conditions and gradients included)."""
+    lists = {k: candidate_values(v) for k, v in values.items()}
+    width = max((len(v) for v in lists.values()), default=0)
+    for i in range(max(width, 1)):
+        sample = {k: v[min(i, len(v) - 1)] for k, v in lists.items() if v}
+        try:
+            model.model_validate(sample)
+        except ValidationError as exc:
+            problems = []
+            for err in exc.errors():
+                key = ".".join(str(p) for p in err["loc"])
+                if err["type"] == "extra_forbidden":
+                    problems.append(f"unknown parameter '{key}' in {where}")
+                else:
+                    problems.append(f"{where}.{key}: {err['msg']}")
+            raise RecipeError("; ".join(problems), problems=problems) from None
+
+
+_REGISTRY: dict[str, MergeMethod] = {}
+
+
+class MergeMethod:
+    """A merge method: what a recipe naming it may say, and how a named body maps to it.
+
+    Subclasses set the class attributes; a subclass that defines ``name`` in its own
+    body is registered (one instance) when the class is created.
+    """
+
+    name: ClassVar[str]
+    paper: ClassVar[str]
+    # Global parameters (``parameters:``) and per-model ones (``models[i].parameters``).
+    params: ClassVar[type[BaseModel]] = NoParams
+    model_params: ClassVar[type[BaseModel]] = NoParams
+    needs_base: ClassVar[bool] = True
+    # Models besides base_model the recipe must list (max None: no upper bound).
+    min_models: ClassVar[int] = 1
+    max_models: ClassVar[int | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" not in cls.__dict__:
+            return
+        cls._check_complete()
+        if cls.name in _REGISTRY:
+            raise TypeError(f"merge method {cls.name!r} is defined twice "
+                            f"({type(_REGISTRY[cls.name]).__module__} and {cls.__module__})")
+        _REGISTRY[cls.name] = cls()
+
+    @classmethod
+    def _check_complete(cls) -> None:
+        """Refuse, when the class is defined, a method that could not run."""
+        if not hasattr(cls, "paper"):
+            raise TypeError(f"merge method {cls.name!r} does not name its paper")
+
+    def validate(self, recipe: Recipe) -> None:
+        """Check a recipe naming this method (RecipeError naming the problem).
+
+        The default checks the recipe's shape (base, model count, no MAEC fields) and
+        every parameter's name and range; methods add their own rules on top.
+        """
+        if recipe.language_base is not None or recipe.abilities or recipe.artifact:
+            raise RecipeError(
+                "language_base, abilities and artifact are MAEC fields; "
+                f"merge_method '{self.name}' takes models",
+            )
+        if self.needs_base and not recipe.base_model:
+            raise RecipeError(f"merge_method '{self.name}' needs base_model")
+        self._check_count(len([m for m in recipe.models if m.model != recipe.base_model]))
+        check_params(self.params, recipe.parameters, "parameters")
+        for i, m in enumerate(recipe.models):
+            check_params(self.model_params, m.parameters, f"models[{i}].parameters")
+
+    def _check_count(self, n: int) -> None:
+        lo, hi = self.min_models, self.max_models
+        if lo <= n and (hi is None or n <= hi):
+            return
+        want = f"exactly {lo}" if hi == lo else f"at least {lo}"
+        if hi is not None and hi != lo:
+            want += f" and at most {hi}"
+        raise RecipeError(
+            f"merge_method '{self.name}' takes {want} model(s) besides base_model, got {n}"
+        )
+
+    def per_model_keys(self) -> set[str]:
+        """Named-form parameters that are split over the models (the rest are global)."""
+        return set(self.model_params.model_fields)
+
+    def named_form(self, form: NamedForm) -> dict[str, Any]:
+        """The recipe (as data for ``parse_recipe``) a named body asks for.
+
+        The default: models are the ability donors, then the language base, merged onto
+        ``base``; per-model parameters are split over them.
+        """
+        if form.source_control is not None or form.ability_corpus is not None:
+            raise RecipeError("source_control and ability_corpus are MAEC inputs; "
+                              f"method '{self.name}' does not use them")
+        params = dict(form.parameters)
+        names = [*form.ability_donor, form.language_base]
+        model_params: list[dict[str, Any]] = [{} for _ in names]
+        for key in sorted(self.per_model_keys() & set(params)):
+            for i, v in enumerate(per_model(params.pop(key), len(names), key)):
+                model_params[i][key] = v
+        return {
+            "merge_method": self.name, "base_model": form.base,
+            "models": [{"model": n, "parameters": p}
+                       for n, p in zip(names, model_params, strict=True)],
+            "parameters": params,
+        }
+
+
+class TensorMethod(MergeMethod):
+    """A method the engine runs tensor by tensor through :meth:`merge`."""
+
+    # Each output entry depends only on the same entry of the inputs (and on the
+    # tensor's name), so the engine may call ``merge`` on flat slices of a tensor.
+    elementwise: ClassVar[bool] = False
+
+    @classmethod
+    def _check_complete(cls) -> None:
+        super()._check_complete()
+        if cls.merge is TensorMethod.merge:
+            raise TypeError(f"tensor method {cls.name!r} does not define merge()")
+
+    def merge(self, call: TensorCall) -> torch.Tensor:
+        """The merged tensor for one call (may reuse the call's input tensors)."""
+        raise NotImplementedError  # every registered subclass overrides it (checked above)

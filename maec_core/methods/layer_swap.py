@@ -16,11 +16,31 @@ bottom is worth taking with it. ``ability`` or ``language`` take all of them fro
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import Field
 
 from maec_core.errors import RecipeError
-from maec_core.methods.base import TensorCall
-from maec_core.methods.registry import register
+from maec_core.methods.base import NamedForm, Params, TensorCall, TensorMethod
+from maec_core.recipe import Recipe
+
+if TYPE_CHECKING:
+    import torch
+
+
+class LayerSwapModelParams(Params):
+    role: Literal["ability", "language"]
+
+
+class LayerSwapParams(Params):
+    bottom_k: int = Field(1, ge=0)
+    top_k: int = Field(1, ge=0)
+    transition: int = Field(0, ge=0)
+    # Where tensors outside the transformer blocks come from. "position" (default): the
+    # embedding travels with the bottom block and the final norm and lm_head with the top
+    # block, so they come from the language expert exactly when that end is swapped
+    # (bottom_k > 0, top_k > 0). "ability" or "language" take them all from one expert.
+    non_layer: Literal["position", "ability", "language"] = "position"
 
 
 def language_weight(
@@ -63,20 +83,49 @@ def language_weight(
     return alpha
 
 
-@register("layer_swap", elementwise=True)
-def layer_swap(call: TensorCall) -> torch.Tensor:
-    """The ability expert with the language expert's bottom and top blocks swapped in."""
-    roles = {p.role: t for t, p in zip(call.models, call.model_params, strict=True)}
-    ability, language = roles["ability"], roles["language"]
-    p = call.params
-    alpha = language_weight(
-        call.layer, call.name, call.num_layers, bottom_k=p.bottom_k, top_k=p.top_k,
-        transition=p.transition, non_layer=p.non_layer,
-    )
-    # Whole blocks are copied exactly (no arithmetic), so swapped layers are bit-identical
-    # to the expert they came from.
-    if alpha == 0.0:
-        return ability
-    if alpha == 1.0:
-        return language
-    return torch.lerp(ability, language, alpha)
+class LayerSwap(TensorMethod):
+    name = "layer_swap"
+    paper = ("Bandarkar et al. 2024, Layer swapping for zero-shot cross-lingual transfer "
+             "(arXiv:2410.01335)")
+    params = LayerSwapParams
+    model_params = LayerSwapModelParams
+    needs_base = False
+    min_models = 2
+    max_models = 2
+    elementwise = True
+
+    def validate(self, recipe: Recipe) -> None:
+        super().validate(recipe)
+        roles = sorted(str(m.parameters.get("role")) for m in recipe.models)
+        if roles != ["ability", "language"]:
+            raise RecipeError("layer_swap needs one model with role: ability and one with "
+                              "role: language")
+
+    def per_model_keys(self) -> set[str]:
+        # The named form assigns the roles itself: the donor is the ability expert.
+        return super().per_model_keys() - {"role"}
+
+    def named_form(self, form: NamedForm) -> dict[str, Any]:
+        if len(form.ability_donor) != 1:
+            raise RecipeError("layer_swap takes exactly one ability donor")
+        data = super().named_form(form)
+        data["models"][0]["parameters"]["role"] = "ability"
+        data["models"][1]["parameters"]["role"] = "language"
+        return data
+
+    def merge(self, call: TensorCall) -> torch.Tensor:
+        """The ability expert with the language expert's bottom and top blocks swapped in."""
+        roles = {p.role: t for t, p in zip(call.models, call.model_params, strict=True)}
+        ability, language = roles["ability"], roles["language"]
+        p = call.params
+        alpha = language_weight(
+            call.layer, call.name, call.num_layers, bottom_k=p.bottom_k, top_k=p.top_k,
+            transition=p.transition, non_layer=p.non_layer,
+        )
+        # Whole blocks are copied exactly (no arithmetic), so swapped layers are
+        # bit-identical to the expert they came from.
+        if alpha == 0.0:
+            return ability
+        if alpha == 1.0:
+            return language
+        return ability.lerp(language, alpha)

@@ -1,45 +1,71 @@
-"""Tensor implementations of the merge methods, looked up by name."""
+"""Finding the merge methods: every module of this package, no hand-kept list.
+
+A method registers itself when its class is defined (``MergeMethod.__init_subclass__``);
+this module imports each module of the package once, on the first lookup, so a new
+method is found as soon as its file exists.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
+import pkgutil
+import threading
+from typing import TypeVar, overload
 
 from maec_core.errors import RecipeError
-from maec_core.methods.base import MergeFn
+from maec_core.methods.base import _REGISTRY, MergeMethod
+from maec_core.recipe import Recipe
 
-_IMPLS: dict[str, MergeFn] = {}
-_ELEMENTWISE: set[str] = set()
+M = TypeVar("M", bound=MergeMethod)
+
+_lock = threading.Lock()
+_loaded = False
 
 
-def register(name: str, *, elementwise: bool = False) -> Callable[[MergeFn], MergeFn]:
-    """Register ``fn`` as method ``name``.
+def _discover() -> None:
+    global _loaded
+    if _loaded:
+        return
+    # Locked: two threads resolving a first recipe at once must not see a half-filled
+    # registry (the API validates in worker threads).
+    with _lock:
+        if _loaded:
+            return
+        package = importlib.import_module("maec_core.methods")
+        for info in pkgutil.iter_modules(package.__path__):
+            importlib.import_module(f"{package.__name__}.{info.name}")
+        _loaded = True
 
-    ``elementwise``: each output entry depends only on the same entry of the inputs (and
-    on the tensor's name), so the engine may call ``fn`` on flat slices of a tensor.
+
+def all_methods() -> list[MergeMethod]:
+    """Every registered method, by name."""
+    _discover()
+    return [_REGISTRY[k] for k in sorted(_REGISTRY)]
+
+
+@overload
+def get_method(name: str) -> MergeMethod: ...
+@overload
+def get_method(name: str, kind: type[M]) -> M: ...
+
+
+def get_method(name: str, kind: type[MergeMethod] = MergeMethod) -> MergeMethod:
+    """The method called ``name``; RecipeError when unknown or not a ``kind``.
+
+    ``kind=TensorMethod`` asks for a method the engine runs tensor by tensor.
     """
-
-    def deco(fn: MergeFn) -> MergeFn:
-        _IMPLS[name] = fn
-        if elementwise:
-            _ELEMENTWISE.add(name)
-        return fn
-
-    return deco
-
-
-def _load() -> None:
-    # Importing the modules registers their functions.
-    from maec_core.methods import basic, dare, layer_swap, slerp, ties  # noqa: F401
+    _discover()
+    method = _REGISTRY.get(name)
+    if method is None:
+        known = sorted(_REGISTRY)
+        raise RecipeError(f"unknown merge_method '{name}'; known: {', '.join(known)}",
+                          merge_method=name, known=known)
+    if not isinstance(method, kind):
+        raise RecipeError(f"merge_method '{name}' has no tensor implementation",
+                          merge_method=name)
+    return method
 
 
-def is_elementwise(name: str) -> bool:
-    _load()
-    return name in _ELEMENTWISE
-
-
-def get_impl(name: str) -> MergeFn:
-    _load()
-    try:
-        return _IMPLS[name]
-    except KeyError:
-        raise RecipeError(f"merge_method '{name}' has no tensor implementation") from None
+def validate_recipe(recipe: Recipe) -> None:
+    """Check method name, model counts and every parameter's name and range."""
+    get_method(recipe.merge_method).validate(recipe)

@@ -9,11 +9,14 @@ interpolation, as do tensors whose norm is below ``eps``.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
-import torch
+from pydantic import Field
 
-from maec_core.methods.base import TensorCall
-from maec_core.methods.registry import register
+from maec_core.methods.base import NoParams, Params, TensorCall, TensorMethod
+
+if TYPE_CHECKING:
+    import torch
 
 # |cos θ| above this means the vectors are (anti)parallel within float32 noise; the same
 # cut-off mergekit uses, so recipes behave alike.
@@ -25,37 +28,49 @@ _CHUNK = 1 << 22
 
 
 def lerp(v0: torch.Tensor, v1: torch.Tensor, t: float) -> torch.Tensor:
-    return torch.lerp(v0, v1, t)
+    return v0.lerp(v1, t)
 
 
 def dot64(a: torch.Tensor, b: torch.Tensor) -> float:
     """``a · b`` of two flat float tensors, accumulated in float64."""
     total = 0.0
     for i in range(0, a.numel(), _CHUNK):
-        total += float(torch.dot(a[i:i + _CHUNK].double(), b[i:i + _CHUNK].double()))
+        total += float(a[i:i + _CHUNK].double().dot(b[i:i + _CHUNK].double()))
     return total
 
 
-@register("slerp")
-def slerp(call: TensorCall) -> torch.Tensor:
-    """SLERP from ``base`` (t = 0) to the single other model (t = 1)."""
-    assert call.base is not None
-    v0, v1 = call.base, call.models[0]
-    t = float(call.params.t)
-    eps = float(call.params.eps)
-    a, b = v0.reshape(-1), v1.reshape(-1)
-    # Norms and the dot in float64: one sum over billions of entries in float32 loses
-    # digits that the angle of two nearly parallel fine-tunes depends on.
-    n0 = math.sqrt(dot64(a, a))
-    n1 = math.sqrt(dot64(b, b))
-    if n0 < eps or n1 < eps:
-        return lerp(v0, v1, t)
-    dot = dot64(a, b) / (n0 * n1)
-    dot = max(-1.0, min(1.0, dot))
-    if abs(dot) > DOT_THRESHOLD:
-        return lerp(v0, v1, t)
-    theta = math.acos(dot)
-    s = math.sin(theta)
-    c0 = math.sin((1.0 - t) * theta) / s
-    c1 = math.sin(t * theta) / s
-    return torch.mul(v0, c0).add_(v1, alpha=c1)
+class SlerpParams(Params):
+    t: float = Field(0.5, ge=0.0, le=1.0)
+    eps: float = Field(1e-8, gt=0.0)
+
+
+class Slerp(TensorMethod):
+    name = "slerp"
+    paper = "Shoemake 1985 spherical interpolation, as used for LLM merges"
+    params = SlerpParams
+    model_params = NoParams
+    min_models = 1
+    max_models = 1
+
+    def merge(self, call: TensorCall) -> torch.Tensor:
+        """SLERP from ``base`` (t = 0) to the single other model (t = 1)."""
+        assert call.base is not None
+        v0, v1 = call.base, call.models[0]
+        t = float(call.params.t)
+        eps = float(call.params.eps)
+        a, b = v0.reshape(-1), v1.reshape(-1)
+        # Norms and the dot in float64: one sum over billions of entries in float32 loses
+        # digits that the angle of two nearly parallel fine-tunes depends on.
+        n0 = math.sqrt(dot64(a, a))
+        n1 = math.sqrt(dot64(b, b))
+        if n0 < eps or n1 < eps:
+            return lerp(v0, v1, t)
+        dot = dot64(a, b) / (n0 * n1)
+        dot = max(-1.0, min(1.0, dot))
+        if abs(dot) > DOT_THRESHOLD:
+            return lerp(v0, v1, t)
+        theta = math.acos(dot)
+        s = math.sin(theta)
+        c0 = math.sin((1.0 - t) * theta) / s
+        c1 = math.sin(t * theta) / s
+        return v0.mul(c0).add_(v1, alpha=c1)

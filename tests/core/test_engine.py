@@ -15,6 +15,7 @@ from transformers import AutoTokenizer, LlamaForCausalLM
 
 from maec_core.engine import run_recipe
 from maec_core.errors import Cancelled, IncompatibleCheckpoints
+from maec_core.methods import get_method
 from tests.core.conftest import leftovers
 from tests.factories import make_llama, read_config
 
@@ -248,7 +249,7 @@ def test_sliced_streaming_equals_whole_tensors(
     monkeypatch.setattr(engine, "UNIT_CPU", 300)
     monkeypatch.setattr(engine, "CHUNK_CPU", 77)
     run_recipe(recipe, tmp_path / "sliced")
-    monkeypatch.setattr(engine, "is_elementwise", lambda name: False)
+    monkeypatch.setattr(type(get_method(method)), "elementwise", False)
     run_recipe(recipe, tmp_path / "whole")
     assert ((tmp_path / "sliced" / "model.safetensors").read_bytes()
             == (tmp_path / "whole" / "model.safetensors").read_bytes())

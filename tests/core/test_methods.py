@@ -3,32 +3,31 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 import torch
 
 from maec_core.errors import RecipeError
-from maec_core.methods.base import TensorCall
-from maec_core.methods.dare import tensor_generator
+from maec_core.methods import TensorCall, TensorMethod, get_method
+from maec_core.methods._sparsify import tensor_generator
 from maec_core.methods.layer_swap import language_weight
 from maec_core.methods.params import resolve_params
-from maec_core.methods.registry import get_impl
-from maec_core.methods.specs import get_spec
 from maec_core.recipe import parse_recipe
 
 
 def call(
     method: str,
-    base: list[float] | torch.Tensor | None,
-    models: list[list[float]] | list[torch.Tensor],
+    base: Sequence[Any] | torch.Tensor | None,
+    models: Sequence[Sequence[Any] | torch.Tensor],
     model_params: list[dict[str, Any]] | None = None,
     name: str = "model.layers.0.mlp.up_proj.weight",
     layer: int | None = 0,
     num_layers: int = 4,
     **params: Any,
 ) -> torch.Tensor:
-    spec = get_spec(method)
+    spec = get_method(method, TensorMethod)
     tensors = [torch.as_tensor(m, dtype=torch.float32) for m in models]
     mp = model_params or [{} for _ in models]
     c = TensorCall(
@@ -40,7 +39,12 @@ def call(
         layer=layer,
         num_layers=num_layers,
     )
-    return get_impl(method)(c)
+    return spec.merge(c)
+
+
+def lam(value: float) -> dict[str, Any]:
+    """``lambda`` as a keyword for :func:`call` (a Python keyword cannot be spelled)."""
+    return {"lambda": value}
 
 
 def close(got: torch.Tensor, want: list[float]) -> None:
@@ -61,7 +65,7 @@ def test_task_arithmetic() -> None:
     a, b = [2.0, 0.0, 1.0], [1.0, 3.0, -1.0]
     # θ0 + λ Σ w_i (θ_i − θ0): deltas (1,-1,0) and (0,2,-2).
     close(call("task_arithmetic", base, [a, b], [{"weight": 0.5}, {"weight": 1.0}],
-               **{"lambda": 2.0}), [2.0, 4.0, -3.0])
+               **lam(2.0)), [2.0, 4.0, -3.0])
     close(call("task_arithmetic", base, [a, b], [{"weight": 1}, {"weight": 1}],
                normalize=True), [1.5, 1.5, 0.0])
 
@@ -198,8 +202,8 @@ def test_layer_swap_tensors_and_non_layer_choice() -> None:
     out = call("layer_swap", None, [ability, language], mp, layer=2, bottom_k=1, top_k=0)
     close(out, ability)
     # Non-layer tensors follow their end of the stack by default.
-    emb = dict(name="model.embed_tokens.weight", layer=None)
-    head = dict(name="lm_head.weight", layer=None)
+    emb: dict[str, Any] = dict(name="model.embed_tokens.weight", layer=None)
+    head: dict[str, Any] = dict(name="lm_head.weight", layer=None)
     close(call("layer_swap", None, [ability, language], mp, bottom_k=1, top_k=0, **emb),
           language)
     close(call("layer_swap", None, [ability, language], mp, bottom_k=1, top_k=0, **head),

@@ -45,11 +45,15 @@ def compare_with_mergekit(recipe: dict[str, Any], tmp_path: Path) -> None:
         # bf16 tolerance: relative 2^-6 (torch's bf16 default), and an absolute floor of
         # one bf16 step at the tensor's own scale, for entries that cancel to near zero.
         atol = float(ref.float().abs().max()) * 2**-8
+
+        def msg(m: str, n: str = name) -> str:
+            return f"{n}: {m}"
+
         torch.testing.assert_close(got.float(), ref.float(), rtol=1.6e-2, atol=atol,
-                                   msg=lambda m, n=name: f"{n}: {m}")
+                                   msg=msg)
 
 
-def _two_donors(zoo: dict[str, Path], method: str, donor: dict[str, Any],
+def two_donors(zoo: dict[str, Path], method: str, donor: dict[str, Any],
                 **params: Any) -> dict[str, Any]:
     return {
         "merge_method": method,
@@ -73,12 +77,12 @@ def test_linear(zoo: dict[str, Path], tmp_path: Path) -> None:
 
 
 def test_task_arithmetic(zoo: dict[str, Path], tmp_path: Path) -> None:
-    compare_with_mergekit(_two_donors(zoo, "task_arithmetic", {}, **{"lambda": 0.8}),
+    compare_with_mergekit(two_donors(zoo, "task_arithmetic", {}, **{"lambda": 0.8}),
                           tmp_path)
 
 
 def test_task_arithmetic_bf16(bf16_zoo: dict[str, Path], tmp_path: Path) -> None:
-    recipe = _two_donors(bf16_zoo, "task_arithmetic", {})
+    recipe = two_donors(bf16_zoo, "task_arithmetic", {})
     recipe["dtype"] = "bfloat16"
     compare_with_mergekit(recipe, tmp_path)
 
@@ -86,12 +90,12 @@ def test_task_arithmetic_bf16(bf16_zoo: dict[str, Path], tmp_path: Path) -> None
 def test_ties_with_filter_overrides(zoo: dict[str, Path], tmp_path: Path) -> None:
     density = [{"filter": "mlp", "value": 0.3}, {"filter": "self_attn", "value": 0.6},
                {"value": 0.9}]
-    compare_with_mergekit(_two_donors(zoo, "ties", {"density": density}), tmp_path)
+    compare_with_mergekit(two_donors(zoo, "ties", {"density": density}), tmp_path)
 
 
 @pytest.mark.parametrize("method", ["dare_linear", "dare_ties"])
 def test_dare_at_full_density(zoo: dict[str, Path], tmp_path: Path, method: str) -> None:
-    compare_with_mergekit(_two_donors(zoo, method, {"density": 1.0}, random_seed=3),
+    compare_with_mergekit(two_donors(zoo, method, {"density": 1.0}, random_seed=3),
                           tmp_path)
 
 

@@ -2,20 +2,20 @@
 
 Both sides look at the same files of the repo, always at the pinned commit: its top-level
 ``*.safetensors`` and the small files a checkpoint folder may contribute
-(``app.sources.SMALL_FILES``: config, shard index, generation config, tokenizer files).
-Sub-folders, pickles, code and any other file are never fetched.
+(``app.sources.base.SMALL_FILES``: config, shard index, generation config, tokenizer
+files). Sub-folders, pickles, code and any other file are never fetched.
 
-- ``hub_view`` (the API, at submission): one listing of the repo's top level, then
+- ``HubSource.headers`` (the API, at submission): one listing of the repo's top level, then
   ``config.json`` and the shard index whole (size-capped), and HTTP Range requests for the
   rest: each ``*.safetensors`` header and the first bytes of each side file go into a
-  *sparse* stand-in of the file's full size, as ``app.sources`` does for S3, so
+  *sparse* stand-in of the file's full size, as ``app.sources.s3`` does, so
   ``maec_core``'s own validation runs unchanged while no tensor byte is transferred.
   A pickle is listed as an empty stand-in (refused by name when it is the only weights).
-- ``hub_files`` + ``hub_download`` (the worker, through ``worker.inputs.InputCache``): the
-  same listing gives each file's size and content identity (``HubFile.content_id``: the
-  LFS sha256, else the git blob id); ``hub_download`` streams one whole file at the
-  pinned commit and checks its size and that digest, so a truncated or corrupt transfer
-  is a ``StorageError`` and never becomes a cache entry.
+- ``HubSource.checkpoint_files`` + ``fetch`` (the worker, through
+  ``worker.inputs.InputCache``): the same listing gives each file's size and content key
+  (``sha256:<LFS sha256>``, else ``git-blob:<git blob id>``); ``fetch`` streams one whole
+  file at the pinned commit and checks its size and that digest, so a truncated or
+  corrupt transfer is a ``StorageError`` and never becomes a cache entry.
 
 An unknown repository or revision (a private or gated repo this service has no token
 for looks the same) is ``source_not_found``; any other hub failure (unreachable, 5xx, a
@@ -40,21 +40,32 @@ and a job with hub sources runs to ``succeeded`` with the same weights as from l
 from __future__ import annotations
 
 import contextlib
-import hashlib
+import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import ClassVar
 
 import httpx
 
-from app.sources import Source, is_checkpoint_file, sparse_header_copy
+from app.settings import Settings
+from app.sources.base import (
+    Kind,
+    Source,
+    SourceFile,
+    SourceKind,
+    is_checkpoint_file,
+    sparse_header_copy,
+    write_verified,
+)
 from app.storage.base import StorageError
-from maec_core.errors import CorruptCheckpoint, MaecError, SourceNotFound
+from maec_core.errors import CorruptCheckpoint, MaecError, SourceError, SourceNotFound
 from maec_core.io.folder import (
     INDEX_FILE,
     MAX_JSON_BYTES,
     PICKLE_SUFFIXES,
     TOKENIZER_FILES,
+    ModelFolder,
 )
 
 # Read whole at submission (the plan needs their content); side files are only sniffed.
@@ -66,21 +77,14 @@ SNIFF_BYTES = 64
 _NOT_FOUND_CODES = ("RepoNotFound", "RevisionNotFound", "EntryNotFound")
 _TIMEOUT = 30.0
 _CHUNK = 1 << 20
+_HF = re.compile(r"^hf://(?P<repo>[A-Za-z0-9][\w.\-]*/[\w.\-]+)(?:@(?P<rev>[^@]*))?$")
+_REV = re.compile(r"^[0-9a-f]{40}$")
 
 
-@dataclass(frozen=True)
-class HubFile:
-    """One file of a repo at the pinned commit, as the hub's listing describes it."""
-
-    name: str
-    size: int
-    blob_id: str  # git blob sha1 (of the LFS pointer, for an LFS file)
-    sha256: str | None  # LFS files only: of the content itself
-
-    @property
-    def content_id(self) -> str:
-        """What names these exact bytes on any repo: the LFS sha256, else the git blob id."""
-        return f"sha256:{self.sha256}" if self.sha256 else f"git-blob:{self.blob_id}"
+def _content_key(blob_id: str, lfs_sha256: str | None) -> str:
+    """What names a file's exact bytes on any repo: the LFS sha256 (of the content), else
+    the git blob id (for an LFS file that is only its pointer's)."""
+    return f"sha256:{lfs_sha256}" if lfs_sha256 else f"git-blob:{blob_id}"
 
 
 def wanted_files(listing: Iterable[str]) -> list[str]:
@@ -124,13 +128,15 @@ def _client_errors() -> tuple[type[Exception], ...]:
     return tuple(errors)
 
 
-def _listing(source: Source) -> dict[str, HubFile]:
+def _listing(source: Source) -> dict[str, SourceFile]:
     """The files at the top level of the repo at the pinned commit, by name."""
     from huggingface_hub import HfApi
     from huggingface_hub.hf_api import RepoFile
 
     try:
-        return {e.path: HubFile(e.path, int(e.size), e.blob_id, e.lfs.sha256 if e.lfs else None)
+        return {e.path: SourceFile(e.path, int(e.size),
+                                   _content_key(e.blob_id, e.lfs.sha256 if e.lfs else None),
+                                   e.path, e.blob_id)
                 for e in HfApi().list_repo_tree(source.repo, revision=source.revision)
                 if isinstance(e, RepoFile)}
     except _client_errors() as exc:  # HfHubHTTPError and friends are OSErrors
@@ -207,31 +213,11 @@ class _Reader:
             f.write(head)
             f.truncate(size)
 
-    def download(self, file: HubFile, dest: Path) -> None:
+    def download(self, file: SourceFile, dest: Path) -> None:
         """``dest``: the whole of ``file``, checked against the listing while it streams."""
-        # Git names a blob by the sha1 of "blob <size>\0" + its bytes; an LFS file's blob
-        # is only its pointer, so its content is checked against the LFS sha256 instead.
-        digest = (hashlib.sha256() if file.sha256
-                  else hashlib.sha1(b"blob %d\x00" % file.size, usedforsecurity=False))
-        want = file.sha256 or file.blob_id
-        got = 0
-        with self._stream(file.name, {}) as chunks, open(dest, "wb") as out:
-            for chunk in chunks:
-                got += len(chunk)
-                if got > file.size:
-                    break  # no point reading (or storing) more of a wrong file
-                digest.update(chunk)
-                out.write(chunk)
-        if got != file.size:
-            sent = f"more than {file.size}" if got > file.size else str(got)
-            raise StorageError(f"{self.source.uri}: the hub sent {sent} bytes of {file.name}, "
-                               f"which is {file.size} bytes at this commit",
-                               source=self.source.uri, file=file.name)
-        if digest.hexdigest() != want:
-            what = "sha256" if file.sha256 else "git blob id"
-            raise StorageError(f"{self.source.uri}: the bytes the hub sent for {file.name} do "
-                               f"not match its {what} at this commit",
-                               source=self.source.uri, file=file.name)
+        with self._stream(file.location, {}) as chunks:
+            write_verified(chunks, dest, file, uri=self.source.uri, sender="the hub",
+                           where="at this commit")
 
 
 def hub_view(source: Source, into: Path) -> Path:
@@ -259,7 +245,7 @@ def hub_view(source: Source, into: Path) -> Path:
     return folder
 
 
-def hub_files(source: Source) -> list[HubFile]:
+def hub_files(source: Source) -> list[SourceFile]:
     """The checkpoint files of the pinned commit (``wanted_files``), with their identities."""
     listing = _listing(source)
     wanted = [listing[n] for n in wanted_files(listing)]
@@ -269,10 +255,43 @@ def hub_files(source: Source) -> list[HubFile]:
     return wanted
 
 
-def hub_download(source: Source, file: HubFile, dest: Path) -> None:
-    """Write ``file`` of the pinned commit to ``dest``, verified (size and digest)."""
-    reader = _Reader(source)
-    try:
-        reader.download(file, dest)
-    finally:
-        reader.close()
+class HubSource(SourceKind):
+    kind: ClassVar[Kind] = "hf"
+    scheme: ClassVar[str] = "hf"
+
+    @classmethod
+    def parse(cls, text: str, settings: Settings) -> Source:
+        if not settings.hub_enabled:
+            raise SourceError(
+                f"{text}: hub sources are disabled on this service (MAEC_HUB_ENABLED)",
+                source=text,
+            )
+        m = _HF.match(text)
+        if m is None:
+            raise SourceError(f"{text}: expected hf://owner/name@<revision>", source=text)
+        rev = m.group("rev") or ""
+        if not _REV.match(rev):
+            raise SourceError(
+                f"{text}: hub sources need a pinned 40-hex commit revision "
+                "(hf://owner/name@<sha>); branches and tags can move",
+                source=text,
+            )
+        return Source("hf", text, repo=m.group("repo"), revision=rev)
+
+    def headers(self) -> ModelFolder:
+        return self.remote_view(partial(hub_view, self.source))
+
+    def checkpoint_files(self) -> list[SourceFile]:
+        return hub_files(self.source)
+
+    def corpus_file(self) -> SourceFile:
+        raise SourceError(f"{self.source.uri}: a corpus must be an s3:// object or a local "
+                          "file", source=self.source.uri)
+
+    def fetch(self, file: SourceFile, dest: Path) -> None:
+        """Write ``file`` of the pinned commit to ``dest``, verified (size and digest)."""
+        reader = _Reader(self.source)
+        try:
+            reader.download(file, dest)
+        finally:
+            reader.close()

@@ -1,0 +1,79 @@
+"""Checkpoint sources: parse and allow-list them, read their headers without weights, and
+list and fetch their files for the worker's cache.
+
+A source is ``s3://bucket/prefix`` (in the configured store, ``app.sources.s3``), an
+absolute local path under one of the allow-listed roots (``app.sources.local``), or
+``hf://owner/name@<40-hex revision>`` when the hub is enabled (``app.sources.hf``).
+Anything else is refused before a job is queued. Each kind implements
+``app.sources.base.SourceKind`` in its own module; this module is the one place that
+picks the kind, from a URI's scheme or a parsed ``Source``'s kind.
+"""
+
+from __future__ import annotations
+
+from app.settings import Settings
+from app.sources.base import (
+    SMALL_FILES,
+    Kind,
+    Source,
+    SourceFile,
+    SourceKind,
+    is_checkpoint_file,
+    sparse_header_copy,
+)
+from app.sources.hf import HubSource
+from app.sources.local import LocalSource
+from app.sources.s3 import S3Source
+from app.storage.base import Storage
+from maec_core.errors import CorpusError, SourceError
+from maec_core.io.folder import ModelFolder
+
+__all__ = [
+    "SMALL_FILES", "Kind", "Source", "SourceFile", "SourceKind", "check_corpus",
+    "inspect_source", "is_checkpoint_file", "open_source", "parse_source",
+    "sparse_header_copy",
+]
+
+_KINDS: tuple[type[SourceKind], ...] = (S3Source, HubSource, LocalSource)
+_BY_SCHEME = {k.scheme: k for k in _KINDS if k.scheme}
+_BY_KIND = {k.kind: k for k in _KINDS}
+
+
+def parse_source(text: str, settings: Settings) -> Source:
+    """Parse and allow-list one source string (no I/O but resolving local symlinks)."""
+    if not isinstance(text, str) or not text or len(text) > 1024 or "\x00" in text:
+        raise SourceError("a source must be a non-empty string", source=str(text)[:100])
+    scheme, sep, _ = text.partition("://")
+    if not sep:
+        return LocalSource.parse(text, settings)
+    kind = _BY_SCHEME.get(scheme)
+    if kind is None:
+        raise SourceError(f"{text}: only s3://, hf:// and local paths are accepted",
+                          source=text)
+    return kind.parse(text, settings)
+
+
+def open_source(source: Source, storage: Storage) -> SourceKind:
+    """The reader for a parsed ``source`` (``storage``: the store ``s3://`` URIs name)."""
+    return _BY_KIND[source.kind](source, storage)
+
+
+def inspect_source(source: Source, storage: Storage) -> ModelFolder:
+    """Open ``source`` as a checkpoint folder from its configs and headers only.
+
+    For remote sources the returned folder's files are sparse stand-ins in a temporary
+    directory that is gone on return: use it for planning, never for reading tensors.
+    """
+    return open_source(source, storage).headers()
+
+
+def check_corpus(source: Source, storage: Storage, max_bytes: int | None = None) -> None:
+    """An ability corpus is one file; check that it exists and is within ``max_bytes``
+    (its content is the worker's)."""
+    size = open_source(source, storage).corpus_file().size
+    if max_bytes is not None and size > max_bytes:
+        raise CorpusError(
+            f"{source.uri}: the corpus is {size} bytes, above this service's "
+            f"{max_bytes} byte cap (MAEC_MAX_CORPUS_BYTES)",
+            source=source.uri, size=size, limit=max_bytes,
+        )

@@ -1,0 +1,200 @@
+"""What every source kind shares: the parsed ``Source``, the ``SourceKind`` interface each
+kind implements in its own module, and the pieces two kinds would otherwise each write
+(the checkpoint-file predicate, sparse header copies, header views in a temporary
+folder, verified downloads).
+
+A file's ``content_key`` names its bytes and says how they are checked while they
+stream: ``sha256:<hex>`` (hub LFS files, S3 objects stored with a whole-object SHA-256)
+and ``git-blob:<hex>`` (small hub files) are digests of the content, so the same bytes
+from any repo, bucket or kind have one key; any other key (S3 objects without a SHA-256,
+local files) is scoped to the store, the object and its version, and only the size is
+checked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+import tempfile
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from app.settings import Settings
+from app.storage.base import Storage, StorageError
+from maec_core.errors import CorruptCheckpoint, MaecError, SourceError
+from maec_core.io.folder import INDEX_FILE, TOKENIZER_FILES, ModelFolder, open_model_folder
+from maec_core.io.headers import MAX_HEADER_BYTES
+
+Kind = Literal["s3", "local", "hf"]
+# Files a checkpoint folder may contribute (weights, configs, tokenizer); the rest of a
+# prefix or repo is never fetched.
+SMALL_FILES = ("config.json", INDEX_FILE, "generation_config.json", *TOKENIZER_FILES)
+
+
+def is_checkpoint_file(name: str) -> bool:
+    """Whether ``name`` (relative to a prefix or repo) is fetched: top-level weights and
+    ``SMALL_FILES``; sub-folders are not part of a checkpoint."""
+    return "/" not in name and (name.endswith(".safetensors") or name in SMALL_FILES)
+
+
+@dataclass(frozen=True)
+class Source:
+    """One parsed, allow-listed source; ``to_dict`` is what a job record stores."""
+
+    kind: Kind
+    uri: str
+    bucket: str = ""
+    prefix: str = ""
+    path: str = ""
+    repo: str = ""
+    revision: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v}
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> Source:
+        return cls(**doc)
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """One file a source contributes, as its store lists it."""
+
+    name: str  # its name in the job's input folder
+    size: int
+    content_key: str  # names these bytes (see the module docstring)
+    location: str  # where the store keeps it: object key, path in the repo, local path
+    version: str = ""  # the store's version tag, re-checked when fetching (S3 ETag)
+
+
+class SourceKind(ABC):
+    """One kind of source: how its URIs parse, and how it is read.
+
+    An instance serves one parsed ``Source``; the API uses ``headers`` and
+    ``corpus_file`` (sizes only), the worker ``in_place`` or ``checkpoint_files`` /
+    ``corpus_file`` and ``fetch`` (through its content-keyed cache).
+    """
+
+    kind: ClassVar[Kind]
+    scheme: ClassVar[str]  # "s3", "hf"; "" for local paths
+
+    def __init__(self, source: Source, storage: Storage) -> None:
+        self.source = source
+        self.storage = storage
+
+    @classmethod
+    @abstractmethod
+    def parse(cls, text: str, settings: Settings) -> Source:
+        """Parse and allow-list ``text`` (its scheme is this kind's); no I/O but
+        resolving local symlinks."""
+
+    def in_place(self) -> Path | None:
+        """A path the worker reads directly, nothing fetched (local sources)."""
+        return None
+
+    @abstractmethod
+    def headers(self) -> ModelFolder:
+        """The checkpoint folder from its configs and headers only. For remote kinds its
+        files are sparse stand-ins in a folder gone on return: plan with it, never read
+        tensors from it."""
+
+    @abstractmethod
+    def checkpoint_files(self) -> list[SourceFile]:
+        """The files of the checkpoint folder (``is_checkpoint_file``), with identities."""
+
+    @abstractmethod
+    def corpus_file(self) -> SourceFile:
+        """The one file an ability corpus is (its size is checked at submission)."""
+
+    @abstractmethod
+    def fetch(self, file: SourceFile, dest: Path) -> None:
+        """Write the whole of ``file`` to ``dest``, checked while it streams (size, and
+        the digest its ``content_key`` names); a wrong transfer is a ``StorageError``."""
+
+    def remote_view(self, build: Callable[[Path], Path]) -> ModelFolder:
+        """``open_model_folder`` on the folder ``build(tmp)`` makes of sparse stand-ins,
+        errors naming the source rather than the temporary folder."""
+        uri = self.source.uri
+        with tempfile.TemporaryDirectory(prefix="maec-headers-") as tmp:
+            try:
+                return open_model_folder(build(Path(tmp)))
+            except MaecError as exc:
+                if isinstance(exc, StorageError):
+                    raise SourceError(f"{uri}: cannot read it: {exc.message}",
+                                      source=uri) from None
+                raise _relabel(exc, Path(tmp), uri) from None
+
+
+def _relabel(exc: MaecError, tmp: Path, uri: str) -> MaecError:
+    """Say ``uri`` instead of the temporary folder in an error raised on a header view."""
+    exc.message = exc.message.replace(str(tmp), uri)
+    exc.details = {
+        k: (v.replace(str(tmp), uri) if isinstance(v, str) else v)
+        for k, v in exc.details.items()
+    }
+    exc.details.setdefault("source", uri)
+    exc.args = (exc.message,)
+    return exc
+
+
+def sparse_header_copy(read_range: Callable[[int, int], bytes], size: int, dest: Path
+                       ) -> None:
+    """Write a ``size``-byte safetensors file's header into a sparse file of that size;
+    ``read_range(first, last)`` reads those bytes (inclusive) of the remote file."""
+    if size < 8:
+        raise CorruptCheckpoint(f"{dest.name}: shorter than the 8-byte header length",
+                                file=dest.name)
+    (n,) = struct.unpack("<Q", read_range(0, 7))
+    if n > MAX_HEADER_BYTES or 8 + n > size:
+        raise CorruptCheckpoint(f"{dest.name}: header length {n} is impossible", file=dest.name)
+    header = read_range(8, 8 + n - 1) if n else b""
+    with open(dest, "wb") as f:
+        f.write(struct.pack("<Q", n) + header)
+        f.truncate(size)
+
+
+@dataclass
+class _Digest:
+    hasher: Any  # a hashlib object
+    want: str  # hex
+    what: str  # how an error names it
+
+
+def _digest_for(file: SourceFile) -> _Digest | None:
+    """What ``file.content_key`` promises about the bytes, if it is a digest."""
+    algo, _, value = file.content_key.partition(":")
+    if algo == "sha256":
+        return _Digest(hashlib.sha256(), value, "sha256")
+    if algo == "git-blob":
+        # Git names a blob by the sha1 of "blob <size>\0" + its bytes.
+        sha1 = hashlib.sha1(b"blob %d\x00" % file.size, usedforsecurity=False)
+        return _Digest(sha1, value, "git blob id")
+    return None
+
+
+def write_verified(chunks: Iterable[bytes], dest: Path, file: SourceFile, *, uri: str,
+                   sender: str, where: str) -> None:
+    """Write ``chunks`` (the body of a download of ``file``) to ``dest``, checking the
+    size and the digest its content key names; ``sender`` and ``where`` word the error
+    ("the hub" ... "at this commit")."""
+    digest = _digest_for(file)
+    got = 0
+    with open(dest, "wb") as out:
+        for chunk in chunks:
+            got += len(chunk)
+            if got > file.size:
+                break  # no point reading (or storing) more of a wrong file
+            if digest is not None:
+                digest.hasher.update(chunk)
+            out.write(chunk)
+    if got != file.size:
+        sent = f"more than {file.size}" if got > file.size else str(got)
+        raise StorageError(f"{uri}: {sender} sent {sent} bytes of {file.name}, which is "
+                           f"{file.size} bytes {where}", source=uri, file=file.name)
+    if digest is not None and digest.hasher.hexdigest() != digest.want:
+        raise StorageError(f"{uri}: the bytes {sender} sent for {file.name} do not match "
+                           f"its {digest.what} {where}", source=uri, file=file.name)

@@ -1,0 +1,126 @@
+"""S3 sources: ``s3://bucket/prefix`` in the configured store (a checkpoint folder is the
+objects right under the prefix; a corpus is the one object at the key).
+
+At submission, compatibility is checked from ``config.json``, the shard index and each
+safetensors header fetched with ranged GETs: the header is written into a *sparse* file
+of the object's full size, so ``maec_core``'s own header validation (bounds, overlaps,
+pickles) runs unchanged while no tensor byte is transferred or stored.
+
+In the worker, each object is named in the cache by its content when the store keeps a
+whole-object SHA-256 (an upload with ``ChecksumAlgorithm=SHA256`` in one part: S3 and
+SeaweedFS return it on a HEAD with ``ChecksumMode=ENABLED``), so the same bytes in two
+buckets, or on the hub, are one entry; and otherwise by bucket, key, ETag and size, since
+an ETag alone is not a content digest (multipart, encrypted or copied objects) and must
+not let one bucket's entry stand for another's object. Every fetch is a GET that holds
+only while the object still has the listed ETag, checked for size and (when the key is a
+SHA-256) digest while it streams.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import partial
+from pathlib import Path
+from typing import ClassVar
+
+from app.settings import Settings
+from app.sources.base import (
+    SMALL_FILES,
+    Kind,
+    Source,
+    SourceFile,
+    SourceKind,
+    is_checkpoint_file,
+    sparse_header_copy,
+    write_verified,
+)
+from app.storage.base import ObjectInfo, Storage
+from maec_core.errors import CorruptCheckpoint, SourceError, SourceNotFound
+from maec_core.io.folder import MAX_JSON_BYTES, PICKLE_SUFFIXES, ModelFolder
+
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
+
+
+def content_key(bucket: str, info: ObjectInfo) -> str:
+    """The cache's name for the bytes of ``info`` (an object of ``bucket``, from ``head``)."""
+    if info.sha256:
+        return f"sha256:{info.sha256}"
+    return f"s3:{bucket}/{info.key}@{info.etag}:{info.size}"
+
+
+class S3Source(SourceKind):
+    kind: ClassVar[Kind] = "s3"
+    scheme: ClassVar[str] = "s3"
+
+    @classmethod
+    def parse(cls, text: str, settings: Settings) -> Source:
+        bucket, _, prefix = text[5:].partition("/")
+        prefix = prefix.strip("/")
+        if not _BUCKET.match(bucket):
+            raise SourceError(f"{text}: invalid bucket name", source=text)
+        if not prefix or any(p in ("", ".", "..") for p in prefix.split("/")):
+            raise SourceError(f"{text}: the prefix must be a plain path", source=text)
+        return Source("s3", text, bucket=bucket, prefix=prefix)
+
+    def _bucket(self) -> Storage:
+        # Not in __init__: local storage refuses other buckets, and that refusal is the
+        # caller's error to word (submission: invalid_source; a job: storage_unavailable).
+        return self.storage.for_bucket(self.source.bucket)
+
+    def headers(self) -> ModelFolder:
+        return self.remote_view(self._view)
+
+    def _view(self, into: Path) -> Path:
+        source, bucket = self.source, self._bucket()
+        objects = bucket.list(source.prefix + "/")
+        if not objects:
+            raise SourceNotFound(f"{source.uri}: no objects under this prefix",
+                                 source=source.uri)
+        folder = into / source.prefix.rsplit("/", 1)[-1]
+        folder.mkdir(parents=True)
+        for obj in objects:
+            name = obj.key[len(source.prefix) + 1:]
+            if "/" in name:
+                continue  # sub-folders are not part of a checkpoint
+            dest = folder / name
+            if name.endswith(".safetensors"):
+                sparse_header_copy(partial(bucket.get_range, obj.key), obj.size, dest)
+            elif name.endswith(PICKLE_SUFFIXES):
+                dest.touch()  # present, never read: lets open_model_folder refuse it by name
+            elif name in SMALL_FILES and name.endswith(".json"):
+                if obj.size > MAX_JSON_BYTES:
+                    raise CorruptCheckpoint(f"{name} is {obj.size} bytes, above the cap",
+                                            file=name)
+                dest.write_bytes(bucket.get_bytes(obj.key))
+        return folder
+
+    def _file(self, bucket: Storage, key: str, name: str) -> SourceFile:
+        # A HEAD per object: listings carry no checksum.
+        info = bucket.head(key)
+        if info is None:
+            raise SourceNotFound(f"{self.source.uri}: no such object"
+                                 + ("" if key == self.source.prefix else f" {key}"),
+                                 source=self.source.uri)
+        return SourceFile(name, info.size, content_key(self.source.bucket, info), key,
+                          info.etag)
+
+    def checkpoint_files(self) -> list[SourceFile]:
+        bucket, prefix = self._bucket(), self.source.prefix
+        files = [self._file(bucket, obj.key, obj.key[len(prefix) + 1:])
+                 for obj in bucket.list(prefix + "/")
+                 if is_checkpoint_file(obj.key[len(prefix) + 1:])]
+        if not files:
+            raise SourceNotFound(f"{self.source.uri}: no checkpoint files",
+                                 source=self.source.uri)
+        return files
+
+    def corpus_file(self) -> SourceFile:
+        key = self.source.prefix
+        return self._file(self._bucket(), key, key.rsplit("/", 1)[-1])
+
+    def fetch(self, file: SourceFile, dest: Path) -> None:
+        chunks = (self._bucket().iter_range(file.location, 0, file.size - 1,
+                                            if_match=file.version or None)
+                  if file.size else iter(()))
+        write_verified(chunks, dest, file, uri=self.source.uri, sender="the store",
+                       where="as listed")

@@ -1,0 +1,46 @@
+"""MAEC as a registered method: its parameters, validation and named-form mapping.
+
+The method itself (extraction, selection, combination) lives in ``maec_core.maec`` and
+runs through its own pipeline, not tensor by tensor; this unit only delegates to the
+torch-free ``maec_core.maec.params`` so the API finds MAEC like any other method.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from maec_core.maec.params import MaecParams, validate_maec_recipe
+from maec_core.methods.base import MergeMethod, NamedForm, per_model
+from maec_core.recipe import Recipe
+
+
+class Maec(MergeMethod):
+    name = "maec"
+    paper = ("Chen et al. 2025, Extracting and Combining Abilities for Multi-lingual "
+             "Ability-enhanced LLMs (EMNLP 2025)")
+    params = MaecParams
+    min_models = 0
+    max_models = 0
+
+    def validate(self, recipe: Recipe) -> None:
+        validate_maec_recipe(recipe)
+
+    def named_form(self, form: NamedForm) -> dict[str, Any]:
+        """Each donor is one ability (sharing the control and corpus); ``mu`` is one
+        value for all donors or one per donor."""
+        params = dict(form.parameters)
+        mu = per_model(params.pop("mu", 1.0), len(form.ability_donor), "mu")
+        abilities = []
+        for donor, m in zip(form.ability_donor, mu, strict=True):
+            # mu unconverted: a bad value becomes a recipe error naming it.
+            ability: dict[str, Any] = {"model": donor, "mu": m}
+            if form.source_control is not None:
+                ability["control"] = form.source_control
+            if form.ability_corpus is not None:
+                ability["corpus"] = form.ability_corpus
+            abilities.append(ability)
+        return {
+            "merge_method": self.name, "base_model": form.base,
+            "language_base": form.language_base, "abilities": abilities,
+            "parameters": params,
+        }

@@ -1,0 +1,47 @@
+"""Task arithmetic (Ilharco et al. 2023, arXiv:2212.04089): ``θ0 + λ Σ w_i (θ_i − θ0)``.
+
+Its global parameters are shared by the task-vector family (TIES, DARE, Breadcrumbs).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pydantic import Field
+
+from maec_core.methods._common import WeightParams, weighted_sum
+from maec_core.methods.base import Params, TensorCall, TensorMethod
+
+if TYPE_CHECKING:
+    import torch
+
+
+class TaskArithmeticParams(Params):
+    normalize: bool = False
+    lambda_: float = Field(1.0, alias="lambda")
+    # Accepted so mergekit recipes run unchanged; masks are a GPU-memory trick there and
+    # have no effect on results here.
+    int8_mask: bool = False
+
+
+class TaskArithmetic(TensorMethod):
+    name = "task_arithmetic"
+    paper = "Ilharco et al. 2023, Editing models with task arithmetic (arXiv:2212.04089)"
+    params = TaskArithmeticParams
+    model_params = WeightParams
+    elementwise = True
+
+    def merge(self, call: TensorCall) -> torch.Tensor:
+        """``θ0 + λ Σ w_i (θ_i − θ0)``; normalize divides by ``Σ w_i``.
+
+        Expanded to ``(1 − λ Σ w_i) θ0 + Σ λ w_i θ_i``: the same value, in one pass per
+        input.
+        """
+        assert call.base is not None
+        weights = [p.weight for p in call.model_params]
+        total = sum(weights)
+        scale = call.params.lambda_
+        if call.params.normalize and total != 0:
+            scale /= total
+        coeffs = [1.0 - scale * total] + [scale * w for w in weights]
+        return weighted_sum([call.base, *call.models], coeffs)
