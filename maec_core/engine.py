@@ -75,7 +75,8 @@ WRITE_DEPTH = 4
 def open_models(named: Mapping[str, str], base: str | None = None) -> dict[str, ModelFolder]:
     """Open and validate each checkpoint folder (headers and configs only); a LoRA
     adapter among them applies to ``base`` (the recipe's base model) when given."""
-    return {key: open_model_folder(path, base=base) for key, path in named.items()}
+    return {key: open_model_folder(path, base=base, config_base=True)
+            for key, path in named.items()}
 
 
 def all_finite(t: torch.Tensor) -> bool:

@@ -23,6 +23,7 @@ from maec_core.io.headers import SafetensorsHeader, TensorInfo, read_header
 from maec_core.lora.adapter import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
+    adapter_pairs,
     adapter_spec,
     adapter_tensors,
     base_path,
@@ -180,9 +181,10 @@ def is_adapter_folder(root: Path) -> bool:
         (root / SINGLE_FILE).is_file() or (root / INDEX_FILE).is_file())
 
 
-def _open_adapter(root: Path, base: str | Path | None) -> ModelFolder:
-    """A LoRA adapter as a checkpoint: ``base`` (else the base its config names) with the
-    adapter's low-rank deltas on the tensors it targets. Headers only."""
+def _open_adapter(root: Path, base: str | Path | None, config_base: bool) -> ModelFolder:
+    """A LoRA adapter as a checkpoint: ``base`` (else, with ``config_base``, the base its
+    config names) with the adapter's low-rank deltas on the tensors it targets. Headers
+    only."""
     config_path = root / ADAPTER_CONFIG
     if not _inside(root, config_path):
         raise _escapes(root, ADAPTER_CONFIG, file=ADAPTER_CONFIG)
@@ -201,29 +203,34 @@ def _open_adapter(root: Path, base: str | Path | None) -> ModelFolder:
         raise CheckpointError(f"{root.name}: no {ADAPTER_WEIGHTS}", path=str(root))
     if not _inside(root, weights):
         raise _escapes(root, ADAPTER_WEIGHTS, file=ADAPTER_WEIGHTS)
-    base_folder = open_model_folder(base if base is not None else base_path(spec, root))
+    header = read_header(weights)
+    pairs = adapter_pairs(header)  # the adapter is refused for what it is, whatever base
+    base_folder = open_model_folder(
+        base if base is not None else base_path(spec, root, allowed=config_base))
     if base_folder.base is not None:
         raise CheckpointError(f"{root.name}: the adapter's base is itself an adapter",
                               path=str(root))
-    header = read_header(weights)
     return ModelFolder(
         root=root, config=base_folder.config, headers=[*base_folder.headers, header],
-        tensors=adapter_tensors(spec, header, base_folder.tensors), base=base_folder,
+        tensors=adapter_tensors(spec, pairs, base_folder.tensors), base=base_folder,
         extra_files=[config_path],
     )
 
 
-def open_model_folder(path: str | Path, *, base: str | Path | None = None) -> ModelFolder:
+def open_model_folder(path: str | Path, *, base: str | Path | None = None,
+                      config_base: bool = False) -> ModelFolder:
     """Validate ``path`` as a safetensors checkpoint folder; read headers, no data.
 
     A PEFT LoRA adapter folder opens as the checkpoint it makes of its base: ``base``
-    when given (the recipe's base model), else the local folder its config names.
+    when given (the recipe's base model), else, only with ``config_base``, the local
+    folder its config names. Off by default: a path inside an untrusted adapter must
+    not lead a service past its allow-listed roots.
     """
     root = Path(path)
     if not root.is_dir():
         raise SourceNotFound(f"checkpoint folder not found: {root}", path=str(root))
     if is_adapter_folder(root):
-        return _open_adapter(root, base)
+        return _open_adapter(root, base, config_base)
     config_path = root / "config.json"
     if not config_path.is_file():
         raise CheckpointError(f"{root.name}: no config.json", path=str(root))

@@ -89,8 +89,11 @@ def adapter_spec(config: Mapping[str, Any]) -> AdapterSpec:
     )
 
 
-def _pairs(header: SafetensorsHeader) -> dict[str, tuple[TensorInfo, TensorInfo]]:
-    """``{module: (A, B)}`` from the adapter file's tensor names."""
+LoraPairs = dict[str, tuple[TensorInfo, TensorInfo]]
+
+
+def adapter_pairs(header: SafetensorsHeader) -> LoraPairs:
+    """``{module: (A, B)}`` from the adapter file's tensor names (refusing any other)."""
     found: dict[str, dict[str, TensorInfo]] = {}
     for name, info in header.tensors.items():
         part = next((p for p in (LORA_A, LORA_B) if name.endswith(p)), None)
@@ -137,11 +140,11 @@ def _delta(spec: AdapterSpec, module: str, a: TensorInfo, b: TensorInfo,
     return LowRankDelta(a=a, b=b, scale=spec.scale, transpose=spec.transpose)
 
 
-def adapter_tensors(spec: AdapterSpec, header: SafetensorsHeader,
+def adapter_tensors(spec: AdapterSpec, pairs: LoraPairs,
                     base: Mapping[str, TensorInfo]) -> dict[str, TensorInfo]:
     """The base's tensors, each targeted one carrying its low-rank delta (header-only)."""
     tensors = dict(base)
-    for module, (a, b) in _pairs(header).items():
+    for module, (a, b) in pairs.items():
         name = f"{module}.weight"
         info = base.get(name)
         if info is None:
@@ -152,8 +155,13 @@ def adapter_tensors(spec: AdapterSpec, header: SafetensorsHeader,
     return tensors
 
 
-def base_path(spec: AdapterSpec, root: Path) -> Path:
-    """The base named in the adapter config, when it is a local checkpoint folder."""
+def base_path(spec: AdapterSpec, root: Path, *, allowed: bool) -> Path:
+    """The base named in the adapter config, when it is a local checkpoint folder and
+    the caller ``allowed`` following it."""
+    if not allowed:
+        raise CheckpointError(
+            f"{root.name} is a LoRA adapter; name its base in the recipe (base_model): a "
+            "base named only inside the adapter is not followed here", path=str(root))
     if spec.base_ref is None:
         raise CheckpointError(
             f"{root.name}: the adapter names no base_model_name_or_path; name its base "

@@ -233,7 +233,7 @@ def export_merge(
         merged_result = merge(full)
         started = time.perf_counter()
         merged = open_model_folder(full)
-        base = open_model_folder(recipe.lora_base, base=recipe.base_model)
+        base = open_model_folder(recipe.lora_base, base=recipe.base_model, config_base=True)
         names = select_targets(((n, t.shape) for n, t in merged.tensors.items()),
                                spec.target_modules)
         with StagedOutput(out, overwrite=overwrite) as staged:

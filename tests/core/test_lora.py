@@ -90,7 +90,10 @@ def lora(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.mark.parametrize("which", ["adapter", "rslora"])
 def test_adapter_reads_as_peft_merged_model(lora: dict[str, Path], which: str) -> None:
-    folder = open_model_folder(lora[which])  # the base named in adapter_config.json
+    # The base named in adapter_config.json, followed only when the caller allows it.
+    with pytest.raises(CheckpointError, match="name its base in the recipe"):
+        open_model_folder(lora[which])
+    folder = open_model_folder(lora[which], config_base=True)
     full = weights(lora[f"{which}_full"])
     base = weights(lora["base"])
     targeted = [n for n, i in folder.tensors.items() if i.delta is not None]
@@ -123,7 +126,7 @@ def test_recipe_base_wins_over_the_adapter_config(lora: dict[str, Path],
     cfg["base_model_name_or_path"] = "meta-llama/not-here"
     (adapter / "adapter_config.json").write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError, match="not a local checkpoint folder"):
-        open_model_folder(adapter)
+        open_model_folder(adapter, config_base=True)
     folder = open_model_folder(adapter, base=lora["base"])
     assert folder.base is not None and folder.base.root == lora["base"]
     # The adapter's config is an input as much as its weights (it sets the scale).

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 
 KEYS = ("fuzz_requests", "fuzz_5xx", "hostile_inputs", "lost_jobs", "duplicate_runs",
-        "webhooks_expected", "webhooks_verified")
+        "webhooks_expected", "webhooks_verified", "adapters_refused")
 
 _lock = threading.Lock()
 COUNTERS: dict[str, int] = dict.fromkeys(KEYS, 0)
