@@ -46,7 +46,7 @@ def make_adapter(path: Path, base: Path, seed: int, **config: Any) -> Path:
         for name, p in peft_model.named_parameters():
             if "lora_B" in name:
                 p.normal_(0.0, 0.05)  # large enough that every delta matters
-    peft_model.save_pretrained(path, safe_serialization=safe)
+    peft_model.save_pretrained(str(path), safe_serialization=safe)
     return path
 
 
@@ -114,6 +114,21 @@ def test_adapter_reads_as_peft_merged_model(lora: dict[str, Path], which: str) -
         torch.testing.assert_close(io.read_row_range(info, 5, 9, buf), full[name][5:9],
                                    atol=ATOL, rtol=0)
         torch.testing.assert_close(io.read(info), full[name], atol=ATOL, rtol=0)
+
+
+def test_a_bf16_base_gets_the_delta_as_peft_adds_it(tmp_path: Path) -> None:
+    # peft keeps the adapter in float32 and adds its delta to the bf16 weight in place;
+    # the reader's float32 sum rounded once to bf16 is the same number.
+    base = make_llama(tmp_path / "base", seed=4, dtype=torch.bfloat16)
+    adapter = make_adapter(tmp_path / "adapter", base, seed=9)
+    model = LlamaForCausalLM.from_pretrained(base, dtype=torch.bfloat16)
+    full = PeftModel.from_pretrained(model, adapter).merge_and_unload().state_dict()
+    folder = open_model_folder(adapter, base=base)
+    with TensorReader() as reader:
+        for name, info in folder.tensors.items():
+            got = reader.read(info)
+            assert got.dtype == torch.bfloat16
+            torch.testing.assert_close(got, full[name], atol=0, rtol=0, msg=name)
 
 
 def test_recipe_base_wins_over_the_adapter_config(lora: dict[str, Path],
@@ -305,6 +320,18 @@ def test_low_rank_export_is_the_truncated_svd(lora: dict[str, Path], tmp_path: P
         assert entry["retained_energy"] == pytest.approx(energy, abs=1e-5)
         assert entry["retained_energy"] < 1.0
     assert res.report["lora"]["retained_energy_min"] < 1.0
+
+
+def test_a_cancelled_export_leaves_nothing(lora: dict[str, Path], tmp_path: Path) -> None:
+    stages: list[str] = []
+    out = tmp_path / "job" / "lora"
+    with pytest.raises(MaecError) as exc:
+        run_recipe(_ta(lora, {"format": "lora", "rank": 2}), out, device="cpu",
+                   progress=lambda stage, done, total: stages.append(stage),
+                   cancel=lambda: "lora" in stages)
+    assert exc.value.code == "cancelled"
+    assert "merge" in stages  # the merge itself finished; the export was stopped
+    assert list((tmp_path / "job").iterdir()) == []  # neither the merge nor the adapter
 
 
 def test_low_rank_factors_pad_a_narrow_module() -> None:
