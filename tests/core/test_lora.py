@@ -148,23 +148,38 @@ def test_recipe_base_wins_over_the_adapter_config(lora: dict[str, Path],
     assert adapter / "adapter_config.json" in folder.weight_files
 
 
+# Per-model parameters of every task-vector method (and two others that use a base).
 TASK_METHODS: dict[str, dict[str, float]] = {
     "task_arithmetic": {},
     "ties": {"density": 0.6},
     "dare_ties": {"density": 0.6},
+    "dare_linear": {"density": 0.6},
     "breadcrumbs": {"density": 0.8, "gamma": 0.05},
+    "breadcrumbs_ties": {"density": 0.8, "gamma": 0.05},
     "della": {"density": 0.6, "epsilon": 0.1},
+    "della_linear": {"density": 0.6, "epsilon": 0.1},
+    "sce": {},
+    "model_stock": {},
 }
+
+
+def test_every_task_vector_method_is_covered() -> None:
+    from maec_core.methods import all_methods
+
+    task_vector = {m.name for m in all_methods() if "lambda_" in m.params.model_fields}
+    assert task_vector <= set(TASK_METHODS), task_vector - set(TASK_METHODS)
 
 
 @pytest.mark.parametrize("method", sorted(TASK_METHODS))
 def test_task_methods_take_an_adapter_like_its_merged_model(
         lora: dict[str, Path], tmp_path: Path, method: str) -> None:
     def recipe(model: Path) -> dict[str, Any]:
-        extra = TASK_METHODS[method]
+        extra: dict[str, float] = TASK_METHODS[method]
+        if method not in ("sce", "model_stock"):
+            extra = {"weight": 0.7, **extra}
         return {"merge_method": method, "base_model": str(lora["base"]), "models": [
-            {"model": str(lora["ft"]), "parameters": {"weight": 0.6, **extra}},
-            {"model": str(model), "parameters": {"weight": 0.8, **extra}},
+            {"model": str(lora["ft"]), "parameters": extra},
+            {"model": str(model), "parameters": extra},
         ]}
 
     run_recipe(recipe(lora["adapter"]), tmp_path / "with_adapter", device="cpu")
