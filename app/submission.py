@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from app.settings import Settings
-from app.sources import Source, check_corpus, inspect_source, parse_source
+from app.sources import Source, check_corpus, inspect_source, parse_source, pin_source
 from app.storage.base import Storage
 from maec_contract import JobRequest as JobRequest  # the body model, shared with the client
 from maec_core.errors import RecipeError
@@ -69,7 +69,8 @@ def corpus_sources(recipe: Recipe) -> list[str]:
 def check_sources(
     recipe: Recipe, settings: Settings, storage: Storage
 ) -> dict[str, dict[str, Any]]:
-    """Allow-list, resolve and compare every source; returns ``{uri: source dict}``.
+    """Allow-list, resolve and compare every source; returns ``{uri: source dict}``,
+    each pinned to the files it holds now (what the worker will fetch, and nothing else).
 
     Blocking (file and S3 I/O): the API calls it in a worker thread.
     """
@@ -86,6 +87,9 @@ def check_sources(
         uri: inspect_source(parsed[uri], storage) for uri in model_sources(recipe)
     }
     plan_recipe(recipe, folders)
+    # Pinned after the checks: a file replaced in between is pinned as replaced, which
+    # lets nothing unchecked through (the engine validates the folder it reads).
+    pinned = {uri: pin_source(parsed[uri], storage) for uri in model_sources(recipe)}
     for uri in corpus_sources(recipe):
-        check_corpus(parsed[uri], storage, settings.max_corpus_bytes)
-    return {uri: s.to_dict() for uri, s in parsed.items()}
+        pinned[uri] = check_corpus(parsed[uri], storage, settings.max_corpus_bytes)
+    return {uri: s.to_dict() for uri, s in pinned.items()}

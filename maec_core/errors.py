@@ -44,6 +44,13 @@ class SourceNotFound(SourceError):
     code = "source_not_found"
 
 
+class SourceChanged(SourceError):
+    """A source is no longer what was checked when the job was submitted: a file was
+    replaced, rewritten or removed, or a path now leads out of its root through a link."""
+
+    code = "source_changed"
+
+
 class CheckpointError(MaecError):
     """A checkpoint folder is unusable."""
 

@@ -29,8 +29,8 @@ from app.sources import Source
 from app.storage.base import Storage, StorageError
 from maec_core.errors import Cancelled, MaecError
 from maec_core.manifest import MANIFEST_NAME
-from maec_core.recipe import parse_recipe
-from worker.inputs import InputCache, fetch_source
+from maec_core.recipe import Recipe, parse_recipe
+from worker.inputs import Hold, InputCache, fetch_source
 
 log = logging.getLogger("maec.worker")
 
@@ -195,7 +195,9 @@ class JobRunner:
     def _attempt(self, rec: JobRecord, att: Attempt, prefix: str, workdir: Path,
                  started: float) -> str:
         try:
-            result = self._execute(rec, att, prefix, workdir)
+            # The job's cache entries stay held (never evicted) until it ends.
+            with self.cache.hold() as hold:
+                result = self._execute(rec, att, prefix, workdir, hold)
         except (Cancelled, _CancelledHere):
             self._cleanup(prefix)
             return self._end(rec, att, "cancelled", None, started)
@@ -257,12 +259,13 @@ class JobRunner:
         except Exception as exc:
             log.error("job %s: webhook not queued: %s", job_id, exc)
 
-    def _execute(self, rec: JobRecord, att: Attempt, prefix: str, workdir: Path
-                 ) -> dict[str, Any]:
-        # 1. fetch
+    def _fetch(self, rec: JobRecord, recipe: Recipe, att: Attempt, workdir: Path,
+               hold: Hold) -> dict[str, str]:
+        """Every source into the job's input folder, as pinned at submission (a changed
+        one fails the job with ``source_changed``); returns ``{uri: local path}``."""
         local: dict[str, str] = {}
-        recipe = parse_recipe(rec.recipe)
-        corpora = {s.ref for s in recipe.sources() if s.kind == "corpus"}
+        # One-file sources: ability corpora (and any other input that is one file).
+        single = {s.ref for s in recipe.sources() if s.kind == "corpus"}
         total = len(rec.sources)
         att.progress("fetch", 0, total)
         fetched = cached = 0
@@ -270,12 +273,20 @@ class JobRunner:
             if att.cancel_requested():
                 raise _CancelledHere
             path, got, hit = fetch_source(Source.from_dict(doc), self.storage, self.cache,
-                                      workdir / "inputs" / str(i), corpus=uri in corpora)
+                                          workdir / "inputs" / str(i), corpus=uri in single,
+                                          hold=hold)
             local[uri] = str(path)
             fetched, cached = fetched + got, cached + hit
             att.progress("fetch", i + 1, total)
         log.info("job %s: inputs ready (%d bytes fetched, %d from cache)", rec.id,
                  fetched, cached)
+        return local
+
+    def _execute(self, rec: JobRecord, att: Attempt, prefix: str, workdir: Path,
+                 hold: Hold) -> dict[str, Any]:
+        # 1. fetch
+        recipe = parse_recipe(rec.recipe)
+        local = self._fetch(rec, recipe, att, workdir, hold)
         # 2. merge: the recipe was parsed once from the job record; passed on typed.
         recipe = recipe.with_sources(local)
         workdir.mkdir(parents=True, exist_ok=True)
