@@ -76,6 +76,8 @@ class Job(_Answer):
     artifact_reused: bool | None = None
     error: ErrorBody | None = None
     result: JobResult | None = None
+    # Kept past the service's retention period until unpinned or deleted.
+    pinned: bool = False
 
     @property
     def done(self) -> bool:

@@ -33,6 +33,8 @@ class JobRequest(BaseModel):
     recipe: dict[str, Any] | None = None
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
     name: str | None = Field(default=None, max_length=200)
+    # Keep the job and its outputs past the retention period (until unpinned or deleted).
+    pinned: bool | None = None
 
     @field_validator("ability_donor", mode="before")
     @classmethod

@@ -1,4 +1,5 @@
-"""The API's face of the job store (asyncio Redis): create, read, list, cancel, counts.
+"""The API's face of the job store (asyncio Redis): create, read, list, cancel, counts,
+pin, delete and the storage quota's usage.
 
 Reading a job is one ``HGETALL`` (auto-pipelined with concurrent reads); listing is one
 ``ZREVRANGEBYLEX`` plus one pipelined batch of ``HGETALL`` per page. State changes run the
@@ -18,15 +19,17 @@ import redis.asyncio as aioredis
 from app.jobs import calls, scripts
 from app.jobs.accounting import finish_increments
 from app.jobs.batching import HashReader
-from app.jobs.calls import CancelOutcome, CreateOutcome
+from app.jobs.calls import CancelOutcome, CreateOutcome, RemoveOutcome
 from app.jobs.keys import (
     METRICS_KEY,
+    ORPHANS_KEY,
     WORKERS_KEY,
     idem_key,
     job_key,
     owner_key,
     rate_key,
     status_key,
+    usage_key,
 )
 from app.jobs.record import INTERNAL_FIELDS, STATUSES, JobRecord, decode, now_iso, text
 
@@ -168,3 +171,21 @@ class ApiJobStore:
     async def live_workers(self, window_s: float) -> int:
         """Workers whose heartbeat is newer than ``window_s`` seconds."""
         return int(await self._r.zcount(WORKERS_KEY, time.time() - window_s, "+inf"))
+
+    async def pin(self, job_id: str, owner: str, pinned: bool) -> bool:
+        """Set or clear the job's ``pinned`` flag; False when missing or another's."""
+        return await self._run(calls.pin(job_id, owner, pinned))
+
+    async def remove(self, record: JobRecord) -> tuple[RemoveOutcome, int]:
+        """Delete a finished job's record and index entries, queueing its storage prefix
+        (:func:`app.jobs.calls.remove`); the caller deletes the files next."""
+        return await self._run(calls.remove(record))
+
+    async def outputs_deleted(self, prefix: str) -> None:
+        """The removed job's files are gone: nothing is left for the workers to retry."""
+        await cast(Awaitable[int], self._r.srem(ORPHANS_KEY, prefix))
+
+    async def usage(self, owner: str) -> int:
+        """Bytes of published outputs ``owner``'s jobs hold (storage quota)."""
+        raw = await self._r.get(usage_key(owner))
+        return 0 if raw is None else int(raw)
