@@ -7,7 +7,7 @@ sweeps are called directly (the worker's heartbeat calls the same methods).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from app.jobs.keys import ORPHANS_KEY, UNREFERENCED_KEY, idem_key, refs_key, usage_key
 from app.settings import Settings
@@ -43,7 +43,7 @@ def _outputs(api: Api, jid: str) -> Path:
 
 
 def _usage(api: Api, owner: str = "alice") -> int:
-    raw = api.r.get(usage_key(owner))
+    raw = cast(bytes | None, api.r.get(usage_key(owner)))
     return 0 if raw is None else int(raw)
 
 
@@ -90,7 +90,8 @@ def test_a_deletion_the_store_refuses_is_finished_by_the_workers(api: Api) -> No
     jid = _finished(api)["id"]
     outputs = _outputs(api, jid)
     # A stand-in for an unreachable store: the prefix cannot be removed.
-    api.client.app.state.services.storage = _Refusing(api.settings.storage_dir)
+    services = cast(Any, api.client.app).state.services
+    services.storage = _Refusing(api.settings.storage_dir)
     assert _delete(api, jid).status_code == 204
     assert _get(api, jid).status_code == 404 and outputs.exists()
     assert api.r.smembers(ORPHANS_KEY) == {f"jobs/{jid}/".encode()}
