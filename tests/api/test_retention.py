@@ -24,7 +24,7 @@ def _run(api: Api, jid: str, settings: Settings | None = None) -> str:
                      LocalStorage(api.settings.storage_dir), worker="test").run(jid)
 
 
-def _finished(api: Api, key: str = "alice", **kw: object) -> dict[str, Any]:
+def _finished(api: Api, key: str = "alice", **kw: Any) -> dict[str, Any]:
     job = api.submit(api.named(**kw), key=key)
     assert _run(api, str(job["id"])) == "succeeded"
     return _get(api, str(job["id"]), key).json()  # type: ignore[no-any-return]
