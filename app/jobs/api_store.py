@@ -35,6 +35,13 @@ from app.jobs.record import INTERNAL_FIELDS, STATUSES, JobRecord, decode, now_is
 
 T = TypeVar("T")
 PUBLIC_FIELDS = tuple(f.encode() for f in JobRecord.model_fields if f not in INTERNAL_FIELDS)
+# What a public field reads as when its record predates it (e.g. ``pinned``): the
+# field's default, as JSON, so old records still parse as the contract's Job.
+_DEFAULTS: dict[bytes, bytes] = {
+    name.encode(): json.dumps(value, separators=(",", ":")).encode()
+    for name, value in JobRecord(id="", owner="", method="", recipe={}, created_at=""
+                                 ).model_dump(mode="json").items()
+}
 # Upper bound on records examined for one filtered page, so a rare status cannot turn a
 # list request into a scan of every job the key ever ran.
 MAX_SCAN = 1000
@@ -108,7 +115,7 @@ class ApiJobStore:
         raw = await self._reader.hgetall(job_key(job_id))
         if not raw or raw.get(b"owner") != json.dumps(owner).encode():
             return None
-        parts = [b'"' + name + b'":' + raw.get(name, b"null") for name in PUBLIC_FIELDS]
+        parts = [b'"' + name + b'":' + raw.get(name, _DEFAULTS[name]) for name in PUBLIC_FIELDS]
         return b"{" + b",".join(parts) + b"}"
 
     async def cancel(self, job_id: str) -> CancelOutcome:

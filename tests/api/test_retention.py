@@ -260,3 +260,14 @@ def test_artifact_store_deletes_and_reads_a_collected_artifact_as_absent(tmp_pat
     writer.delete(ART)
     assert storage.list("artifacts/") == []
     assert StorageArtifactStore(storage, tmp_path / "w3").get(ART) is None
+
+
+def test_a_record_from_before_pinning_reads_as_not_pinned(api: Api) -> None:
+    from maec_contract import Job
+
+    jid = str(api.submit()["id"])
+    api.r.hdel(f"maec:job:{jid}", "pinned", "published_bytes", "artifact_keys")
+    job = _get(api, jid).json()
+    assert job["pinned"] is False and Job.model_validate(job).pinned is False
+    assert api.client.post(f"/v1/jobs/{jid}/cancel", headers=api.auth()).status_code == 202
+    assert _delete(api, jid).status_code == 204
