@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup run test lint demo test-faults soak bench-engine bench-maec bench-api experiment experiment-smoke
+.PHONY: setup run test lint demo test-faults soak bench-engine bench-maec bench-api bench-conformance experiment experiment-smoke
 
 setup:
 	@bash scripts/setup.sh
@@ -22,6 +22,10 @@ bench-engine: setup
 
 bench-maec: setup
 	$(PY) -m bench.maec
+
+# Our copies of mergekit-style recipes through our engine and mergekit, tensor by tensor.
+bench-conformance: setup
+	$(PY) -m bench.conformance
 
 run: setup
 	$(PY) -m app.run_local

@@ -16,7 +16,7 @@ from maec_contract import JobRequest as JobRequest  # the body model, shared wit
 from maec_core.errors import RecipeError
 from maec_core.io.folder import ModelFolder
 from maec_core.methods import NamedForm, get_method
-from maec_core.plan import build_plan
+from maec_core.plan import plan_recipe
 from maec_core.recipe import Recipe, parse_recipe
 
 
@@ -85,7 +85,7 @@ def check_sources(
     folders: dict[str, ModelFolder] = {
         uri: inspect_source(parsed[uri], storage) for uri in model_sources(recipe)
     }
-    build_plan(folders, next(iter(folders)))
+    plan_recipe(recipe, folders)
     for uri in corpus_sources(recipe):
         check_corpus(parsed[uri], storage, settings.max_corpus_bytes)
     return {uri: s.to_dict() for uri, s in parsed.items()}

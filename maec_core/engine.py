@@ -51,6 +51,7 @@ from maec_core.runtime import (
     torch_dtype,
     torch_threads,
 )
+from maec_core.slices import prepare_slices
 
 ComputeFn = Callable[[PlannedTensor, list[torch.Tensor]], torch.Tensor]
 # An element-wise compute also told the flat offset of its slice in the tensor, for
@@ -385,7 +386,8 @@ def _finish_folder(
     (last: it lists the others); returns the manifest."""
     source = plan.models[tokenizer_from]
     staged.copy_side_files(source)
-    staged.write_json("config.json", output_config(source.config, out_dtype))
+    staged.write_json("config.json",
+                      output_config(source.config, out_dtype, plan.config_updates))
     recipe_dump = recipe.model_dump(mode="json", exclude_none=True)
     staged.write_bytes("recipe.yaml", recipe.to_yaml().encode())
     staged.write_bytes("README.md", model_card(recipe, base_models, card_summary).encode())
@@ -424,6 +426,28 @@ def _model_keys(recipe: Recipe) -> tuple[str | None, list[tuple[str, str]]]:
     return base_key, others
 
 
+def _run_slices(
+    recipe: Recipe,
+    spec: TensorMethod,
+    out_dir: Path,
+    *,
+    progress: ProgressFn | None,
+    cancel: CancelFn | None,
+    device: str | None,
+    overwrite: bool,
+    hash_cache: Path | None,
+) -> MergeResult:
+    """A slices recipe: its plan, reads and per-tensor calls come from maec_core.slices."""
+    job = prepare_slices(recipe, spec)
+    return stream_merge(
+        job.plan, recipe, out_dir, compute=job.compute, read=job.read,
+        out_dtype=job.out_dtype, tokenizer_from=job.tokenizer_from,
+        base_models=job.base_models, device=best_device(device), progress=progress,
+        cancel=cancel, overwrite=overwrite, elementwise=spec.elementwise,
+        compute_threads=COMPUTE_THREADS, hash_cache=hash_cache,
+    )
+
+
 def run_method(
     recipe: Recipe,
     out_dir: Path,
@@ -436,6 +460,9 @@ def run_method(
 ) -> MergeResult:
     """Run one registered (non-MAEC) method of a parsed ``recipe`` into ``out_dir``."""
     spec = get_method(recipe.merge_method, TensorMethod)
+    if recipe.slices is not None:
+        return _run_slices(recipe, spec, Path(out_dir), progress=progress, cancel=cancel,
+                           device=device, overwrite=overwrite, hash_cache=hash_cache)
     fn = spec.merge
     base_key, others = _model_keys(recipe)
     named = dict(others)
@@ -444,7 +471,7 @@ def run_method(
     folders = open_models(named)
     reference = base_key or others[0][0]
     plan = build_plan(folders, reference)
-    out_dtype = recipe.dtype or plan.input_dtype
+    out_dtype = recipe.output_dtype or plan.input_dtype
     entries = [m for m in recipe.models if m.model != recipe.base_model]
     other_keys = [k for k, _ in others]
     keys = ([base_key] if base_key else []) + other_keys

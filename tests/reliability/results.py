@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 
 KEYS = ("fuzz_requests", "fuzz_5xx", "hostile_inputs", "lost_jobs", "duplicate_runs",
+        "webhooks_expected", "webhooks_verified",
         "deletes_mid_download", "corrupt_downloads")
 
 _lock = threading.Lock()
