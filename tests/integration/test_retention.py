@@ -60,7 +60,8 @@ def test_unpinned_jobs_expire_with_their_files_pinned_ones_stay(
     for job in (loose, kept):
         assert rstack.wait(job["id"])["status"] == "succeeded"
     wait_for(lambda: _gone(rstack, loose["id"]), 30, "expiry of the unpinned job")
-    assert _keys(rstack, f"jobs/{loose['id']}/") == []
+    # The record goes first (with its prefix queued for deletion), the files right after.
+    wait_for(lambda: _keys(rstack, f"jobs/{loose['id']}/") == [], 10, "expired files")
     # Well past the TTL, the pinned one is whole and downloadable.
     assert not _gone(rstack, kept["id"])
     assert any(k.endswith("manifest.json") for k in _keys(rstack, f"jobs/{kept['id']}/"))
@@ -69,7 +70,7 @@ def test_unpinned_jobs_expire_with_their_files_pinned_ones_stay(
     with _client(rstack) as client:
         assert client.unpin(kept["id"]).pinned is False
     wait_for(lambda: _gone(rstack, kept["id"]), 30, "expiry once unpinned")
-    assert _keys(rstack, f"jobs/{kept['id']}/") == []
+    wait_for(lambda: _keys(rstack, f"jobs/{kept['id']}/") == [], 10, "expired files")
 
 
 def test_delete_needs_a_finished_job_and_removes_its_files(
