@@ -6,6 +6,7 @@ sweeps are called directly (the worker's heartbeat calls the same methods).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -271,3 +272,89 @@ def test_a_record_from_before_pinning_reads_as_not_pinned(api: Api) -> None:
     assert job["pinned"] is False and Job.model_validate(job).pinned is False
     assert api.client.post(f"/v1/jobs/{jid}/cancel", headers=api.auth()).status_code == 202
     assert _delete(api, jid).status_code == 204
+
+
+class _CutShort(LocalStorage):
+    """A store whose object is deleted while it is being read: the read in flight ends
+    after half its bytes, and the job is deleted (``on_cut``) at that moment."""
+
+    def __init__(self, root: Path, on_cut: Callable[[], None]) -> None:
+        super().__init__(root)
+        self.on_cut = on_cut
+
+    def iter_range(self, key: str, start: int, end: int, *, if_match: str | None = None
+                   ) -> Iterator[bytes]:
+        data = b"".join(super().iter_range(key, start, end, if_match=if_match))
+        yield data[: max(1, len(data) // 2)]
+        self.on_cut()
+
+
+def test_a_read_cut_short_breaks_the_connection_and_the_client_reports_it(
+        api: Api, tmp_path: Path) -> None:
+    """Over a real HTTP server (uvicorn), not the in-process test client: a body that ends
+    early must not look complete to any client."""
+    import threading
+
+    import httpx
+    import pytest
+    import uvicorn
+
+    from app.api.main import create_app
+    from maec_client import Client, ClientError
+    from tests.stack import API_KEYS, free_port
+
+    job = _finished(api)
+    entry = max(job["result"]["files"], key=lambda f: f["size"])
+    app = create_app(api.settings)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(),
+                                           log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            thread.join(0.05)
+        base = f"http://127.0.0.1:{server.config.port}"
+        store, disk = api.worker_store(), api.storage()
+
+        def delete_job(jid: str) -> Callable[[], None]:
+            def cut() -> None:
+                rec = store.get(jid)
+                if rec is not None:
+                    assert store.remove(rec)[0] == "removed"
+                    store.delete_outputs(disk, f"jobs/{jid}/")
+            return cut
+
+        app.state.services.storage = _CutShort(api.settings.storage_dir,
+                                               delete_job(job["id"]))
+        with httpx.Client(base_url=base, headers=api.auth()) as c:
+            with pytest.raises(httpx.RemoteProtocolError):
+                c.get(entry["url"])  # Content-Length promised, half sent, then a cut
+            assert c.get(entry["url"]).status_code == 404
+        # The client, mid-download when its job goes: an error, never a folder.
+        other = _finished(api)
+        app.state.services.storage = _CutShort(api.settings.storage_dir,
+                                               delete_job(other["id"]))
+        dest = tmp_path / "out"
+        with Client(base, API_KEYS["alice"], max_retries=0) as client:
+            seen = client.get(other["id"])
+            with pytest.raises(ClientError) as failed:
+                client.download(seen, dest, workers=1)
+        assert failed.value.code == "job_not_found" and not dest.exists()
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+def test_a_stream_shorter_than_promised_raises_whatever_the_server() -> None:
+    """The files route's own check, so a short read never ends a response cleanly even
+    behind a server or proxy that would not compare the body with Content-Length."""
+    import pytest
+
+    from app.api.routes.files import exactly
+    from app.storage.base import StorageError
+
+    assert b"".join(exactly(iter([b"ab", b"cd"]), 4, "k")) == b"abcd"
+    short = exactly(iter([b"ab"]), 4, "k")
+    assert next(short) == b"ab"
+    with pytest.raises(StorageError, match="2 bytes early"):
+        next(short)
