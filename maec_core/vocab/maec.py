@@ -1,0 +1,1 @@
+"""MAEC over a language base whose tokenizer extends the donor's (placeholder)."""
