@@ -212,7 +212,11 @@ def plan_recipe(recipe: Recipe, models: Mapping[str, ModelFolder]) -> MergePlan:
     if recipe.merge_method == "maec":
         from maec_core.vocab.maec import maec_token_map
 
-        tmap = maec_token_map(recipe, folders)
+        assert recipe.base_model is not None and recipe.language_base is not None
+        donors = [folders[s.ref] for s in recipe.sources()
+                  if s.role in ("ability_donor", "ability_control")]
+        tmap = maec_token_map(recipe, folders[recipe.base_model],
+                              folders[recipe.language_base], donors)
         return build_plan(folders, keys[0], tmap.lang_rows if tmap else None)
     vocab = recipe_vocab(recipe, folders)
     return build_plan(folders, keys[0], rows_of(vocab))
