@@ -211,16 +211,20 @@ def extend_vocab(vocab: Vocab, new: list[dict[str, Any]]) -> Vocab:
     from tokenizers import AddedToken, Tokenizer
 
     tok = Tokenizer.from_str(vocab.text)
-    for info in new:
-        t = AddedToken(info["content"], single_word=bool(info.get("single_word", False)),
-                       lstrip=bool(info.get("lstrip", False)),
-                       rstrip=bool(info.get("rstrip", False)),
-                       normalized=bool(info.get("normalized", True)),
-                       special=bool(info.get("special", False)))
-        if info.get("special"):
-            tok.add_special_tokens([t])
-        else:
-            tok.add_tokens([t])
+    # In runs of one kind: each call rebuilds the added-token matcher, so one call per
+    # token would be quadratic in the number of new tokens.
+    run: list[AddedToken] = []
+    for j, info in enumerate(new):
+        run.append(AddedToken(info["content"],
+                              single_word=bool(info.get("single_word", False)),
+                              lstrip=bool(info.get("lstrip", False)),
+                              rstrip=bool(info.get("rstrip", False)),
+                              normalized=bool(info.get("normalized", True)),
+                              special=bool(info.get("special", False))))
+        special = bool(info.get("special"))
+        if j + 1 == len(new) or bool(new[j + 1].get("special")) != special:
+            (tok.add_special_tokens if special else tok.add_tokens)(run)
+            run = []
     ids = tok.get_vocab(with_added_tokens=True)
     added = {t.content: {"content": t.content, "single_word": t.single_word,
                          "lstrip": t.lstrip, "rstrip": t.rstrip, "normalized": t.normalized,
