@@ -304,9 +304,8 @@ def stream_merge(
     that is also given the flat offset of its slice in the tensor.
     ``compute_threads`` > 1 runs element-wise slices on that many CPU threads at once;
     only for a ``compute`` that is safe to call concurrently.
-    ``whole(t)`` True sends tensor ``t`` whole to ``compute`` even in an element-wise
-    merge (its inputs differ in shape: a vocabulary remap). ``tokenizer_files`` replace
-    the tokenizer files copied from ``tokenizer_from`` (a built vocabulary).
+    ``whole(t)`` True sends ``t`` whole to ``compute`` even in an element-wise merge (its
+    inputs differ in rows: a vocabulary remap); ``tokenizer_files`` replace the copied ones.
     """
     elementwise = elementwise or compute_at is not None
     started = time.perf_counter()

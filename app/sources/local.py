@@ -48,7 +48,8 @@ class LocalSource(SourceKind):
     def in_place(self) -> Path:
         return Path(self.source.path)
 
-    def headers(self) -> ModelFolder:
+    def headers(self, tokenizer: bool = False) -> ModelFolder:
+        # Read in place: the tokenizer files stay where the plan can read them.
         path = Path(self.source.path)
         if not path.is_dir():
             raise SourceNotFound(f"{self.source.uri}: no such checkpoint folder",

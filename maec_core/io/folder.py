@@ -142,6 +142,9 @@ class ModelFolder:
     config: dict[str, Any]
     headers: list[SafetensorsHeader]
     tensors: dict[str, TensorInfo] = field(default_factory=dict)
+    # Tokenizer files read while a remote header view existed (the view is gone after
+    # planning starts); None: read them from ``root``.
+    tokenizer_data: dict[str, bytes] | None = None
 
     @property
     def weight_files(self) -> list[Path]:

@@ -23,7 +23,13 @@ from typing import Any
 from maec_core.errors import RecipeError, TokenizerError
 from maec_core.io.folder import ModelFolder
 from maec_core.recipe import ModelTokenEmbedding, Recipe, TokenEmbedding, ZeroEmbedding
-from maec_core.vocab.tokens import TOKENIZER_CONFIG, TOKENIZER_JSON, Vocab, read_vocab
+from maec_core.vocab.tokens import (
+    TOKENIZER_CONFIG,
+    TOKENIZER_JSON,
+    Vocab,
+    has_tokenizer,
+    read_vocab,
+)
 
 # Tensors indexed by token on their first axis: the input embedding and the LM head.
 _VOCAB_TENSOR = re.compile(r"(^|\.)(embed_tokens|lm_head)\.weight$")
@@ -104,7 +110,7 @@ def plan_vocab(
     tok_base = base if base is not None else keys[0]
     rows = {k: embedding_rows(f) for k, f in folders.items()}
     if len(set(rows.values())) == 1 and not spec.tokens and not spec.pad_to_multiple_of and (
-            not (folders[tok_base].root / TOKENIZER_JSON).is_file()):
+            not has_tokenizer(folders[tok_base])):
         # Same vocabulary size and no tokenizer to match tokens by: rows stay as they are
         # and the named model's tokenizer files (if any) are copied.
         return _unchanged(spec, keys, tok_base, rows[keys[0]], refs)

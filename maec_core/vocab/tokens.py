@@ -31,16 +31,37 @@ class Vocab:
     config: dict[str, Any] | None = None  # tokenizer_config.json, when present
 
 
-def _read_text(path: Path, what: str) -> str:
+def keep_tokenizer(folder: ModelFolder) -> None:
+    """Read ``folder``'s tokenizer files into it, for planning after its files are gone
+    (a remote source's header view)."""
+    folder.tokenizer_data = {}
+    for name in (TOKENIZER_JSON, TOKENIZER_CONFIG):
+        path = folder.root / name
+        if path.is_file():
+            folder.tokenizer_data[name] = _read_bytes(path, name)
+
+
+def _read_bytes(path: Path, what: str) -> bytes:
     try:
         if path.stat().st_size > MAX_SIDE_FILE_BYTES:
             raise TokenizerError(f"{what} is above the {MAX_SIDE_FILE_BYTES} byte cap",
                                  file=path.name)
-        return path.read_bytes().decode("utf-8")
+        return path.read_bytes()
     except OSError as exc:
         raise TokenizerError(f"cannot read {what}: {exc.strerror}", file=path.name) from None
+
+
+def _file_text(folder: ModelFolder, name: str, what: str) -> str | None:
+    """The text of tokenizer file ``name`` of ``folder`` (None when it has none)."""
+    if folder.tokenizer_data is not None:
+        data = folder.tokenizer_data.get(name)
+    else:
+        path = folder.root / name
+        data = _read_bytes(path, what) if path.is_file() else None
+    try:
+        return None if data is None else data.decode("utf-8")
     except UnicodeDecodeError:
-        raise TokenizerError(f"{what} is not UTF-8", file=path.name) from None
+        raise TokenizerError(f"{what} is not UTF-8", file=name) from None
 
 
 def parse_tokenizer(text: str, *, label: str) -> Vocab:
@@ -65,17 +86,23 @@ def parse_tokenizer(text: str, *, label: str) -> Vocab:
     return Vocab(ids, added, text)
 
 
+def has_tokenizer(folder: ModelFolder) -> bool:
+    if folder.tokenizer_data is not None:
+        return TOKENIZER_JSON in folder.tokenizer_data
+    return (folder.root / TOKENIZER_JSON).is_file()
+
+
 def read_vocab(folder: ModelFolder, *, label: str) -> Vocab | None:
     """The tokenizer of ``folder``, or None when it has no tokenizer.json."""
-    path = folder.root / TOKENIZER_JSON
-    if not path.is_file():
+    text = _file_text(folder, TOKENIZER_JSON, f"{label}: {TOKENIZER_JSON}")
+    if text is None:
         return None
-    vocab = parse_tokenizer(_read_text(path, f"{label}: {TOKENIZER_JSON}"), label=label)
-    cfg_path = folder.root / TOKENIZER_CONFIG
+    vocab = parse_tokenizer(text, label=label)
+    cfg_text = _file_text(folder, TOKENIZER_CONFIG, f"{label}: {TOKENIZER_CONFIG}")
     config: dict[str, Any] | None = None
-    if cfg_path.is_file():
+    if cfg_text is not None:
         try:
-            doc = json.loads(_read_text(cfg_path, f"{label}: {TOKENIZER_CONFIG}"))
+            doc = json.loads(cfg_text)
         except ValueError:
             raise TokenizerError(f"{label}: {TOKENIZER_CONFIG} is not valid JSON",
                                  model=label) from None
