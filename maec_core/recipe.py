@@ -214,6 +214,10 @@ class Recipe(BaseModel):
                 raise ValueError("slices is empty; give at least one slice")
             if self.models:
                 raise ValueError("give either models or slices, not both")
+            if self.tokenizer is not None or self.tokenizer_source == "union":
+                # Rows are remapped by token only for models recipes.
+                raise ValueError("a slices recipe takes tokenizer_source 'base' or a model, "
+                                 "not a union vocabulary or tokenizer settings")
         if self.tokenizer is not None and self.tokenizer_source is not None:
             raise ValueError("give either tokenizer_source or tokenizer.source, not both")
         return self

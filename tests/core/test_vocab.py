@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoTokenizer, LlamaForCausalLM
 
-from maec_core.errors import IncompatibleCheckpoints, TokenizerError
+from maec_core.errors import IncompatibleCheckpoints, RecipeError, TokenizerError
 from maec_core.io.folder import open_model_folder
 from maec_core.plan import plan_recipe
 from maec_core.recipe import parse_recipe
@@ -250,3 +250,10 @@ def test_tokenizer_refs_are_sources_and_rewritten(vz: dict[str, Path]) -> None:
     with pytest.raises(Exception, match="not both"):
         parse_recipe({"merge_method": "linear", "models": _models(vz, "base"),
                       "tokenizer_source": "base", "tokenizer": {"source": "union"}})
+
+
+def test_slices_refuse_vocabulary_merges(vz: dict[str, Path]) -> None:
+    sl = [{"sources": [{"model": str(vz["base"]), "layer_range": [0, 2]}]}]
+    for extra in ({"tokenizer_source": "union"}, {"tokenizer": {"source": "base"}}):
+        with pytest.raises(RecipeError, match="slices recipe"):
+            parse_recipe({"merge_method": "passthrough", "slices": sl, **extra})
