@@ -15,23 +15,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from maec_core.errors import RecipeError
+from maec_core.recipe_values import ParamValue
 
-Scalar = float | int | bool | str
-# A parameter value is a scalar, a gradient (list of numbers interpolated across layers,
-# as in mergekit), or a list of {filter, value} conditions tried in order: the first
-# whose filter is a substring of the tensor name wins; an entry without filter is the
-# fallback. This is mergekit's syntax, so its recipes run unchanged.
-
-
-class Condition(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    filter: str | None = None
-    value: Scalar | list[float]
-
-
-# list[str] carries regex lists (MAEC's include/exclude); methods reject it by type.
-ParamValue = Scalar | list[float] | list[Condition] | list[str]
 DType = Literal["float32", "float16", "bfloat16"]
 
 

@@ -1,5 +1,9 @@
 """The Celery application: ``celery -A worker.celery_app worker -Q merges``.
 
+Every worker also consumes the webhook queue (added below, whatever ``-Q`` names), so
+finished jobs' webhooks go out without a worker of their own; a deployment may still
+run one (``-Q webhooks -c 4``) so that deliveries never wait for a running merge.
+
 The parent (prefork) process imports torch through ``worker.tasks`` so that each child
 forks with it loaded, but never touches CUDA: device selection happens in the child,
 inside the task. The parent runs the heartbeat thread: ``/readyz`` counts live workers,
@@ -16,9 +20,10 @@ import threading
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_ready, worker_shutdown
+from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown
 
 from app.jobs.worker_store import WorkerJobStore
+from app.queue import WEBHOOK_QUEUE
 from app.settings import get_settings
 from app.storage import make_storage
 from worker.celery_config import celery_settings
@@ -50,6 +55,11 @@ def _heartbeat() -> None:
             break
     with contextlib.suppress(Exception):
         store.forget_worker(_NAME)
+
+
+@celeryd_after_setup.connect  # type: ignore[untyped-decorator]
+def _consume_webhooks(sender: str, instance: Any, **_kw: Any) -> None:
+    instance.app.amqp.queues.select_add(WEBHOOK_QUEUE)
 
 
 @worker_ready.connect  # type: ignore[untyped-decorator]

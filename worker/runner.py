@@ -13,6 +13,7 @@ import shutil
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -138,13 +139,21 @@ class Outcome:
     error: dict[str, Any] | None = None
 
 
+# Claim outcomes in which the claim itself ended the job.
+ENDED_BY_CLAIM = frozenset({"cancelled", "exhausted", "time_limit"})
+
+
 class JobRunner:
     def __init__(self, settings: Settings, store: WorkerJobStore, storage: Storage,
-                 *, worker: str | None = None) -> None:
+                 *, worker: str | None = None,
+                 on_finished: Callable[[str], None] | None = None) -> None:
         self.settings = settings
         self.store = store
         self.storage = storage
         self.worker = worker or worker_name()
+        # Called with the id of a job this runner ended that names a callback_url (the
+        # worker queues its webhook); after the terminal write, never before.
+        self.on_finished = on_finished
         self.cache = InputCache(settings.work_dir / "cache", settings.cache_max_bytes)
         self.artifacts = StorageArtifactStore(storage, settings.work_dir / "artifacts")
 
@@ -156,6 +165,9 @@ class JobRunner:
                                  time_limit_s=self.settings.task_time_limit)
         if claim.outcome != "claimed":
             log.info("job %s: not run (%s)", job_id, claim.outcome)
+            if claim.outcome in ENDED_BY_CLAIM:
+                ended = self.store.get(job_id)
+                self._finished(job_id, ended.callback_url if ended else None)
             return claim.outcome
         rec = self.store.get(job_id)
         assert rec is not None
@@ -232,7 +244,18 @@ class JobRunner:
                         previous)
             return "lost"
         log.info("job %s: %s in %.2f s", rec.id, status, seconds)
+        self._finished(rec.id, rec.callback_url)
         return status
+
+    def _finished(self, job_id: str, callback_url: str | None) -> None:
+        """Hand an ended job to ``on_finished`` if it asked for a webhook. Never raises:
+        a webhook that cannot be queued must not turn a finished merge into an error."""
+        if self.on_finished is None or callback_url is None:
+            return
+        try:
+            self.on_finished(job_id)
+        except Exception as exc:
+            log.error("job %s: webhook not queued: %s", job_id, exc)
 
     def _execute(self, rec: JobRecord, att: Attempt, prefix: str, workdir: Path
                  ) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 
 from maec_contract import STATUSES as STATUSES  # re-exported: the store and API use it
 from maec_contract import TERMINAL as TERMINAL
-from maec_contract import Job, Progress
+from maec_contract import Job, Progress, WebhookDelivery
 from maec_contract import JobStatus as Status
 
 ACTIVE: frozenset[str] = frozenset({"queued", "running", "publishing"})
@@ -51,6 +51,9 @@ class JobRecord(BaseModel):
     artifact_reused: bool | None = None
     error: dict[str, Any] | None = None
     result: dict[str, Any] | None = None
+    # Where the finished job is POSTed, signed, and how that went (app/webhooks.py).
+    callback_url: str | None = None
+    webhook: WebhookDelivery | None = None
     idempotency_key: str | None = None
     lease_until: float = 0.0
     # Epoch seconds the current attempt was claimed: an expired lease on an attempt

@@ -18,10 +18,11 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from maec_core.errors import RecipeError
 from maec_core.methods.params import candidate_values
-from maec_core.recipe import Recipe
 
 if TYPE_CHECKING:
     import torch
+
+    from maec_core.recipe import Recipe
 
 
 class Params(BaseModel):

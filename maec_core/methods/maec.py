@@ -7,12 +7,14 @@ torch-free ``maec_core.maec.params`` so the API finds MAEC like any other method
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from maec_core.errors import RecipeError
 from maec_core.maec.params import MaecParams, validate_maec_recipe
 from maec_core.methods.base import MergeMethod, NamedForm, per_model
-from maec_core.recipe import Recipe
+
+if TYPE_CHECKING:
+    from maec_core.recipe import Recipe
 
 
 class Maec(MergeMethod):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Mapping, Sequence
 
-from maec_core.recipe import Condition, ParamValue, Scalar
+from maec_core.recipe_values import Condition, ParamValue, Scalar
 
 _LAYER = re.compile(r"\.layers\.(\d+)\.")
 

@@ -12,10 +12,11 @@ from typing import TYPE_CHECKING
 
 from maec_core.errors import RecipeError
 from maec_core.methods.base import NoParams, Params, TensorCall, TensorMethod
-from maec_core.recipe import Recipe
 
 if TYPE_CHECKING:
     import torch
+
+    from maec_core.recipe import Recipe
 
 
 class PassthroughModelParams(Params):

@@ -43,6 +43,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         f"fuzz_requests={c['fuzz_requests']} fuzz_5xx={c['fuzz_5xx']} "
         f"hostile_inputs={c['hostile_inputs']} lost_jobs={c['lost_jobs']} "
         f"duplicate_runs={c['duplicate_runs']} "
+        f"webhooks_signed={c['webhooks_verified']}/{c['webhooks_expected']} "
         f"hostile_tokenizers={c['hostile_tokenizers']}"
     )
     _outcome["line"] = line

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 
 KEYS = ("fuzz_requests", "fuzz_5xx", "hostile_inputs", "lost_jobs", "duplicate_runs",
-        "hostile_tokenizers")
+        "webhooks_expected", "webhooks_verified", "hostile_tokenizers")
 
 _lock = threading.Lock()
 COUNTERS: dict[str, int] = dict.fromkeys(KEYS, 0)

@@ -15,6 +15,7 @@ from app.api.errors import ApiError
 from app.api.schemas import PROBLEMS, JobList, JobOut
 from app.jobs.record import STATUSES, JobRecord, new_job_id, now_iso
 from app.submission import JobRequest, build_recipe, check_sources
+from app.webhooks.delivery import accept_callback
 
 log = logging.getLogger("maec.api")
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=PROBLEMS)
@@ -60,12 +61,15 @@ async def submit(body: JobRequest, auth: Auth) -> JSONResponse:
                        "minute", headers={"Retry-After": str(60 - int(time.time()) % 60)},
                        limit=svc.settings.submissions_per_minute)
     recipe = build_recipe(body)
+    if body.callback_url is not None:  # resolves the host: blocking
+        await run_in_threadpool(accept_callback, body.callback_url, svc.settings, owner)
     sources = await run_in_threadpool(check_sources, recipe, svc.settings, svc.storage)
     record = JobRecord(
         id=new_job_id(), owner=owner, method=recipe.merge_method,
         name=body.name or recipe.name,
         recipe=recipe.model_dump(mode="json", exclude_none=True, by_alias=True),
         sources=sources, created_at=now_iso(), idempotency_key=body.idempotency_key,
+        callback_url=body.callback_url,
     )
     outcome, job_id = await svc.store.create(
         record, max_active=svc.settings.max_active_jobs_per_key
@@ -129,4 +133,11 @@ async def cancel_job(job_id: str, auth: Auth) -> JSONResponse:
     if outcome == "finished" and rec.status != "cancelled":
         raise ApiError(409, "job_finished", f"job {job_id} already ended ({rec.status})",
                        status=rec.status)
+    if outcome == "cancelled" and rec.callback_url is not None:
+        # Ended here, not by a worker: its webhook is queued here. A queue that is down
+        # loses that webhook but not the cancel.
+        try:
+            await run_in_threadpool(svc.enqueuer.enqueue_webhook, job_id)
+        except Exception as exc:
+            log.error("webhook of cancelled job %s not queued: %s", job_id, exc)
     return _job(rec, 202)
