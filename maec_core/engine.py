@@ -548,7 +548,7 @@ def run_method(
     def compute(t: PlannedTensor, inputs: list[torch.Tensor]) -> torch.Tensor:
         model_params, params = params_for(t.name)
         if aligner is not None and is_vocab_tensor(t.name):
-            inputs = aligner.align(keys, inputs)
+            aligner.align(keys, inputs)  # in place: the originals are let go one by one
         call = TensorCall(
             name=t.name,
             base=inputs[0] if base_key else None,

@@ -51,9 +51,11 @@ class RowAligner:
         return out
 
     def align(self, keys: list[str], inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Replace each of ``inputs`` by its aligned tensor, in place (each input is let
+        go as soon as its aligned copy exists: one extra tensor at a time, not all)."""
         default = self.defaults(keys, inputs)
-        out: list[torch.Tensor] = []
-        for key, x in zip(keys, inputs, strict=True):
+        for i, key in enumerate(keys):
+            x = inputs[i]
             y = torch.zeros((self.plan.rows, *x.shape[1:]), dtype=x.dtype, device=x.device)
             at, src = self._own[key]
             y.index_copy_(0, at.to(x.device), x.index_select(0, src.to(x.device)))
@@ -64,5 +66,6 @@ class RowAligner:
             if self.plan.rows > self._n:
                 # Padding rows: the mean of the real ones (as mergekit pads).
                 y[self._n:] = y[: self._n].mean(dim=0)
-            out.append(y)
-        return out
+            inputs[i] = y
+            del x
+        return inputs
