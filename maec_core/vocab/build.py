@@ -90,11 +90,6 @@ class VocabPlan:
     dropped: dict[str, int]  # each model's tokens the output lacks
     identity: bool  # every model's rows already are the output's: nothing to remap
 
-    def counts(self, key: str) -> dict[str, int]:
-        """Tokens shared with model ``key``, added beyond it and dropped from it."""
-        return {"shared": self.present[key], "added": len(self.tokens) - self.present[key],
-                "dropped": self.dropped[key]}
-
 
 def plan_vocab(
     spec: VocabSpec,
