@@ -92,12 +92,17 @@ class Settings(BaseSettings):
 
     # API side.
     max_active_jobs_per_key: int = Field(default=100, ge=1)
-    # Job submissions per key per minute (429 rate_limited beyond).
+    # Job submissions per key per minute, as many saved up (429 rate_limited beyond).
     submissions_per_minute: int = Field(default=120, ge=1)
     max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
-    # Per key and API process (app/api/limits.py): sustained rate and saved-up burst.
+    # Per key, shared by every API process (app/api/limits.py): sustained rate and
+    # saved-up burst.
     rate_limit_per_minute: int = Field(default=600, ge=1)
     rate_limit_burst: int = Field(default=60, ge=1)
+    # Failed authentications per client address (shared by every API process): beyond
+    # them every request from that address is refused until its bucket refills.
+    auth_failures_per_minute: int = Field(default=60, ge=1)
+    auth_failure_burst: int = Field(default=20, ge=1)
     # Checkpoints one job may name (donors, bases, controls), and the largest ability
     # corpus accepted (the gradient pass reads only token_budget tokens of it anyway).
     max_models_per_job: int = Field(default=20, ge=2)

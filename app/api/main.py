@@ -14,7 +14,7 @@ from fastapi.openapi.utils import get_openapi
 from app.api import errors
 from app.api.deps import Services
 from app.api.gc_tuning import tune_gc
-from app.api.limits import RateLimiter
+from app.api.limits import Limits
 from app.api.routes import files, health, jobs
 from app.jobs.api_store import ApiJobStore
 from app.queue import Enqueuer
@@ -110,14 +110,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             log.warning("could not prepare storage: %s", exc)
         store = ApiJobStore.from_url(settings.redis_url)
         enqueuer = Enqueuer(settings.redis_url)
+        limits = Limits.from_settings(settings)
         app.state.services = Services(
-            settings, store, storage, enqueuer, settings.key_lookup,
-            RateLimiter(settings.rate_limit_per_minute, settings.rate_limit_burst),
+            settings, store, storage, enqueuer, settings.key_lookup, limits,
         )
         tune_gc(settings.api_gc_threshold)
         try:
             yield
         finally:
+            await limits.close()
             await store.close()
             enqueuer.close()
 

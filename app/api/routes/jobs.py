@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import logging
-import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 
-from app.api.deps import Auth, Caller, authenticate
+from app.api.deps import Auth, Caller, identify
 from app.api.errors import ApiError
 from app.api.schemas import PROBLEMS, JobList, JobOut
 from app.jobs.calls import job_storage_prefix
@@ -35,12 +34,14 @@ def _job(rec: JobRecord, status: int = 200, headers: dict[str, str] | None = Non
 
 @router.get("/{job_id}", response_model=JobOut)
 async def get_job(job_id: str, request: Request) -> Response:
-    """The job; clients poll this. Authenticated by calling ``authenticate`` directly
+    """The job; clients poll this. Authenticated by calling ``identify`` directly
     instead of declaring it as a dependency: resolving one dependency costs about 25 us
     per request, a sixth of this route's CPU (bench/api.py), and this is the route the
-    service answers most. Same check, same 401s."""
-    auth = await authenticate(request)
+    service answers most. Same check, same 401s; the rate-limit check runs alongside the
+    read (both are Redis round trips) and is awaited before anything is answered."""
+    auth = await identify(request)
     body = await auth.svc.store.get_public_json(job_id, auth.owner)
+    await auth.admitted()
     if body is None:
         raise not_found(job_id)
     return Response(body, media_type="application/json")
@@ -57,11 +58,7 @@ async def submit(body: JobRequest, auth: Auth) -> JSONResponse:
         rec = await svc.store.get(earlier, owner) if earlier else None
         if rec is not None:
             return _job(rec, 200, {"Location": f"/v1/jobs/{rec.id}"})
-    if await svc.store.count_submission(owner) > svc.settings.submissions_per_minute:
-        raise ApiError(429, "rate_limited",
-                       f"more than {svc.settings.submissions_per_minute} submissions in a "
-                       "minute", headers={"Retry-After": str(60 - int(time.time()) % 60)},
-                       limit=svc.settings.submissions_per_minute)
+    await svc.limits.submission(owner)
     await _check_quota(auth)
     recipe = build_recipe(body)
     if body.callback_url is not None:  # resolves the host: blocking
