@@ -44,7 +44,10 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+        # More than 19 digits is more than any limit (and int() refuses thousands).
+        if declared is not None and declared.isdigit() and (
+            len(declared) > 19 or int(declared) > self.limit
+        ):
             await self._refuse(send)
             return
         chunks: list[Message] = []

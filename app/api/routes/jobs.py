@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 
+from app.api.bounds import MAX_ID_CHARS, bounded_sizes, shown
 from app.api.deps import Auth, Caller, identify
 from app.api.errors import ApiError
 from app.api.schemas import PROBLEMS, JobList, JobOut
@@ -24,7 +25,13 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=PROBLEMS)
 
 def not_found(job_id: str) -> ApiError:
     # The same answer for "absent" and "another key's": ids are not an oracle.
-    return ApiError(404, "job_not_found", f"no job {job_id}", job_id=job_id)
+    return ApiError(404, "job_not_found", f"no job {shown(job_id)}", job_id=shown(job_id))
+
+
+def check_id(job_id: str) -> None:
+    """An id too long to be one names no job: 404 before any lookup."""
+    if len(job_id) > MAX_ID_CHARS:
+        raise not_found(job_id)
 
 
 def _job(rec: JobRecord, status: int = 200, headers: dict[str, str] | None = None
@@ -40,6 +47,9 @@ async def get_job(job_id: str, request: Request) -> Response:
     service answers most. Same check, same 401s; the rate-limit check runs alongside the
     read (both are Redis round trips) and is awaited before anything is answered."""
     auth = await identify(request)
+    if len(job_id) > MAX_ID_CHARS:
+        await auth.admitted()
+        raise not_found(job_id)
     body = await auth.svc.store.get_public_json(job_id, auth.owner)
     await auth.admitted()
     if body is None:
@@ -60,7 +70,7 @@ async def submit(body: JobRequest, auth: Auth) -> JSONResponse:
             return _job(rec, 200, {"Location": f"/v1/jobs/{rec.id}"})
     await svc.limits.submission(owner)
     await _check_quota(auth)
-    recipe = build_recipe(body)
+    recipe = build_recipe(bounded_sizes(body))
     if body.callback_url is not None:  # resolves the host: blocking
         await run_in_threadpool(accept_callback, body.callback_url, svc.settings, owner)
     sources = await run_in_threadpool(check_sources, recipe, svc.settings, svc.storage)
@@ -101,7 +111,7 @@ async def submit(body: JobRequest, auth: Auth) -> JSONResponse:
 @router.get("", response_model=JobList)
 async def list_jobs(
     auth: Auth,
-    status: Annotated[str | None, Query()] = None,
+    status: Annotated[str | None, Query(max_length=32)] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     cursor: Annotated[str | None, Query(max_length=64, pattern=r"^j_[0-9a-f]+$")] = None,
 ) -> JSONResponse:
@@ -123,6 +133,7 @@ async def cancel_job(job_id: str, auth: Auth) -> JSONResponse:
     Idempotent: cancelling a cancelled job answers as the first cancel did, so a client
     whose first response was lost can retry. A job that succeeded or failed is a 409."""
     owner, svc = auth.owner, auth.svc
+    check_id(job_id)
     if await svc.store.get(job_id, owner) is None:
         raise not_found(job_id)
     outcome = await svc.store.cancel(job_id)
