@@ -103,6 +103,8 @@ class Settings(BaseSettings):
     # them every request from that address is refused until its bucket refills.
     auth_failures_per_minute: int = Field(default=60, ge=1)
     auth_failure_burst: int = Field(default=20, ge=1)
+    # /docs and /openapi.json need an API key; unset means "yes, unless in dev mode".
+    docs_require_key: bool | None = None
     # Checkpoints one job may name (donors, bases, controls), and the largest ability
     # corpus accepted (the gradient pass reads only token_budget tokens of it anyway).
     max_models_per_job: int = Field(default=20, ge=2)
@@ -195,6 +197,10 @@ class Settings(BaseSettings):
                 + " (set MAEC_DEV_MODE=true only for a local, single-user run)"
             )
         return self
+
+    @property
+    def docs_need_key(self) -> bool:
+        return not self.dev_mode if self.docs_require_key is None else self.docs_require_key
 
     @property
     def key_lookup(self) -> dict[str, str]:

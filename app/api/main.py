@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from fastapi.concurrency import run_in_threadpool
 from fastapi.openapi.utils import get_openapi
 
-from app.api import errors
+from app.api import docs, errors
 from app.api.deps import Services
 from app.api.gc_tuning import tune_gc
 from app.api.limits import Limits
@@ -130,6 +130,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version="1",
         description="Model merging (MAEC and baselines) as jobs. See docs/api.md.",
         lifespan=lifespan,
+        # Served by app.api.docs instead: same paths, assets from the package, optional key.
+        docs_url=None, redoc_url=None, openapi_url=None,
     )
     _document_auth(app)
     errors.install(app)
@@ -137,5 +139,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(jobs.router)
     app.include_router(files.router)
     app.include_router(health.router)
+    docs.install(app)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     return app

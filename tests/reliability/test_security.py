@@ -45,7 +45,7 @@ def alice_job(st: Stack, tiny: dict[str, Path]) -> dict[str, Any]:
 
 
 def _operations(st: Stack, job_id: str) -> list[tuple[str, str]]:
-    with st.client(None) as c:
+    with st.client("alice") as c:
         spec = c.get("/openapi.json").json()
     ops = []
     for path, methods in spec["paths"].items():
