@@ -19,9 +19,10 @@ asked for by concurrent requests are queued and sent as one script call, one cal
 flight at a time, as the job reads are (app/jobs/batching.py): the limiter adds one round
 trip per request at most, and the job-read route overlaps it with its read.
 
-If Redis cannot be reached the limits let requests through (and say so in the log): the
-routes that need Redis answer 503 by themselves, and health and readiness must go on
-answering as they do without a limiter.
+If Redis cannot be reached (connection refused, timeout, still loading) the limits let
+requests through and say so in the log: the routes that need Redis answer 503 by
+themselves, and health and readiness must go on answering as they do without a limiter.
+Any other error fails the requests it concerns, so a fault cannot switch limits off.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ import time
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from app.api.errors import ApiError
 from app.settings import Settings
@@ -143,9 +145,14 @@ class _Batcher:
             for _, fut in batch:
                 fut.cancel()
             raise
-        except RedisError as exc:
+        except (RedisConnectionError, RedisTimeoutError) as exc:
             self._warn(exc)
             waits = [0] * len(keys)
+        except Exception as exc:  # not an outage (a script error): the requests fail
+            for _, fut in batch:
+                if not fut.done():
+                    fut.set_exception(exc)
+            return
         at = 0
         for buckets, fut in batch:
             if not fut.done():  # its request may have gone away meanwhile
