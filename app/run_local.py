@@ -14,6 +14,7 @@ started, and removes ``var/run.json`` (which records the URL and the children's 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import os
@@ -109,19 +110,19 @@ def _redis_up(port: int) -> bool:
         c.close()
 
 
-def _worker_up(port: int, window_s: float) -> bool:
-    """A worker heartbeat in Redis (what /readyz counts, which needs a key outside dev
-    mode)."""
-    import redis
+def _worker_up(redis_url: str, window_s: float) -> bool:
+    """A worker heartbeating in the job store: what /readyz counts (which itself needs a
+    key outside dev mode)."""
+    from app.jobs.api_store import ApiJobStore
 
-    from app.jobs.record import WORKERS_KEY
+    async def live() -> int:
+        store = ApiJobStore.from_url(redis_url)
+        try:
+            return await store.live_workers(window_s)
+        finally:
+            await store.close()
 
-    c = redis.Redis(port=port, socket_timeout=1)
-    try:
-        live: int = c.zcount(WORKERS_KEY, time.time() - window_s, "+inf")  # type: ignore[assignment]
-        return live > 0
-    finally:
-        c.close()
+    return asyncio.run(live()) > 0
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -188,7 +189,7 @@ def _start(var: Path, port: int, redis_port: int, env: dict[str, str],
     children.append(api)
     _wait("API", lambda: httpx.get(url + "/healthz", timeout=1).status_code == 200,
           api, 60, logs / "api.log")
-    _wait("worker", lambda: _worker_up(redis_port, 3 * heartbeat_s), worker, 120,
+    _wait("worker", lambda: _worker_up(env["MAEC_REDIS_URL"], 3 * heartbeat_s), worker, 120,
           logs / "worker.log")
 
 
