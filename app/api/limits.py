@@ -44,31 +44,45 @@ from app.settings import Settings
 
 log = logging.getLogger("maec.api")
 
-# KEYS: one bucket each. ARGV: three numbers per bucket: tokens per ms, capacity, and
-# cost (1 takes a token, 0 only looks). Returns per bucket 0 (a token was there) or the
-# ms until one is. A bucket is a hash {tokens, ts}; it expires once it would be full
-# again, since an absent bucket reads as full.
+# KEYS: one bucket each (the same bucket may appear many times in a batch). ARGV: three
+# numbers per bucket: tokens per ms, capacity, and cost (1 takes a token, 0 only looks).
+# Returns per entry 0 (a token was there) or the ms until one is. A bucket is a hash
+# {tokens, ts}, read once and written once per call however often it appears; it expires
+# once it would be full again, since an absent bucket reads as full.
 TAKE = """
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local buckets = {}
 local out = {}
 for i, key in ipairs(KEYS) do
   local rate = tonumber(ARGV[3 * i - 2])
   local cap = tonumber(ARGV[3 * i - 1])
   local cost = tonumber(ARGV[3 * i])
-  local state = redis.call('HMGET', key, 'tokens', 'ts')
-  local tokens = tonumber(state[1]) or cap
-  local last = tonumber(state[2]) or now
-  tokens = math.min(cap, tokens + math.max(0, now - last) * rate)
-  if tokens >= 1 then
-    out[i] = 0
-    tokens = tokens - cost
-  else
-    out[i] = math.ceil((1 - tokens) / rate)
+  local b = buckets[key]
+  if not b then
+    local state = redis.call('HMGET', key, 'tokens', 'ts')
+    local tokens = tonumber(state[1]) or cap
+    local last = tonumber(state[2]) or now
+    b = {tokens = math.min(cap, tokens + math.max(0, now - last) * rate),
+         rate = rate, cap = cap, taken = false}
+    buckets[key] = b
   end
-  if cost > 0 then
-    redis.call('HSET', key, 'tokens', tokens, 'ts', now)
-    redis.call('PEXPIRE', key, math.ceil((cap - tokens) / rate) + 1000)
+  if b.tokens >= 1 then
+    out[i] = 0
+    if cost > 0 then
+      b.tokens = b.tokens - cost
+      b.taken = true
+    end
+  else
+    out[i] = math.ceil((1 - b.tokens) / rate)
+  end
+end
+-- An untouched bucket keeps its stored state: refilling is linear, so the next call
+-- computes the same level from it.
+for key, b in pairs(buckets) do
+  if b.taken then
+    redis.call('HSET', key, 'tokens', b.tokens, 'ts', now)
+    redis.call('PEXPIRE', key, math.ceil((b.cap - b.tokens) / b.rate) + 1000)
   end
 end
 return out

@@ -96,3 +96,36 @@ def test_limits_let_requests_through_when_redis_is_down(api_factory: object) -> 
         r = a.get("/readyz", headers=auth())
         assert r.status_code == 503 and r.json()["redis"] is False
         assert a.get("/v1/jobs", headers={"Authorization": "Bearer x"}).status_code == 401
+
+
+def test_concurrent_checks_share_one_script_call_and_stay_exact(api_factory: object) -> None:
+    import asyncio
+
+    import redis.asyncio as aioredis
+
+    from app.api.errors import ApiError
+    from app.api.limits import Limits
+
+    api: Api = api_factory()  # type: ignore[operator]
+    settings = api.settings.model_copy(update={"rate_limit_per_minute": 6,
+                                               "rate_limit_burst": 5})
+
+    def evalshas() -> int:
+        return int(api.r.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+
+    async def main() -> tuple[list[bool], int]:
+        limits = Limits(aioredis.Redis.from_url(settings.redis_url), settings)
+        await limits.request("warm", "10.0.0.9").check()  # loads the script
+        before = evalshas()
+        outcomes = await asyncio.gather(
+            *(limits.request("alice", "10.0.0.9").check() for _ in range(8)),
+            return_exceptions=True)
+        calls = evalshas() - before
+        await limits.close()
+        for o in outcomes:
+            assert o is None or (isinstance(o, ApiError) and o.http_status == 429), o
+        return [o is None for o in outcomes], calls
+
+    admitted, calls = asyncio.run(main())
+    assert admitted.count(True) == 5 and admitted[:5] == [True] * 5
+    assert calls == 1
