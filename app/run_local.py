@@ -8,7 +8,8 @@ in var/storage, worker cache in var/work); checkpoints under ``var/models`` (and
 (8000) and ``--redis-port`` / ``MAEC_REDIS_PORT`` (a free one).
 
 Ctrl-C, SIGTERM or SIGHUP stops all three, each by the process group this process
-started, and removes ``var/run.json`` (which records the URL and the children's pids).
+started, and removes ``var/run.json`` (which records the URL and the children's pids);
+on Linux the children also get SIGTERM if this process is killed outright.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ctypes
 import json
 import os
 import shutil
@@ -44,6 +46,9 @@ def _free_port() -> int:
 
 def _port_free(port: int) -> bool:
     with socket.socket() as s:
+        # As servers bind (uvicorn, redis): connections of a stopped server that linger
+        # in TIME_WAIT do not make the port taken.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
@@ -59,15 +64,28 @@ def _raise_stopped(signum: int, _frame: object) -> None:
     raise Stopped(signal.Signals(signum).name)
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child before exec (Linux): be sent SIGTERM when this process dies, even by
+    SIGKILL, which no handler here can see; otherwise the children would live on and
+    hold their ports."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 class Child:
     def __init__(self, name: str, args: list[str], env: dict[str, str], log: Path) -> None:
         self.name = name
         self._log: IO[bytes] = open(log, "ab")  # noqa: SIM115 - closed in stop()
-        # Logs are appended across runs: readiness is looked for after this offset.
-        self.log_start = self._log.tell()
         # Own session: Ctrl-C reaches us, and we stop each child (and its forks) in order.
-        self.proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=self._log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            args, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+            # This process has no other threads when it starts children.
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+        )
 
     def alive(self) -> bool:
         return self.proc.poll() is None

@@ -62,6 +62,9 @@ def test_run_local_starts_serves_and_stops(tmp_path: Path) -> None:
 
 def _port_free(port: int) -> bool:
     with socket.socket() as s:
+        # As servers bind (uvicorn, redis): connections of a stopped server that linger
+        # in TIME_WAIT do not make the port taken.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
@@ -124,3 +127,36 @@ def test_run_local_refuses_bad_settings_without_starting_anything(tmp_path: Path
     assert "MAEC_API_KEYS" in out.stderr and raw not in out.stdout + out.stderr
     assert not (tmp_path / "run.json").exists()
     assert not (tmp_path / "logs" / "redis.log").exists()
+
+
+def test_children_stop_when_run_local_is_killed_outright(tmp_path: Path) -> None:
+    """SIGKILL cannot be handled: the children are told by the kernel (parent-death
+    signal) and stop, so the next run finds its ports free."""
+    port, redis_port = free_port(), free_port()
+    env = {**os.environ, "MAEC_REDIS_PORT": str(redis_port)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app.run_local", "--var", str(tmp_path), "--port", str(port)],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True)
+    pids: dict[str, int] = {}
+    try:
+        state = tmp_path / "run.json"
+        wait_for(lambda: state.is_file() or proc.poll() is not None, 180, "run.json")
+        pids = json.loads(state.read_text())["children"]
+        proc.kill()
+        proc.wait(10)
+
+        def gone() -> bool:
+            return not [pid for pid in pids.values() if psutil.pid_exists(pid)
+                        and psutil.Process(pid).status() != "zombie"]
+
+        wait_for(gone, 60, "the children to stop")
+        pids = {}
+        wait_for(lambda: _port_free(port) and _port_free(redis_port), 10, "free ports")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        for pid in pids.values():  # only on failure: what should have stopped
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
