@@ -58,7 +58,10 @@ def test_files_route_bounds_ranges_ids_and_paths(api: Api) -> None:
     _problem(api.client.get(f"/v1/jobs/{long_id}", headers=api.auth()), 404, "job_not_found")
     _problem(api.client.get(f"/v1/jobs/{long_id}/files/model.safetensors",
                             headers=api.auth()), 404, "job_not_found")
-    _problem(api.client.post(f"/v1/jobs/{long_id}/cancel", headers=api.auth()), 404,
+    for action in ("cancel", "pin", "unpin"):
+        _problem(api.client.post(f"/v1/jobs/{long_id}/{action}", headers=api.auth()), 404,
+                 "job_not_found")
+    _problem(api.client.delete(f"/v1/jobs/{long_id}", headers=api.auth()), 404,
              "job_not_found")
     _problem(api.client.get("/v1/jobs", params={"status": "s" * 5000}, headers=api.auth()),
              422, "invalid_request")

@@ -170,6 +170,7 @@ async def _check_quota(auth: Caller) -> None:
 
 
 async def _set_pinned(job_id: str, auth: Auth, pinned: bool) -> JSONResponse:
+    check_id(job_id)
     if not await auth.svc.store.pin(job_id, auth.owner, pinned):
         raise not_found(job_id)
     rec = await auth.svc.store.get(job_id, auth.owner)
@@ -202,6 +203,7 @@ async def delete_job(job_id: str, auth: Auth) -> Response:
     running: cancel it first. Files being downloaded at that moment end in an error
     for that download, never in a short file the client would accept."""
     owner, svc = auth.owner, auth.svc
+    check_id(job_id)
     rec = await svc.store.get(job_id, owner)
     if rec is None:
         raise not_found(job_id)
