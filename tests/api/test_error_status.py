@@ -21,6 +21,7 @@ EXPECTED = {
     errors.ArtifactMismatch: 422, errors.CorpusError: 422, errors.OutputExists: 409,
     errors.Cancelled: 409, StorageError: 503,
     errors.EvalSetError: 422, errors.EvalSetUnreadable: 422, errors.TokenizerError: 422,
+    errors.UnsupportedAdapter: 422,
 }
 
 
