@@ -12,9 +12,18 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
-from maec_core.errors import RecipeError
+from maec_core.errors import RecipeError, SweepError
+from maec_core.eval.sets import MAX_SETS, EvalSetSpec
+from maec_core.sweep.spec import SweepSpec
 
 Scalar = float | int | bool | str
 # A parameter value is a scalar, a gradient (list of numbers interpolated across layers,
@@ -94,11 +103,43 @@ class Recipe(BaseModel):
     language_base: str | None = None
     abilities: list[AbilityEntry] = Field(default_factory=list)
     artifact: str | None = None
+    # Evaluation and sweeps: what the job does with the merged model (the merge itself
+    # ignores them). Eval set paths are sources, like the checkpoints'.
+    evaluate: list[EvalSetSpec] | None = Field(default=None, min_length=1,
+                                                max_length=MAX_SETS)
+    evaluate_inputs: bool | None = None
+    sweep: SweepSpec | None = None
 
     @field_validator("merge_method")
     @classmethod
     def _lower(cls, v: str) -> str:
         return v.strip().lower()
+
+    @model_validator(mode="after")
+    def _evaluation(self) -> Recipe:
+        sets = {s.name: s for s in self.evaluate or []}
+        if len(sets) != len(self.evaluate or []):
+            raise ValueError("evaluate: two eval sets have the same name")
+        if self.evaluate_inputs and not sets:
+            raise ValueError("evaluate_inputs needs evaluate (the eval sets)")
+        if self.sweep is not None:
+            for use, target in (("objective", self.sweep.objective),
+                                ("constraint", self.sweep.constraint)):
+                if target is None:
+                    continue
+                found = sets.get(target.set)
+                if found is None:
+                    raise ValueError(f"sweep.{use}.set {target.set!r} is not one of the "
+                                     f"eval sets ({', '.join(sets) or 'evaluate is empty'})")
+                if found.kind != target.metric:
+                    raise ValueError(f"sweep.{use}: eval set {target.set!r} measures "
+                                     f"{found.kind}, not {target.metric}")
+        return self
+
+    def merge_only(self) -> Recipe:
+        """This recipe without evaluation and sweep: what one merge runs."""
+        return self.model_copy(update={"evaluate": None, "evaluate_inputs": None,
+                                       "sweep": None})
 
     def shard_size_bytes(self) -> int:
         return parse_size(self.out_shard_size)
@@ -183,7 +224,15 @@ def _explain(exc: ValidationError) -> RecipeError:
             problems.append(f"unknown key '{where}'")
         else:
             problems.append(f"{where}: {err['msg']}")
-    return RecipeError("invalid recipe: " + "; ".join(problems), problems=problems)
+    return _error_class(exc)("invalid recipe: " + "; ".join(problems), problems=problems)
+
+
+def _error_class(exc: ValidationError) -> type[RecipeError]:
+    """A problem only in the sweep block is ``invalid_sweep``, so a caller can tell it
+    from the merge's own (the sweep checks of ``Recipe._evaluation`` name it first)."""
+    tops = {str(e["loc"][0]) if e["loc"] else str(e["msg"]).removeprefix("Value error, ")
+            .split(".")[0] for e in exc.errors()}
+    return SweepError if tops == {"sweep"} else RecipeError
 
 
 def parse_recipe(source: Recipe | Mapping[str, Any] | str | Path) -> Recipe:
