@@ -9,16 +9,21 @@ from maec_contract.jobs import (
     STATUSES,
     TERMINAL,
     ErrorBody,
+    EvalTable,
+    Evaluation,
     FileInfo,
     Job,
     JobPage,
     JobResult,
     JobStatus,
+    LeaderboardRow,
     Progress,
+    SweepSummary,
 )
 from maec_contract.requests import JobRequest, NamedJob, RecipeJob
 
 __all__ = [
-    "STATUSES", "TERMINAL", "ErrorBody", "FileInfo", "Job", "JobPage",
-    "JobRequest", "JobResult", "JobStatus", "NamedJob", "Progress", "RecipeJob",
+    "STATUSES", "TERMINAL", "ErrorBody", "EvalTable", "Evaluation", "FileInfo", "Job",
+    "JobPage", "JobRequest", "JobResult", "JobStatus", "LeaderboardRow", "NamedJob",
+    "Progress", "RecipeJob", "SweepSummary",
 ]

@@ -21,7 +21,7 @@ from pydantic import (
     model_validator,
 )
 
-from maec_core.errors import RecipeError, SweepError
+from maec_core.errors import EvalSetError, MaecError, RecipeError, SweepError
 from maec_core.eval.sets import MAX_SETS, EvalSetSpec
 from maec_core.sweep.spec import SweepSpec
 
@@ -216,7 +216,7 @@ def parse_size(value: int | str) -> int:
     return size
 
 
-def _explain(exc: ValidationError) -> RecipeError:
+def _explain(exc: ValidationError) -> MaecError:
     problems = []
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"])
@@ -227,12 +227,15 @@ def _explain(exc: ValidationError) -> RecipeError:
     return _error_class(exc)("invalid recipe: " + "; ".join(problems), problems=problems)
 
 
-def _error_class(exc: ValidationError) -> type[RecipeError]:
-    """A problem only in the sweep block is ``invalid_sweep``, so a caller can tell it
-    from the merge's own (the sweep checks of ``Recipe._evaluation`` name it first)."""
+def _error_class(exc: ValidationError) -> type[MaecError]:
+    """A problem only in the sweep block is ``invalid_sweep``, only in the eval sets
+    ``invalid_eval_set``, so a caller can tell them from the merge's own (the checks of
+    ``Recipe._evaluation`` name the block first)."""
     tops = {str(e["loc"][0]) if e["loc"] else str(e["msg"]).removeprefix("Value error, ")
-            .split(".")[0] for e in exc.errors()}
-    return SweepError if tops == {"sweep"} else RecipeError
+            .split(".")[0].split(":")[0] for e in exc.errors()}
+    if tops == {"sweep"}:
+        return SweepError
+    return EvalSetError if tops == {"evaluate"} else RecipeError
 
 
 def parse_recipe(source: Recipe | Mapping[str, Any] | str | Path) -> Recipe:
