@@ -4,6 +4,7 @@ sweeps publishing their tables, reports and candidates."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
@@ -134,6 +135,9 @@ def test_sweep_job_publishes_winner_and_every_candidate(api: Api) -> None:
         assert name in files, name
         r = api.client.get(files[name].url, headers=api.auth())
         assert r.status_code == 200, name
+    for name, f in files.items():
+        data = api.client.get(f.url, headers=api.auth()).content
+        assert hashlib.sha256(data).hexdigest() == f.sha256, name
     served = api.client.get(files["leaderboard.json"].url, headers=api.auth()).json()
     assert served["winner"] == board.winner
     # Nothing of the sweep is left in the worker's folders.
