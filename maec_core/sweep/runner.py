@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from maec_core.errors import Cancelled, OutputExists
 from maec_core.eval.report import EvalReport, ModelResult
@@ -30,6 +30,9 @@ from maec_core.sweep.attach import attach_evaluation
 from maec_core.sweep.board import Leaderboard, Row, rank, score_rows
 from maec_core.sweep.grid import Candidate, candidates
 from maec_core.sweep.inputs import LANGUAGE_BASE, MERGED, eval_spec, input_models
+
+if TYPE_CHECKING:
+    from maec_core.sweep.scoring import ModelSlot
 
 # keep(candidate, folder, manifest): publish one candidate (``publish: all``) before its
 # folder is removed.
@@ -153,6 +156,7 @@ class _Sweep:
         """Score the references, then each candidate; returns the board, the full
         report and the winner's folder."""
         from maec_core.eval.runner import evaluate_loaded
+        from maec_core.sweep.scoring import ModelSlot
 
         sets = load_sets(eval_spec(self.recipe))
         dev = best_device(self.device)
@@ -162,11 +166,15 @@ class _Sweep:
                   for label, path in refs.items()]
         reference = {s.name: s.value for m in inputs if m.label == LANGUAGE_BASE
                      for s in m.sets}
-        for cand in self.cands:
-            self._check_cancel()
-            if announce is not None:
-                announce(cand.index, len(self.cands))
-            self._candidate(cand, sets, dev, inputs, reference)
+        slot = ModelSlot(dev)
+        try:
+            for cand in self.cands:
+                self._check_cancel()
+                if announce is not None:
+                    announce(cand.index, len(self.cands))
+                self._candidate(cand, sets, slot, inputs, reference)
+        finally:
+            slot.close()
         if announce is not None:
             announce(len(self.cands), len(self.cands))
         winner, why = rank(self.state.rows, self.spec, reference)
@@ -186,16 +194,14 @@ class _Sweep:
             return {LANGUAGE_BASE: models[LANGUAGE_BASE]}
         return {}
 
-    def _candidate(self, cand: Candidate, sets: list[LoadedSet], dev: Any,
+    def _candidate(self, cand: Candidate, sets: list[LoadedSet], slot: ModelSlot,
                    inputs: list[ModelResult], reference: dict[str, float]) -> None:
-        from maec_core.eval.runner import evaluate_loaded
-
         folder = self.tmp / cand.id
         t0 = time.perf_counter()
         extracted = self._merge(cand, folder)
         self._check_cancel()
-        result = evaluate_loaded(cand.id, folder, sets, dev, _eval_progress(self.progress),
-                                 self.cancel)
+        result = slot.score(cand.id, folder, sets, _eval_progress(self.progress),
+                            self.cancel)
         self.state.results.append(result)
         report = EvalReport(models=[result])
         row = score_rows(report, [cand.id], {cand.id: cand.values}, self.spec, reference)[0]

@@ -213,6 +213,18 @@ def test_task_arithmetic_sweep_and_publish_all(world: dict[str, Path], tmp_path:
     # Weight 1 on the donor is the donor: the same perplexity.
     rows = read_report(out / "eval_report.json").models
     assert rows[-1].sets[0].value == pytest.approx(rows[1].sets[0].value, rel=1e-4)
+    # Candidates are scored with one model whose weights are swapped: the same scores
+    # as a fresh load of each candidate's folder.
+    from maec_core.eval.runner import evaluate
+    from maec_core.eval.sets import load_spec
+
+    spec_file = tmp_path / "sets" / "spec.yaml"
+    spec_file.write_text(yaml.safe_dump([{"name": "memorised", "language": "en",
+                                          "kind": "perplexity", "path": "t.jsonl"}]))
+    for cid in ("c00", "c01"):
+        with torch_threads(1):
+            fresh = evaluate(out / "candidates" / cid, load_spec(spec_file), device="cpu")
+        assert fresh.models[0].sets[0].value == board.row(cid).scores["memorised"]
 
 
 def test_evaluate_folder_attaches_report(world: dict[str, Path], tmp_path: Path) -> None:
