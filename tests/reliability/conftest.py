@@ -42,7 +42,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         f"RESULT reliability faults_passed={len(passed - bad)}/{total} "
         f"fuzz_requests={c['fuzz_requests']} fuzz_5xx={c['fuzz_5xx']} "
         f"hostile_inputs={c['hostile_inputs']} lost_jobs={c['lost_jobs']} "
-        f"duplicate_runs={c['duplicate_runs']}"
+        f"duplicate_runs={c['duplicate_runs']} "
+        f"hostile_eval_sets={c['hostile_eval_sets']}"
     )
     _outcome["line"] = line
     out = ROOT / "var" / "reliability"
