@@ -30,7 +30,7 @@ CANDIDATE_SPAN = {"extract": (0.0, 0.4), "combine": (0.4, 0.7), "evaluate": (0.7
 SWEEP_SPAN = (0.05, 0.95)
 ALIASES = {"merge": "combine", "select": "combine"}
 
-# upload(path under the job's prefix, local file) -> its sha256 and size entry
+# upload(path under the job's prefix, local file): one file into the job's staging prefix.
 Upload = Callable[[str, Path], None]
 
 

@@ -137,6 +137,8 @@ def run_sweep(
 
 
 class _Sweep:
+    """One sweep's run: the candidates in grid order, the best so far kept on disk."""
+
     def __init__(self, recipe: Recipe, cands: list[Candidate], tmp: Path,
                  store: ArtifactStore, *, device: str | None, progress: ProgressFn | None,
                  cancel: CancelFn | None, hash_cache: Path | None, keep: KeepFn | None

@@ -41,9 +41,19 @@ def _refused(api: Api, body: dict[str, Any], code: str) -> dict[str, Any]:
     return doc
 
 
-def _run(api: Api, jid: str) -> dict[str, Any]:
-    runner = JobRunner(api.settings, api.worker_store(),
-                       LocalStorage(api.settings.storage_dir), worker="test")
+def _run(api: Api, jid: str, writes: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    store = api.worker_store()
+    if writes is not None:
+        update = store.update
+
+        def recording(job_id: str, attempt: int, fields: dict[str, Any]) -> int:
+            if "progress" in fields:
+                writes.append({"stage": fields.get("stage"), **fields["progress"]})
+            return update(job_id, attempt, fields)
+
+        store.update = recording  # type: ignore[method-assign]
+    runner = JobRunner(api.settings, store, LocalStorage(api.settings.storage_dir),
+                       worker="test")
     runner.run(jid)
     return dict(api.client.get(f"/v1/jobs/{jid}", headers=api.auth()).json())
 
@@ -101,7 +111,14 @@ def test_evaluate_given_twice_is_refused(api: Api) -> None:
 def test_evaluated_job_publishes_table_and_report(api: Api) -> None:
     job = api.submit(api.named("linear", evaluate=_sets(api, qa=True), evaluate_inputs=True,
                                parameters={"weight": 1.0}))
-    done = _run(api, str(job["id"]))
+    writes: list[dict[str, Any]] = []
+    done = _run(api, str(job["id"]), writes)
+    stages = [w["stage"] for w in writes]
+    assert stages.index("evaluate") > stages.index("combine")
+    assert stages.index("publish") > max(i for i, s in enumerate(stages) if s == "evaluate")
+    fractions = [w["fraction"] for w in writes]
+    assert fractions == sorted(fractions)
+    assert [w["fraction"] for w in writes if w["stage"] == "evaluate"][-1] == 0.95
     assert done["status"] == "succeeded", done["error"]
     result = JobResult.model_validate(done["result"])
     evaluation = result.evaluation
@@ -122,7 +139,14 @@ def test_sweep_job_publishes_winner_and_every_candidate(api: Api) -> None:
     sweep = {"grid": {"weight": [0.0, 1.0]},
              "objective": {"set": "wiki-sw", "metric": "perplexity"}, "publish": "all"}
     job = api.submit(api.named("task_arithmetic", evaluate=_sets(api), sweep=sweep))
-    done = _run(api, str(job["id"]))
+    writes: list[dict[str, Any]] = []
+    done = _run(api, str(job["id"]), writes)
+    swept = [w for w in writes if "candidate" in w]
+    assert {w["candidate"] for w in swept} == {1, 2}
+    assert {w["candidates"] for w in swept} == {2}
+    assert {"combine", "evaluate"} <= {w["stage"] for w in swept}
+    fractions = [w["fraction"] for w in writes]
+    assert fractions == sorted(fractions) and fractions[-1] == 1.0
     assert done["status"] == "succeeded", done["error"]
     result = JobResult.model_validate(done["result"])
     board = result.sweep

@@ -264,3 +264,30 @@ def test_bad_sweeps_are_refused(world: dict[str, Path], sweep: dict[str, Any], c
     with pytest.raises(SweepError) as err:
         candidates(_maec(world, sweep))
     assert err.value.code == code and words in err.value.message, err.value.message
+
+
+@pytest.mark.parametrize(("method", "grid", "where"), [
+    ("ties", {"density": [0.3, 0.7]}, lambda r: [m.parameters["density"] for m in r.models]),
+    ("task_arithmetic", {"lambda": [0.5, 2.0]}, lambda r: [r.parameters["lambda"]]),
+    ("layer_swap", {"bottom_k": [0, 1], "top_k": [1]},
+     lambda r: [r.parameters["bottom_k"], r.parameters["top_k"]]),
+])
+def test_baseline_knobs(world: dict[str, Path], method: str, grid: dict[str, list[Any]],
+                        where: Any) -> None:
+    models = [{"model": str(world["donor"])}, {"model": str(world["lang"])}]
+    if method == "layer_swap":
+        models[0]["parameters"] = {"role": "ability"}
+        models[1]["parameters"] = {"role": "language"}
+    recipe = parse_recipe({
+        "merge_method": method, "models": models,
+        **({} if method == "layer_swap" else {"base_model": str(world["base"])}),
+        "evaluate": _sets(world), "sweep": {"grid": grid, "objective": OBJ}})
+    cands = candidates(recipe)
+    first = list(grid.values())[0]
+    assert len(cands) == len(first) and all(c.group is None for c in cands)
+    for cand, value in zip(cands, first, strict=True):
+        assert where(cand.recipe)[0] == value
+        assert cand.recipe.sweep is None and cand.recipe.evaluate is None
+    if method == "layer_swap":
+        # Integer knobs stay integers in the candidate recipes.
+        assert isinstance(cands[1].recipe.parameters["bottom_k"], int)
