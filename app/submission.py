@@ -12,14 +12,21 @@ from pathlib import Path
 from typing import Any
 
 from app.settings import Settings
-from app.sources import Source, check_corpus, inspect_source, open_source, parse_source
+from app.sources import (
+    Source,
+    check_corpus,
+    inspect_source,
+    open_source,
+    parse_source,
+    pin_source,
+)
 from app.storage.base import Storage, StorageError
 from maec_contract import JobRequest as JobRequest  # the body model, shared with the client
 from maec_core.errors import EvalSetError, EvalSetUnreadable, RecipeError, SourceNotFound
 from maec_core.eval.sets import SET_MAX_BYTES, load_set
 from maec_core.io.folder import ModelFolder
 from maec_core.methods import NamedForm, get_method
-from maec_core.plan import build_plan
+from maec_core.plan import plan_recipe
 from maec_core.recipe import Recipe, parse_recipe
 from maec_core.sweep.grid import candidates
 from maec_core.sweep.inputs import eval_sources, with_eval_sources
@@ -93,7 +100,8 @@ def corpus_sources(recipe: Recipe) -> list[str]:
 def check_sources(
     recipe: Recipe, settings: Settings, storage: Storage
 ) -> dict[str, dict[str, Any]]:
-    """Allow-list, resolve and compare every source; returns ``{uri: source dict}``.
+    """Allow-list, resolve and compare every source; returns ``{uri: source dict}``,
+    each pinned to the files it holds now (what the worker will fetch, and nothing else).
 
     Blocking (file and S3 I/O): the API calls it in a worker thread.
     """
@@ -109,47 +117,51 @@ def check_sources(
     folders: dict[str, ModelFolder] = {
         uri: inspect_source(parsed[uri], storage) for uri in model_sources(recipe)
     }
-    build_plan(folders, next(iter(folders)))
+    plan_recipe(recipe, folders)
+    # Pinned after the checks: a file replaced in between is pinned as replaced, which
+    # lets nothing unchecked through (the engine validates the folder it reads).
+    pinned = {uri: pin_source(parsed[uri], storage) for uri in model_sources(recipe)}
     for uri in corpus_sources(recipe):
-        check_corpus(parsed[uri], storage, settings.max_corpus_bytes)
-    parsed.update(check_eval_sets(recipe, settings, storage))
-    return {uri: s.to_dict() for uri, s in parsed.items()}
+        pinned[uri] = check_corpus(parsed[uri], storage, settings.max_corpus_bytes)
+    pinned.update(check_eval_sets(recipe, settings, storage))
+    return {uri: s.to_dict() for uri, s in pinned.items()}
 
 
 def check_eval_sets(recipe: Recipe, settings: Settings, storage: Storage
                     ) -> dict[str, Source]:
-    """Allow-list every eval set (and few-shot file) and read it through its source kind,
-    checking caps and every line as the worker will (EvalSetError with the file and
-    line; EvalSetUnreadable when it cannot be read). Returns ``{uri: source}``."""
+    """Allow-list every eval set (and few-shot file), pin it, and read it through its
+    source kind, checking caps and every line as the worker will (EvalSetError with the
+    file and line; EvalSetUnreadable when it cannot be read). Returns ``{uri: pinned}``."""
     parsed = {uri: parse_source(uri, settings) for uri in eval_sources(recipe)}
+    pinned: dict[str, Source] = {}
     if not parsed:
-        return parsed
+        return pinned
     with tempfile.TemporaryDirectory(prefix="maec-evalsets-") as tmp:
-        local = {uri: str(_eval_file(src, storage, Path(tmp) / str(i)))
-                 for i, (uri, src) in enumerate(parsed.items())}
+        local: dict[str, str] = {}
+        for i, (uri, src) in enumerate(parsed.items()):
+            pinned[uri], path = _eval_file(src, storage, Path(tmp) / str(i))
+            local[uri] = str(path)
         for spec in with_eval_sources(recipe, local).evaluate or []:
             load_set(spec)
-    return parsed
+    return pinned
 
 
-def _eval_file(source: Source, storage: Storage, dest: Path) -> Path:
-    """A local path holding the eval file ``source`` names (read in place when local)."""
+def _eval_file(source: Source, storage: Storage, dest: Path) -> tuple[Source, Path]:
+    """``source`` pinned to its one file, and a local copy of exactly that file."""
     reader = open_source(source, storage)
     try:
-        file = reader.corpus_file()
+        pinned = pin_source(source, storage, single=True)
     except SourceNotFound as exc:
         raise EvalSetUnreadable(f"eval set {source.uri}: {exc.message}",
                                 source=source.uri) from None
+    file = pinned.files[0]
     if file.size > SET_MAX_BYTES:
         raise EvalSetError(f"eval set {source.uri} is {file.size} bytes, above the "
                            f"{SET_MAX_BYTES} byte cap", source=source.uri, bytes=file.size)
-    here = reader.in_place()
-    if here is not None:
-        return here
     dest.mkdir(parents=True)
     try:
         reader.fetch(file, dest / file.name)
     except StorageError as exc:
         raise EvalSetUnreadable(f"eval set {source.uri}: {exc.message}",
                                 source=source.uri) from None
-    return dest / file.name
+    return pinned, dest / file.name

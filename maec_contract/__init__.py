@@ -19,11 +19,12 @@ from maec_contract.jobs import (
     LeaderboardRow,
     Progress,
     SweepSummary,
+    WebhookDelivery,
 )
 from maec_contract.requests import JobRequest, NamedJob, RecipeJob
 
 __all__ = [
     "STATUSES", "TERMINAL", "ErrorBody", "EvalTable", "Evaluation", "FileInfo", "Job",
     "JobPage", "JobRequest", "JobResult", "JobStatus", "LeaderboardRow", "NamedJob",
-    "Progress", "RecipeJob", "SweepSummary",
+    "Progress", "RecipeJob", "SweepSummary", "WebhookDelivery",
 ]

@@ -44,6 +44,13 @@ class SourceNotFound(SourceError):
     code = "source_not_found"
 
 
+class SourceChanged(SourceError):
+    """A source is no longer what was checked when the job was submitted: a file was
+    replaced, rewritten or removed, or a path now leads out of its root through a link."""
+
+    code = "source_changed"
+
+
 class CheckpointError(MaecError):
     """A checkpoint folder is unusable."""
 
@@ -60,6 +67,12 @@ class CorruptCheckpoint(CheckpointError):
     """A safetensors file is truncated, has a lying header, or similar."""
 
     code = "corrupt_checkpoint"
+
+
+class UnsupportedAdapter(CheckpointError):
+    """A LoRA adapter of a kind the merge cannot form (DoRA, full replaced modules, ...)."""
+
+    code = "unsupported_adapter"
 
 
 class UnsupportedDtype(CheckpointError):

@@ -13,6 +13,7 @@ import shutil
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 
 from app.artifacts import StorageArtifactStore
 from app.jobs.accounting import finish_increments
+from app.jobs.calls import QuotaExceeded
 from app.jobs.record import JobRecord, now_iso
 from app.jobs.worker_store import WorkerJobStore
 from app.settings import Settings
@@ -30,7 +32,7 @@ from maec_core.errors import Cancelled, MaecError
 from maec_core.manifest import MANIFEST_NAME
 from maec_core.recipe import Recipe, parse_recipe
 from maec_core.sweep.inputs import eval_sources, with_eval_sources
-from worker.inputs import InputCache, fetch_source
+from worker.inputs import Hold, InputCache, fetch_source
 from worker.stages import produce, spans_for
 
 log = logging.getLogger("maec.worker")
@@ -147,15 +149,24 @@ class Outcome:
     error: dict[str, Any] | None = None
 
 
+# Claim outcomes in which the claim itself ended the job.
+ENDED_BY_CLAIM = frozenset({"cancelled", "exhausted", "time_limit"})
+
+
 class JobRunner:
     def __init__(self, settings: Settings, store: WorkerJobStore, storage: Storage,
-                 *, worker: str | None = None) -> None:
+                 *, worker: str | None = None,
+                 on_finished: Callable[[str], None] | None = None) -> None:
         self.settings = settings
         self.store = store
         self.storage = storage
         self.worker = worker or worker_name()
+        # Called with the id of a job this runner ended that names a callback_url (the
+        # worker queues its webhook); after the terminal write, never before.
+        self.on_finished = on_finished
         self.cache = InputCache(settings.work_dir / "cache", settings.cache_max_bytes)
-        self.artifacts = StorageArtifactStore(storage, settings.work_dir / "artifacts")
+        self.artifacts = StorageArtifactStore(storage, settings.work_dir / "artifacts",
+                                              on_use=store.touch_artifact)
 
     def run(self, job_id: str) -> str:
         """Run ``job_id`` if it is claimable; returns the claim or final outcome."""
@@ -165,6 +176,9 @@ class JobRunner:
                                  time_limit_s=self.settings.task_time_limit)
         if claim.outcome != "claimed":
             log.info("job %s: not run (%s)", job_id, claim.outcome)
+            if claim.outcome in ENDED_BY_CLAIM:
+                ended = self.store.get(job_id)
+                self._finished(job_id, ended.callback_url if ended else None)
             return claim.outcome
         rec = self.store.get(job_id)
         assert rec is not None
@@ -192,7 +206,9 @@ class JobRunner:
     def _attempt(self, rec: JobRecord, att: Attempt, prefix: str, workdir: Path,
                  started: float) -> str:
         try:
-            result = self._execute(rec, att, prefix, workdir)
+            # The job's cache entries stay held (never evicted) until it ends.
+            with self.cache.hold() as hold:
+                result = self._execute(rec, att, prefix, workdir, hold)
         except (Cancelled, _CancelledHere):
             self._cleanup(prefix)
             return self._end(rec, att, "cancelled", None, started)
@@ -228,6 +244,8 @@ class JobRunner:
              started: float, result: dict[str, Any] | None = None) -> str:
         seconds = time.monotonic() - started
         fields: dict[str, Any] = {"finished_at": now_iso(), "stage": None, "error": error}
+        if status != "succeeded":
+            self._release(rec, att)
         nbytes = 0
         if result is not None:
             nbytes = int(result.pop("_bytes"))
@@ -241,29 +259,97 @@ class JobRunner:
                         previous)
             return "lost"
         log.info("job %s: %s in %.2f s", rec.id, status, seconds)
+        self._finished(rec.id, rec.callback_url)
         return status
 
-    def _execute(self, rec: JobRecord, att: Attempt, prefix: str, workdir: Path
-                 ) -> dict[str, Any]:
+    def _finished(self, job_id: str, callback_url: str | None) -> None:
+        """Hand an ended job to ``on_finished`` if it asked for a webhook. Never raises:
+        a webhook that cannot be queued must not turn a finished merge into an error."""
+        if self.on_finished is None or callback_url is None:
+            return
+        try:
+            self.on_finished(job_id)
+        except Exception as exc:
+            log.error("job %s: webhook not queued: %s", job_id, exc)
+
+    def _release(self, rec: JobRecord, att: Attempt) -> None:
+        """Give back this attempt's quota reservation and artifact references."""
+        try:
+            self.store.release(rec, att.attempt)
+        except Exception as exc:  # Redis down: deleting the job gives them back later
+            log.warning("job %s: reservation not released: %s", rec.id, exc)
+
+    def _reserve(self, rec: JobRecord, att: Attempt, manifest: dict[str, Any],
+                 out: Path, already: int = 0) -> None:
+        """Count the outputs (and ``already`` uploaded bytes: a sweep's candidates)
+        against the owner's storage quota before uploading them."""
+        nbytes = already + sum(int(f["size"]) for f in manifest["files"])
+        nbytes += (out / MANIFEST_NAME).stat().st_size
+        keys = tuple(str(k) for k in (manifest.get("maec") or {}).get("artifact_keys", []))
+        self._reserve_bytes(rec, att, nbytes, keys)
+
+    def _reserve_bytes(self, rec: JobRecord, att: Attempt, nbytes: int,
+                       keys: tuple[str, ...] = ()) -> None:
+        quota = self.settings.storage_quota_bytes_per_key
+        outcome, used = self.store.reserve(rec, att.attempt, nbytes, quota=quota,
+                                           artifacts=keys)
+        if outcome == "lost":
+            raise LeaseLost(rec.id)
+        if outcome == "over":
+            raise QuotaExceeded(
+                f"the outputs ({nbytes} bytes) would take key {rec.owner} past its storage "
+                f"quota ({used} of {quota} bytes in use); delete jobs to free space",
+                bytes=nbytes, used=used, quota=quota)
+
+    def _fetch(self, rec: JobRecord, recipe: Recipe, att: Attempt, workdir: Path,
+               hold: Hold) -> dict[str, str]:
+        """Every source into the job's input folder, as pinned at submission (a changed
+        one fails the job with ``source_changed``); returns ``{uri: local path}``."""
+        local: dict[str, str] = {}
+        # One-file sources: ability corpora and eval sets.
+        single = {s.ref for s in recipe.sources() if s.kind == "corpus"}
+        single |= set(eval_sources(recipe))
+        total = len(rec.sources)
+        att.progress("fetch", 0, total)
+        fetched = cached = 0
+        for i, (uri, doc) in enumerate(sorted(rec.sources.items())):
+            if att.cancel_requested():
+                raise _CancelledHere
+            path, got, hit = fetch_source(Source.from_dict(doc), self.storage, self.cache,
+                                          workdir / "inputs" / str(i), corpus=uri in single,
+                                          hold=hold)
+            local[uri] = str(path)
+            fetched, cached = fetched + got, cached + hit
+            att.progress("fetch", i + 1, total)
+        log.info("job %s: inputs ready (%d bytes fetched, %d from cache)", rec.id,
+                 fetched, cached)
+        return local
+
+    def _execute(self, rec: JobRecord, att: Attempt, prefix: str, workdir: Path,
+                 hold: Hold) -> dict[str, Any]:
         # The recipe was parsed once from the job record; passed on typed.
         recipe = parse_recipe(rec.recipe)
         att.spans = spans_for(recipe, att.is_maec)
-        local = self._fetch(rec, recipe, att, workdir)
+        local = self._fetch(rec, recipe, att, workdir, hold)
         recipe = with_eval_sources(recipe.with_sources(local), local)
         workdir.mkdir(parents=True, exist_ok=True)
         out = workdir / "out"
+        uploaded = [0]
 
         def upload(key: str, path: Path) -> None:
+            # A sweep's candidate (publish: all), counted against the quota first.
             if att.cancel_requested():
                 raise _CancelledHere
+            uploaded[0] += path.stat().st_size
+            self._reserve_bytes(rec, att, uploaded[0])
             self.storage.put_file(f"{prefix}/{key}", path)
 
         made = produce(recipe, out, store=self.artifacts, progress=att.progress,
                        cancel=att.cancel_requested, device=self.settings.device,
                        hash_cache=self.settings.work_dir / "checksums", work_dir=workdir,
                        reporter=att, upload=upload)
-        files = self._publish(rec, att, prefix, out, made.manifest)
-        files = [*made.files, *files]
+        self._reserve(rec, att, made.manifest, out, already=uploaded[0])
+        files = [*made.files, *self._publish(rec, att, prefix, out, made.manifest)]
         for f in files:
             f["url"] = f"/v1/jobs/{rec.id}/files/{f['path']}"
         return {
@@ -279,28 +365,6 @@ class JobRunner:
             "progress": {"fraction": 1.0, "done": len(files), "total": len(files)},
             "_bytes": sum(int(f["size"]) for f in files),
         }
-
-    def _fetch(self, rec: JobRecord, recipe: Recipe, att: Attempt, workdir: Path
-               ) -> dict[str, str]:
-        """Every source into a local path (through the cache); ``{uri: local path}``."""
-        local: dict[str, str] = {}
-        # Corpora and eval sets are single files; the rest checkpoint folders.
-        single = {s.ref for s in recipe.sources() if s.kind == "corpus"}
-        single |= set(eval_sources(recipe))
-        total = len(rec.sources)
-        att.progress("fetch", 0, total)
-        fetched = cached = 0
-        for i, (uri, doc) in enumerate(sorted(rec.sources.items())):
-            if att.cancel_requested():
-                raise _CancelledHere
-            path, got, hit = fetch_source(Source.from_dict(doc), self.storage, self.cache,
-                                          workdir / "inputs" / str(i), corpus=uri in single)
-            local[uri] = str(path)
-            fetched, cached = fetched + got, cached + hit
-            att.progress("fetch", i + 1, total)
-        log.info("job %s: inputs ready (%d bytes fetched, %d from cache)", rec.id,
-                 fetched, cached)
-        return local
 
     def _publish(self, rec: JobRecord, att: Attempt, prefix: str, out: Path,
                  manifest: dict[str, Any]) -> list[dict[str, Any]]:

@@ -40,6 +40,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "artifact_mismatch": 422,
     "invalid_corpus": 422,
     "invalid_eval_set": 422,
+    "invalid_callback": 422,
     "output_exists": 409,
     "cancelled": 409,
     "storage_unavailable": 503,

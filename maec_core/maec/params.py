@@ -10,12 +10,15 @@ from __future__ import annotations
 import math
 import re
 from fractions import Fraction
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from maec_core.errors import CorpusError, RecipeError
-from maec_core.recipe import Condition, Recipe
+from maec_core.recipe_values import Condition
+
+if TYPE_CHECKING:
+    from maec_core.recipe import Recipe
 
 # The default selection of included tensors: 2-D weights inside the transformer blocks
 # (attention q/k/v/o and MLP gate/up/down); embeddings, lm_head, norms, biases excluded.

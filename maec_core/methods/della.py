@@ -25,10 +25,11 @@ from maec_core.methods._sparsify import magprune_, tensor_generator
 from maec_core.methods.base import TensorCall, TensorMethod
 from maec_core.methods.params import candidate_values
 from maec_core.methods.task_arithmetic import TaskArithmeticParams
-from maec_core.recipe import Recipe
 
 if TYPE_CHECKING:
     import torch
+
+    from maec_core.recipe import Recipe
 
 
 class DellaParams(TaskArithmeticParams):

@@ -11,10 +11,11 @@ from typing import TYPE_CHECKING
 from maec_core.methods._common import sum_deltas
 from maec_core.methods.base import TensorCall, TensorMethod
 from maec_core.methods.della import DellaModelParams, DellaParams, check_bands, della_deltas
-from maec_core.recipe import Recipe
 
 if TYPE_CHECKING:
     import torch
+
+    from maec_core.recipe import Recipe
 
 
 class DellaLinearParams(DellaParams):

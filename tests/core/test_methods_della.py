@@ -122,8 +122,7 @@ def test_della_refuses_probabilities_outside_the_unit_interval() -> None:
 def test_a_gradient_leaving_the_band_fails_the_merge(tmp_path: Path) -> None:
     # Three blocks: density 0.5, 0.75, 1.0 by depth. The recipe's values pass (1.0 prunes
     # nothing), block 1's 0.75 ± 0.3 does not; nothing is published.
-    from maec_core.engine import run_recipe
-    from tests.factories import make_llama
+    from tests.factories import make_llama, run_recipe
 
     base = make_llama(tmp_path / "base", seed=0, num_hidden_layers=3, tokenizer=False)
     a = make_llama(tmp_path / "a", seed=1, like=base, num_hidden_layers=3, tokenizer=False)
@@ -185,8 +184,8 @@ def test_magprune_statistics_agree_with_mergekit(zoo: dict[str, Path],
     four standard errors of a rank bin's kept fraction (~2 300 entries a bin)."""
     from safetensors.torch import load_file
 
-    from maec_core.engine import run_recipe
     from tests.core.test_methods_mergekit import _tensors, mergekit_config
+    from tests.factories import run_recipe
 
     recipe: dict[str, Any] = {
         "merge_method": "della_linear", "base_model": str(zoo["base"]),

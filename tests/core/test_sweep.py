@@ -283,7 +283,7 @@ def test_baseline_knobs(world: dict[str, Path], method: str, grid: dict[str, lis
         **({} if method == "layer_swap" else {"base_model": str(world["base"])}),
         "evaluate": _sets(world), "sweep": {"grid": grid, "objective": OBJ}})
     cands = candidates(recipe)
-    first = list(grid.values())[0]
+    first = next(iter(grid.values()))
     assert len(cands) == len(first) and all(c.group is None for c in cands)
     for cand, value in zip(cands, first, strict=True):
         assert where(cand.recipe)[0] == value
