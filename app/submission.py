@@ -7,23 +7,35 @@ source is then allow-listed, resolved and its headers compared (no weights are r
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from app.settings import Settings
-from app.sources import Source, check_corpus, inspect_source, parse_source, pin_source
-from app.storage.base import Storage
+from app.sources import (
+    Source,
+    check_corpus,
+    inspect_source,
+    open_source,
+    parse_source,
+    pin_source,
+)
+from app.storage.base import Storage, StorageError
 from maec_contract import JobRequest as JobRequest  # the body model, shared with the client
-from maec_core.errors import RecipeError
+from maec_core.errors import EvalSetError, EvalSetUnreadable, RecipeError, SourceNotFound
+from maec_core.eval.sets import SET_MAX_BYTES, load_set
 from maec_core.io.folder import ModelFolder
 from maec_core.methods import NamedForm, get_method
 from maec_core.plan import plan_recipe
 from maec_core.recipe import Recipe, parse_recipe
+from maec_core.sweep.grid import candidates
+from maec_core.sweep.inputs import eval_sources, with_eval_sources
 
 
 def build_recipe(req: JobRequest) -> Recipe:
     """The recipe the job runs (RecipeError on any problem a recipe can have)."""
     if req.recipe is not None:
-        data = dict(req.recipe)
+        data = _with_evaluation(dict(req.recipe), req)
         if req.name is not None and "name" not in data:
             data["name"] = req.name
         recipe = parse_recipe(data)
@@ -32,7 +44,26 @@ def build_recipe(req: JobRequest) -> Recipe:
     if recipe.artifact is not None:
         raise RecipeError("recipe.artifact is not accepted by the service: ability vectors "
                           "are cached and reused automatically by content", key="artifact")
+    if recipe.sweep is not None:
+        candidates(recipe)  # every candidate checked as a recipe, before queueing
     return recipe
+
+
+_EVALUATION_KEYS = ("evaluate", "evaluate_inputs", "sweep")
+
+
+def _with_evaluation(data: dict[str, Any], req: JobRequest) -> dict[str, Any]:
+    """The body's evaluate / evaluate_inputs / sweep, put into the recipe data (a recipe
+    may carry them itself, but not both)."""
+    for key in _EVALUATION_KEYS:
+        value = getattr(req, key)
+        if value is None:
+            continue
+        if key in data:
+            raise RecipeError(f"{key} is given both in the body and in the recipe",
+                              key=key)
+        data[key] = value
+    return data
 
 
 def _named_recipe(req: JobRequest) -> Recipe:
@@ -49,7 +80,7 @@ def _named_recipe(req: JobRequest) -> Recipe:
     data.update({"dtype": req.dtype, "name": req.name})
     if req.shard_size is not None:
         data["out_shard_size"] = req.shard_size
-    return parse_recipe(data)
+    return parse_recipe(_with_evaluation(data, req))
 
 
 def model_sources(recipe: Recipe) -> list[str]:
@@ -94,4 +125,45 @@ def check_sources(
     pinned = {uri: pin_source(parsed[uri], storage) for uri in model_sources(recipe)}
     for uri in corpus_sources(recipe):
         pinned[uri] = check_corpus(parsed[uri], storage, settings.max_corpus_bytes)
+    pinned.update(check_eval_sets(recipe, settings, storage))
     return {uri: s.to_dict() for uri, s in pinned.items()}
+
+
+def check_eval_sets(recipe: Recipe, settings: Settings, storage: Storage
+                    ) -> dict[str, Source]:
+    """Allow-list every eval set (and few-shot file), pin it, and read it through its
+    source kind, checking caps and every line as the worker will (EvalSetError with the
+    file and line; EvalSetUnreadable when it cannot be read). Returns ``{uri: pinned}``."""
+    parsed = {uri: parse_source(uri, settings) for uri in eval_sources(recipe)}
+    pinned: dict[str, Source] = {}
+    if not parsed:
+        return pinned
+    with tempfile.TemporaryDirectory(prefix="maec-evalsets-") as tmp:
+        local: dict[str, str] = {}
+        for i, (uri, src) in enumerate(parsed.items()):
+            pinned[uri], path = _eval_file(src, storage, Path(tmp) / str(i))
+            local[uri] = str(path)
+        for spec in with_eval_sources(recipe, local).evaluate or []:
+            load_set(spec)
+    return pinned
+
+
+def _eval_file(source: Source, storage: Storage, dest: Path) -> tuple[Source, Path]:
+    """``source`` pinned to its one file, and a local copy of exactly that file."""
+    reader = open_source(source, storage)
+    try:
+        pinned = pin_source(source, storage, single=True)
+    except SourceNotFound as exc:
+        raise EvalSetUnreadable(f"eval set {source.uri}: {exc.message}",
+                                source=source.uri) from None
+    file = pinned.files[0]
+    if file.size > SET_MAX_BYTES:
+        raise EvalSetError(f"eval set {source.uri} is {file.size} bytes, above the "
+                           f"{SET_MAX_BYTES} byte cap", source=source.uri, bytes=file.size)
+    dest.mkdir(parents=True)
+    try:
+        reader.fetch(file, dest / file.name)
+    except StorageError as exc:
+        raise EvalSetUnreadable(f"eval set {source.uri}: {exc.message}",
+                                source=source.uri) from None
+    return pinned, dest / file.name

@@ -31,7 +31,9 @@ from app.storage.base import Storage, StorageError
 from maec_core.errors import Cancelled, MaecError
 from maec_core.manifest import MANIFEST_NAME
 from maec_core.recipe import Recipe, parse_recipe
+from maec_core.sweep.inputs import eval_sources, with_eval_sources
 from worker.inputs import Hold, InputCache, fetch_source
+from worker.stages import produce, spans_for
 
 log = logging.getLogger("maec.worker")
 
@@ -70,6 +72,8 @@ class Attempt:
     attempt: int
     is_maec: bool
     stage: str = "fetch"
+    # Stage spans of a job that evaluates (None: STAGE_SPAN or STAGE_SPAN_NO_EXTRACT).
+    spans: dict[str, tuple[float, float]] | None = None
     cancelled: bool = False
     lost: bool = False
     _last_write: float = 0.0
@@ -88,9 +92,14 @@ class Attempt:
 
     def progress(self, stage: str, done: int, total: int) -> None:
         stage = STAGE_ALIASES.get(stage, stage)
-        spans = STAGE_SPAN if self.is_maec else STAGE_SPAN_NO_EXTRACT
+        spans = self.spans or (STAGE_SPAN if self.is_maec else STAGE_SPAN_NO_EXTRACT)
         lo, hi = spans.get(stage, (0.0, 1.0))
-        frac = lo + (hi - lo) * (done / total if total else 1.0)
+        self.report(stage, lo + (hi - lo) * (done / total if total else 1.0), done, total)
+
+    def report(self, stage: str, fraction: float, done: int, total: int,
+               **extra: Any) -> None:
+        """Write progress: ``fraction`` of the whole job, ``done``/``total`` of the stage
+        (``extra``: more progress fields, e.g. a sweep's candidate)."""
         changed = stage != self.stage
         self.stage = stage
         # Throttled: one Redis write per interval, but always on a stage change and at
@@ -99,7 +108,7 @@ class Attempt:
             time.monotonic() - self._last_write >= self.settings.progress_interval
         ):
             self.write({"stage": stage, "progress": {
-                "fraction": round(frac, 4), "done": done, "total": total}})
+                "fraction": round(fraction, 4), "done": done, "total": total, **extra}})
 
     def cancel_requested(self) -> bool:
         """The engine's cancel callback: the record's flag, read at most every interval."""
@@ -271,11 +280,16 @@ class JobRunner:
             log.warning("job %s: reservation not released: %s", rec.id, exc)
 
     def _reserve(self, rec: JobRecord, att: Attempt, manifest: dict[str, Any],
-                 out: Path) -> None:
-        """Count the outputs against the owner's storage quota before uploading them."""
-        nbytes = sum(int(f["size"]) for f in manifest["files"])
+                 out: Path, already: int = 0) -> None:
+        """Count the outputs (and ``already`` uploaded bytes: a sweep's candidates)
+        against the owner's storage quota before uploading them."""
+        nbytes = already + sum(int(f["size"]) for f in manifest["files"])
         nbytes += (out / MANIFEST_NAME).stat().st_size
         keys = tuple(str(k) for k in (manifest.get("maec") or {}).get("artifact_keys", []))
+        self._reserve_bytes(rec, att, nbytes, keys)
+
+    def _reserve_bytes(self, rec: JobRecord, att: Attempt, nbytes: int,
+                       keys: tuple[str, ...] = ()) -> None:
         quota = self.settings.storage_quota_bytes_per_key
         outcome, used = self.store.reserve(rec, att.attempt, nbytes, quota=quota,
                                            artifacts=keys)
@@ -292,8 +306,9 @@ class JobRunner:
         """Every source into the job's input folder, as pinned at submission (a changed
         one fails the job with ``source_changed``); returns ``{uri: local path}``."""
         local: dict[str, str] = {}
-        # One-file sources: ability corpora (and any other input that is one file).
+        # One-file sources: ability corpora and eval sets.
         single = {s.ref for s in recipe.sources() if s.kind == "corpus"}
+        single |= set(eval_sources(recipe))
         total = len(rec.sources)
         att.progress("fetch", 0, total)
         fetched = cached = 0
@@ -312,27 +327,53 @@ class JobRunner:
 
     def _execute(self, rec: JobRecord, att: Attempt, prefix: str, workdir: Path,
                  hold: Hold) -> dict[str, Any]:
-        # 1. fetch
+        # The recipe was parsed once from the job record; passed on typed.
         recipe = parse_recipe(rec.recipe)
+        att.spans = spans_for(recipe, att.is_maec)
         local = self._fetch(rec, recipe, att, workdir, hold)
-        # 2. merge: the recipe was parsed once from the job record; passed on typed.
-        recipe = recipe.with_sources(local)
+        recipe = with_eval_sources(recipe.with_sources(local), local)
         workdir.mkdir(parents=True, exist_ok=True)
         out = workdir / "out"
-        from maec_core.run import run as run_merge
+        uploaded = [0]
 
-        merged = run_merge(recipe, out, artifact_store=self.artifacts, progress=att.progress,
-                           cancel=att.cancel_requested, device=self.settings.device,
-                           hash_cache=self.settings.work_dir / "checksums")
-        report = merged.report or {}
-        reused = [bool(a.get("artifact_reused")) for a in report.get("abilities", [])]
-        # 3. publish: every file, then manifest.json last (the commit marker).
-        self._reserve(rec, att, merged.manifest, out)
+        def upload(key: str, path: Path) -> None:
+            # A sweep's candidate (publish: all), counted against the quota first.
+            if att.cancel_requested():
+                raise _CancelledHere
+            uploaded[0] += path.stat().st_size
+            self._reserve_bytes(rec, att, uploaded[0])
+            self.storage.put_file(f"{prefix}/{key}", path)
+
+        made = produce(recipe, out, store=self.artifacts, progress=att.progress,
+                       cancel=att.cancel_requested, device=self.settings.device,
+                       hash_cache=self.settings.work_dir / "checksums", work_dir=workdir,
+                       reporter=att, upload=upload)
+        self._reserve(rec, att, made.manifest, out, already=uploaded[0])
+        files = [*made.files, *self._publish(rec, att, prefix, out, made.manifest)]
+        for f in files:
+            f["url"] = f"/v1/jobs/{rec.id}/files/{f['path']}"
+        return {
+            "result": {
+                "manifest": made.manifest,
+                "report": _summary(made.report, made.stage_seconds),
+                "files": files,
+                "core_seconds": round(made.core_seconds, 4),
+                **made.result,
+            },
+            "result_prefix": prefix,
+            "artifact_reused": all(made.reused) if made.reused else None,
+            "progress": {"fraction": 1.0, "done": len(files), "total": len(files)},
+            "_bytes": sum(int(f["size"]) for f in files),
+        }
+
+    def _publish(self, rec: JobRecord, att: Attempt, prefix: str, out: Path,
+                 manifest: dict[str, Any]) -> list[dict[str, Any]]:
+        """Every file, then manifest.json last (the commit marker); the files' entries."""
         ok, _ = self.store.transition(rec.id, allowed=("running",), to="publishing",
                                       attempt=att.attempt)
         if not ok:
             raise LeaseLost(rec.id)
-        files = [dict(f) for f in merged.manifest["files"]]
+        files = [dict(f) for f in manifest["files"]]
         att.progress("publish", 0, len(files) + 1)
         for i, f in enumerate(files):
             if att.cancel_requested():
@@ -347,21 +388,8 @@ class JobRunner:
 
         files.append({"path": MANIFEST_NAME, "size": manifest_path.stat().st_size,
                       "sha256": sha256_file(manifest_path, use_cache=False)})
-        for f in files:
-            f["url"] = f"/v1/jobs/{rec.id}/files/{f['path']}"
         att.progress("publish", len(files), len(files))
-        return {
-            "result": {
-                "manifest": merged.manifest,
-                "report": _summary(report, merged.stage_seconds),
-                "files": files,
-                "core_seconds": round(merged.seconds, 4),
-            },
-            "result_prefix": prefix,
-            "artifact_reused": all(reused) if reused else None,
-            "progress": {"fraction": 1.0, "done": len(files), "total": len(files)},
-            "_bytes": sum(int(f["size"]) for f in files),
-        }
+        return files
 
 
 class _CancelledHere(Exception):

@@ -47,7 +47,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         f"toctou_refused={c['toctou_refused']}/{c['toctou_cases']} "
         f"adapters_refused={c['adapters_refused']} "
         f"corrupt_downloads={c['corrupt_downloads']}/{c['deletes_mid_download']} "
-        f"hostile_tokenizers={c['hostile_tokenizers']}"
+        f"hostile_tokenizers={c['hostile_tokenizers']} "
+        f"hostile_eval_sets={c['hostile_eval_sets']}"
     )
     _outcome["line"] = line
     out = ROOT / "var" / "reliability"
