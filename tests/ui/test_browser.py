@@ -141,7 +141,8 @@ def _show_api_error(browser: WebDriver, stack: Stack, models: TinyModels,
         rest = c.post("/v1/jobs", json={"recipe": yaml.safe_load(bad)}).json()
     assert _text(browser, "submit-error-message") == rest["message"]
     assert rest["code"] in error.text
-    assert browser.find_element(By.ID, "recipe").get_attribute("value").strip() == bad.strip()
+    assert (browser.find_element(By.ID, "recipe").get_attribute("value") or "").strip() == \
+        bad.strip()
     browser.save_screenshot(str(shots / "ui-submit.png"))
 
 

@@ -95,6 +95,11 @@ def _error_page(request: Request, session: UiSession | None, exc: MaecError
                   code=exc.code, message=exc.message)
 
 
+async def _limit(session: UiSession) -> None:
+    """The key's request rate limit, the one the REST routes apply (429 when spent)."""
+    session.svc.limiter.check(session.owner)
+
+
 async def _page(request: Request, handler: Page, *, limited: bool = True) -> Response:
     """Run ``handler`` for a logged-in browser; otherwise send it to the login form.
     Errors of the service become an error page with their code and message."""
@@ -104,7 +109,7 @@ async def _page(request: Request, handler: Page, *, limited: bool = True) -> Res
         return _see("/ui/login")
     try:
         if limited:
-            svc.limiter.check(session.owner)
+            await _limit(session)
         return await handler(session)
     except MaecError as exc:
         return _error_page(request, session, exc)
@@ -277,7 +282,7 @@ async def job_state(request: Request, job_id: str) -> Response:
     session = await sessions.current(request, svc)
     if session is None:
         raise ApiError(401, "unauthorized", "log in at /ui/login")
-    svc.limiter.check(session.owner)
+    await _limit(session)
     rec = await svc.store.get(job_id, session.owner)
     if rec is None:
         raise job_routes.not_found(job_id)
