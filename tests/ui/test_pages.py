@@ -9,6 +9,8 @@ import json
 import re
 from typing import Any
 
+from markupsafe import escape
+
 from app.api.ui import sessions
 from app.jobs.record import encode
 from app.storage.local import LocalStorage
@@ -128,7 +130,7 @@ def test_submit_form_shows_the_api_error_inline_and_queues_a_valid_recipe(api: A
     page = _submit_form(api, token, json.dumps(bad_recipe))  # JSON is YAML too
     assert page.status_code == 422
     assert f"<code>{rest.json()['code']}</code>" in page.text
-    assert html.escape(rest.json()["message"]) in page.text
+    assert str(escape(rest.json()["message"])) in page.text
     assert "/etc" in page.text  # the recipe typed is kept in the form
     # A schema error words itself as the REST route's invalid_request does.
     long_name = "n" * 201
@@ -137,7 +139,7 @@ def test_submit_form_shows_the_api_error_inline_and_queues_a_valid_recipe(api: A
     assert rest.status_code == 422 and rest.json()["code"] == "invalid_request"
     page = _submit_form(api, token, json.dumps(bad_recipe), name=long_name)
     assert page.status_code == 422
-    assert html.escape(rest.json()["message"]) in page.text
+    assert str(escape(rest.json()["message"])) in page.text
     page = _submit_form(api, token, "merge_method: [unclosed")
     assert page.status_code == 422 and "not valid YAML" in page.text
     page = _submit_form(api, token, "- just\n- a list\n")
@@ -268,3 +270,23 @@ def test_assets_are_served_from_the_service_and_pages_forbid_other_origins(api: 
     assert "default-src 'self'" in csp and "frame-ancestors 'none'" in csp
     assert "http" not in re.sub(r'content="[^"]*"', "", page.text.split("<body>")[0])
     assert "<script>" not in page.text
+
+
+def test_what_users_typed_is_escaped_in_every_page(api: Api) -> None:
+    token = _login(api)
+    evil = '<img src=x onerror="alert(1)">'
+    jid = _job_id(_submit_form(api, token, _recipe_yaml(api), name=evil))
+    for path in (f"/ui/jobs/{jid}", "/ui/jobs"):
+        page = api.client.get(path).text
+        assert evil not in page and str(escape(evil)) in page, path
+    page = _submit_form(api, token, f"merge_method: maec\nbase_model: '{evil}'\n")
+    assert evil not in page.text and page.status_code == 422
+
+
+def test_dev_mode_logs_in_as_the_dev_key(api_factory: Any) -> None:
+    dev: Api = api_factory(dev_mode=True)
+    form = dev.client.get("/ui/login")
+    r = dev.client.post("/ui/login", data={"token": _token(form.text), "api_key": "anything"},
+                        follow_redirects=False)
+    assert r.status_code == 303
+    assert 'id="owner">dev<' in dev.client.get("/ui/jobs").text
