@@ -8,14 +8,19 @@ PYTEST_ARGS ?=
 setup:
 	@bash scripts/setup.sh
 
+# Import contracts: [tool.importlinter] in pyproject.toml.
+LINT_IMPORTS := $(VENV)/bin/lint-imports --no-logo --cache-dir .cache/import-linter
+
 test: setup
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy maec_core app worker maec_client
+	$(VENV)/bin/mypy maec_core app worker maec_client maec_contract
+	$(LINT_IMPORTS)
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy maec_core app worker maec_client
+	$(VENV)/bin/mypy maec_core app worker maec_client maec_contract
+	$(LINT_IMPORTS)
 
 bench-engine: setup
 	$(PY) -m bench.engine
@@ -41,7 +46,7 @@ bench-api: setup
 bench-eval: setup
 	$(PY) -m bench.eval
 
-# Reliability suite (issue 5): fault injection on real processes, schemathesis, hostile
+# Reliability suite: fault injection on real processes, schemathesis, hostile
 # inputs, security, load. Also part of `make test`. Ends with the RESULT line.
 test-faults: setup
 	$(VENV)/bin/pytest -m faults tests/reliability tests/core/test_hostile_inputs.py tests/test_no_trust_remote_code.py $(PYTEST_ARGS)
@@ -51,7 +56,7 @@ SOAK_ARGS ?=
 soak: setup
 	$(PY) -m bench.soak $(SOAK_ARGS)
 
-# The transfer experiment (issue 6): data, training (cached under experiments/transfer/cache),
+# The transfer experiment: data, training (cached under experiments/transfer/cache),
 # merges through our engine, sweep, docs/experiments.md figures.
 experiment: setup
 	$(PY) -m experiments.transfer.run --full

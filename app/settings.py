@@ -89,6 +89,18 @@ class Settings(BaseSettings):
     # a second; see app/api/gc_tuning.py.
     api_gc_threshold: int = Field(default=20_000, ge=0)
 
+    # Retention and quotas (docs/api.md, "Retention"). Finished jobs and their outputs
+    # are removed this many days after they ended, unless pinned (unset: kept until
+    # deleted). Fractions are allowed (0.5 = twelve hours).
+    job_ttl_days: float | None = Field(default=None, gt=0)
+    # Bytes of published outputs one key's jobs may hold (unset: no limit).
+    storage_quota_bytes_per_key: int | None = Field(default=None, ge=1)
+    # An ability artifact no job references is deleted from storage after this long
+    # (it may still be reused meanwhile; a job reusing it restarts the period).
+    artifact_grace_seconds: float = Field(default=7 * 86400, ge=0)
+    # How often one worker (whichever takes the period's lock) runs the retention sweep.
+    retention_sweep_seconds: float = Field(default=60.0, gt=0)
+
     # Signed job webhooks (app/webhooks/, docs/api.md "Webhooks"). A callback's host
     # must match an entry: a host name, "*.domain", an IP address or a CIDR network.
     # Private, loopback and link-local addresses are refused unless an IP entry covers

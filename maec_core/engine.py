@@ -72,9 +72,11 @@ COMPUTE_THREADS = 2
 WRITE_DEPTH = 4
 
 
-def open_models(named: Mapping[str, str]) -> dict[str, ModelFolder]:
-    """Open and validate each checkpoint folder (headers and configs only)."""
-    return {key: open_model_folder(path) for key, path in named.items()}
+def open_models(named: Mapping[str, str], base: str | None = None) -> dict[str, ModelFolder]:
+    """Open and validate each checkpoint folder (headers and configs only); a LoRA
+    adapter among them applies to ``base`` (the recipe's base model) when given."""
+    return {key: open_model_folder(path, base=base, config_base=True)
+            for key, path in named.items()}
 
 
 def all_finite(t: torch.Tensor) -> bool:
@@ -468,7 +470,7 @@ def run_method(
     named = dict(others)
     if base_key:
         named = {base_key: base_key, **named}
-    folders = open_models(named)
+    folders = open_models(named, recipe.base_model)
     reference = base_key or others[0][0]
     plan = build_plan(folders, reference)
     out_dtype = recipe.output_dtype or plan.input_dtype

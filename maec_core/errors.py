@@ -69,6 +69,12 @@ class CorruptCheckpoint(CheckpointError):
     code = "corrupt_checkpoint"
 
 
+class UnsupportedAdapter(CheckpointError):
+    """A LoRA adapter of a kind the merge cannot form (DoRA, full replaced modules, ...)."""
+
+    code = "unsupported_adapter"
+
+
 class UnsupportedDtype(CheckpointError):
     """Quantized or otherwise unsupported tensor dtypes (only fp16/bf16/fp32 merge)."""
 

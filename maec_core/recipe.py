@@ -90,6 +90,27 @@ class AbilityEntry(BaseModel):
     name: str | None = None
 
 
+class OutputSpec(BaseModel):
+    """What a merge publishes: the merged checkpoint (``model``), or a PEFT LoRA adapter
+    of rank ``rank`` approximating the merge's change to its base (``lora``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: Literal["model", "lora"] = "model"
+    rank: int | None = Field(default=None, ge=1, le=65536)
+    # Module names as peft matches them (a name, or a name's last dotted parts); None:
+    # every 2-D weight inside the transformer blocks.
+    target_modules: list[str] | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="after")
+    def _lora_fields(self) -> OutputSpec:
+        if self.format == "lora" and self.rank is None:
+            raise ValueError("output format lora needs a rank")
+        if self.format == "model" and (self.rank is not None or self.target_modules):
+            raise ValueError("output rank and target_modules apply to format lora only")
+        return self
+
+
 SourceRole = Literal["base", "language_base", "model", "slice_source", "ability_donor",
                      "ability_control", "ability_corpus", "tokenizer"]
 
@@ -138,6 +159,7 @@ class Recipe(BaseModel):
     language_base: str | None = None
     abilities: list[AbilityEntry] = Field(default_factory=list)
     artifact: str | None = None
+    output: OutputSpec | None = None
 
     @field_validator("merge_method")
     @classmethod
@@ -151,7 +173,24 @@ class Recipe(BaseModel):
                 raise ValueError("slices is empty; give at least one slice")
             if self.models:
                 raise ValueError("give either models or slices, not both")
+        if self.output is not None and self.output.format == "lora":
+            self._check_lora_output()
         return self
+
+    def _check_lora_output(self) -> None:
+        # The adapter is the merge's change to one base, tensor for tensor.
+        if self.slices is not None:
+            raise ValueError("output format lora needs a merge that keeps its base's "
+                             "tensors; a slices recipe changes them")
+        if self.lora_base is None:
+            raise ValueError("output format lora needs a base to take the delta from: "
+                             "base_model (language_base for maec)")
+
+    @property
+    def lora_base(self) -> str | None:
+        """The checkpoint a LoRA export's adapter applies to: MAEC's language base, else
+        the base model."""
+        return self.language_base if self.merge_method == "maec" else self.base_model
 
     @property
     def output_dtype(self) -> DType | None:
