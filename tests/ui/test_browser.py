@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.chrome.webdriver import WebDriver
@@ -83,7 +84,10 @@ def browser(downloads: Path) -> Iterator[WebDriver]:
 
 
 def _wait(driver: WebDriver, timeout: float = 30) -> WebDriverWait[WebDriver]:
-    return WebDriverWait(driver, timeout, poll_frequency=0.2)
+    # The job page reloads itself when the job ends: an element read during the reload
+    # is stale or briefly absent; the condition is then simply tried again.
+    return WebDriverWait(driver, timeout, poll_frequency=0.2, ignored_exceptions=(
+        NoSuchElementException, StaleElementReferenceException))
 
 
 def _text(driver: WebDriver, element_id: str) -> str:
@@ -108,11 +112,10 @@ def _log_in(browser: WebDriver, stack: Stack, shots: Path) -> None:
     browser.save_screenshot(str(shots / "ui-login.png"))
     _fill(browser, "api_key", "not-a-key")
     browser.find_element(By.ID, "login").click()
-    assert "Unknown API key" in _text(browser, "login-error")
+    _wait(browser).until(lambda d: "Unknown API key" in _text(d, "login-error"))
     _fill(browser, "api_key", API_KEYS["alice"])
     browser.find_element(By.ID, "login").click()
-    _wait(browser).until(lambda d: d.current_url.endswith("/ui/jobs"))
-    assert _text(browser, "owner") == "alice"
+    _wait(browser).until(lambda d: _text(d, "owner") == "alice")
     # The session cookie is not readable by the page's scripts (HttpOnly).
     assert "maec_ui" not in browser.execute_script("return document.cookie")
 
@@ -158,6 +161,7 @@ def _watch_until_done(browser: WebDriver) -> None:
     _wait(browser, JOB_TIMEOUT).until(ended)
     assert _text(browser, "status") == "succeeded", (seen, browser.page_source[-3000:])
     assert browser.find_element(By.ID, "progress").get_attribute("value") == "1"
+    _wait(browser).until(lambda d: d.find_element(By.ID, "files"))
 
 
 def _download(browser: WebDriver, downloads: Path, stack: Stack, job_id: str) -> None:
@@ -195,7 +199,7 @@ def _cancel(browser: WebDriver, stack: Stack, models: TinyModels) -> str:
     # No worker: the job stays queued until the button is pressed.
     stack.stop_worker(0)
     job_id = _submit(browser, stack, _recipe(models, donor=models.donor2), "cancel me")
-    assert _text(browser, "status") == "queued"
+    _wait(browser).until(lambda d: _text(d, "status") == "queued")
     browser.find_element(By.ID, "cancel").click()
     _wait(browser).until(lambda d: _text(d, "status") == "cancelled")
     assert not browser.find_elements(By.ID, "cancel")
@@ -211,9 +215,12 @@ def _list(browser: WebDriver, stack: Stack, done: str, cancelled: str, shots: Pa
     browser.save_screenshot(str(shots / "ui-jobs.png"))
     Select(browser.find_element(By.ID, "status")).select_by_value("cancelled")
     _wait(browser).until(lambda d: "status=cancelled" in d.current_url)
-    listed = {r.get_attribute("data-job")
-              for r in browser.find_elements(By.CSS_SELECTOR, "#jobs tbody tr")}
-    assert listed == {cancelled}
+
+    def listed(d: WebDriver) -> set[str | None]:
+        return {r.get_attribute("data-job")
+                for r in d.find_elements(By.CSS_SELECTOR, "#jobs tbody tr")}
+
+    _wait(browser).until(lambda d: listed(d) == {cancelled})
 
 
 def test_browser_login_submit_watch_download_isolation_cancel(
