@@ -290,3 +290,11 @@ def test_dev_mode_logs_in_as_the_dev_key(api_factory: Any) -> None:
                         follow_redirects=False)
     assert r.status_code == 303
     assert 'id="owner">dev<' in dev.client.get("/ui/jobs").text
+
+
+def test_a_form_with_too_many_fields_is_refused(api: Api) -> None:
+    token = _login(api)
+    body = "&".join([f"token={token}"] + [f"f{i}=x" for i in range(40)])
+    r = api.client.post("/ui/jobs", content=body,
+                        headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 422 and "too many form fields" in r.text

@@ -86,7 +86,12 @@ def _see(url: str) -> RedirectResponse:
 async def _form(request: Request) -> dict[str, str]:
     """An urlencoded form body (the only kind these pages post), last value per name."""
     raw = (await request.body()).decode("utf-8", errors="replace")
-    return {k: v[-1] for k, v in parse_qs(raw, keep_blank_values=True).items()}
+    # The pages' forms have at most four fields; more is not one of them.
+    try:
+        fields = parse_qs(raw, keep_blank_values=True, max_num_fields=16)
+    except ValueError:
+        raise ApiError(422, "invalid_request", "too many form fields") from None
+    return {k: v[-1] for k, v in fields.items()}
 
 
 def _error_page(request: Request, session: UiSession | None, exc: MaecError
