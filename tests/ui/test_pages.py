@@ -298,3 +298,13 @@ def test_a_form_with_too_many_fields_is_refused(api: Api) -> None:
     r = api.client.post("/ui/jobs", content=body,
                         headers={"Content-Type": "application/x-www-form-urlencoded"})
     assert r.status_code == 422 and "too many form fields" in r.text
+
+
+def test_the_rest_routes_rate_limit_applies_to_pages_with_its_retry_after(
+        api_factory: Any) -> None:
+    limited: Api = api_factory(rate_limit_per_minute=1, rate_limit_burst=2)
+    _login(limited)  # takes one token (the list page it reads for its form token)
+    limited.client.get("/ui/jobs")
+    r = limited.client.get("/ui/jobs")
+    assert r.status_code == 429 and "rate_limited" in r.text
+    assert int(r.headers["retry-after"]) >= 1

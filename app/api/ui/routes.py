@@ -96,8 +96,11 @@ async def _form(request: Request) -> dict[str, str]:
 
 def _error_page(request: Request, session: UiSession | None, exc: MaecError
                 ) -> HTMLResponse:
-    return render(request, "error.html", http_status(exc), session=session,
-                  code=exc.code, message=exc.message)
+    response = render(request, "error.html", http_status(exc), session=session,
+                      code=exc.code, message=exc.message)
+    if isinstance(exc, ApiError):  # Retry-After of a 429, for one
+        response.headers.update(exc.headers)
+    return response
 
 
 async def _limit(session: UiSession) -> None:
