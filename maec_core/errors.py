@@ -87,6 +87,12 @@ class IncompatibleCheckpoints(CheckpointError):
     code = "incompatible_checkpoints"
 
 
+class TokenizerError(CheckpointError):
+    """A tokenizer.json that cannot be parsed, or a tokenizer that cannot be merged."""
+
+    code = "invalid_tokenizer"
+
+
 class NonFiniteOutput(MaecError):
     """A merged tensor contains NaN or inf: nothing is published."""
 

@@ -27,7 +27,6 @@ from app.jobs.keys import (
     idem_key,
     job_key,
     owner_key,
-    rate_key,
     status_key,
     usage_key,
 )
@@ -88,15 +87,6 @@ class ApiJobStore:
         """The job id an earlier submission with this idempotency key created."""
         found = await self._r.get(idem_key(owner, key))
         return None if found is None else text(found)
-
-    async def count_submission(self, owner: str, window_s: int = 60) -> int:
-        """Submissions by ``owner`` in the current fixed window (one pipelined call)."""
-        key = rate_key(owner, int(time.time() // window_s))
-        async with self._r.pipeline(transaction=True) as pipe:
-            pipe.incr(key)
-            pipe.expire(key, window_s * 2)
-            count, _ = await pipe.execute()
-        return int(count)
 
     async def get(self, job_id: str, owner: str | None = None) -> JobRecord | None:
         """The record, or None when missing or (with ``owner``) someone else's."""

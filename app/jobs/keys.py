@@ -49,10 +49,6 @@ def idem_key(owner: str, key: str) -> str:
     return f"{PREFIX}idem:{owner}:{key}"
 
 
-def rate_key(owner: str, window: int) -> str:
-    """Submission counter of ``owner`` in one fixed time window."""
-    return f"{PREFIX}rate:{owner}:{window}"
-
 
 def usage_key(owner: str) -> str:
     """Bytes of published outputs that ``owner``'s existing jobs hold (storage quota)."""

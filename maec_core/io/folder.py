@@ -155,6 +155,9 @@ class ModelFolder:
     # weights (so it is hashed with them).
     base: ModelFolder | None = None
     extra_files: list[Path] = field(default_factory=list)
+    # Tokenizer files read while a remote header view existed (the view is gone after
+    # planning starts); None: read them from ``root``.
+    tokenizer_data: dict[str, bytes] | None = None
 
     @property
     def weight_files(self) -> list[Path]:

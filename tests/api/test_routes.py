@@ -225,11 +225,11 @@ def test_metrics_report_jobs_by_status(api: Api) -> None:
 
 
 def test_openapi_lists_the_v1_routes(api: Api) -> None:
-    spec = api.client.get("/openapi.json").json()
+    spec = api.client.get("/openapi.json", headers=api.auth()).json()
     assert {"/v1/jobs", "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/cancel",
             "/v1/jobs/{job_id}/files/{path}", "/healthz", "/readyz", "/metrics"} <= set(
         spec["paths"])
-    assert api.client.get("/docs").status_code == 200
+    assert api.client.get("/docs", headers=api.auth()).status_code == 200
     assert spec["components"]["securitySchemes"]["apiKey"]["scheme"] == "bearer"
     assert spec["paths"]["/healthz"]["get"]["security"] == []
     assert spec["paths"]["/v1/jobs/{job_id}"]["get"]["security"] == [{"apiKey": []}]

@@ -60,8 +60,8 @@ def test_schemathesis_all_operations(fuzz_stack: Stack, tiny: dict[str, Path]) -
                              "language_base": str(tiny["base"])})
     fuzz_stack.wait(job["id"])
 
-    schema = schemathesis.openapi.from_url(f"{base}/openapi.json")
     auth = {"Authorization": f"Bearer {API_KEYS['alice']}"}
+    schema = schemathesis.openapi.from_url(f"{base}/openapi.json", headers=auth)
     checks = [status_code_conformance, content_type_conformance, response_schema_conformance]
     session = requests.Session()
     statuses: Counter[int] = Counter()

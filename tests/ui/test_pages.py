@@ -308,3 +308,19 @@ def test_the_rest_routes_rate_limit_applies_to_pages_with_its_retry_after(
     r = limited.client.get("/ui/jobs")
     assert r.status_code == 429 and "rate_limited" in r.text
     assert int(r.headers["retry-after"]) >= 1
+
+
+def test_wrong_keys_at_the_login_form_count_as_failed_authentications(api_factory: Any
+                                                                      ) -> None:
+    guarded: Api = api_factory(auth_failures_per_minute=1, auth_failure_burst=2)
+    codes = []
+    for key in ("guess-1", "guess-2", "guess-3", API_KEYS["alice"]):
+        form = guarded.client.get("/ui/login")
+        r = guarded.client.post("/ui/login", data={"token": _token(form.text),
+                                                   "api_key": key}, follow_redirects=False)
+        codes.append(r.status_code)
+    # Once the address is blocked, even the right key is refused (no success oracle).
+    assert codes == [401, 401, 429, 429], codes
+    assert sessions.COOKIE not in guarded.client.cookies
+    # The REST routes share that bucket.
+    assert guarded.client.get("/v1/jobs", headers=guarded.auth()).status_code == 429

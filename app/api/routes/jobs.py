@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import logging
-import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 
-from app.api.deps import Auth, Caller, authenticate
+from app.api.bounds import MAX_ID_CHARS, bounded_sizes, shown
+from app.api.deps import Auth, Caller, identify
 from app.api.errors import ApiError
 from app.api.schemas import PROBLEMS, JobList, JobOut
 from app.jobs.calls import job_storage_prefix
@@ -25,7 +25,13 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=PROBLEMS)
 
 def not_found(job_id: str) -> ApiError:
     # The same answer for "absent" and "another key's": ids are not an oracle.
-    return ApiError(404, "job_not_found", f"no job {job_id}", job_id=job_id)
+    return ApiError(404, "job_not_found", f"no job {shown(job_id)}", job_id=shown(job_id))
+
+
+def check_id(job_id: str) -> None:
+    """An id too long to be one names no job: 404 before any lookup."""
+    if len(job_id) > MAX_ID_CHARS:
+        raise not_found(job_id)
 
 
 def _job(rec: JobRecord, status: int = 200, headers: dict[str, str] | None = None
@@ -35,12 +41,17 @@ def _job(rec: JobRecord, status: int = 200, headers: dict[str, str] | None = Non
 
 @router.get("/{job_id}", response_model=JobOut)
 async def get_job(job_id: str, request: Request) -> Response:
-    """The job; clients poll this. Authenticated by calling ``authenticate`` directly
+    """The job; clients poll this. Authenticated by calling ``identify`` directly
     instead of declaring it as a dependency: resolving one dependency costs about 25 us
     per request, a sixth of this route's CPU (bench/api.py), and this is the route the
-    service answers most. Same check, same 401s."""
-    auth = await authenticate(request)
+    service answers most. Same check, same 401s; the rate-limit check runs alongside the
+    read (both are Redis round trips) and is awaited before anything is answered."""
+    auth = await identify(request)
+    if len(job_id) > MAX_ID_CHARS:
+        await auth.admitted()
+        raise not_found(job_id)
     body = await auth.svc.store.get_public_json(job_id, auth.owner)
+    await auth.admitted()
     if body is None:
         raise not_found(job_id)
     return Response(body, media_type="application/json")
@@ -57,13 +68,9 @@ async def submit(body: JobRequest, auth: Auth) -> JSONResponse:
         rec = await svc.store.get(earlier, owner) if earlier else None
         if rec is not None:
             return _job(rec, 200, {"Location": f"/v1/jobs/{rec.id}"})
-    if await svc.store.count_submission(owner) > svc.settings.submissions_per_minute:
-        raise ApiError(429, "rate_limited",
-                       f"more than {svc.settings.submissions_per_minute} submissions in a "
-                       "minute", headers={"Retry-After": str(60 - int(time.time()) % 60)},
-                       limit=svc.settings.submissions_per_minute)
+    await svc.limits.submission(owner)
     await _check_quota(auth)
-    recipe = build_recipe(body)
+    recipe = build_recipe(bounded_sizes(body))
     if body.callback_url is not None:  # resolves the host: blocking
         await run_in_threadpool(accept_callback, body.callback_url, svc.settings, owner)
     sources = await run_in_threadpool(check_sources, recipe, svc.settings, svc.storage)
@@ -104,7 +111,7 @@ async def submit(body: JobRequest, auth: Auth) -> JSONResponse:
 @router.get("", response_model=JobList)
 async def list_jobs(
     auth: Auth,
-    status: Annotated[str | None, Query()] = None,
+    status: Annotated[str | None, Query(max_length=32)] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     cursor: Annotated[str | None, Query(max_length=64, pattern=r"^j_[0-9a-f]+$")] = None,
 ) -> JSONResponse:
@@ -126,6 +133,7 @@ async def cancel_job(job_id: str, auth: Auth) -> JSONResponse:
     Idempotent: cancelling a cancelled job answers as the first cancel did, so a client
     whose first response was lost can retry. A job that succeeded or failed is a 409."""
     owner, svc = auth.owner, auth.svc
+    check_id(job_id)
     if await svc.store.get(job_id, owner) is None:
         raise not_found(job_id)
     outcome = await svc.store.cancel(job_id)
@@ -162,6 +170,7 @@ async def _check_quota(auth: Caller) -> None:
 
 
 async def _set_pinned(job_id: str, auth: Auth, pinned: bool) -> JSONResponse:
+    check_id(job_id)
     if not await auth.svc.store.pin(job_id, auth.owner, pinned):
         raise not_found(job_id)
     rec = await auth.svc.store.get(job_id, auth.owner)
@@ -194,6 +203,7 @@ async def delete_job(job_id: str, auth: Auth) -> Response:
     running: cancel it first. Files being downloaded at that moment end in an error
     for that download, never in a short file the client would accept."""
     owner, svc = auth.owner, auth.svc
+    check_id(job_id)
     rec = await svc.store.get(job_id, owner)
     if rec is None:
         raise not_found(job_id)

@@ -23,7 +23,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from fastapi.templating import Jinja2Templates
 from pydantic import ValidationError
 
-from app.api.deps import Services, get_services
+from app.api.deps import Services, client_address, get_services
 from app.api.errors import ApiError, http_status, validation_problems
 from app.api.limits import owner_of
 from app.api.routes import files as file_routes
@@ -103,9 +103,11 @@ def _error_page(request: Request, session: UiSession | None, exc: MaecError
     return response
 
 
-async def _limit(session: UiSession) -> None:
-    """The key's request rate limit, the one the REST routes apply (429 when spent)."""
-    session.svc.limiter.check(session.owner)
+async def _limit(request: Request, session: UiSession) -> None:
+    """The limits the REST routes apply to a request (the key's bucket, and the address
+    not blocked for failed logins); 429 when spent. Dev mode has none."""
+    if not session.svc.settings.dev_mode:
+        await session.svc.limits.request(session.owner, client_address(request)).check()
 
 
 async def _page(request: Request, handler: Page, *, limited: bool = True) -> Response:
@@ -117,7 +119,7 @@ async def _page(request: Request, handler: Page, *, limited: bool = True) -> Res
         return _see("/ui/login")
     try:
         if limited:
-            await _limit(session)
+            await _limit(request, session)
         return await handler(session)
     except MaecError as exc:
         return _error_page(request, session, exc)
@@ -169,8 +171,17 @@ async def login(request: Request) -> Response:
         return _login_page(request, "The form expired; try again.", 403)
     key = form.get("api_key", "").strip()
     owner = "dev" if svc.settings.dev_mode else (owner_of(key, svc.keys) if key else None)
-    if owner is None:
-        return _login_page(request, "Unknown API key.", 401)
+    try:
+        if owner is None:
+            # Counted like a failed REST authentication: guessing keys here is no faster.
+            await svc.limits.failed_auth(client_address(request))
+            return _login_page(request, "Unknown API key.", 401)
+        if not svc.settings.dev_mode:  # a blocked address is refused, right key or not
+            await svc.limits.request(owner, client_address(request)).check()
+    except ApiError as exc:
+        refused = _login_page(request, exc.message, exc.http_status)
+        refused.headers.update(exc.headers)
+        return refused
     response = _see("/ui/jobs")
     sessions.set_cookie(response, request, sessions.COOKIE,
                         await sessions.create(svc, owner), sessions.SESSION_SECONDS)
@@ -290,7 +301,7 @@ async def job_state(request: Request, job_id: str) -> Response:
     session = await sessions.current(request, svc)
     if session is None:
         raise ApiError(401, "unauthorized", "log in at /ui/login")
-    await _limit(session)
+    await _limit(request, session)
     rec = await svc.store.get(job_id, session.owner)
     if rec is None:
         raise job_routes.not_found(job_id)
