@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -71,15 +72,21 @@ async def _maec_error(_req: Request, exc: Exception) -> JSONResponse:
     return problem(http_status(exc), exc.code, exc.message, exc.details, headers)
 
 
-async def _validation(_req: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, RequestValidationError)
+def validation_problems(errs: Sequence[Any]) -> tuple[str, list[str]]:
+    """The ``invalid_request`` message and its problem list for pydantic errors (the
+    body's ``loc`` prefix left out), so every face of the service words them alike."""
     problems = []
-    for err in exc.errors():
+    for err in errs:
         where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
         msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
         problems.append(f"{where}: {msg}" if where else msg)
-    return problem(422, "invalid_request", "invalid request: " + "; ".join(problems),
-                   {"problems": problems})
+    return "invalid request: " + "; ".join(problems), problems
+
+
+async def _validation(_req: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    message, problems = validation_problems(exc.errors())
+    return problem(422, "invalid_request", message, {"problems": problems})
 
 
 async def _http(_req: Request, exc: Exception) -> JSONResponse:
