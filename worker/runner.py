@@ -31,7 +31,7 @@ from app.storage.base import Storage, StorageError
 from maec_core.errors import Cancelled, MaecError
 from maec_core.manifest import MANIFEST_NAME
 from maec_core.recipe import Recipe, parse_recipe
-from worker.inputs import Hold, InputCache, fetch_source
+from worker.inputs import Hold, InputCache, check_adapter_bases, fetch_source
 
 log = logging.getLogger("maec.worker")
 
@@ -317,6 +317,7 @@ class JobRunner:
         local = self._fetch(rec, recipe, att, workdir, hold)
         # 2. merge: the recipe was parsed once from the job record; passed on typed.
         recipe = recipe.with_sources(local)
+        check_adapter_bases(recipe)
         workdir.mkdir(parents=True, exist_ok=True)
         out = workdir / "out"
         from maec_core.run import run as run_merge
