@@ -97,6 +97,26 @@ def corpus_sources(recipe: Recipe) -> list[str]:
     return sorted({s.ref for s in recipe.sources() if s.kind == "corpus"})
 
 
+def inspect_models(recipe: Recipe, parsed: dict[str, Source], storage: Storage
+                   ) -> dict[str, ModelFolder]:
+    """Header views of every checkpoint the recipe reads, the recipe's base first: a LoRA
+    adapter among the others applies to that base, its shapes checked against the base's
+    headers. The base an adapter's own config names is never followed (it may lie
+    outside every allowed root), so an adapter with no base in the recipe, or as the
+    base itself, is refused."""
+    # Tokenizer files are read only for a recipe that merges vocabularies.
+    tokenizer = recipe.vocab_source is not None
+    folders: dict[str, ModelFolder] = {}
+    base_ref = recipe.base_model
+    if base_ref is not None and base_ref in parsed:
+        folders[base_ref] = inspect_source(parsed[base_ref], storage, tokenizer)
+    base = folders.get(base_ref) if base_ref is not None else None
+    for uri in model_sources(recipe):
+        if uri not in folders:
+            folders[uri] = inspect_source(parsed[uri], storage, tokenizer, base=base)
+    return folders
+
+
 def check_sources(
     recipe: Recipe, settings: Settings, storage: Storage
 ) -> dict[str, dict[str, Any]]:
@@ -114,11 +134,7 @@ def check_sources(
     parsed: dict[str, Source] = {}
     for uri in [*model_sources(recipe), *corpus_sources(recipe)]:
         parsed[uri] = parse_source(uri, settings)
-    # Tokenizer files are read only for a recipe that merges vocabularies.
-    tokenizer = recipe.vocab_source is not None
-    folders: dict[str, ModelFolder] = {
-        uri: inspect_source(parsed[uri], storage, tokenizer) for uri in model_sources(recipe)
-    }
+    folders = inspect_models(recipe, parsed, storage)
     plan_recipe(recipe, folders)
     # Pinned after the checks: a file replaced in between is pinned as replaced, which
     # lets nothing unchecked through (the engine validates the folder it reads).

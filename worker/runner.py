@@ -32,7 +32,7 @@ from maec_core.errors import Cancelled, MaecError
 from maec_core.manifest import MANIFEST_NAME
 from maec_core.recipe import Recipe, parse_recipe
 from maec_core.sweep.inputs import eval_sources, with_eval_sources
-from worker.inputs import Hold, InputCache, fetch_source
+from worker.inputs import Hold, InputCache, check_adapter_bases, fetch_source
 from worker.stages import produce, spans_for
 
 log = logging.getLogger("maec.worker")
@@ -331,7 +331,9 @@ class JobRunner:
         recipe = parse_recipe(rec.recipe)
         att.spans = spans_for(recipe, att.is_maec)
         local = self._fetch(rec, recipe, att, workdir, hold)
+        # The recipe was parsed once from the job record; passed on typed.
         recipe = with_eval_sources(recipe.with_sources(local), local)
+        check_adapter_bases(recipe)
         workdir.mkdir(parents=True, exist_ok=True)
         out = workdir / "out"
         uploaded = [0]
