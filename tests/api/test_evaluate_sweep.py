@@ -89,8 +89,8 @@ def test_unreadable_eval_set_bytes(api: Api) -> None:
 
 
 @pytest.mark.parametrize(("sweep", "code"), [
-    ({"grid": {"density": [0.5]}, "objective": {"set": "wiki-sw", "metric": "perplexity"}},
-     "invalid_sweep"),  # task_arithmetic has no density
+    ({"grid": {"gamma": [0.5]}, "objective": {"set": "wiki-sw", "metric": "perplexity"}},
+     "invalid_sweep"),  # task_arithmetic has no gamma
     ({"grid": {"weight": [0.5]}, "objective": {"set": "nope", "metric": "perplexity"}},
      "invalid_sweep"),
     ({"grid": {"weight": ["x"]}, "objective": {"set": "wiki-sw", "metric": "perplexity"}},
