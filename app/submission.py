@@ -7,17 +7,23 @@ source is then allow-listed, resolved and its headers compared (no weights are r
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from typing import Any
+
+from pydantic import BaseModel, ValidationError
 
 from app.settings import Settings
 from app.sources import Source, check_corpus, inspect_source, parse_source
 from app.storage.base import Storage
 from maec_contract import JobRequest as JobRequest  # the body model, shared with the client
-from maec_core.errors import RecipeError
+from maec_core.errors import EmptySelection, RecipeError
 from maec_core.io.folder import ModelFolder
-from maec_core.methods import NamedForm, get_method
-from maec_core.plan import build_plan
-from maec_core.recipe import Recipe, parse_recipe
+from maec_core.maec.params import maec_params
+from maec_core.methods import NamedForm, TensorMethod, get_method
+from maec_core.methods.maec import Maec
+from maec_core.methods.params import resolve_params
+from maec_core.plan import MergePlan, build_plan
+from maec_core.recipe import Condition, ParamValue, Recipe, parse_recipe
 
 
 def build_recipe(req: JobRequest) -> Recipe:
@@ -85,7 +91,59 @@ def check_sources(
     folders: dict[str, ModelFolder] = {
         uri: inspect_source(parsed[uri], storage) for uri in model_sources(recipe)
     }
-    build_plan(folders, next(iter(folders)))
+    check_against_plan(recipe, build_plan(folders, next(iter(folders))))
     for uri in corpus_sources(recipe):
         check_corpus(parsed[uri], storage, settings.max_corpus_bytes)
     return {uri: s.to_dict() for uri, s in parsed.items()}
+
+
+def check_against_plan(recipe: Recipe, plan: MergePlan) -> None:
+    """What the worker will derive from the tensor names, derived now from the headers.
+
+    MAEC: every include pattern matches a tensor and the selection is not empty. Tensor
+    methods: every condition's filter matches a tensor, and the parameters resolved for
+    each tensor (conditions, layer gradients) pass the method's models, as the engine
+    will validate them. Raises EmptySelection or RecipeError.
+    """
+    method = get_method(recipe.merge_method)
+    if isinstance(method, Maec):
+        maec_params(recipe).check_selection((t.name, len(t.shape)) for t in plan.tensors)
+        return
+    if not isinstance(method, TensorMethod):
+        return
+    names = [t.name for t in plan.tensors]
+    values = list(_parameter_maps(recipe, method))
+    for where, _model, params in values:
+        _check_filters(where, params, names)
+    for name in names:
+        for where, model, params in values:
+            resolved = resolve_params(params, name, plan.num_layers)
+            try:
+                model.model_validate(resolved)
+            except ValidationError as exc:
+                problems = [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
+                raise RecipeError(
+                    f"{where} for tensor {name!r} resolve to {resolved}: {'; '.join(problems)}",
+                    tensor=name, problems=problems,
+                ) from None
+
+
+def _parameter_maps(recipe: Recipe, method: TensorMethod
+                    ) -> Iterator[tuple[str, type[BaseModel], Mapping[str, ParamValue]]]:
+    yield "parameters", method.params, recipe.parameters
+    for i, entry in enumerate(recipe.models):
+        if entry.model != recipe.base_model:  # the engine never resolves the base's
+            yield f"models[{i}].parameters", method.model_params, entry.parameters
+
+
+def _check_filters(where: str, params: Mapping[str, ParamValue], names: list[str]) -> None:
+    for key, value in params.items():
+        conditions = value if isinstance(value, list) else []
+        for cond in conditions:
+            if not isinstance(cond, Condition) or cond.filter in (None, "*"):
+                continue
+            if not any(cond.filter in name for name in names):
+                raise EmptySelection(
+                    f"{where}.{key}: filter {cond.filter!r} matches no tensor of the "
+                    "checkpoints", parameter=key, filter=cond.filter,
+                )

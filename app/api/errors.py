@@ -12,6 +12,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app.api.job_body import describe_errors
 from maec_core.errors import MaecError
 
 log = logging.getLogger("maec.api")
@@ -70,13 +71,11 @@ async def _maec_error(_req: Request, exc: Exception) -> JSONResponse:
 
 async def _validation(_req: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    problems = []
-    for err in exc.errors():
-        where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
-        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
-        problems.append(f"{where}: {msg}" if where else msg)
-    return problem(422, "invalid_request", "invalid request: " + "; ".join(problems),
-                   {"problems": problems})
+    # A job body's parameter or recipe problem is invalid_recipe, like the methods' own
+    # checks call it; everything else the schema refuses is invalid_request.
+    code, problems = describe_errors(exc.errors())
+    what = "invalid recipe" if code == "invalid_recipe" else "invalid request"
+    return problem(422, code, f"{what}: " + "; ".join(problems), {"problems": problems})
 
 
 async def _http(_req: Request, exc: Exception) -> JSONResponse:
