@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from app.settings import Settings
 from app.sources import Source, check_corpus, inspect_source, parse_source
@@ -21,7 +21,7 @@ from maec_core.io.folder import ModelFolder
 from maec_core.maec.params import maec_params
 from maec_core.methods import NamedForm, TensorMethod, get_method
 from maec_core.methods.maec import Maec
-from maec_core.methods.params import resolve_params
+from maec_core.methods.params import validated_params
 from maec_core.plan import MergePlan, build_plan
 from maec_core.recipe import Condition, ParamValue, Recipe, parse_recipe
 
@@ -117,15 +117,10 @@ def check_against_plan(recipe: Recipe, plan: MergePlan) -> None:
         _check_filters(where, params, names)
     for name in names:
         for where, model, params in values:
-            resolved = resolve_params(params, name, plan.num_layers)
             try:
-                model.model_validate(resolved)
-            except ValidationError as exc:
-                problems = [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
-                raise RecipeError(
-                    f"{where} for tensor {name!r} resolve to {resolved}: {'; '.join(problems)}",
-                    tensor=name, problems=problems,
-                ) from None
+                validated_params(model, params, name, plan.num_layers)
+            except RecipeError as exc:
+                raise RecipeError(f"{where}: {exc.message}", **exc.details) from None
 
 
 def _parameter_maps(recipe: Recipe, method: TensorMethod
