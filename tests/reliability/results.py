@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import threading
 
-KEYS = ("fuzz_requests", "fuzz_5xx", "hostile_inputs", "lost_jobs", "duplicate_runs")
+KEYS = ("fuzz_requests", "fuzz_5xx", "property_bodies", "property_5xx", "hostile_inputs",
+        "lost_jobs", "duplicate_runs")
 
 _lock = threading.Lock()
 COUNTERS: dict[str, int] = dict.fromkeys(KEYS, 0)
