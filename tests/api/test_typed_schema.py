@@ -152,7 +152,7 @@ def test_condition_filter_selecting_nothing(api: Api) -> None:
 
 
 def test_pattern_search_has_a_time_limit() -> None:
-    params = MaecParams(include=r"(x+x+)+y")
+    params = MaecParams.model_validate({"include": r"(x+x+)+y"})
     with pytest.raises(RecipeError, match="longer than"):
         params.is_included("x" * 5000, 2)
 

@@ -25,6 +25,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import hypothesis
 import pytest
 import requests
 
@@ -108,9 +109,7 @@ class _Tally:
                 "server_errors": self.server_errors, "nonconforming": self.nonconforming}
 
 
-def _settings(n: int, **kw: Any) -> Any:
-    import hypothesis
-
+def _settings(n: int, **kw: Any) -> hypothesis.settings:
     return hypothesis.settings(max_examples=max(1, n), deadline=None, database=None,
                                derandomize=True, phases=[hypothesis.Phase.generate],
                                suppress_health_check=list(hypothesis.HealthCheck), **kw)
@@ -138,7 +137,6 @@ def _stateless(base: str, job_id: str, tasks: list[tuple[str, str, int]],
 
 def _fuzz_operation(op: Any, mode: str, n: int, base: str, job_id: str,
                     session: requests.Session, tally: _Tally) -> None:
-    import hypothesis
     from schemathesis import GenerationMode
 
     name = f"{op.label} [{mode}]"
@@ -270,8 +268,6 @@ def _bodies(tiny: dict[str, Path]) -> Any:
 
 
 def test_submission_over_arbitrary_json(fuzz_stack: Stack, tiny: dict[str, Path]) -> None:
-    import hypothesis
-
     session = requests.Session()
     url = f"{fuzz_stack.base_url}/v1/jobs"
     headers = {**AUTH, "content-type": "application/json"}
