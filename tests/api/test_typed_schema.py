@@ -104,7 +104,7 @@ def test_overflowing_and_infinite_numbers(api: Api, number: str) -> None:
 def test_numbers_are_stored_as_numbers(api: Api) -> None:
     job = api.submit(api.named("ties", parameters={"density": 1, "weight": [0.5, 1],
                                                    "lambda": 1, "normalize": False}))
-    recipe = job["recipe"]
+    recipe: Any = job["recipe"]
     assert recipe["parameters"] == {"lambda": 1.0, "normalize": False}
     assert [m["parameters"] for m in recipe["models"]] == [
         {"density": 1.0, "weight": 0.5}, {"density": 1.0, "weight": 1.0}]
