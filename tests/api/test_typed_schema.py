@@ -233,3 +233,41 @@ def _find_discriminator(node: Any, prop: str) -> dict[str, Any]:
             if found:
                 return found
     return {}
+
+
+# -- what can still fail in the worker fails with a specific code --
+
+def _run(api: Api, job_id: str) -> dict[str, Any]:
+    from app.storage.local import LocalStorage
+    from worker.runner import JobRunner
+
+    runner = JobRunner(api.settings, api.worker_store(), LocalStorage(api.settings.storage_dir))
+    assert runner.run(job_id) == "failed"
+    r = api.client.get(f"/v1/jobs/{job_id}", headers=api.auth())
+    return dict(r.json()["error"])
+
+
+def test_running_out_of_memory_is_its_own_code(api: Api,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    import maec_core.run
+
+    def no_memory(*_a: Any, **_k: Any) -> None:
+        raise MemoryError("cannot allocate")
+
+    monkeypatch.setattr(maec_core.run, "run", no_memory)
+    job_id = str(api.submit()["id"])
+    assert _run(api, job_id)["code"] == "out_of_memory"
+
+
+def test_a_queued_recipe_failing_per_tensor_is_a_recipe_error(api: Api) -> None:
+    # Written to the store directly, as a job queued before these checks existed: the
+    # engine's per-tensor validation names the recipe, not an internal error.
+    job_id = str(api.submit({"recipe": {
+        "merge_method": "nearswap", "base_model": str(api.models.base),
+        "models": [{"model": str(api.models.donor)}], "parameters": {"t": 0.5}}})["id"])
+    key = f"maec:job:{job_id}"
+    recipe = json.loads(api.r.hget(key, "recipe") or b"{}")
+    recipe["parameters"] = {"t": [{"filter": "self_attn", "value": 0.5}]}
+    api.r.hset(key, "recipe", json.dumps(recipe))
+    error = _run(api, job_id)
+    assert error["code"] == "invalid_recipe" and "for tensor" in error["message"]
