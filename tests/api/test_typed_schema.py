@@ -266,7 +266,9 @@ def test_a_queued_recipe_failing_per_tensor_is_a_recipe_error(api: Api) -> None:
         "merge_method": "nearswap", "base_model": str(api.models.base),
         "models": [{"model": str(api.models.donor)}], "parameters": {"t": 0.5}}})["id"])
     key = f"maec:job:{job_id}"
-    recipe = json.loads(api.r.hget(key, "recipe") or b"{}")
+    stored = api.r.hget(key, "recipe")
+    assert isinstance(stored, bytes)
+    recipe = json.loads(stored)
     recipe["parameters"] = {"t": [{"filter": "self_attn", "value": 0.5}]}
     api.r.hset(key, "recipe", json.dumps(recipe))
     error = _run(api, job_id)
