@@ -261,8 +261,8 @@ def _method_models(method: MergeMethod) -> tuple[type[BaseModel], type[BaseModel
 def _normalize(value: Any) -> Any:
     """Method names are case-insensitive (as in a recipe): lower them before the unions
     pick a member; an unknown name is a recipe problem, not a schema one."""
-    if not isinstance(value, dict):
-        return value
+    if not isinstance(value, dict) or _form(value) is None:
+        return value  # the form's own error says what is wrong
     out = dict(value)
     holder, key = (out, "method")
     if isinstance(out.get("recipe"), dict):
