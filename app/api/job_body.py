@@ -112,7 +112,9 @@ def strict_type(tp: Any, meta: Sequence[Any] = ()) -> Any:
     if tp is float:
         return _number(float, meta, FINITE_MAX)
     if tp is str:
-        return _sized(str, meta, STR_MAX)
+        # A string keeps everything but number bounds (a pattern, a validator).
+        rest = [m for m in meta if not isinstance(m, _NUMERIC + _LENGTH + (AllowInfNan,))]
+        return _A[_sized(str, meta, STR_MAX), *rest] if rest else _sized(str, meta, STR_MAX)
     if origin is list:
         (item,) = get_args(tp)
         return _sized(_L[strict_type(item)], meta, LIST_MAX)

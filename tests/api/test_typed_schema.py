@@ -273,3 +273,38 @@ def test_a_queued_recipe_failing_per_tensor_is_a_recipe_error(api: Api) -> None:
     api.r.hset(key, "recipe", json.dumps(recipe))
     error = _run(api, job_id)
     assert error["code"] == "invalid_recipe" and "for tensor" in error["message"]
+
+
+# -- the generator --
+
+def test_a_new_method_gets_its_members_from_its_models() -> None:
+    from pydantic import Field, TypeAdapter, ValidationError
+
+    from app.api.job_body import _method_models
+    from maec_core.methods.base import Finite, Params, TensorMethod
+
+    class SharpParams(Params):
+        alpha: Finite = Field(0.5, ge=0.0, le=2.0)
+        steps: int = Field(3, ge=1)
+
+    class Sharp(TensorMethod):  # no ``name`` in its body: not registered
+        params = SharpParams
+
+    method = Sharp()
+    method.name = "sharp"  # type: ignore[misc]
+    named, recipe = _method_models(method)
+    ok = TypeAdapter(named).validate_python(
+        {"method": "sharp", "ability_donor": ["/a"], "language_base": "/l",
+         "parameters": {"alpha": [0, 2], "steps": 4}})
+    assert ok.model_dump(exclude_unset=True)["parameters"] == {"alpha": [0.0, 2.0], "steps": 4}
+    for bad in ({"alpha": 2.5}, {"alpha": "1"}, {"steps": 1.5}, {"steps": True},
+                {"steps": [1, 2]}, {"beta": 1}):
+        with pytest.raises(ValidationError):
+            TypeAdapter(recipe).validate_python({"merge_method": "sharp", "parameters": bad})
+
+
+def test_an_unknown_field_type_is_refused_when_the_schema_is_built() -> None:
+    from app.api.job_body import strict_type
+
+    with pytest.raises(TypeError, match="no strict form"):
+        strict_type(set[int])
