@@ -185,7 +185,10 @@ def _plan(labels: list[str]) -> list[list[tuple[str, str, int]]]:
     """Every (operation, mode) with its examples, split in two by generation cost."""
     tasks = [(label, mode, int(EXAMPLES.get((label, mode), DEFAULT_EXAMPLES) * SCALE))
              for label in labels for mode in ("positive", "negative")]
-    heavy = [t for t in tasks if t[0] == "POST /v1/jobs"]
+    # The job body's generation (and the stateful scenarios, run beside it) weigh about
+    # as much as all the other operations together.
+    heavy = [t for t in tasks if t[0] == "POST /v1/jobs" or t[:2] == ("GET /v1/jobs",
+                                                                      "negative")]
     return [heavy, [t for t in tasks if t not in heavy]]
 
 
