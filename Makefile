@@ -3,25 +3,34 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup run test lint demo test-faults soak bench-engine bench-maec bench-api experiment experiment-smoke
+.PHONY: setup run test lint demo test-faults soak bench-engine bench-maec bench-api bench-conformance experiment experiment-smoke
 
 setup:
 	@bash scripts/setup.sh
 
+# Import contracts: [tool.importlinter] in pyproject.toml.
+LINT_IMPORTS := $(VENV)/bin/lint-imports --no-logo --cache-dir .cache/import-linter
+
 test: setup
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy maec_core app worker maec_client
+	$(VENV)/bin/mypy maec_core app worker maec_client maec_contract
+	$(LINT_IMPORTS)
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy maec_core app worker maec_client
+	$(VENV)/bin/mypy maec_core app worker maec_client maec_contract
+	$(LINT_IMPORTS)
 
 bench-engine: setup
 	$(PY) -m bench.engine
 
 bench-maec: setup
 	$(PY) -m bench.maec
+
+# Our copies of mergekit-style recipes through our engine and mergekit, tensor by tensor.
+bench-conformance: setup
+	$(PY) -m bench.conformance
 
 run: setup
 	$(PY) -m app.run_local
@@ -32,7 +41,12 @@ demo: setup
 bench-api: setup
 	$(PY) -m bench.api
 
-# Reliability suite (issue 5): fault injection on real processes, schemathesis, hostile
+# Evaluation throughput (perplexity and generation) against a plain transformers loop.
+.PHONY: bench-eval
+bench-eval: setup
+	$(PY) -m bench.eval
+
+# Reliability suite: fault injection on real processes, schemathesis, hostile
 # inputs, security, load. Also part of `make test`. Ends with the RESULT line.
 test-faults: setup
 	$(VENV)/bin/pytest -m faults tests/reliability tests/core/test_hostile_inputs.py tests/test_no_trust_remote_code.py $(PYTEST_ARGS)
@@ -42,7 +56,7 @@ SOAK_ARGS ?=
 soak: setup
 	$(PY) -m bench.soak $(SOAK_ARGS)
 
-# The transfer experiment (issue 6): data, training (cached under experiments/transfer/cache),
+# The transfer experiment: data, training (cached under experiments/transfer/cache),
 # merges through our engine, sweep, docs/experiments.md figures.
 experiment: setup
 	$(PY) -m experiments.transfer.run --full

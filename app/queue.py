@@ -10,6 +10,18 @@ from celery import Celery
 
 TASK_NAME = "maec.run_job"
 QUEUE = "merges"
+# A finished job's signed webhook (app/webhooks/delivery.py), one attempt per message.
+# Its own queue, so a delivery never waits behind queued merges: every worker also takes
+# it between merges (worker/celery_app.py), and a small worker may serve it alone.
+WEBHOOK_TASK_NAME = "maec.deliver_webhook"
+WEBHOOK_QUEUE = "webhooks"
+
+
+def send_webhook(celery: Celery, job_id: str, attempt: int = 1, delay_s: float = 0.0,
+                 *, retry: bool = True) -> None:
+    """Queue attempt ``attempt`` of ``job_id``'s webhook, due in ``delay_s`` seconds."""
+    celery.send_task(WEBHOOK_TASK_NAME, args=[job_id, attempt], queue=WEBHOOK_QUEUE,
+                     countdown=delay_s if delay_s > 0 else None, retry=retry)
 
 
 class Enqueuer:
@@ -26,6 +38,9 @@ class Enqueuer:
 
     def enqueue(self, job_id: str) -> None:
         self.celery.send_task(TASK_NAME, args=[job_id], queue=QUEUE, retry=False)
+
+    def enqueue_webhook(self, job_id: str) -> None:
+        send_webhook(self.celery, job_id, retry=False)
 
     def close(self) -> None:
         self.celery.close()

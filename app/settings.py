@@ -12,8 +12,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from app.webhooks.hosts import AllowList
 
 log = logging.getLogger("maec.settings")
 
@@ -86,6 +88,52 @@ class Settings(BaseSettings):
     # Many requests parked on Redis at once keep the default firing thousands of times
     # a second; see app/api/gc_tuning.py.
     api_gc_threshold: int = Field(default=20_000, ge=0)
+
+    # Retention and quotas (docs/api.md, "Retention"). Finished jobs and their outputs
+    # are removed this many days after they ended, unless pinned (unset: kept until
+    # deleted). Fractions are allowed (0.5 = twelve hours).
+    job_ttl_days: float | None = Field(default=None, gt=0)
+    # Bytes of published outputs one key's jobs may hold (unset: no limit).
+    storage_quota_bytes_per_key: int | None = Field(default=None, ge=1)
+    # An ability artifact no job references is deleted from storage after this long
+    # (it may still be reused meanwhile; a job reusing it restarts the period).
+    artifact_grace_seconds: float = Field(default=7 * 86400, ge=0)
+    # How often one worker (whichever takes the period's lock) runs the retention sweep.
+    retention_sweep_seconds: float = Field(default=60.0, gt=0)
+
+    # Signed job webhooks (app/webhooks/, docs/api.md "Webhooks"). A callback's host
+    # must match an entry: a host name, "*.domain", an IP address or a CIDR network.
+    # Private, loopback and link-local addresses are refused unless an IP entry covers
+    # them. Empty: every callback_url is refused.
+    webhook_allowed_hosts: list[str] = Field(default_factory=list)
+    # key id -> the secret that key's webhooks are signed with, e.g.
+    # MAEC_WEBHOOK_SECRETS='{"alice": "<random, 32+ chars>"}'; never shown back.
+    webhook_secrets: dict[str, SecretStr] = Field(default_factory=dict)
+    webhook_max_attempts: int = Field(default=8, ge=1, le=30)
+    # Attempt n+1 runs min(backoff * 2**(n-1), backoff_max) seconds after attempt n
+    # failed. A waiting attempt is a broker message held unacknowledged, so backoff_max
+    # stays under the visibility timeout (task_time_limit + 600 s).
+    webhook_backoff_seconds: float = Field(default=10.0, ge=0.05, le=3600)
+    webhook_backoff_max_seconds: float = Field(default=3600.0, ge=0.05, le=86400)
+    # Per connect, send and read; the delivery task's time limit
+    # (app/webhooks/delivery.py) assumes at most 30.
+    webhook_timeout_seconds: float = Field(default=10.0, gt=0, le=30)
+
+    @field_validator("webhook_allowed_hosts")
+    @classmethod
+    def _webhook_hosts(cls, v: list[str]) -> list[str]:
+        AllowList.parse(v)  # the allow-list's rules live with the address checks
+        return v
+
+    @field_validator("webhook_secrets")
+    @classmethod
+    def _webhook_secrets(cls, v: dict[str, SecretStr]) -> dict[str, SecretStr]:
+        for key_id, secret in v.items():
+            # Names the key id only: a secret is never repeated in an error.
+            if len(secret.get_secret_value()) < 16:
+                raise ValueError(f"the webhook secret of key id {key_id!r} is shorter than "
+                                 "16 characters")
+        return v
 
     @field_validator("api_keys")
     @classmethod

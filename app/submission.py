@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from app.settings import Settings
-from app.sources import Source, check_corpus, inspect_source, parse_source
+from app.sources import Source, check_corpus, inspect_source, parse_source, pin_source
 from app.storage.base import Storage
 from maec_contract import JobRequest as JobRequest  # the body model, shared with the client
 from maec_core.errors import EmptySelection, RecipeError
@@ -22,8 +22,9 @@ from maec_core.maec.params import maec_params
 from maec_core.methods import NamedForm, TensorMethod, get_method
 from maec_core.methods.maec import Maec
 from maec_core.methods.params import validated_params
-from maec_core.plan import MergePlan, build_plan
-from maec_core.recipe import Condition, ParamValue, Recipe, parse_recipe
+from maec_core.plan import MergePlan, plan_recipe
+from maec_core.recipe import Recipe, parse_recipe
+from maec_core.recipe_values import Condition, ParamValue
 
 
 def build_recipe(req: JobRequest) -> Recipe:
@@ -75,7 +76,8 @@ def corpus_sources(recipe: Recipe) -> list[str]:
 def check_sources(
     recipe: Recipe, settings: Settings, storage: Storage
 ) -> dict[str, dict[str, Any]]:
-    """Allow-list, resolve and compare every source; returns ``{uri: source dict}``.
+    """Allow-list, resolve and compare every source; returns ``{uri: source dict}``,
+    each pinned to the files it holds now (what the worker will fetch, and nothing else).
 
     Blocking (file and S3 I/O): the API calls it in a worker thread.
     """
@@ -91,10 +93,13 @@ def check_sources(
     folders: dict[str, ModelFolder] = {
         uri: inspect_source(parsed[uri], storage) for uri in model_sources(recipe)
     }
-    check_against_plan(recipe, build_plan(folders, next(iter(folders))))
+    check_against_plan(recipe, plan_recipe(recipe, folders))
+    # Pinned after the checks: a file replaced in between is pinned as replaced, which
+    # lets nothing unchecked through (the engine validates the folder it reads).
+    pinned = {uri: pin_source(parsed[uri], storage) for uri in model_sources(recipe)}
     for uri in corpus_sources(recipe):
-        check_corpus(parsed[uri], storage, settings.max_corpus_bytes)
-    return {uri: s.to_dict() for uri, s in parsed.items()}
+        pinned[uri] = check_corpus(parsed[uri], storage, settings.max_corpus_bytes)
+    return {uri: s.to_dict() for uri, s in pinned.items()}
 
 
 def check_against_plan(recipe: Recipe, plan: MergePlan) -> None:
@@ -111,16 +116,30 @@ def check_against_plan(recipe: Recipe, plan: MergePlan) -> None:
         return
     if not isinstance(method, TensorMethod):
         return
-    names = [t.name for t in plan.tensors]
-    values = list(_parameter_maps(recipe, method))
-    for where, _model, params in values:
+    # Output names, and for a slices recipe the input names its sources are read under.
+    names = sorted({t.name for t in plan.tensors}
+                   | {i.name for t in plan.tensors for i in t.sources.values()})
+    for where, params in _parameter_blocks(recipe):
         _check_filters(where, params, names)
-    for name in names:
-        for where, model, params in values:
+    if recipe.slices is not None:
+        return  # resolved per slice by maec_core.slices, which names its own failures
+    for name in (t.name for t in plan.tensors):
+        for where, model, params in _parameter_maps(recipe, method):
             try:
                 validated_params(model, params, name, plan.num_layers)
             except RecipeError as exc:
                 raise RecipeError(f"{where}: {exc.message}", **exc.details) from None
+
+
+def _parameter_blocks(recipe: Recipe) -> Iterator[tuple[str, Mapping[str, ParamValue]]]:
+    """Every parameter block of the recipe, with where it sits."""
+    yield "parameters", recipe.parameters
+    for i, entry in enumerate(recipe.models):
+        yield f"models[{i}].parameters", entry.parameters
+    for i, sl in enumerate(recipe.slices or []):
+        yield f"slices[{i}].parameters", sl.parameters
+        for j, src in enumerate(sl.sources):
+            yield f"slices[{i}].sources[{j}].parameters", src.parameters
 
 
 def _parameter_maps(recipe: Recipe, method: TensorMethod

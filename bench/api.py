@@ -1,14 +1,19 @@
 """``make bench-api``: job-read throughput and latency against a bare FastAPI peer, and
 the service's own overhead on a tiny job.
 
-1. Uses the service ``make run`` started (var/run.json), or starts one (temp dir, free
-   port) for the run.
+1. Starts its own service (temp dir, free ports): redis-server, one Celery worker and the
+   API under uvicorn, as in production: not dev mode, API keys configured by their
+   sha256 (``MAEC_API_KEYS``), so every request below is authenticated with a real key.
+   The per-key rate limits are raised out of the way (one key sends all the load);
+   the limiter still runs on every request.
 2. Job overhead: tiny task-arithmetic jobs, submit -> succeeded as a client polling
    every 5 ms sees it, minus the merge time the worker reports (``core_seconds``);
    the median of several jobs.
 3. Throughput: ``GET /v1/jobs/{id}`` from 64 concurrent keep-alive connections (PROCS
-   processes of asyncio clients) for a fixed duration, then the same load on a bare FastAPI endpoint
-   returning the same JSON body, served by uvicorn with the same settings, in this run.
+   processes of asyncio clients) for a fixed duration, against ours and against a bare
+   FastAPI endpoint returning the same JSON body, served by uvicorn with the same
+   settings and the same garbage-collector tuning (app/api/gc_tuning.py), in this run.
+   Short rounds alternate between the two, the order swapped every round.
 
 Ends with ``RESULT api rps_ratio_vs_bare=<ours/bare> p99_ms=<ours> job_overhead_s=<s>``.
 """
@@ -16,16 +21,20 @@ Ends with ``RESULT api rps_ratio_vs_bare=<ours/bare> p99_ms=<ours> job_overhead_
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
 import json
 import multiprocessing as mp
 import os
-import signal
+import secrets
+import shutil
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +42,9 @@ import httpx
 import psutil
 from fastapi import FastAPI
 from fastapi.responses import Response
+
+from app.api.gc_tuning import tune_gc
+from app.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -43,8 +55,20 @@ ROUNDS = int(os.environ.get("BENCH_ROUNDS", 6))
 JOBS = int(os.environ.get("BENCH_JOBS", 7))
 BODY_FILE = os.environ.get("BENCH_BARE_BODY", "")
 
-# The peer: same route shape, same body, no auth, no Redis.
-bare_app = FastAPI()
+# Our API's young-generation threshold unless the environment sets one; both sides get it.
+GC_THRESHOLD = int(os.environ.get("MAEC_API_GC_THRESHOLD")
+                   or Settings.model_fields["api_gc_threshold"].default)
+
+
+@contextlib.asynccontextmanager
+async def _bare_lifespan(app: FastAPI) -> AsyncIterator[None]:
+    # Where ours tunes the collector: once the app is built, before the first request.
+    tune_gc(GC_THRESHOLD)
+    yield
+
+
+# The peer: same route shape, same body, same GC tuning; no auth, no Redis.
+bare_app = FastAPI(lifespan=_bare_lifespan)
 _BODY = Path(BODY_FILE).read_bytes() if BODY_FILE and Path(BODY_FILE).is_file() else b"{}"
 
 
@@ -73,56 +97,66 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 120) ->
     raise SystemExit(f"{url} did not come up")
 
 
-def service() -> tuple[str, Path, subprocess.Popen[bytes] | None]:
-    state = ROOT / "var" / "run.json"
-    if state.is_file():
-        doc = json.loads(state.read_text())
-        try:
-            if httpx.get(doc["url"] + "/healthz", timeout=2).status_code == 200:
-                print(f"bench: using the running service at {doc['url']}")
-                return doc["url"], Path(doc["models"]), None
-        except httpx.HTTPError:
-            pass
+@contextlib.contextmanager
+def service() -> Iterator[tuple[str, Path, str, int]]:
+    """A keyed service of our own: (url, models folder, API key, API pid)."""
+    from tests.stack import RedisServer, Stack
+
     var = Path(tempfile.mkdtemp(prefix="maec-bench-"))
-    port = _free_port()
-    print(f"bench: no running service; starting one on 127.0.0.1:{port} ({var})")
-    proc = subprocess.Popen([sys.executable, "-m", "app.run_local", "--var", str(var),
-                             "--port", str(port)], cwd=ROOT, stdout=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while not (var / "run.json").is_file():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit("bench: the service did not start")
-        time.sleep(0.3)
-    return url, var / "models", proc
-
-
-def _listener(url: str) -> psutil.Process | None:
-    """The process serving ``url`` (for its CPU time), when this user can see it."""
-    port = int(url.rsplit(":", 1)[1])
+    models = var / "models"
+    models.mkdir()
+    key = secrets.token_urlsafe(24)
+    # Ten keys configured, as a small team would have; the load uses one of them.
+    keys = {"bench": key, **{f"user{i}": secrets.token_urlsafe(24) for i in range(9)}}
+    env = {
+        "MAEC_DEV_MODE": "false",
+        "MAEC_API_KEYS": json.dumps({k: hashlib.sha256(v.encode()).hexdigest()
+                                     for k, v in keys.items()}),
+        "MAEC_RATE_LIMIT_PER_MINUTE": "100000000",
+        "MAEC_RATE_LIMIT_BURST": "10000000",
+        "MAEC_SUBMISSIONS_PER_MINUTE": "100000",
+        "MAEC_API_GC_THRESHOLD": str(GC_THRESHOLD),
+        "MAEC_STORAGE_BACKEND": "local",
+        "MAEC_STORAGE_DIR": str(var / "storage"),
+        "MAEC_WORK_DIR": str(var / "work"),
+        "MAEC_CACHE_DIR": str(var / "checksums"),
+        "MAEC_LOCAL_ROOTS": json.dumps([str(models)]),
+        "PYTHONUNBUFFERED": "1",
+    }
+    stack = Stack(root=var, redis=RedisServer(var / "redis"), redis_db=0, own_redis=True,
+                  env=env)
+    print(f"bench: starting a keyed service (not dev mode) under {var}", flush=True)
     try:
-        for conn in psutil.net_connections(kind="tcp"):
-            if conn.status == psutil.CONN_LISTEN and conn.laddr.port == port and conn.pid:
-                return psutil.Process(conn.pid)
-    except psutil.Error:
-        pass
-    return None
+        stack.redis.start()
+        stack.start_worker(wait=False)
+        api = stack.start_api()
+        _wait_ready(stack.base_url + "/readyz", key)
+        yield stack.base_url, models, key, api.pid
+    finally:
+        stack.stop()
+        shutil.rmtree(var, ignore_errors=True)
 
 
-def _cpu(proc: psutil.Process | None) -> float:
-    if proc is None:
-        return 0.0
+def _wait_ready(url: str, key: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, headers=_auth(key), timeout=2).status_code == 200:
+                return
+        time.sleep(0.2)
+    raise SystemExit(f"bench: {url} not ready within {timeout:.0f}s")
+
+
+def _cpu(proc: psutil.Process) -> float:
     t = proc.cpu_times()
     return float(t.user + t.system)
 
 
-def headers() -> dict[str, str]:
-    key = os.environ.get("MAEC_API_KEY")
-    return {"Authorization": f"Bearer {key}"} if key else {}
+def _auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
 
 
-def job_overhead(url: str, models: Path) -> tuple[float, str]:
-    sys.path.insert(0, str(ROOT))
+def job_overhead(url: str, models: Path, key: str) -> tuple[float, str]:
     from tests.factories import make_llama
 
     d = models / "bench"
@@ -134,7 +168,7 @@ def job_overhead(url: str, models: Path) -> tuple[float, str]:
             "ability_donor": [str(d / "donor")], "language_base": str(d / "lang")}
     overheads: list[float] = []
     job_id = ""
-    with httpx.Client(base_url=url, headers=headers(), timeout=30) as c:
+    with httpx.Client(base_url=url, headers=_auth(key), timeout=30) as c:
         for _ in range(JOBS):
             t0 = time.perf_counter()
             r = c.post("/v1/jobs", json=body)
@@ -223,69 +257,81 @@ def load(url: str, path: str, hdrs: dict[str, str]) -> tuple[float, float]:
     return total / DURATION, p99
 
 
-def main() -> int:
-    url, models, started = service()
-    bare: subprocess.Popen[bytes] | None = None
+@contextlib.contextmanager
+def bare_peer(body: bytes) -> Iterator[tuple[str, int]]:
+    """The bare FastAPI endpoint serving ``body``: (url, pid)."""
+    body_file = Path(tempfile.mkstemp(prefix="maec-bench-body-")[1])
+    body_file.write_bytes(body)
+    port = _free_port()
+    # Served as ours is: one uvicorn process, default loop/http, no access log.
+    bare = subprocess.Popen(
+        [str(BIN / "uvicorn"), "bench.api:bare_app", "--host", "127.0.0.1", "--port",
+         str(port), "--no-access-log"], cwd=ROOT, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, env={**os.environ, "BENCH_BARE_BODY": str(body_file),
+                                        "MAEC_API_GC_THRESHOLD": str(GC_THRESHOLD)})
     try:
-        overhead, job_id = job_overhead(url, models)
-        path = f"/v1/jobs/{job_id}"
-        body = httpx.get(url + path, headers=headers()).content
-        body_file = Path(tempfile.mkstemp(prefix="maec-bench-body-")[1])
-        body_file.write_bytes(body)
-        port = _free_port()
-        # The API as `make run` serves it: one uvicorn process, default loop/http.
-        bare = subprocess.Popen(
-            [str(BIN / "uvicorn"), "bench.api:bare_app", "--host", "127.0.0.1", "--port",
-             str(port), "--no-access-log"], cwd=ROOT, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, env={**os.environ, "BENCH_BARE_BODY": str(body_file)})
-        bare_url = f"http://127.0.0.1:{port}"
-        _wait_http(bare_url + path, bare)
-        assert httpx.get(bare_url + path).content == body
-        # Alternate short rounds, so drifting load from anything else on the machine
-        # hits both sides alike.
-        ours_runs: list[tuple[float, float]] = []
-        bare_runs: list[tuple[float, float]] = []
-        ours_proc, bare_proc = _listener(url), psutil.Process(bare.pid)
-        cpu = {"ours": 0.0, "bare": 0.0}
-        served = {"ours": 0.0, "bare": 0.0}
-        for _ in range(ROUNDS):
-            for side, target, hdrs, proc, runs in (
-                ("ours", url, headers(), ours_proc, ours_runs),
-                ("bare", bare_url, {}, bare_proc, bare_runs),
-            ):
-                before = _cpu(proc)
-                runs.append(load(target, path, hdrs))
-                cpu[side] += _cpu(proc) - before
-                served[side] += runs[-1][0] * DURATION
-        ours_rps = statistics.fmean(r for r, _ in ours_runs)
-        bare_rps = statistics.fmean(r for r, _ in bare_runs)
-        # Paired rounds, median ratio: load from anything else on the machine drifts,
-        # and each pair saw about the same.
-        ratio = statistics.median(o / b for (o, _), (b, _) in zip(ours_runs, bare_runs,
-                                                                  strict=True))
-        ours_p99 = statistics.median(p for _, p in ours_runs)
-        bare_p99 = statistics.median(p for _, p in bare_runs)
-        print(f"bench: rounds ours {[round(r) for r, _ in ours_runs]} "
-              f"bare {[round(r) for r, _ in bare_runs]} req/s")
-        if served["ours"] and served["bare"]:
-            print(f"bench: server CPU per request: ours "
-                  f"{1e6 * cpu['ours'] / served['ours']:.0f} us, bare "
-                  f"{1e6 * cpu['bare'] / served['bare']:.0f} us (insensitive to other load)")
-        print(f"bench: GET {path} ({len(body)} bytes), {CLIENTS} connections, "
-              f"{ROUNDS} x {DURATION:.0f}s each side, {PROCS} client processes")
-        print(f"bench: ours {ours_rps:8.0f} req/s  p99 {ours_p99:6.1f} ms")
-        print(f"bench: bare {bare_rps:8.0f} req/s  p99 {bare_p99:6.1f} ms")
-        print(f"bench: job overhead (median of {JOBS}) {overhead:.3f} s")
-        print(f"RESULT api rps_ratio_vs_bare={ratio:.3f} p99_ms={ours_p99:.1f} "
-              f"job_overhead_s={overhead:.3f}")
-        return 0
+        url = f"http://127.0.0.1:{port}"
+        _wait_http(url + "/v1/jobs/x", bare)
+        yield url, bare.pid
     finally:
-        if bare is not None:
-            bare.terminate()
-            bare.wait(10)
-        if started is not None:
-            started.send_signal(signal.SIGINT)
-            started.wait(60)
+        bare.terminate()
+        bare.wait(10)
+        body_file.unlink(missing_ok=True)
+
+
+def measure_rounds(sides: dict[str, tuple[str, dict[str, str], int]], path: str
+                   ) -> tuple[dict[str, list[tuple[float, float]]], dict[str, float]]:
+    """ROUNDS short rounds per side, alternating, the order rotated every round, so
+    drifting load from anything else on the machine hits every side alike; the
+    (req/s, p99 ms) of each round and each server's CPU seconds per request."""
+    runs: dict[str, list[tuple[float, float]]] = {name: [] for name in sides}
+    cpu = dict.fromkeys(sides, 0.0)
+    served = dict.fromkeys(sides, 0.0)
+    procs = {name: psutil.Process(pid) for name, (_, _, pid) in sides.items()}
+    order = list(sides)
+    for i in range(ROUNDS):
+        shift = i % len(order)
+        for name in order[shift:] + order[:shift]:
+            target, hdrs, _ = sides[name]
+            before = _cpu(procs[name])
+            runs[name].append(load(target, path, hdrs))
+            cpu[name] += _cpu(procs[name]) - before
+            served[name] += runs[name][-1][0] * DURATION
+    per_request = {name: cpu[name] / served[name] if served[name] else 0.0 for name in sides}
+    return runs, per_request
+
+
+def main() -> int:
+    with service() as (url, models, key, api_pid):
+        overhead, job_id = job_overhead(url, models, key)
+        path = f"/v1/jobs/{job_id}"
+        body = httpx.get(url + path, headers=_auth(key)).content
+        with bare_peer(body) as (bare_url, bare_pid):
+            assert httpx.get(bare_url + path).content == body
+            runs, cpu = measure_rounds({"ours": (url, _auth(key), api_pid),
+                                        "bare": (bare_url, {}, bare_pid)}, path)
+    ours_runs, bare_runs = runs["ours"], runs["bare"]
+    ours_rps = statistics.fmean(r for r, _ in ours_runs)
+    bare_rps = statistics.fmean(r for r, _ in bare_runs)
+    # Paired rounds, median ratio: load from anything else on the machine drifts, and
+    # each pair saw about the same.
+    ratio = statistics.median(o / b for (o, _), (b, _) in zip(ours_runs, bare_runs,
+                                                              strict=True))
+    ours_p99 = statistics.median(p for _, p in ours_runs)
+    bare_p99 = statistics.median(p for _, p in bare_runs)
+    print(f"bench: rounds ours {[round(r) for r, _ in ours_runs]} "
+          f"bare {[round(r) for r, _ in bare_runs]} req/s")
+    print(f"bench: server CPU per request: ours {1e6 * cpu['ours']:.0f} us, bare "
+          f"{1e6 * cpu['bare']:.0f} us (insensitive to other load)")
+    print(f"bench: GET {path} ({len(body)} bytes), {CLIENTS} connections, "
+          f"{ROUNDS} x {DURATION:.0f}s each side, {PROCS} client processes; ours "
+          f"authenticated (API key, not dev mode); GC threshold {GC_THRESHOLD} on both")
+    print(f"bench: ours {ours_rps:8.0f} req/s  p99 {ours_p99:6.1f} ms")
+    print(f"bench: bare {bare_rps:8.0f} req/s  p99 {bare_p99:6.1f} ms")
+    print(f"bench: job overhead (median of {JOBS}) {overhead:.3f} s")
+    print(f"RESULT api rps_ratio_vs_bare={ratio:.3f} p99_ms={ours_p99:.1f} "
+          f"job_overhead_s={overhead:.3f}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -23,7 +23,8 @@ from maec_core.io.writer import OutputTensor, ShardedWriter
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / "bench" / "cache"
-VENV_BIN = ROOT / ".venv" / "bin"
+# The tools installed next to the interpreter running the benchmark (the project venv).
+VENV_BIN = Path(sys.executable).parent
 
 # Runs COMMAND, then reports its wall time and the peak RSS of it and everything it
 # waited for. A fresh wrapper per run, because RUSAGE_CHILDREN only ever grows within

@@ -3,13 +3,20 @@
 Three bf16 Llama checkpoints of ~0.85B parameters (built once under bench/cache/), one
 task-arithmetic recipe (base + two donors, weight 0.5 each), both tools on CPU as fresh
 subprocesses. Each tool's wall time and peak RSS are measured by a fresh wrapper
-process; runs are interleaved, and medians reported. The I/O floor reads every input
-file once and writes one output-sized file.
+process; every command runs once untimed first, then runs are interleaved (the order
+rotated each round), and medians reported. The I/O floor reads every input file once and
+writes one output-sized file.
+
+mergekit runs in two configurations. ``mergekit`` computes as ours does: in float32,
+writing bfloat16 (``dtype: float32``, ``out_dtype: bfloat16``); the ratios against it
+compare like with like. ``mergekit-bf16`` is the recipe as written (``dtype: bfloat16``),
+where mergekit computes in bfloat16 itself: less work and memory, less precision.
 
     .venv/bin/python -m bench.engine [--runs 3] [--small]
 
-Ends with exactly one line:
+Ends with exactly one line (the ``_bf16`` ratios are against ``mergekit-bf16``):
 RESULT engine wall_ratio_vs_mergekit=… rss_ratio_vs_mergekit=… wall_ratio_vs_floor=…
+wall_ratio_vs_mergekit_bf16=… rss_ratio_vs_mergekit_bf16=…
 """
 
 from __future__ import annotations
@@ -52,13 +59,14 @@ def ensure_models(shape: LlamaShape, tag: str) -> list[Path]:
     return folders
 
 
-def write_recipe(folders: list[Path], path: Path) -> Path:
+def write_recipe(folders: list[Path], path: Path, **dtypes: str) -> Path:
+    """The task-arithmetic recipe; ``dtypes`` sets dtype/out_dtype (default: bfloat16)."""
     base, *donors = folders
     doc = {
         "merge_method": "task_arithmetic",
         "base_model": str(base),
         "models": [{"model": str(d), "parameters": {"weight": 0.5}} for d in donors],
-        "dtype": "bfloat16",
+        **(dtypes or {"dtype": "bfloat16"}),
     }
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
@@ -76,6 +84,11 @@ def main() -> None:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     recipe = write_recipe(folders, work / "recipe.yaml")
+    # Ours reads bfloat16 and computes in float32 whatever the recipe's dtype (which
+    # names the output); mergekit computes in the recipe's dtype, so it gets float32
+    # with a bfloat16 output to do the same work.
+    recipe_fp32 = write_recipe(folders, work / "recipe-mergekit-fp32.yaml",
+                               dtype="float32", out_dtype="bfloat16")
     out = work / "out"
     out_bytes = folder_bytes(folders[0])
     in_bytes = sum(folder_bytes(f) for f in folders)
@@ -86,7 +99,8 @@ def main() -> None:
 
     commands: dict[str, list[str]] = {
         "maec": [str(VENV_BIN / "maec"), "merge", "--device", "cpu", str(recipe), str(out)],
-        "mergekit": [str(VENV_BIN / "mergekit-yaml"), str(recipe), str(out)],
+        "mergekit": [str(VENV_BIN / "mergekit-yaml"), str(recipe_fp32), str(out)],
+        "mergekit-bf16": [str(VENV_BIN / "mergekit-yaml"), str(recipe), str(out)],
         "floor": io_floor_cmd(folders, work / "floor.bin", out_bytes),
     }
 
@@ -99,26 +113,30 @@ def main() -> None:
             shutil.rmtree(out, ignore_errors=True)
             (work / "floor.bin").unlink(missing_ok=True)
 
-    # Warm-up, not counted: the floor pulls the inputs into the page cache; our first run
-    # also hashes the inputs for the manifest (cached by file identity afterwards, as in
-    # service use where the same checkpoints are merged again and again).
-    warm = run("floor")
-    print(f"warm-up floor      wall {warm.wall:6.2f} s  rss {warm.rss / 1e9:5.2f} GB")
-    cold = run("maec")
-    print(f"warm-up maec       wall {cold.wall:6.2f} s  rss {cold.rss / 1e9:5.2f} GB "
-          "(includes first-time input hashing)", flush=True)
+    # Warm-up, not counted: every command once, floor first so the inputs are in the page
+    # cache for all; imports (torch, transformers) come from the page cache afterwards;
+    # our first run also hashes the inputs for the manifest (cached by file identity
+    # afterwards, as in service use where the same checkpoints are merged again and again).
+    width = max(len(k) for k in commands)
+    for name in ["floor", *(k for k in commands if k != "floor")]:
+        warm = run(name)
+        print(f"warm-up {name:{width}s}   wall {warm.wall:6.2f} s  "
+              f"rss {warm.rss / 1e9:5.2f} GB", flush=True)
 
     results = interleaved(list(commands), args.runs, run)
 
     med = {k: (median([m.wall for m in v]), median([m.rss for m in v]))
            for k, v in results.items()}
     for k, (w, r) in med.items():
-        print(f"median {k:9s}    wall {w:6.2f} s  rss {r / 1e9:5.2f} GB")
+        print(f"median {k:{width}s}    wall {w:6.2f} s  rss {r / 1e9:5.2f} GB")
     wall_mk = med["maec"][0] / med["mergekit"][0]
     rss_mk = med["maec"][1] / med["mergekit"][1]
     wall_floor = med["maec"][0] / med["floor"][0]
+    wall_bf16 = med["maec"][0] / med["mergekit-bf16"][0]
+    rss_bf16 = med["maec"][1] / med["mergekit-bf16"][1]
     print(f"RESULT engine wall_ratio_vs_mergekit={wall_mk:.3f} "
-          f"rss_ratio_vs_mergekit={rss_mk:.3f} wall_ratio_vs_floor={wall_floor:.3f}")
+          f"rss_ratio_vs_mergekit={rss_mk:.3f} wall_ratio_vs_floor={wall_floor:.3f} "
+          f"wall_ratio_vs_mergekit_bf16={wall_bf16:.3f} rss_ratio_vs_mergekit_bf16={rss_bf16:.3f}")
 
 
 if __name__ == "__main__":

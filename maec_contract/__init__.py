@@ -15,10 +15,12 @@ from maec_contract.jobs import (
     JobResult,
     JobStatus,
     Progress,
+    WebhookDelivery,
 )
 from maec_contract.requests import JobRequest, NamedJob, RecipeJob
 
 __all__ = [
     "STATUSES", "TERMINAL", "ErrorBody", "FileInfo", "Job", "JobPage",
     "JobRequest", "JobResult", "JobStatus", "NamedJob", "Progress", "RecipeJob",
+    "WebhookDelivery",
 ]

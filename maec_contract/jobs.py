@@ -60,6 +60,20 @@ class JobResult(_Answer):
     core_seconds: float = 0.0
 
 
+class WebhookDelivery(_Answer):
+    """Delivery of the job's signed webhook (docs/api.md, Webhooks).
+
+    ``last_status`` is the HTTP status of the last attempt's answer as text (``"200"``,
+    ``"503"``), or what kept it from getting one (``"connect_error"``, ``"tls_error"``,
+    ``"timeout"``, ``"refused_address"``, ...). ``delivered_at`` is set once a receiver
+    answered 2xx.
+    """
+
+    attempts: int = 0
+    last_status: str | None = None
+    delivered_at: str | None = None
+
+
 class Job(_Answer):
     id: str
     status: StatusText
@@ -76,6 +90,10 @@ class Job(_Answer):
     artifact_reused: bool | None = None
     error: ErrorBody | None = None
     result: JobResult | None = None
+    callback_url: str | None = None
+    webhook: WebhookDelivery | None = None
+    # Kept past the service's retention period until unpinned or deleted.
+    pinned: bool = False
 
     @property
     def done(self) -> bool:

@@ -51,6 +51,7 @@ from maec_core.runtime import (
     torch_dtype,
     torch_threads,
 )
+from maec_core.slices import prepare_slices
 
 ComputeFn = Callable[[PlannedTensor, list[torch.Tensor]], torch.Tensor]
 # An element-wise compute also told the flat offset of its slice in the tensor, for
@@ -71,9 +72,11 @@ COMPUTE_THREADS = 2
 WRITE_DEPTH = 4
 
 
-def open_models(named: Mapping[str, str]) -> dict[str, ModelFolder]:
-    """Open and validate each checkpoint folder (headers and configs only)."""
-    return {key: open_model_folder(path) for key, path in named.items()}
+def open_models(named: Mapping[str, str], base: str | None = None) -> dict[str, ModelFolder]:
+    """Open and validate each checkpoint folder (headers and configs only); a LoRA
+    adapter among them applies to ``base`` (the recipe's base model) when given."""
+    return {key: open_model_folder(path, base=base, config_base=True)
+            for key, path in named.items()}
 
 
 def all_finite(t: torch.Tensor) -> bool:
@@ -385,7 +388,8 @@ def _finish_folder(
     (last: it lists the others); returns the manifest."""
     source = plan.models[tokenizer_from]
     staged.copy_side_files(source)
-    staged.write_json("config.json", output_config(source.config, out_dtype))
+    staged.write_json("config.json",
+                      output_config(source.config, out_dtype, plan.config_updates))
     recipe_dump = recipe.model_dump(mode="json", exclude_none=True)
     staged.write_bytes("recipe.yaml", recipe.to_yaml().encode())
     staged.write_bytes("README.md", model_card(recipe, base_models, card_summary).encode())
@@ -424,6 +428,28 @@ def _model_keys(recipe: Recipe) -> tuple[str | None, list[tuple[str, str]]]:
     return base_key, others
 
 
+def _run_slices(
+    recipe: Recipe,
+    spec: TensorMethod,
+    out_dir: Path,
+    *,
+    progress: ProgressFn | None,
+    cancel: CancelFn | None,
+    device: str | None,
+    overwrite: bool,
+    hash_cache: Path | None,
+) -> MergeResult:
+    """A slices recipe: its plan, reads and per-tensor calls come from maec_core.slices."""
+    job = prepare_slices(recipe, spec)
+    return stream_merge(
+        job.plan, recipe, out_dir, compute=job.compute, read=job.read,
+        out_dtype=job.out_dtype, tokenizer_from=job.tokenizer_from,
+        base_models=job.base_models, device=best_device(device), progress=progress,
+        cancel=cancel, overwrite=overwrite, elementwise=spec.elementwise,
+        compute_threads=COMPUTE_THREADS, hash_cache=hash_cache,
+    )
+
+
 def run_method(
     recipe: Recipe,
     out_dir: Path,
@@ -436,15 +462,18 @@ def run_method(
 ) -> MergeResult:
     """Run one registered (non-MAEC) method of a parsed ``recipe`` into ``out_dir``."""
     spec = get_method(recipe.merge_method, TensorMethod)
+    if recipe.slices is not None:
+        return _run_slices(recipe, spec, Path(out_dir), progress=progress, cancel=cancel,
+                           device=device, overwrite=overwrite, hash_cache=hash_cache)
     fn = spec.merge
     base_key, others = _model_keys(recipe)
     named = dict(others)
     if base_key:
         named = {base_key: base_key, **named}
-    folders = open_models(named)
+    folders = open_models(named, recipe.base_model)
     reference = base_key or others[0][0]
     plan = build_plan(folders, reference)
-    out_dtype = recipe.dtype or plan.input_dtype
+    out_dtype = recipe.output_dtype or plan.input_dtype
     entries = [m for m in recipe.models if m.model != recipe.base_model]
     other_keys = [k for k, _ in others]
     keys = ([base_key] if base_key else []) + other_keys

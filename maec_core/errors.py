@@ -51,6 +51,13 @@ class SourceNotFound(SourceError):
     code = "source_not_found"
 
 
+class SourceChanged(SourceError):
+    """A source is no longer what was checked when the job was submitted: a file was
+    replaced, rewritten or removed, or a path now leads out of its root through a link."""
+
+    code = "source_changed"
+
+
 class CheckpointError(MaecError):
     """A checkpoint folder is unusable."""
 
@@ -67,6 +74,12 @@ class CorruptCheckpoint(CheckpointError):
     """A safetensors file is truncated, has a lying header, or similar."""
 
     code = "corrupt_checkpoint"
+
+
+class UnsupportedAdapter(CheckpointError):
+    """A LoRA adapter of a kind the merge cannot form (DoRA, full replaced modules, ...)."""
+
+    code = "unsupported_adapter"
 
 
 class UnsupportedDtype(CheckpointError):
@@ -109,3 +122,15 @@ class Cancelled(MaecError):
     """The caller asked the merge to stop (checked between tensors)."""
 
     code = "cancelled"
+
+
+class EvalSetError(MaecError):
+    """An eval spec or eval set is malformed (the message names the file and line)."""
+
+    code = "invalid_eval_set"
+
+
+class EvalSetUnreadable(EvalSetError):
+    """An eval set file is missing, not a file, not UTF-8 or cannot be read."""
+
+    code = "eval_set_unreadable"

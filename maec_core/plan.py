@@ -7,12 +7,16 @@ and a 20-minute merge.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
-from maec_core.errors import IncompatibleCheckpoints, UnsupportedDtype
+from maec_core.errors import IncompatibleCheckpoints, RecipeError, UnsupportedDtype
 from maec_core.io.folder import ModelFolder
 from maec_core.io.headers import FLOAT_DTYPES, TensorInfo
+from maec_core.methods.registry import get_method
+from maec_core.recipe import Recipe, Slice
 
 EMBED = "model.embed_tokens.weight"
 LM_HEAD = "lm_head.weight"
@@ -52,6 +56,8 @@ class MergePlan:
     models: dict[str, ModelFolder]
     reference: str
     tensors: list[PlannedTensor]
+    # Fields of the reference config the output changes (a slices recipe's layer count).
+    config_updates: dict[str, Any] = field(default_factory=dict)
 
     @property
     def input_dtype(self) -> str:
@@ -78,9 +84,42 @@ def _lookup(folder: ModelFolder, name: str) -> TensorInfo | None:
     return info
 
 
-def check_configs(models: Mapping[str, ModelFolder]) -> None:
+def _check_input(
+    info: TensorInfo, reference: str, other: TensorInfo, key: str, name: str
+) -> None:
+    """``other`` (input ``key``'s tensor ``name``) can be merged into ``info`` (the
+    reference's)."""
+    if other.dtype not in FLOAT_DTYPES:
+        # Checked per input, not only on the reference: a quantized donor must be
+        # named as such, not reported as a dtype mismatch.
+        raise UnsupportedDtype(
+            f"{key}: tensor {name!r} is {other.dtype}; only F16, BF16 and F32 "
+            "safetensors can be merged (quantized checkpoints are not supported)",
+            tensor=name,
+            model=key,
+            dtype=other.dtype,
+        )
+    if other.shape != info.shape:
+        raise IncompatibleCheckpoints(
+            f"tensor {info.name!r} has shape {list(info.shape)} in {reference} "
+            f"but {list(other.shape)} in {key}",
+            tensor=info.name,
+            shapes={reference: list(info.shape), key: list(other.shape)},
+        )
+    if other.dtype != info.dtype:
+        raise IncompatibleCheckpoints(
+            f"tensor {info.name!r} is {info.dtype} in {reference} "
+            f"but {other.dtype} in {key}",
+            tensor=info.name,
+            dtypes={reference: info.dtype, key: other.dtype},
+        )
+
+
+def check_configs(
+    models: Mapping[str, ModelFolder], fields: tuple[str, ...] = ARCH_FIELDS
+) -> None:
     """Compare architecture fields across configs and name the first disagreement."""
-    for fld in ARCH_FIELDS:
+    for fld in fields:
         values = {key: m.config.get(fld) for key, m in models.items()}
         present = {k: v for k, v in values.items() if v is not None}
         if len(set(map(repr, present.values()))) > 1:
@@ -121,30 +160,7 @@ def build_plan(models: Mapping[str, ModelFolder], reference: str) -> MergePlan:
                     tensor=info.name,
                     models=[reference, key],
                 )
-            if other.dtype not in FLOAT_DTYPES:
-                # Checked per input, not only on the reference: a quantized donor must be
-                # named as such, not reported as a dtype mismatch.
-                raise UnsupportedDtype(
-                    f"{key}: tensor {info.name!r} is {other.dtype}; only F16, BF16 and F32 "
-                    "safetensors can be merged (quantized checkpoints are not supported)",
-                    tensor=info.name,
-                    model=key,
-                    dtype=other.dtype,
-                )
-            if other.shape != info.shape:
-                raise IncompatibleCheckpoints(
-                    f"tensor {info.name!r} has shape {list(info.shape)} in {reference} "
-                    f"but {list(other.shape)} in {key}",
-                    tensor=info.name,
-                    shapes={reference: list(info.shape), key: list(other.shape)},
-                )
-            if other.dtype != info.dtype:
-                raise IncompatibleCheckpoints(
-                    f"tensor {info.name!r} is {info.dtype} in {reference} "
-                    f"but {other.dtype} in {key}",
-                    tensor=info.name,
-                    dtypes={reference: info.dtype, key: other.dtype},
-                )
+            _check_input(info, reference, other, key, info.name)
             sources[key] = other
         planned.append(PlannedTensor(info.name, info.shape, info.dtype, sources))
     ref_names = {t.name for t in planned}
@@ -158,3 +174,228 @@ def build_plan(models: Mapping[str, ModelFolder], reference: str) -> MergePlan:
                     models=[key, reference],
                 )
     return MergePlan(dict(models), reference, planned)
+
+
+def plan_recipe(recipe: Recipe, models: Mapping[str, ModelFolder]) -> MergePlan:
+    """The plan for ``recipe`` over ``models`` (keyed by the recipe's references).
+
+    A models recipe follows its base (or first) model tensor for tensor; a slices recipe
+    is planned by :func:`build_slice_plan`. Header-only: the API calls this to reject an
+    impossible recipe before anything is queued.
+    """
+    if recipe.slices is not None:
+        return build_slice_plan(recipe, models).plan
+    keys = _distinct(recipe)
+    return build_plan({k: models[k] for k in keys}, keys[0])
+
+
+def _distinct(recipe: Recipe) -> list[str]:
+    return list(dict.fromkeys(s.ref for s in recipe.sources() if s.kind == "checkpoint"))
+
+
+# Transformer blocks: "<stack>.layers.<i>.<rest>" (Llama, Mistral, Qwen, Gemma, Phi-3).
+_BLOCK = re.compile(r"^(.*\.layers\.)(\d+)(\..+)$")
+# Tensors outside the blocks that sit below them (the token embedding); every other one
+# (final norm, lm_head) sits above them. The split decides which slice's sources a
+# non-layer tensor is merged from, as in mergekit: the first slice's, or the last one's.
+_BELOW_BLOCKS = ("embed",)
+
+
+@dataclass(frozen=True)
+class SliceCall:
+    """How one output tensor of a slices recipe is merged.
+
+    ``base`` and ``models`` are the plan's model keys read for it (base first when
+    present); ``slots`` each model's position among its slice's sources (for its own
+    parameters); ``frac`` the depth, 0..1 inside the slice, that gradients use;
+    ``names`` the input tensor names, which per-model parameter filters match (as in
+    mergekit; the global parameters match the output name).
+    """
+
+    slice: int
+    base: str | None
+    models: tuple[str, ...]
+    slots: tuple[int, ...]
+    frac: float
+    names: tuple[str, ...]  # the tensor read from each of ``keys``
+
+    @property
+    def keys(self) -> list[str]:
+        return ([self.base] if self.base is not None else []) + list(self.models)
+
+
+@dataclass(frozen=True)
+class SlicePlan:
+    plan: MergePlan
+    calls: list[SliceCall]  # one per planned tensor, in order
+
+
+@dataclass(frozen=True)
+class _Stack:
+    """A checkpoint's tensors split into its blocks and the rest."""
+
+    prefix: str
+    blocks: dict[int, list[str]]  # layer -> suffixes, in file order
+    other: list[str]  # non-block tensors, in file order
+
+
+def _stack(key: str, folder: ModelFolder) -> _Stack:
+    ordered = sorted(folder.tensors.values(),
+                     key=lambda t: (folder.weight_files.index(t.file), t.start))
+    prefixes: set[str] = set()
+    blocks: dict[int, list[str]] = {}
+    other: list[str] = []
+    for info in ordered:
+        m = _BLOCK.match(info.name)
+        if m is None:
+            other.append(info.name)
+            continue
+        prefixes.add(m.group(1))
+        blocks.setdefault(int(m.group(2)), []).append(m.group(3))
+    if len(prefixes) != 1:
+        found = ", ".join(sorted(prefixes)) or "none"
+        raise RecipeError(
+            f"slices need one stack of blocks named '<prefix>.layers.<i>.*'; {key} has "
+            f"{found}", model=key,
+        )
+    if sorted(blocks) != list(range(len(blocks))):
+        raise IncompatibleCheckpoints(
+            f"{key}: blocks are numbered {sorted(blocks)}, not 0..{len(blocks) - 1}",
+            model=key,
+        )
+    return _Stack(prefixes.pop(), blocks, other)
+
+
+def config_layers(config: Mapping[str, Any]) -> int:
+    """The layer count a config declares (top level, or its text model's)."""
+    n = config.get("num_hidden_layers") or (config.get("text_config") or {}).get(
+        "num_hidden_layers")
+    return int(n or 0)
+
+
+def _check_ranges(recipe: Recipe, stacks: Mapping[str, _Stack]) -> None:
+    assert recipe.slices is not None
+    for i, sl in enumerate(recipe.slices):
+        for j, src in enumerate(sl.sources):
+            have = len(stacks[src.model].blocks)
+            start, end = src.layer_range
+            if end > have:
+                raise RecipeError(
+                    f"slices[{i}].sources[{j}]: layer_range [{start}, {end}] exceeds the "
+                    f"{have} layers of {src.model}",
+                    slice=i, source=j, model=src.model, layers=have,
+                )
+
+
+def _gather(
+    out_name: str, inputs: list[tuple[str, str]], models: Mapping[str, ModelFolder]
+) -> PlannedTensor:
+    """The planned tensor ``out_name`` read from ``(key, input name)`` pairs; the first
+    pair fixes shape and dtype, every other must match."""
+    found: dict[str, TensorInfo] = {}
+    for key, name in inputs:
+        info = _lookup(models[key], name)
+        if info is None:
+            raise IncompatibleCheckpoints(f"tensor {name!r} is missing from {key}",
+                                          tensor=name, models=[key])
+        first = found.get(inputs[0][0], info)
+        _check_input(first, inputs[0][0], info, key, name)
+        found[key] = info
+    first = found[inputs[0][0]]
+    return PlannedTensor(out_name, first.shape, first.dtype, found)
+
+
+def _call(
+    sl: Slice, index: int, base: str | None, frac: float, names: list[str]
+) -> SliceCall:
+    """The call for one tensor of slice ``index``; ``names[j]`` is the tensor read from
+    source ``j``."""
+    base_at = [j for j, s in enumerate(sl.sources) if s.model == base]
+    slots = tuple(j for j in range(len(sl.sources)) if j not in base_at)
+    return SliceCall(
+        index, base if base_at else None, tuple(sl.sources[j].model for j in slots), slots,
+        frac, tuple(names[j] for j in base_at + list(slots)),
+    )
+
+
+def _end_tensors(
+    names: list[str], at: int, slices: list[Slice], base: str | None,
+    models: Mapping[str, ModelFolder],
+) -> list[tuple[PlannedTensor, SliceCall]]:
+    """Non-block tensors, merged from the sources of slice ``at`` (gradients at 0)."""
+    sl = slices[at]
+    return [(_gather(n, [(s.model, n) for s in sl.sources], models),
+             _call(sl, at, base, 0.0, [n] * len(sl.sources))) for n in names]
+
+
+def _block_tensors(
+    slices: list[Slice], base: str | None, stacks: Mapping[str, _Stack], prefix: str,
+    models: Mapping[str, ModelFolder],
+) -> tuple[list[tuple[PlannedTensor, SliceCall]], list[tuple[str, int]]]:
+    """Every slice's blocks, renumbered from 0; also (model, layer) of each output layer.
+
+    Block ``k`` of a slice is merged from block ``start + k`` of each source, with
+    gradients at depth ``k / (length - 1)`` inside the slice (1 for a one-block slice).
+    """
+    out: list[tuple[PlannedTensor, SliceCall]] = []
+    origin: list[tuple[str, int]] = []
+    for i, sl in enumerate(slices):
+        for k in range(sl.length):
+            frac = k / (sl.length - 1) if sl.length > 1 else 1.0
+            first = sl.sources[0]
+            for suffix in stacks[first.model].blocks[first.layer_range[0] + k]:
+                names = [f"{stacks[s.model].prefix}{s.layer_range[0] + k}{suffix}"
+                         for s in sl.sources]
+                planned = _gather(f"{prefix}{len(origin)}{suffix}",
+                                  list(zip([s.model for s in sl.sources], names,
+                                           strict=True)), models)
+                out.append((planned, _call(sl, i, base, frac, names)))
+            origin.append((first.model, first.layer_range[0] + k))
+    return out, origin
+
+
+def build_slice_plan(recipe: Recipe, models: Mapping[str, ModelFolder]) -> SlicePlan:
+    """Plan a slices recipe from headers: non-block tensors below the blocks from the
+    first slice's sources, each slice's blocks renumbered consecutively, the rest from
+    the last slice's sources (mergekit's layout). ``models`` holds every reference.
+
+    RecipeError when a ``layer_range`` runs past a source's layers.
+    """
+    assert recipe.slices is not None
+    slices = recipe.slices
+    keys = _distinct(recipe)
+    # The layer count may differ between sources; everything else must agree.
+    check_configs({k: models[k] for k in keys},
+                  tuple(f for f in ARCH_FIELDS if f != "num_hidden_layers"))
+    stacks = {k: _stack(k, models[k]) for k in keys if any(
+        s.model == k for sl in slices for s in sl.sources)}
+    _check_ranges(recipe, stacks)
+    base = recipe.base_model if get_method(recipe.merge_method).uses_base else None
+    # Config, tokenizer and the non-block tensor list follow base_model, else the first
+    # source (mergekit's output config does the same).
+    reference = recipe.base_model or slices[0].sources[0].model
+    first_stack = stacks[slices[0].sources[0].model]
+    other = stacks.get(reference, first_stack).other
+    below = [n for n in other if any(w in n for w in _BELOW_BLOCKS)]
+    blocks, origin = _block_tensors(slices, base, stacks, first_stack.prefix, models)
+    pairs = (_end_tensors(below, 0, slices, base, models) + blocks
+             + _end_tensors([n for n in other if n not in below], len(slices) - 1, slices,
+                            base, models))
+    updates = _config_updates(models[reference].config, [
+        (models[m].config.get("layer_types") or [None] * (n + 1))[n] for m, n in origin])
+    plan = MergePlan({k: models[k] for k in keys}, reference, [t for t, _ in pairs], updates)
+    return SlicePlan(plan, [c for _, c in pairs])
+
+
+def _config_updates(config: Mapping[str, Any], layer_types: list[Any]) -> dict[str, Any]:
+    """The output config's layer count (and per-layer types, where the config lists
+    them: ``layer_types[j]`` is output layer j's source layer's type)."""
+    layers = len(layer_types)
+    updates: dict[str, Any] = {}
+    if "num_hidden_layers" in config or "text_config" not in config:
+        updates["num_hidden_layers"] = layers
+    else:
+        updates["text_config"] = {**config["text_config"], "num_hidden_layers": layers}
+    if isinstance(config.get("layer_types"), list) and None not in layer_types:
+        updates["layer_types"] = layer_types
+    return updates

@@ -12,26 +12,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from maec_core.errors import RecipeError
+from maec_core.recipe_values import ParamValue
 
-Scalar = float | int | bool | str
-# A parameter value is a scalar, a gradient (list of numbers interpolated across layers,
-# as in mergekit), or a list of {filter, value} conditions tried in order: the first
-# whose filter is a substring of the tensor name wins; an entry without filter is the
-# fallback. This is mergekit's syntax, so its recipes run unchanged.
-
-
-class Condition(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    filter: str | None = None
-    value: Scalar | list[float]
-
-
-# list[str] carries regex lists (MAEC's include/exclude); methods reject it by type.
-ParamValue = Scalar | list[float] | list[Condition] | list[str]
 DType = Literal["float32", "float16", "bfloat16"]
 
 
@@ -40,6 +25,57 @@ class ModelEntry(BaseModel):
 
     model: str
     parameters: dict[str, ParamValue] = Field(default_factory=dict)
+
+
+class SliceSource(BaseModel):
+    """One model's run of layers ``[start, end)`` in a slice (mergekit's slice source)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    layer_range: tuple[int, int]
+    parameters: dict[str, ParamValue] = Field(default_factory=dict)
+
+    @field_validator("layer_range")
+    @classmethod
+    def _ordered(cls, v: tuple[int, int]) -> tuple[int, int]:
+        if v[0] < 0 or v[1] <= v[0]:
+            raise ValueError(f"layer_range {list(v)} must be [start, end) with 0 <= start < end")
+        return v
+
+    @property
+    def length(self) -> int:
+        return self.layer_range[1] - self.layer_range[0]
+
+
+class Slice(BaseModel):
+    """A run of output layers: its sources' layers merged with the recipe's method.
+
+    Every source spans the same number of layers; output layers are numbered on from the
+    previous slice's, so slices may repeat or drop layers (a frankenmerge).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    sources: list[SliceSource] = Field(min_length=1)
+    parameters: dict[str, ParamValue] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _same_length(self) -> Slice:
+        lengths = {s.length for s in self.sources}
+        if len(lengths) > 1:
+            raise ValueError("every source of a slice must span the same number of layers "
+                             f"(got {sorted(lengths)})")
+        models = [s.model for s in self.sources]
+        twice = sorted({m for m in models if models.count(m) > 1})
+        if twice:
+            # Sources are told apart by model (as in mergekit): one model once per slice.
+            raise ValueError(f"a slice names {twice[0]!r} twice")
+        return self
+
+    @property
+    def length(self) -> int:
+        return self.sources[0].length
 
 
 class AbilityEntry(BaseModel):
@@ -54,22 +90,45 @@ class AbilityEntry(BaseModel):
     name: str | None = None
 
 
-SourceRole = Literal["base", "language_base", "model", "ability_donor", "ability_control",
-                     "ability_corpus", "tokenizer"]
+class OutputSpec(BaseModel):
+    """What a merge publishes: the merged checkpoint (``model``), or a PEFT LoRA adapter
+    of rank ``rank`` approximating the merge's change to its base (``lora``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: Literal["model", "lora"] = "model"
+    rank: int | None = Field(default=None, ge=1, le=65536)
+    # Module names as peft matches them (a name, or a name's last dotted parts); None:
+    # every 2-D weight inside the transformer blocks.
+    target_modules: list[str] | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="after")
+    def _lora_fields(self) -> OutputSpec:
+        if self.format == "lora" and self.rank is None:
+            raise ValueError("output format lora needs a rank")
+        if self.format == "model" and (self.rank is not None or self.target_modules):
+            raise ValueError("output rank and target_modules apply to format lora only")
+        return self
+
+
+SourceRole = Literal["base", "language_base", "model", "slice_source", "ability_donor",
+                     "ability_control", "ability_corpus", "tokenizer"]
 
 
 @dataclass(frozen=True)
 class SourceRef:
     """One reference to a checkpoint or corpus in a recipe, and the place it sits.
 
-    ``index`` is the entry's position in ``models`` or ``abilities`` (None for the
-    top-level fields). ``kind``: a checkpoint to read, a corpus file, or the tokenizer
-    (which names one of the recipe's checkpoints, never a separate input).
+    ``index`` is the entry's position in ``models``, ``slices`` or ``abilities`` (None for
+    the top-level fields); ``slot`` is a slice source's position in its slice. ``kind``: a
+    checkpoint to read, a corpus file, or the tokenizer (which names one of the recipe's
+    checkpoints, never a separate input).
     """
 
     role: SourceRole
     ref: str
     index: int | None = None
+    slot: int | None = None
 
     @property
     def kind(self) -> Literal["checkpoint", "corpus", "tokenizer"]:
@@ -84,8 +143,14 @@ class Recipe(BaseModel):
     merge_method: str
     base_model: str | None = None
     models: list[ModelEntry] = Field(default_factory=list)
+    # mergekit's other shape: runs of layers, each merged from its own sources.
+    slices: list[Slice] | None = None
     parameters: dict[str, ParamValue] = Field(default_factory=dict)
+    # mergekit: ``dtype`` is the compute dtype and ``out_dtype`` the saved one. Merges
+    # here always compute in float32, so ``dtype`` only names the output dtype when
+    # ``out_dtype`` is absent (what mergekit then saves).
     dtype: DType | None = None
+    out_dtype: DType | None = None
     # mergekit: "base" or a model path whose tokenizer files are copied.
     tokenizer_source: str | None = None
     out_shard_size: int | str = "5GB"
@@ -94,11 +159,43 @@ class Recipe(BaseModel):
     language_base: str | None = None
     abilities: list[AbilityEntry] = Field(default_factory=list)
     artifact: str | None = None
+    output: OutputSpec | None = None
 
     @field_validator("merge_method")
     @classmethod
     def _lower(cls, v: str) -> str:
         return v.strip().lower()
+
+    @model_validator(mode="after")
+    def _one_shape(self) -> Recipe:
+        if self.slices is not None:
+            if not self.slices:
+                raise ValueError("slices is empty; give at least one slice")
+            if self.models:
+                raise ValueError("give either models or slices, not both")
+        if self.output is not None and self.output.format == "lora":
+            self._check_lora_output()
+        return self
+
+    def _check_lora_output(self) -> None:
+        # The adapter is the merge's change to one base, tensor for tensor.
+        if self.slices is not None:
+            raise ValueError("output format lora needs a merge that keeps its base's "
+                             "tensors; a slices recipe changes them")
+        if self.lora_base is None:
+            raise ValueError("output format lora needs a base to take the delta from: "
+                             "base_model (language_base for maec)")
+
+    @property
+    def lora_base(self) -> str | None:
+        """The checkpoint a LoRA export's adapter applies to: MAEC's language base, else
+        the base model."""
+        return self.language_base if self.merge_method == "maec" else self.base_model
+
+    @property
+    def output_dtype(self) -> DType | None:
+        """The dtype to save (None: the inputs' dtype)."""
+        return self.out_dtype or self.dtype
 
     def shard_size_bytes(self) -> int:
         return parse_size(self.out_shard_size)
@@ -116,6 +213,8 @@ class Recipe(BaseModel):
         if self.language_base is not None:
             out.append(SourceRef("language_base", self.language_base))
         out += [SourceRef("model", m.model, i) for i, m in enumerate(self.models)]
+        for i, sl in enumerate(self.slices or []):
+            out += [SourceRef("slice_source", s.model, i, j) for j, s in enumerate(sl.sources)]
         for i, a in enumerate(self.abilities):
             out.append(SourceRef("ability_donor", a.model, i))
             if a.control is not None:
@@ -139,6 +238,12 @@ class Recipe(BaseModel):
             "tokenizer_source": tokenizer if tokenizer == "base" else sub(tokenizer),
             "models": [m.model_copy(update={"model": mapping.get(m.model, m.model)})
                        for m in self.models],
+            "slices": None if self.slices is None else [
+                sl.model_copy(update={"sources": [
+                    s.model_copy(update={"model": mapping.get(s.model, s.model)})
+                    for s in sl.sources]})
+                for sl in self.slices
+            ],
             "abilities": [
                 a.model_copy(update={"model": mapping.get(a.model, a.model),
                                      "control": sub(a.control), "corpus": sub(a.corpus)})
@@ -182,7 +287,9 @@ def _explain(exc: ValidationError) -> RecipeError:
         if err["type"] == "extra_forbidden":
             problems.append(f"unknown key '{where}'")
         else:
-            problems.append(f"{where}: {err['msg']}")
+            # A check on the whole recipe (models vs slices) has no field to name.
+            msg = str(err["msg"]).removeprefix("Value error, ")
+            problems.append(f"{where}: {msg}" if where else msg)
     return RecipeError("invalid recipe: " + "; ".join(problems), problems=problems)
 
 
@@ -208,9 +315,6 @@ def parse_recipe(source: Recipe | Mapping[str, Any] | str | Path) -> Recipe:
             raise RecipeError(f"recipe is not valid YAML: {exc}") from None
     if not isinstance(data, dict):
         raise RecipeError("recipe must be a YAML mapping")
-    if "slices" in data:
-        raise RecipeError("'slices' (passthrough/frankenmerge recipes) are not supported",
-                          key="slices")
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as exc:

@@ -67,3 +67,11 @@ def make_llama(
 
 def read_config(path: Path) -> dict:
     return json.loads((path / "config.json").read_text())
+
+
+def run_recipe(source: object, out: Path | str, **kwargs: object) -> object:
+    """Parse ``source`` (a dict, YAML text or path) and merge it through the one entry."""
+    from maec_core.recipe import parse_recipe
+    from maec_core.run import run
+
+    return run(parse_recipe(source), Path(out), **kwargs)  # type: ignore[arg-type]

@@ -1,9 +1,14 @@
 """The Celery application: ``celery -A worker.celery_app worker -Q merges``.
 
+Every worker also consumes the webhook queue (added below, whatever ``-Q`` names), so
+finished jobs' webhooks go out without a worker of their own; a deployment may still
+run one (``-Q webhooks -c 4``) so that deliveries never wait for a running merge.
+
 The parent (prefork) process imports torch through ``worker.tasks`` so that each child
 forks with it loaded, but never touches CUDA: device selection happens in the child,
 inside the task. The parent runs the heartbeat thread: ``/readyz`` counts live workers,
-and each beat sweeps expired leases and retries deleting orphaned staging prefixes.
+each beat sweeps expired leases and retries deleting orphaned staging prefixes, and one
+worker per period runs the retention sweep (expired jobs, unreferenced artifacts).
 """
 
 from __future__ import annotations
@@ -16,13 +21,14 @@ import threading
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_ready, worker_shutdown
+from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown
 
 from app.jobs.worker_store import WorkerJobStore
+from app.queue import WEBHOOK_QUEUE
 from app.settings import get_settings
 from app.storage import make_storage
 from worker.celery_config import celery_settings
-from worker.sweeper import sweep_expired
+from worker.sweeper import sweep_expired, sweep_retention
 
 log = logging.getLogger("maec.worker")
 
@@ -44,12 +50,18 @@ def _heartbeat() -> None:
             store.heartbeat(_NAME)
             sweep_expired(store, celery, settings)
             store.clean_orphans(storage)
+            sweep_retention(store, storage, settings)
         except Exception as exc:  # Redis down: keep trying, readyz shows it meanwhile
             log.warning("heartbeat failed: %s", exc)
         if _stop.wait(settings.worker_heartbeat_seconds):
             break
     with contextlib.suppress(Exception):
         store.forget_worker(_NAME)
+
+
+@celeryd_after_setup.connect  # type: ignore[untyped-decorator]
+def _consume_webhooks(sender: str, instance: Any, **_kw: Any) -> None:
+    instance.app.amqp.queues.select_add(WEBHOOK_QUEUE)
 
 
 @worker_ready.connect  # type: ignore[untyped-decorator]

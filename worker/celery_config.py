@@ -14,6 +14,10 @@ Why each one:
 - JSON only: no pickle ever crosses the broker.
 - Soft time limit a minute under the hard one, so the task can mark its job
   ``time_limit`` and clean up before the hard kill.
+- Webhook deliveries (``maec.deliver_webhook``) go to their own queue with their own
+  short time limits (set on the task): every worker also consumes it between merges
+  (worker/celery_app.py), so a delivery never waits behind queued merges, and a receiver
+  that is down never holds a merge slot (each retry is a new message with a countdown).
 - Attempts are bounded by the record (``MAEC_MAX_ATTEMPTS``, counted by the claim), not
   by Celery retries, so a poison job fails instead of looping.
 """
@@ -22,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.queue import QUEUE, TASK_NAME
+from app.queue import QUEUE, TASK_NAME, WEBHOOK_QUEUE, WEBHOOK_TASK_NAME
 from app.settings import Settings
 
 # Margin of the visibility timeout over the hard time limit.
@@ -53,7 +57,8 @@ def celery_settings(s: Settings) -> dict[str, Any]:
         "task_time_limit": hard,
         "task_soft_time_limit": max(1, hard - 60) if hard > 120 else max(1, hard - 5),
         "task_default_queue": QUEUE,
-        "task_routes": {TASK_NAME: {"queue": QUEUE}},
+        "task_routes": {TASK_NAME: {"queue": QUEUE},
+                        WEBHOOK_TASK_NAME: {"queue": WEBHOOK_QUEUE}},
         "worker_hijack_root_logger": False,
         "worker_send_task_events": True,
         "task_send_sent_event": True,

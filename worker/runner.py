@@ -13,6 +13,7 @@ import shutil
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 
 from app.artifacts import StorageArtifactStore
 from app.jobs.accounting import finish_increments
+from app.jobs.calls import QuotaExceeded
 from app.jobs.record import JobRecord, now_iso
 from app.jobs.worker_store import WorkerJobStore
 from app.settings import Settings
@@ -28,8 +30,8 @@ from app.sources import Source
 from app.storage.base import Storage, StorageError
 from maec_core.errors import Cancelled, MaecError
 from maec_core.manifest import MANIFEST_NAME
-from maec_core.recipe import parse_recipe
-from worker.inputs import InputCache, fetch_source
+from maec_core.recipe import Recipe, parse_recipe
+from worker.inputs import Hold, InputCache, fetch_source
 
 log = logging.getLogger("maec.worker")
 
@@ -138,15 +140,24 @@ class Outcome:
     error: dict[str, Any] | None = None
 
 
+# Claim outcomes in which the claim itself ended the job.
+ENDED_BY_CLAIM = frozenset({"cancelled", "exhausted", "time_limit"})
+
+
 class JobRunner:
     def __init__(self, settings: Settings, store: WorkerJobStore, storage: Storage,
-                 *, worker: str | None = None) -> None:
+                 *, worker: str | None = None,
+                 on_finished: Callable[[str], None] | None = None) -> None:
         self.settings = settings
         self.store = store
         self.storage = storage
         self.worker = worker or worker_name()
+        # Called with the id of a job this runner ended that names a callback_url (the
+        # worker queues its webhook); after the terminal write, never before.
+        self.on_finished = on_finished
         self.cache = InputCache(settings.work_dir / "cache", settings.cache_max_bytes)
-        self.artifacts = StorageArtifactStore(storage, settings.work_dir / "artifacts")
+        self.artifacts = StorageArtifactStore(storage, settings.work_dir / "artifacts",
+                                              on_use=store.touch_artifact)
 
     def run(self, job_id: str) -> str:
         """Run ``job_id`` if it is claimable; returns the claim or final outcome."""
@@ -156,6 +167,9 @@ class JobRunner:
                                  time_limit_s=self.settings.task_time_limit)
         if claim.outcome != "claimed":
             log.info("job %s: not run (%s)", job_id, claim.outcome)
+            if claim.outcome in ENDED_BY_CLAIM:
+                ended = self.store.get(job_id)
+                self._finished(job_id, ended.callback_url if ended else None)
             return claim.outcome
         rec = self.store.get(job_id)
         assert rec is not None
@@ -183,7 +197,9 @@ class JobRunner:
     def _attempt(self, rec: JobRecord, att: Attempt, prefix: str, workdir: Path,
                  started: float) -> str:
         try:
-            result = self._execute(rec, att, prefix, workdir)
+            # The job's cache entries stay held (never evicted) until it ends.
+            with self.cache.hold() as hold:
+                result = self._execute(rec, att, prefix, workdir, hold)
         except (Cancelled, _CancelledHere):
             self._cleanup(prefix)
             return self._end(rec, att, "cancelled", None, started)
@@ -221,6 +237,8 @@ class JobRunner:
              started: float, result: dict[str, Any] | None = None) -> str:
         seconds = time.monotonic() - started
         fields: dict[str, Any] = {"finished_at": now_iso(), "stage": None, "error": error}
+        if status != "succeeded":
+            self._release(rec, att)
         nbytes = 0
         if result is not None:
             nbytes = int(result.pop("_bytes"))
@@ -234,14 +252,50 @@ class JobRunner:
                         previous)
             return "lost"
         log.info("job %s: %s in %.2f s", rec.id, status, seconds)
+        self._finished(rec.id, rec.callback_url)
         return status
 
-    def _execute(self, rec: JobRecord, att: Attempt, prefix: str, workdir: Path
-                 ) -> dict[str, Any]:
-        # 1. fetch
+    def _finished(self, job_id: str, callback_url: str | None) -> None:
+        """Hand an ended job to ``on_finished`` if it asked for a webhook. Never raises:
+        a webhook that cannot be queued must not turn a finished merge into an error."""
+        if self.on_finished is None or callback_url is None:
+            return
+        try:
+            self.on_finished(job_id)
+        except Exception as exc:
+            log.error("job %s: webhook not queued: %s", job_id, exc)
+
+    def _release(self, rec: JobRecord, att: Attempt) -> None:
+        """Give back this attempt's quota reservation and artifact references."""
+        try:
+            self.store.release(rec, att.attempt)
+        except Exception as exc:  # Redis down: deleting the job gives them back later
+            log.warning("job %s: reservation not released: %s", rec.id, exc)
+
+    def _reserve(self, rec: JobRecord, att: Attempt, manifest: dict[str, Any],
+                 out: Path) -> None:
+        """Count the outputs against the owner's storage quota before uploading them."""
+        nbytes = sum(int(f["size"]) for f in manifest["files"])
+        nbytes += (out / MANIFEST_NAME).stat().st_size
+        keys = tuple(str(k) for k in (manifest.get("maec") or {}).get("artifact_keys", []))
+        quota = self.settings.storage_quota_bytes_per_key
+        outcome, used = self.store.reserve(rec, att.attempt, nbytes, quota=quota,
+                                           artifacts=keys)
+        if outcome == "lost":
+            raise LeaseLost(rec.id)
+        if outcome == "over":
+            raise QuotaExceeded(
+                f"the outputs ({nbytes} bytes) would take key {rec.owner} past its storage "
+                f"quota ({used} of {quota} bytes in use); delete jobs to free space",
+                bytes=nbytes, used=used, quota=quota)
+
+    def _fetch(self, rec: JobRecord, recipe: Recipe, att: Attempt, workdir: Path,
+               hold: Hold) -> dict[str, str]:
+        """Every source into the job's input folder, as pinned at submission (a changed
+        one fails the job with ``source_changed``); returns ``{uri: local path}``."""
         local: dict[str, str] = {}
-        recipe = parse_recipe(rec.recipe)
-        corpora = {s.ref for s in recipe.sources() if s.kind == "corpus"}
+        # One-file sources: ability corpora (and any other input that is one file).
+        single = {s.ref for s in recipe.sources() if s.kind == "corpus"}
         total = len(rec.sources)
         att.progress("fetch", 0, total)
         fetched = cached = 0
@@ -249,12 +303,20 @@ class JobRunner:
             if att.cancel_requested():
                 raise _CancelledHere
             path, got, hit = fetch_source(Source.from_dict(doc), self.storage, self.cache,
-                                      workdir / "inputs" / str(i), corpus=uri in corpora)
+                                          workdir / "inputs" / str(i), corpus=uri in single,
+                                          hold=hold)
             local[uri] = str(path)
             fetched, cached = fetched + got, cached + hit
             att.progress("fetch", i + 1, total)
         log.info("job %s: inputs ready (%d bytes fetched, %d from cache)", rec.id,
                  fetched, cached)
+        return local
+
+    def _execute(self, rec: JobRecord, att: Attempt, prefix: str, workdir: Path,
+                 hold: Hold) -> dict[str, Any]:
+        # 1. fetch
+        recipe = parse_recipe(rec.recipe)
+        local = self._fetch(rec, recipe, att, workdir, hold)
         # 2. merge: the recipe was parsed once from the job record; passed on typed.
         recipe = recipe.with_sources(local)
         workdir.mkdir(parents=True, exist_ok=True)
@@ -267,6 +329,7 @@ class JobRunner:
         report = merged.report or {}
         reused = [bool(a.get("artifact_reused")) for a in report.get("abilities", [])]
         # 3. publish: every file, then manifest.json last (the commit marker).
+        self._reserve(rec, att, merged.manifest, out)
         ok, _ = self.store.transition(rec.id, allowed=("running",), to="publishing",
                                       attempt=att.attempt)
         if not ok:

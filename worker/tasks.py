@@ -11,9 +11,10 @@ from celery import shared_task
 # (a merge child then starts in milliseconds). Importing torch does not initialise CUDA.
 import maec_core.run  # noqa: F401
 from app.jobs.worker_store import WorkerJobStore
-from app.queue import TASK_NAME
+from app.queue import TASK_NAME, WEBHOOK_TASK_NAME, send_webhook
 from app.settings import get_settings
 from app.storage import make_storage
+from app.webhooks.delivery import SOFT_TIME_LIMIT_S, TIME_LIMIT_S, deliver
 from worker.runner import JobRunner
 
 log = logging.getLogger("maec.worker")
@@ -26,5 +27,20 @@ for _module in get_settings().preload_modules:
 def run_job(job_id: str) -> str:
     settings = get_settings()
     runner = JobRunner(settings, WorkerJobStore.from_url(settings.redis_url),
-                       make_storage(settings))
+                       make_storage(settings),
+                       on_finished=lambda ended: send_webhook(run_job.app, ended))
     return runner.run(job_id)
+
+
+# Short limits of its own: one delivery attempt is a few network round trips; a later
+# attempt is a new message, queued with its backoff as the countdown.
+@shared_task(name=WEBHOOK_TASK_NAME, acks_late=True, ignore_result=True,  # type: ignore[untyped-decorator]
+             time_limit=TIME_LIMIT_S, soft_time_limit=SOFT_TIME_LIMIT_S)
+def deliver_webhook(job_id: str, attempt: int = 1) -> str:
+    settings = get_settings()
+    store = WorkerJobStore.from_url(settings.redis_url)
+    try:
+        return deliver(store, settings, job_id, attempt, lambda delay: send_webhook(
+            deliver_webhook.app, job_id, attempt + 1, delay))
+    finally:
+        store.close()

@@ -40,6 +40,8 @@ STATUS_BY_CODE: dict[str, int] = {
     "non_finite_output": 422,
     "artifact_mismatch": 422,
     "invalid_corpus": 422,
+    "invalid_eval_set": 422,
+    "invalid_callback": 422,
     "output_exists": 409,
     "cancelled": 409,
     "storage_unavailable": 503,

@@ -30,6 +30,7 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    Strict,
     Tag,
     create_model,
 )
@@ -37,9 +38,10 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError, PydanticUndefined
 
 from maec_contract import JobRequest
+from maec_contract.requests import _NAMED as NAMED_FIELDS  # the named form's fields
 from maec_core.methods import MergeMethod, TensorMethod, all_methods
 from maec_core.methods.base import FINITE_MAX
-from maec_core.recipe import ModelEntry, Recipe
+from maec_core.recipe import ModelEntry, Recipe, Slice, SliceSource
 
 # Caps for what the methods' models leave open. Strings: sources are paths, URIs or hub
 # ids (S3 keys stop at 1024 bytes); lists: gradients, conditions, models; dicts: free
@@ -57,6 +59,7 @@ _A: Any = Annotated
 _U: Any = Union
 _L: Any = list
 _D: Any = dict
+_T: Any = tuple
 _Lit: Any = Literal
 # Tags of the unions built here: never field names (they hold a hyphen), and left out of
 # the locations error messages print.
@@ -118,6 +121,13 @@ def strict_type(tp: Any, meta: Sequence[Any] = ()) -> Any:
     if origin is list:
         (item,) = get_args(tp)
         return _sized(_L[strict_type(item)], meta, LIST_MAX)
+    if origin is tuple:
+        args = get_args(tp)
+        items = ([strict_type(args[0]), ...] if args[1:] == (...,)
+                 else [strict_type(a) for a in args])
+        # Strict mode takes only tuple instances; a JSON array arrives as a list (the
+        # items stay strict).
+        return _sized(_A[_T[tuple(items)], Strict(False)], meta, LIST_MAX)
     if origin is dict:
         key, value = get_args(tp)
         return _sized(_D[strict_type(key), strict_type(value)], meta, DICT_MAX)
@@ -212,40 +222,56 @@ def _per_model(value: Any) -> Any:
 
 def _params_fields(method: MergeMethod, prefix: str, model: type[BaseModel],
                    keys: set[str] | None = None, per_model: bool = False) -> dict[str, Any]:
+    # Never required here: a value may come from another level (a slice, the recipe),
+    # and the method's own check names a missing one.
     out: dict[str, Any] = {}
     for fname, info in model.model_fields.items():
         if keys is not None and fname not in keys:
             continue
         v = value_type(method, prefix, fname, info)
-        out[fname] = _field(info, _per_model(v) if per_model else v,
-                            required=info.is_required() and not per_model)
+        out[fname] = _field(info, _per_model(v) if per_model else v, required=False)
     return out
+
+
+def _params_model(name: str, doc: str, *fields: dict[str, Any]) -> type[BaseModel]:
+    merged: dict[str, Any] = {}
+    for f in fields:
+        merged.update(f)
+    return create_model(name, __config__=_STRICT, __doc__=doc, **merged)
+
+
+def _items(item: Any, lo: int = 0) -> Any:
+    return _A[_L[item], at.MinLen(lo), at.MaxLen(LIST_MAX)]
 
 
 def _method_models(method: MergeMethod) -> tuple[type[BaseModel], type[BaseModel]]:
     """The named-form job and the recipe for ``method``."""
     c = _camel(method.name)
-    params = create_model(f"{c}Parameters", __config__=_STRICT,
-                          __doc__=f"parameters of merge_method {method.name}",
-                          **_params_fields(method, c, method.params))
-    named_params = create_model(
-        f"{c}NamedParameters", __config__=_STRICT,
-        __doc__=f"parameters of method {method.name} in the named form (per-model ones: "
-                "one value for all, or one per model: the donors, then the language base)",
-        **_params_fields(method, c, method.params),
-        **_params_fields(method, c, method.model_params, method.per_model_keys(), True),
-    )
-    model_params = create_model(f"{c}ModelParameters", __config__=_STRICT,
-                                __doc__=f"per-model parameters of merge_method {method.name}",
-                                **_params_fields(method, c, method.model_params))
-    optional = all(not f.is_required() for f in method.model_params.model_fields.values())
-    entry = strict_model(ModelEntry, f"{c}ModelEntry", {
-        "parameters": (model_params, Field(default_factory=model_params) if optional
-                       else Field()),
+    shared = _params_fields(method, c, method.params)
+    own = _params_fields(method, c, method.model_params)
+    # The recipe's and a slice's parameters may also give per-model values (mergekit's
+    # lookup: the model's own, its slice's, the recipe's); a models recipe takes only
+    # the method's own there, which the method's check says.
+    params = _params_model(f"{c}Parameters", f"parameters of merge_method {method.name} "
+                           "(per-model ones too, as defaults)", own, shared)
+    model_params = _params_model(f"{c}ModelParameters",
+                                 f"per-model parameters of merge_method {method.name}", own)
+    named_params = _params_model(
+        f"{c}NamedParameters",
+        f"parameters of method {method.name} in the named form (per-model ones: one value "
+        "for all, or one per model: the donors, then the language base)",
+        shared, _params_fields(method, c, method.model_params, method.per_model_keys(), True))
+    per_model = {"parameters": (model_params, Field(default_factory=model_params))}
+    entry = strict_model(ModelEntry, f"{c}ModelEntry", per_model)
+    source = strict_model(SliceSource, f"{c}SliceSource", per_model)
+    piece = strict_model(Slice, f"{c}Slice", {
+        "sources": (_items(source, 1), Field()),
+        "parameters": (params, Field(default_factory=params)),
     })
     recipe = strict_model(Recipe, f"{c}Recipe", {
         "merge_method": (_Lit[method.name], Field()),
-        "models": (_A[_L[entry], at.MaxLen(LIST_MAX)], Field(default_factory=list)),
+        "models": (_items(entry), Field(default_factory=list)),
+        "slices": (_U[_items(piece, 1), None], Field(default=None)),
         "parameters": (params, Field(default_factory=params)),
     })
     named = strict_model(JobRequest, f"{c}NamedJob", {
@@ -284,8 +310,9 @@ def _form(value: Any) -> str | None:
     if not isinstance(value, dict):
         return "named-form"  # refused there with the type error
     if "recipe" in value:
-        others = set(value) - {"recipe", "idempotency_key", "name"}
-        return None if others else "recipe-form"
+        # The contract's rule: a named-form field set beside a recipe is an error.
+        both = any(value.get(f) is not None for f in NAMED_FIELDS)
+        return None if both else "recipe-form"
     return "named-form" if "method" in value else None
 
 
@@ -294,7 +321,7 @@ def _build() -> Any:
     named = _A[_U[tuple(n for n, _ in pairs)], Field(discriminator="method")]
     recipes = _A[_U[tuple(r for _, r in pairs)], Field(discriminator="merge_method")]
     recipe_job = strict_model(JobRequest, "RecipeJob", {
-        **{f: None for f in JobRequest.model_fields if f not in ("idempotency_key", "name")},
+        **dict.fromkeys(NAMED_FIELDS),  # dropped: they belong to the named form
         "recipe": (recipes, Field(description="a recipe (mergekit or MAEC shape)")),
     })
     return _A[

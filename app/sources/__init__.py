@@ -30,7 +30,7 @@ from maec_core.io.folder import ModelFolder
 
 __all__ = [
     "SMALL_FILES", "Kind", "Source", "SourceFile", "SourceKind", "check_corpus",
-    "inspect_source", "is_checkpoint_file", "open_source", "parse_source",
+    "inspect_source", "is_checkpoint_file", "open_source", "parse_source", "pin_source",
     "sparse_header_copy",
 ]
 
@@ -67,13 +67,22 @@ def inspect_source(source: Source, storage: Storage) -> ModelFolder:
     return open_source(source, storage).headers()
 
 
-def check_corpus(source: Source, storage: Storage, max_bytes: int | None = None) -> None:
+def pin_source(source: Source, storage: Storage, *, single: bool = False) -> Source:
+    """``source`` with the identity of each of its files now, as a job record keeps it:
+    the worker fetches those files or fails with ``source_changed``."""
+    return open_source(source, storage).pin(single=single)
+
+
+def check_corpus(source: Source, storage: Storage, max_bytes: int | None = None) -> Source:
     """An ability corpus is one file; check that it exists and is within ``max_bytes``
-    (its content is the worker's)."""
-    size = open_source(source, storage).corpus_file().size
+    (its content is the worker's). Returns the source pinned to that file."""
+    pinned = pin_source(source, storage, single=True)
+    size = (pinned.files[0] if pinned.files
+            else open_source(source, storage).corpus_file()).size
     if max_bytes is not None and size > max_bytes:
         raise CorpusError(
             f"{source.uri}: the corpus is {size} bytes, above this service's "
             f"{max_bytes} byte cap (MAEC_MAX_CORPUS_BYTES)",
             source=source.uri, size=size, limit=max_bytes,
         )
+    return pinned

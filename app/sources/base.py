@@ -18,7 +18,7 @@ import struct
 import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -41,26 +41,6 @@ def is_checkpoint_file(name: str) -> bool:
 
 
 @dataclass(frozen=True)
-class Source:
-    """One parsed, allow-listed source; ``to_dict`` is what a job record stores."""
-
-    kind: Kind
-    uri: str
-    bucket: str = ""
-    prefix: str = ""
-    path: str = ""
-    repo: str = ""
-    revision: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if v}
-
-    @classmethod
-    def from_dict(cls, doc: dict[str, Any]) -> Source:
-        return cls(**doc)
-
-
-@dataclass(frozen=True)
 class SourceFile:
     """One file a source contributes, as its store lists it."""
 
@@ -68,15 +48,49 @@ class SourceFile:
     size: int
     content_key: str  # names these bytes (see the module docstring)
     location: str  # where the store keeps it: object key, path in the repo, local path
-    version: str = ""  # the store's version tag, re-checked when fetching (S3 ETag)
+    # The store's identity of this version, re-checked when fetching: the S3 ETag, a
+    # local file's device, inode, size and mtime.
+    version: str = ""
+
+
+@dataclass(frozen=True)
+class Source:
+    """One parsed, allow-listed source; ``to_dict`` is what a job record stores.
+
+    ``files`` is empty until ``SourceKind.pin`` records what the source held when it was
+    checked; the worker then fetches exactly those files, each refused with
+    ``source_changed`` if it is no longer the same.
+    """
+
+    kind: Kind
+    uri: str
+    bucket: str = ""
+    prefix: str = ""
+    path: str = ""
+    root: str = ""  # the allow-listed root a local path was found under
+    repo: str = ""
+    revision: str = ""
+    files: tuple[SourceFile, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        doc = {k: v for k, v in self.__dict__.items() if v and k != "files"}
+        if self.files:
+            doc["files"] = [dict(f.__dict__) for f in self.files]
+        return doc
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> Source:
+        files = tuple(SourceFile(**f) for f in doc.get("files", ()))
+        return cls(**{**doc, "files": files})
 
 
 class SourceKind(ABC):
     """One kind of source: how its URIs parse, and how it is read.
 
-    An instance serves one parsed ``Source``; the API uses ``headers`` and
-    ``corpus_file`` (sizes only), the worker ``in_place`` or ``checkpoint_files`` /
-    ``corpus_file`` and ``fetch`` (through its content-keyed cache).
+    An instance serves one parsed ``Source``; the API uses ``headers``, ``corpus_file``
+    (sizes only) and ``pin``, the worker ``files`` and ``fetch`` (through its
+    content-keyed cache). A one-file source (an ability corpus, and any other input that
+    is one file) is ``single``: its file is ``corpus_file``.
     """
 
     kind: ClassVar[Kind]
@@ -92,10 +106,6 @@ class SourceKind(ABC):
         """Parse and allow-list ``text`` (its scheme is this kind's); no I/O but
         resolving local symlinks."""
 
-    def in_place(self) -> Path | None:
-        """A path the worker reads directly, nothing fetched (local sources)."""
-        return None
-
     @abstractmethod
     def headers(self) -> ModelFolder:
         """The checkpoint folder from its configs and headers only. For remote kinds its
@@ -110,10 +120,30 @@ class SourceKind(ABC):
     def corpus_file(self) -> SourceFile:
         """The one file an ability corpus is (its size is checked at submission)."""
 
+    def pin(self, *, single: bool = False) -> Source:
+        """The source with the identity of every file it holds now (at submission), so
+        the worker fetches those very files or fails with ``source_changed``."""
+        files = [self.corpus_file()] if single else self.checkpoint_files()
+        return replace(self.source, files=tuple(files))
+
+    def files(self, *, single: bool = False) -> list[SourceFile]:
+        """What the worker fetches: the files pinned at submission (a record written
+        before pinning existed: as listed now)."""
+        if self.source.files:
+            return list(self.source.files)
+        return [self.corpus_file()] if single else self.checkpoint_files()
+
+    def check_unchanged(self, files: Iterable[SourceFile]) -> None:
+        """``SourceChanged`` if any of ``files`` is no longer the version listed (pinned),
+        even where the cache already holds those bytes: a job never runs on a source that
+        changed after it was submitted. (Kinds whose files cannot change: nothing.)"""
+        return None
+
     @abstractmethod
     def fetch(self, file: SourceFile, dest: Path) -> None:
         """Write the whole of ``file`` to ``dest``, checked while it streams (size, and
-        the digest its ``content_key`` names); a wrong transfer is a ``StorageError``."""
+        the digest its ``content_key`` names); a wrong transfer is a ``StorageError``,
+        a file that is no longer the version listed (pinned) a ``SourceChanged``."""
 
     def remote_view(self, build: Callable[[Path], Path]) -> ModelFolder:
         """``open_model_folder`` on the folder ``build(tmp)`` makes of sparse stand-ins,

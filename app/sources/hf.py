@@ -281,6 +281,11 @@ class HubSource(SourceKind):
     def headers(self) -> ModelFolder:
         return self.remote_view(partial(hub_view, self.source))
 
+    def pin(self, *, single: bool = False) -> Source:
+        # The 40-hex revision already pins every byte (each file is checked against its
+        # digest at that commit): nothing to record, no extra listing at submission.
+        return self.source
+
     def checkpoint_files(self) -> list[SourceFile]:
         return hub_files(self.source)
 

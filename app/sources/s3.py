@@ -11,14 +11,17 @@ whole-object SHA-256 (an upload with ``ChecksumAlgorithm=SHA256`` in one part: S
 SeaweedFS return it on a HEAD with ``ChecksumMode=ENABLED``), so the same bytes in two
 buckets, or on the hub, are one entry; and otherwise by bucket, key, ETag and size, since
 an ETag alone is not a content digest (multipart, encrypted or copied objects) and must
-not let one bucket's entry stand for another's object. Every fetch is a GET that holds
-only while the object still has the listed ETag, checked for size and (when the key is a
-SHA-256) digest while it streams.
+not let one bucket's entry stand for another's object. The objects and their ETags (and
+SHA-256s) are pinned when the job is submitted (``SourceKind.pin``): every fetch is a GET
+of a pinned object that holds only while it still has that ETag (``If-Match``), checked
+for size and (when the key is a SHA-256) digest while it streams; an object overwritten
+or deleted since is ``source_changed``, and one added since is not fetched.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from functools import partial
 from pathlib import Path
 from typing import ClassVar
@@ -34,8 +37,8 @@ from app.sources.base import (
     sparse_header_copy,
     write_verified,
 )
-from app.storage.base import ObjectInfo, Storage
-from maec_core.errors import CorruptCheckpoint, SourceError, SourceNotFound
+from app.storage.base import ObjectInfo, Storage, StorageError
+from maec_core.errors import CorruptCheckpoint, SourceChanged, SourceError, SourceNotFound
 from maec_core.io.folder import MAX_JSON_BYTES, PICKLE_SUFFIXES, ModelFolder
 
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
@@ -119,8 +122,30 @@ class S3Source(SourceKind):
         return self._file(self._bucket(), key, key.rsplit("/", 1)[-1])
 
     def fetch(self, file: SourceFile, dest: Path) -> None:
-        chunks = (self._bucket().iter_range(file.location, 0, file.size - 1,
-                                            if_match=file.version or None)
+        bucket = self._bucket()
+        chunks = (bucket.iter_range(file.location, 0, file.size - 1,
+                                    if_match=file.version or None)
                   if file.size else iter(()))
-        write_verified(chunks, dest, file, uri=self.source.uri, sender="the store",
-                       where="as listed")
+        try:
+            write_verified(chunks, dest, file, uri=self.source.uri, sender="the store",
+                           where="as listed")
+        except StorageError:
+            # A refused If-Match and a store that is down read alike: ask which it was.
+            self._check_unchanged(bucket, file)
+            raise
+        if not file.size:  # no GET carried the If-Match
+            self._check_unchanged(bucket, file)
+
+    def check_unchanged(self, files: Iterable[SourceFile]) -> None:
+        bucket = self._bucket()
+        for file in files:
+            self._check_unchanged(bucket, file)
+
+    def _check_unchanged(self, bucket: Storage, file: SourceFile) -> None:
+        """``SourceChanged`` when the object is no longer the version listed (pinned)."""
+        info = bucket.head(file.location)
+        if info is None or (file.version and info.etag != file.version):
+            uri = self.source.uri
+            why = "is gone" if info is None else "was overwritten"
+            raise SourceChanged(f"{uri}: {file.name} {why} since the job was submitted",
+                                source=uri, file=file.name)

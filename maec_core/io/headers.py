@@ -32,8 +32,24 @@ FLOAT_DTYPES = frozenset({"F16", "BF16", "F32"})
 
 
 @dataclass(frozen=True)
+class LowRankDelta:
+    """A low-rank addition ``scale * B @ A`` (transposed when ``transpose``) held in other
+    tensors: how a LoRA adapter changes one base tensor (see ``maec_core.lora``)."""
+
+    a: TensorInfo  # (r, in)
+    b: TensorInfo  # (out, r)
+    scale: float
+    transpose: bool = False  # the base stores (in, out) (GPT-2's Conv1D, fan_in_fan_out)
+
+
+@dataclass(frozen=True)
 class TensorInfo:
-    """Where one tensor lives: absolute byte range ``[start, end)`` in ``file``."""
+    """Where one tensor lives: absolute byte range ``[start, end)`` in ``file``.
+
+    With ``delta``, the tensor is the stored one plus that low-rank product: readers
+    form it while reading (``maec_core.io.lowrank``), so an adapter on a base reads like
+    a full checkpoint without one being written.
+    """
 
     name: str
     file: Path
@@ -41,6 +57,7 @@ class TensorInfo:
     shape: tuple[int, ...]
     start: int
     end: int
+    delta: LowRankDelta | None = None
 
     @property
     def nbytes(self) -> int:

@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -76,9 +77,12 @@ class StagedOutput:
             self.abort()
 
 
-def output_config(config: dict[str, Any], dtype: str) -> dict[str, Any]:
-    """The reference config with its dtype set to the output dtype."""
-    out = dict(config)
+def output_config(
+    config: dict[str, Any], dtype: str, updates: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The reference config with its dtype set to the output dtype and ``updates``
+    (fields the merge changed, such as a slices recipe's layer count) applied."""
+    out = {**config, **(updates or {})}
     out["dtype"] = dtype
     if "torch_dtype" in out:
         out["torch_dtype"] = dtype

@@ -10,14 +10,17 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from fractions import Fraction
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import regex
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from maec_core.errors import CorpusError, EmptySelection, RecipeError
 from maec_core.methods.base import Finite
-from maec_core.recipe import Condition, Recipe
+from maec_core.recipe_values import Condition
+
+if TYPE_CHECKING:
+    from maec_core.recipe import Recipe
 
 # The default selection of included tensors: 2-D weights inside the transformer blocks
 # (attention q/k/v/o and MLP gate/up/down); embeddings, lm_head, norms, biases excluded.

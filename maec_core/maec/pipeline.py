@@ -58,7 +58,10 @@ def _params(recipe: Recipe) -> MaecParams:
 
 def _ability_folders(recipe: Recipe, i: int) -> tuple[ModelFolder, ModelFolder | None]:
     ab = recipe.abilities[i]
-    return open_model_folder(ab.model), (open_model_folder(ab.control) if ab.control else None)
+    # A LoRA adapter donor (or control) applies to θ0, the recipe's base model.
+    base = recipe.base_model
+    return (open_model_folder(ab.model, base=base),
+            open_model_folder(ab.control, base=base) if ab.control else None)
 
 
 def _passes(params: MaecParams) -> int:
@@ -184,7 +187,7 @@ def _abilities(
     each was reused."""
     assert recipe.base_model is not None and recipe.language_base is not None
     base = open_model_folder(recipe.base_model)
-    folders = {BASE: base, LANG: open_model_folder(recipe.language_base)}
+    folders = {BASE: base, LANG: open_model_folder(recipe.language_base, base=recipe.base_model)}
     abilities = [_ability_folders(recipe, i) for i in range(len(recipe.abilities))]
     for i, (ability, control) in enumerate(abilities):
         folders[f"abilities[{i}].model"] = ability
@@ -244,7 +247,7 @@ def _combine(
     started = started if started is not None else t0
     assert recipe.base_model is not None and recipe.language_base is not None
     base = open_model_folder(recipe.base_model)
-    lang = open_model_folder(recipe.language_base)
+    lang = open_model_folder(recipe.language_base, base=recipe.base_model)
     plan = build_plan({BASE: base, LANG: lang}, LANG)
     base_sums = folder_checksums(base, hash_cache)
     ckpt_dtype = checkpoint_dtype(base)

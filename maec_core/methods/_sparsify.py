@@ -98,3 +98,40 @@ def drop_and_rescale_(
     if rescale:
         delta.div_(density)
     return delta
+
+
+def magprune_(
+    delta: torch.Tensor, density: float, epsilon: float, gen: torch.Generator, *,
+    rescale: bool,
+) -> torch.Tensor:
+    """DELLA's MagPrune, in place: keep each entry with a probability that rises
+    linearly with its magnitude rank, from ``density − epsilon`` (smallest) to
+    ``density + epsilon`` (largest).
+
+    Ranks run along dimension 1 (a tensor of fewer dimensions is one row), as in
+    mergekit 0.1.5; a row of one entry, which has no rank spread, keeps it with
+    probability ``density``. Magnitude ties are ranked in index order (a stable sort),
+    so the mask depends only on the values and the generator. With ``rescale`` the
+    survivors are scaled back to the delta's L1 norm before pruning (mergekit's rescale
+    for this family). The uniform draws come from ``gen`` on the CPU, so CUDA and CPU
+    merges of one recipe agree.
+    """
+    import torch
+
+    if density >= 1.0 or delta.numel() == 0:
+        return delta
+    rows = delta.unsqueeze(0) if delta.dim() < 2 else delta
+    n = rows.shape[1]
+    order = rows.abs().argsort(dim=1, stable=True)
+    # Invert the permutation with one scatter instead of a second sort.
+    positions = torch.arange(n, device=delta.device).view(1, n, *([1] * (rows.dim() - 2)))
+    ranks = torch.empty_like(order).scatter_(1, order, positions.expand_as(order))
+    del order
+    spread = ranks.to(delta.dtype).div_(n - 1) if n > 1 else torch.full_like(rows, 0.5)
+    probs = spread.mul_(2 * epsilon).add_(density - epsilon).reshape(delta.shape)
+    before = delta.abs().sum() if rescale else None
+    draws = torch.rand(delta.shape, generator=gen, dtype=torch.float32)
+    delta.mul_(draws.to(delta.device) < probs)
+    if before is not None:
+        rescale_l1_(delta, before)
+    return delta

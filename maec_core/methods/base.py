@@ -18,10 +18,11 @@ from pydantic import AfterValidator, AllowInfNan, BaseModel, ConfigDict, Validat
 
 from maec_core.errors import RecipeError
 from maec_core.methods.params import candidate_values
-from maec_core.recipe import Recipe
 
 if TYPE_CHECKING:
     import torch
+
+    from maec_core.recipe import Recipe
 
 
 # The largest magnitude a float parameter may have: every real recipe value is far
@@ -126,6 +127,11 @@ def check_params(model: type[BaseModel], values: Mapping[str, Any], where: str) 
             raise RecipeError("; ".join(problems), problems=problems) from None
 
 
+def field_keys(model: type[BaseModel]) -> set[str]:
+    """The keys a parameter model accepts (aliases where set: ``lambda``)."""
+    return {f.alias or name for name, f in model.model_fields.items()}
+
+
 _REGISTRY: dict[str, MergeMethod] = {}
 
 
@@ -142,6 +148,9 @@ class MergeMethod:
     params: ClassVar[type[BaseModel]] = NoParams
     model_params: ClassVar[type[BaseModel]] = NoParams
     needs_base: ClassVar[bool] = True
+    # Whether a given base_model takes part in the merge (passthrough copies its one
+    # source whatever base_model says, as mergekit's does).
+    uses_base: ClassVar[bool] = True
     # Models besides base_model the recipe must list (max None: no upper bound).
     min_models: ClassVar[int] = 1
     max_models: ClassVar[int | None] = None
@@ -175,20 +184,57 @@ class MergeMethod:
             )
         if self.needs_base and not recipe.base_model:
             raise RecipeError(f"merge_method '{self.name}' needs base_model")
+        if recipe.slices is not None:
+            self._validate_slices(recipe)
+            return
         self._check_count(len([m for m in recipe.models if m.model != recipe.base_model]))
         check_params(self.params, recipe.parameters, "parameters")
         for i, m in enumerate(recipe.models):
             check_params(self.model_params, m.parameters, f"models[{i}].parameters")
 
-    def _check_count(self, n: int) -> None:
+    def _validate_slices(self, recipe: Recipe) -> None:
+        """Each slice as its own merge: the base among its sources when the method needs
+        one, the model count, and parameters at every level. A slice's and the recipe's
+        ``parameters`` may also give per-model values (mergekit's lookup order: the
+        source, its slice, the recipe)."""
+        assert recipe.slices is not None
+        base = recipe.base_model if self.uses_base else None
+        self._check_mixed(recipe.parameters, "parameters")
+        for i, sl in enumerate(recipe.slices):
+            where = f"slices[{i}]"
+            models = [s.model for s in sl.sources]
+            if self.needs_base and base not in models:
+                raise RecipeError(f"merge_method '{self.name}' needs base_model {base!r} "
+                                  f"among the sources of {where}", slice=i)
+            self._check_count(len([m for m in models if m != base]), f" in {where}")
+            self._check_mixed(sl.parameters, f"{where}.parameters")
+            for j, src in enumerate(sl.sources):
+                check_params(self.model_params, src.parameters,
+                             f"{where}.sources[{j}].parameters")
+
+    def _check_mixed(self, values: Mapping[str, Any], where: str) -> None:
+        """Validate a parameter block that may hold global and per-model keys."""
+        shared, own = field_keys(self.params), field_keys(self.model_params)
+        for key in values:
+            if key not in shared and key not in own:
+                raise RecipeError(f"unknown parameter '{key}' in {where}",
+                                  problems=[f"unknown parameter '{key}' in {where}"])
+        for model, keys in ((self.params, shared), (self.model_params, own)):
+            part = {k: v for k, v in values.items() if k in keys}
+            # Only what is given: a required per-model key may come from another level.
+            if part:
+                check_params(model, part, where)
+
+    def _check_count(self, n: int, where: str = "") -> None:
         lo, hi = self.min_models, self.max_models
         if lo <= n and (hi is None or n <= hi):
             return
         want = f"exactly {lo}" if hi == lo else f"at least {lo}"
         if hi is not None and hi != lo:
             want += f" and at most {hi}"
+        besides = " besides base_model" if self.uses_base else ""
         raise RecipeError(
-            f"merge_method '{self.name}' takes {want} model(s) besides base_model, got {n}"
+            f"merge_method '{self.name}' takes {want} model(s){besides}{where}, got {n}"
         )
 
     def per_model_keys(self) -> set[str]:

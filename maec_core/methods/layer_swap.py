@@ -22,10 +22,11 @@ from pydantic import Field
 
 from maec_core.errors import RecipeError
 from maec_core.methods.base import NamedForm, Params, TensorCall, TensorMethod
-from maec_core.recipe import Recipe
 
 if TYPE_CHECKING:
     import torch
+
+    from maec_core.recipe import Recipe
 
 
 class LayerSwapModelParams(Params):

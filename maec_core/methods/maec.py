@@ -7,11 +7,14 @@ torch-free ``maec_core.maec.params`` so the API finds MAEC like any other method
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from maec_core.errors import RecipeError
 from maec_core.maec.params import AbilityParams, MaecParams, validate_maec_recipe
 from maec_core.methods.base import MergeMethod, NamedForm, per_model
-from maec_core.recipe import Recipe
+
+if TYPE_CHECKING:
+    from maec_core.recipe import Recipe
 
 
 class Maec(MergeMethod):
@@ -25,6 +28,13 @@ class Maec(MergeMethod):
     max_models = 0
 
     def validate(self, recipe: Recipe) -> None:
+        # mergekit's recipe shapes the MAEC pipeline does not read: refused, not ignored.
+        if recipe.slices is not None:
+            raise RecipeError("merge_method 'maec' takes language_base and abilities, "
+                              "not slices", key="slices")
+        if recipe.out_dtype is not None:
+            raise RecipeError("merge_method 'maec' sets its output dtype with dtype, "
+                              "not out_dtype", key="out_dtype")
         validate_maec_recipe(recipe)
 
     def named_form(self, form: NamedForm) -> dict[str, Any]:

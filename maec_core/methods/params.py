@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
 from maec_core.errors import RecipeError
-from maec_core.recipe import Condition, ParamValue, Scalar
+from maec_core.recipe_values import Condition, ParamValue, Scalar
 
 _LAYER = re.compile(r"\.layers\.(\d+)\.")
 
@@ -44,17 +44,40 @@ def _gradient(values: list[float], frac: float) -> float:
 
 def resolve_value(value: ParamValue, name: str, num_layers: int) -> Scalar | None:
     """The scalar a parameter takes for tensor ``name``; None when no condition matches."""
+    return resolve_value_at(value, name, layer_fraction(name, num_layers))
+
+
+def resolve_value_at(value: ParamValue, name: str, frac: float) -> Scalar | None:
+    """As :func:`resolve_value`, at depth ``frac`` (0..1) given by the caller: in a
+    slices recipe a gradient runs over each slice, not over the whole model."""
     if isinstance(value, list):
         if value and all(isinstance(v, Condition) for v in value):
             for cond in value:
                 assert isinstance(cond, Condition)
                 # "*" is mergekit's explicit catch-all.
                 if cond.filter is None or cond.filter == "*" or cond.filter in name:
-                    return resolve_value(cond.value, name, num_layers)
+                    return resolve_value_at(cond.value, name, frac)
             return None
         nums = [float(v) for v in value if not isinstance(v, Condition)]
-        return _gradient(nums, layer_fraction(name, num_layers))
+        return _gradient(nums, frac)
     return value
+
+
+def resolve_scopes(
+    scopes: Sequence[Mapping[str, ParamValue]], keys: Collection[str], name: str, frac: float
+) -> dict[str, Scalar]:
+    """Each of ``keys`` from the first scope (most specific first) that gives it a value
+    for tensor ``name``: a scope whose conditions all miss falls through to the next, as
+    in mergekit's slice, then recipe, parameter lookup."""
+    out: dict[str, Scalar] = {}
+    for key in keys:
+        for scope in scopes:
+            if key in scope:
+                v = resolve_value_at(scope[key], name, frac)
+                if v is not None:
+                    out[key] = v
+                    break
+    return out
 
 
 def resolve_params(
@@ -72,14 +95,19 @@ def validated_params(model: type[BaseModel], params: Mapping[str, ParamValue], n
                      num_layers: int) -> Any:
     """``params`` resolved for tensor ``name`` and validated by ``model`` (the engine's
     per-tensor parameters; the API runs the same over the planned tensors first)."""
-    resolved = resolve_params(params, name, num_layers)
+    return validate_resolved(model, resolve_params(params, name, num_layers), name)
+
+
+def validate_resolved(model: type[BaseModel], resolved: Mapping[str, Scalar], name: str
+                      ) -> Any:
+    """Parameters resolved for tensor ``name``, validated by ``model`` (RecipeError)."""
     try:
         return model.model_validate(resolved)
     except ValidationError as exc:
         # A condition that leaves a required value unset for this tensor, or a gradient
         # point a field refuses: the recipe's fault, named as such.
         problems = [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
-        raise RecipeError(f"parameters for tensor {name!r} resolve to {resolved}: "
+        raise RecipeError(f"parameters for tensor {name!r} resolve to {dict(resolved)}: "
                           + "; ".join(problems), tensor=name, problems=problems) from None
 
 

@@ -10,11 +10,13 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import threading
-from typing import TypeVar, overload
+from typing import TYPE_CHECKING, TypeVar, overload
 
 from maec_core.errors import RecipeError
 from maec_core.methods.base import _REGISTRY, MergeMethod
-from maec_core.recipe import Recipe
+
+if TYPE_CHECKING:
+    from maec_core.recipe import Recipe
 
 M = TypeVar("M", bound=MergeMethod)
 

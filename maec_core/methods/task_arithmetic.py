@@ -22,6 +22,9 @@ class TaskArithmeticParams(Params):
     # Accepted so mergekit recipes run unchanged; masks are a GPU-memory trick there and
     # have no effect on results here.
     int8_mask: bool = False
+    # True: a sparsified task vector is scaled back to the L1 norm it had before (for the
+    # methods that sparsify; task arithmetic itself keeps every entry, so it is a no-op).
+    rescale: bool = False
 
 
 class TaskArithmetic(TensorMethod):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from maec_core.methods._common import DensityParams, elect_and_merge
-from maec_core.methods._sparsify import trim_magnitude_
+from maec_core.methods._sparsify import rescale_l1_, trim_magnitude_
 from maec_core.methods.base import TensorCall, TensorMethod
 from maec_core.methods.task_arithmetic import TaskArithmeticParams
 
@@ -29,7 +29,11 @@ class Ties(TensorMethod):
         deltas = []
         weights = []
         for t, p in zip(call.models, call.model_params, strict=True):
-            d = trim_magnitude_(t - call.base, p.density)
+            d = t - call.base
+            before = d.abs().sum() if call.params.rescale else None
+            trim_magnitude_(d, p.density)
+            if before is not None:
+                rescale_l1_(d, before)
             deltas.append(d.mul_(p.weight))
             weights.append(p.weight)
         return elect_and_merge(

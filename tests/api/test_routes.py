@@ -61,7 +61,9 @@ def test_submit_queues_a_job_and_a_message(api: Api) -> None:
         str(api.models.donor), str(api.models.lang)]
     assert set(job) == {"id", "status", "stage", "progress", "method", "name", "recipe",
                         "created_at", "started_at", "finished_at", "attempts",
-                        "cancel_requested", "artifact_reused", "error", "result"}
+                        "cancel_requested", "artifact_reused", "error", "result",
+                        "callback_url", "webhook",
+                        "pinned"}
     # The Celery message names the task and carries only the job id.
     messages = [json.loads(m) for m in api.r.lrange(QUEUE, 0, -1)]
     assert [(m["headers"]["task"], json.loads(

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import ast
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
@@ -21,32 +19,17 @@ from tests.core.test_maec_common import maec_recipe
 from tests.core.test_maec_pipeline import planted
 
 ROOT = Path(__file__).resolve().parents[2]
-# Modules that must stay out of any import cycle: the run entry, the run-time types,
-# the engine and the MAEC pipeline built on it.
-RUN_MODULES = {"maec_core.run", "maec_core.runtime", "maec_core.engine",
-               "maec_core.maec.pipeline", "maec_core.maec.combine", "maec_core.maec.extract"}
 
 
-def _cycles_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("import_cycles",
-                                                  ROOT / "scripts" / "import_cycles.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def test_the_engine_knows_nothing_of_maec() -> None:
+    """The engine streams; MAEC builds on it, never the reverse (cycles in general are
+    checked package-wide by tests/test_structure.py)."""
+    import grimp
 
-
-def test_run_modules_are_in_no_import_cycle() -> None:
-    script = _cycles_script()
-    graph = script.module_graph(ROOT / "maec_core")
-    assert not [c for c in script.cycles(graph) if RUN_MODULES & set(c)]
-    # The engine streams; it knows nothing of MAEC.
-    assert not [m for m in graph["maec_core.engine"] if m.startswith("maec_core.maec")]
-
-
-def test_cycle_finder_finds_a_cycle() -> None:
-    script = _cycles_script()
-    assert script.cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    graph = grimp.build_graph("maec_core", exclude_type_checking_imports=True)
+    imported = graph.find_modules_directly_imported_by("maec_core.engine")
+    assert not [m for m in imported if m.startswith("maec_core.maec")]
+    assert not graph.chain_exists(importer="maec_core.engine", imported="maec_core.maec.pipeline")
 
 
 def test_maec_modules_take_only_the_streaming_loop_from_the_engine() -> None:

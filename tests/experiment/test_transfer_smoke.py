@@ -1,4 +1,4 @@
-"""Smoke run of the transfer experiment (issue 6): one seed, small budget, end to end.
+"""Smoke run of the transfer experiment: one seed, small budget, end to end.
 
 Asserts only what is stably true at this scale; the transfer numbers themselves are
 reported (the RESULT line), not asserted, because at this budget they sit near chance.

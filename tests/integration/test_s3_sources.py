@@ -20,8 +20,8 @@ from boto3.s3.transfer import TransferConfig
 
 from app.settings import Settings, hash_key
 from app.sources import open_source, parse_source
-from app.storage.base import StorageError
 from app.storage.s3 import S3Storage
+from maec_core.errors import SourceChanged
 from tests.conftest import TinyModels
 from tests.stack import S3_BUCKET, S3_KEY_ID, S3_SECRET, S3Server
 from worker.inputs import InputCache, fetch_source
@@ -115,7 +115,8 @@ def test_an_object_changed_after_listing_is_refused_and_not_cached(
     s3_server.client().put_object(Bucket=S3_BUCKET, Key=config.location,
                                   Body=data.replace(b'"', b"'", 1))
     cache = InputCache(tmp_path / "cache", 10**9)
-    with pytest.raises(StorageError, match="changed since it was listed"):
+    # The listing is what a job pins at submission: a changed object is source_changed.
+    with pytest.raises(SourceChanged, match=r"config\.json was overwritten since"):
         cache.fill(tmp_path / "in", files, reader.fetch)
     assert cache.lookup(config.content_key, config.size) is None
     assert not [p for p in cache.objects.iterdir() if p.name.startswith(".")]

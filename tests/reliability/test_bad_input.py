@@ -73,6 +73,8 @@ def test_hostile_checkpoint_over_http(case: Hostile, st: Stack, tiny: dict[str, 
     assert not marker_path(bad).exists(), "pickle payload ran"
     _still_serving(st, tiny)
     results.add("hostile_inputs")
+    if case.name.endswith("_adapter"):
+        results.add("adapters_refused")  # LoRA adapter folders (pickled, DoRA)
 
 
 def test_source_paths_that_escape_are_refused(st: Stack, tiny: dict[str, Path],

@@ -7,6 +7,7 @@ served, so a path can never name anything else in storage.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
@@ -16,6 +17,7 @@ from app.api.deps import Auth
 from app.api.errors import ApiError
 from app.api.routes.jobs import not_found
 from app.api.schemas import PROBLEMS
+from app.storage.base import StorageError
 
 router = APIRouter(prefix="/v1/jobs", tags=["files"], responses=PROBLEMS)
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
@@ -45,6 +47,19 @@ def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
     if start >= size or (last and int(last) < start):
         raise _unsatisfiable(size)
     return start, end
+
+
+def exactly(chunks: Iterator[bytes], nbytes: int, key: str) -> Iterator[bytes]:
+    """``chunks``, raising if they end before ``nbytes``: the response then ends in a
+    broken connection, never in a complete-looking short body. An object deleted (the
+    job deleted or expired) or cut short while it is being read ends so."""
+    left = nbytes
+    for chunk in chunks:
+        left -= len(chunk)
+        yield chunk
+    if left > 0:
+        raise StorageError(f"{key} ended {left} bytes early (deleted while being read?)",
+                           key=key)
 
 
 def _unsatisfiable(size: int) -> ApiError:
@@ -84,5 +99,6 @@ async def get_file(
     headers["Content-Length"] = str(end - start + 1)
     if size == 0:
         return Response(b"", headers=headers, media_type="application/octet-stream")
-    return StreamingResponse(svc.storage.iter_range(key, start, end), status_code=status,
+    body = exactly(svc.storage.iter_range(key, start, end), end - start + 1, key)
+    return StreamingResponse(body, status_code=status,
                              headers=headers, media_type="application/octet-stream")

@@ -1,4 +1,4 @@
-"""/v1/jobs: submit, read, list, cancel."""
+"""/v1/jobs: submit, read, list, cancel, pin, delete."""
 
 from __future__ import annotations
 
@@ -10,11 +10,14 @@ from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 
-from app.api.deps import Auth, authenticate
+from app.api.deps import Auth, Caller, authenticate
 from app.api.errors import ApiError
 from app.api.schemas import LIST_LINKS, PROBLEMS, SUBMIT_LINKS, JobBody, JobList, JobOut, to_request
+from app.jobs.calls import job_storage_prefix
 from app.jobs.record import STATUSES, JobRecord, new_job_id, now_iso
+from app.storage.base import StorageError
 from app.submission import build_recipe, check_sources
+from app.webhooks.delivery import accept_callback
 
 log = logging.getLogger("maec.api")
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=PROBLEMS)
@@ -62,13 +65,18 @@ async def submit(typed: JobBody, auth: Auth) -> JSONResponse:
                        f"more than {svc.settings.submissions_per_minute} submissions in a "
                        "minute", headers={"Retry-After": str(60 - int(time.time()) % 60)},
                        limit=svc.settings.submissions_per_minute)
+    await _check_quota(auth)
     recipe = build_recipe(body)
+    if body.callback_url is not None:  # resolves the host: blocking
+        await run_in_threadpool(accept_callback, body.callback_url, svc.settings, owner)
     sources = await run_in_threadpool(check_sources, recipe, svc.settings, svc.storage)
     record = JobRecord(
         id=new_job_id(), owner=owner, method=recipe.merge_method,
         name=body.name or recipe.name,
         recipe=recipe.model_dump(mode="json", exclude_none=True, by_alias=True),
         sources=sources, created_at=now_iso(), idempotency_key=body.idempotency_key,
+        callback_url=body.callback_url,
+        pinned=bool(body.pinned),
     )
     outcome, job_id = await svc.store.create(
         record, max_active=svc.settings.max_active_jobs_per_key
@@ -132,4 +140,83 @@ async def cancel_job(job_id: str, auth: Auth) -> JSONResponse:
     if outcome == "finished" and rec.status != "cancelled":
         raise ApiError(409, "job_finished", f"job {job_id} already ended ({rec.status})",
                        status=rec.status)
+    if outcome == "cancelled" and rec.callback_url is not None:
+        # Ended here, not by a worker: its webhook is queued here. A queue that is down
+        # loses that webhook but not the cancel.
+        try:
+            await run_in_threadpool(svc.enqueuer.enqueue_webhook, job_id)
+        except Exception as exc:
+            log.error("webhook of cancelled job %s not queued: %s", job_id, exc)
     return _job(rec, 202)
+
+
+async def _check_quota(auth: Caller) -> None:
+    """Refuse a submission while the key's published outputs fill its storage quota (a
+    job that would go past it fails when publishing, with the same code)."""
+    quota = auth.svc.settings.storage_quota_bytes_per_key
+    if quota is None:
+        return
+    used = await auth.svc.store.usage(auth.owner)
+    if used >= quota:
+        raise ApiError(413, "quota_exceeded",
+                       f"key {auth.owner} holds {used} bytes of outputs, its storage quota is "
+                       f"{quota}; delete jobs (DELETE /v1/jobs/{{id}}) to free space",
+                       used=used, quota=quota)
+
+
+async def _set_pinned(job_id: str, auth: Auth, pinned: bool) -> JSONResponse:
+    if not await auth.svc.store.pin(job_id, auth.owner, pinned):
+        raise not_found(job_id)
+    rec = await auth.svc.store.get(job_id, auth.owner)
+    if rec is None:  # deleted in between
+        raise not_found(job_id)
+    return _job(rec)
+
+
+@router.post("/{job_id}/pin", response_model=JobOut)
+async def pin_job(job_id: str, auth: Auth) -> JSONResponse:
+    """Keep the job and its outputs past the retention period (until unpinned or
+    deleted). Idempotent."""
+    return await _set_pinned(job_id, auth, True)
+
+
+@router.post("/{job_id}/unpin", response_model=JobOut)
+async def unpin_job(job_id: str, auth: Auth) -> JSONResponse:
+    """Let the job expire again (at once, if it ended longer ago than the retention
+    period: the next sweep removes it). Idempotent."""
+    return await _set_pinned(job_id, auth, False)
+
+
+@router.delete("/{job_id}", status_code=204, response_class=Response,
+               responses={204: {"description": "deleted"}})
+async def delete_job(job_id: str, auth: Auth) -> Response:
+    """Delete a finished job: its published files, then nothing of it is left.
+
+    404 for an unknown job, another key's, or one already deleted (so a retried delete
+    whose first answer was lost gets 404); 409 ``job_active`` while it is queued or
+    running: cancel it first. Files being downloaded at that moment end in an error
+    for that download, never in a short file the client would accept."""
+    owner, svc = auth.owner, auth.svc
+    rec = await svc.store.get(job_id, owner)
+    if rec is None:
+        raise not_found(job_id)
+    outcome, _ = await svc.store.remove(rec)
+    if outcome == "missing":
+        raise not_found(job_id)
+    if outcome == "active":
+        current = await svc.store.get(job_id, owner)
+        status = current.status if current is not None else rec.status
+        raise ApiError(409, "job_active",
+                       f"job {job_id} is {status}; cancel it first "
+                       f"(POST /v1/jobs/{job_id}/cancel), then delete it", status=status)
+    # The record went atomically with queueing its prefix for deletion: if the store is
+    # down now, the workers' heartbeat deletes the files once it answers.
+    prefix = job_storage_prefix(job_id)
+    try:
+        await run_in_threadpool(svc.storage.delete_prefix, prefix)
+    except StorageError as exc:
+        log.warning("job %s deleted; its files are deleted later: %s", job_id, exc.message)
+    else:
+        await svc.store.outputs_deleted(prefix)
+    log.info("job %s deleted by %s (%s)", job_id, owner, rec.status)
+    return Response(status_code=204)

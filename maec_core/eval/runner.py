@@ -1,0 +1,193 @@
+"""Evaluate model folders on an eval spec, one model in memory at a time.
+
+A folder is opened with the same checks as a merge input (safetensors only, no
+pickles, shard names inside the folder), then loaded with transformers from the folder
+alone: never a hub, never remote code.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from maec_core.errors import CheckpointError, EvalSetError
+from maec_core.eval.answers import extract_answer, is_correct
+from maec_core.eval.measure import generate, score_texts
+from maec_core.eval.report import AccuracyItem, EvalReport, ModelResult, SetResult
+from maec_core.eval.sets import EvalSpec, LoadedSet, load_sets, load_spec
+from maec_core.io.folder import open_model_folder
+from maec_core.runtime import CancelFn, ProgressFn, best_device
+
+# Perplexity context when the spec leaves it open: the model's window, at most this.
+DEFAULT_CONTEXT = 1024
+
+
+@dataclass
+class LoadedModel:
+    model: Any
+    tokenizer: Any
+    device: torch.device
+
+    @property
+    def dtype(self) -> str:
+        return str(next(self.model.parameters()).dtype).removeprefix("torch.")
+
+    @property
+    def max_positions(self) -> int | None:
+        cfg = self.model.config
+        for key in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+            value = getattr(cfg, key, None)
+            if isinstance(value, int) and value > 0:
+                return value
+        return None
+
+
+def load_model(model_dir: str | Path, device: torch.device) -> LoadedModel:
+    """The folder's tokenizer and causal LM on ``device``: float32 on a CPU (bf16 CPU
+    matmuls are slow and inexact), the stored dtype on an accelerator."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = open_model_folder(model_dir)
+    root = str(folder.root)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(root, local_files_only=True,
+                                                  trust_remote_code=False)
+    except Exception as exc:  # transformers raises many types for a missing tokenizer
+        raise CheckpointError(f"{root} has no usable tokenizer: {exc}", path=root) from None
+    dtype = torch.float32 if device.type == "cpu" else "auto"
+    try:
+        model: Any = AutoModelForCausalLM.from_pretrained(
+            root, local_files_only=True, trust_remote_code=False, dtype=dtype,
+            use_safetensors=True,
+        )
+    except Exception as exc:
+        raise CheckpointError(f"cannot load {root} for evaluation: {exc}", path=root) from None
+    model.to(device)
+    return LoadedModel(model.eval(), tokenizer, device)
+
+
+def evaluate(model_dir: str | Path, spec: EvalSpec | str | Path,
+             device: str | torch.device | None = None, progress: ProgressFn | None = None,
+             cancel: CancelFn | None = None, *, label: str | None = None) -> EvalReport:
+    """Score one model folder on every set of ``spec`` (a parsed spec or a spec file)."""
+    name = label or Path(model_dir).name
+    return evaluate_many({name: model_dir}, spec, device, progress, cancel)
+
+
+def evaluate_many(models: Mapping[str, str | Path], spec: EvalSpec | str | Path,
+                  device: str | torch.device | None = None,
+                  progress: ProgressFn | None = None,
+                  cancel: CancelFn | None = None) -> EvalReport:
+    """Score several folders ``{label: folder}``, one at a time, freeing each model
+    before loading the next. The sets are read (and checked) once, before any model."""
+    sets = load_sets(load_spec(spec) if isinstance(spec, str | Path) else spec)
+    dev = device if isinstance(device, torch.device) else best_device(device)
+    return EvalReport(models=[_evaluate_one(label, folder, sets, dev, progress, cancel)
+                              for label, folder in models.items()])
+
+
+def _evaluate_one(label: str, model_dir: str | Path, sets: list[LoadedSet],
+                  device: torch.device, progress: ProgressFn | None,
+                  cancel: CancelFn | None) -> ModelResult:
+    t0 = time.perf_counter()
+    loaded = load_model(model_dir, device)
+    try:
+        results = [evaluate_set(loaded, s, progress=progress, cancel=cancel, stage=label)
+                   for s in sets]
+        dtype = loaded.dtype
+    finally:
+        # Drop the only reference before the next model loads.
+        del loaded
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return ModelResult(label=label, model_dir=str(model_dir), device=str(device),
+                       dtype=dtype, seconds=time.perf_counter() - t0, sets=results)
+
+
+def evaluate_set(loaded: LoadedModel, s: LoadedSet, *, progress: ProgressFn | None = None,
+                 cancel: CancelFn | None = None, stage: str = "eval") -> SetResult:
+    """Score one loaded set with an already loaded model."""
+    where = f"{stage}: {s.spec.name}"
+
+    def on_batch(done: int, total: int) -> None:
+        if progress is not None:
+            progress(where, done, total)
+
+    if s.spec.kind == "perplexity":
+        return _perplexity(loaded, s, on_batch, cancel)
+    return _accuracy(loaded, s, on_batch, cancel)
+
+
+def _window(loaded: LoadedModel, s: LoadedSet) -> tuple[int, int]:
+    """The context and stride used for this model: the spec's, or the model's window
+    (at most DEFAULT_CONTEXT) with half of it as stride."""
+    limit = loaded.max_positions
+    context = s.spec.context or min(DEFAULT_CONTEXT, limit or DEFAULT_CONTEXT)
+    if limit is not None and context > limit:
+        raise EvalSetError(f"eval set {s.spec.name!r}: context {context} exceeds the "
+                           f"model's {limit} positions", set=s.spec.name)
+    stride = s.spec.stride or max(1, context // 2)
+    if stride > context:
+        raise EvalSetError(f"eval set {s.spec.name!r}: stride {stride} is larger than "
+                           f"context {context}", set=s.spec.name)
+    return context, stride
+
+
+def _perplexity(loaded: LoadedModel, s: LoadedSet, on_batch: Callable[[int, int], None],
+                cancel: CancelFn | None) -> SetResult:
+    t0 = time.perf_counter()
+    spec = s.spec
+    context, stride = _window(loaded, s)
+    docs = score_texts(loaded.model, loaded.tokenizer, s.texts, context=context,
+                       stride=stride, batch_size=spec.batch_size, device=loaded.device,
+                       on_batch=on_batch, cancel=cancel)
+    tokens = sum(d.tokens for d in docs)
+    if tokens == 0:
+        raise EvalSetError(f"eval set {spec.name!r} has no token to score (every document "
+                           "is one token long)", set=spec.name)
+    mean = sum(d.nll for d in docs) / tokens
+    settings = {"path": spec.path, "format": spec.file_format, "context": context,
+                "stride": stride, "batch_size": spec.batch_size,
+                "max_items": spec.max_items, "documents": len(docs)}
+    return SetResult(name=spec.name, language=spec.language, kind="perplexity",
+                     value=math.exp(mean) if mean < 700 else math.inf, count=tokens,
+                     mean_nll=mean, seconds=time.perf_counter() - t0, settings=settings,
+                     documents=docs)
+
+
+def _accuracy(loaded: LoadedModel, s: LoadedSet, on_batch: Callable[[int, int], None],
+              cancel: CancelFn | None) -> SetResult:
+    t0 = time.perf_counter()
+    spec = s.spec
+    prompts = [s.prompt(item.question) for item in s.items]
+    outputs = generate(loaded.model, loaded.tokenizer, prompts,
+                       max_new_tokens=spec.new_tokens, batch_size=spec.batch_size,
+                       stop=spec.stop_strings, device=loaded.device, on_batch=on_batch,
+                       cancel=cancel)
+    items = []
+    for i, (item, prompt, out) in enumerate(zip(s.items, prompts, outputs, strict=True)):
+        extracted = extract_answer(out.output)
+        items.append(AccuracyItem(index=i, question=item.question, answer=item.answer,
+                                  prompt=prompt, output=out.output, extracted=extracted,
+                                  correct=is_correct(extracted, item.answer),
+                                  output_tokens=out.tokens))
+    correct = sum(it.correct for it in items)
+    shot = spec.few_shot
+    settings = {
+        "path": spec.path, "format": spec.file_format, "template": spec.prompt_template,
+        "few_shot": ({"path": shot.path, "k": shot.k, "language": shot.language}
+                     if shot is not None else None),
+        "max_new_tokens": spec.new_tokens, "stop": spec.stop_strings,
+        "batch_size": spec.batch_size, "max_items": spec.max_items,
+    }
+    return SetResult(name=spec.name, language=spec.language, kind="accuracy",
+                     value=correct / len(items), count=len(items), correct=correct,
+                     seconds=time.perf_counter() - t0, settings=settings, items=items)

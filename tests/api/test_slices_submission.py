@@ -1,0 +1,48 @@
+"""Slices recipes at submission: planned from headers, a bad layer_range refused as a 422."""
+
+from __future__ import annotations
+
+import json
+
+from app.queue import QUEUE
+from app.storage.local import LocalStorage
+from tests.api.conftest import Api
+from worker.runner import JobRunner
+
+
+def _passthrough(api: Api, *ranges: tuple[str, int, int]) -> dict[str, object]:
+    return {"recipe": {
+        "merge_method": "passthrough",
+        "slices": [{"sources": [{"model": m, "layer_range": [lo, hi]}]} for m, lo, hi in ranges],
+    }}
+
+
+def test_layer_range_past_the_layers_is_refused_before_queueing(api: Api) -> None:
+    m = api.models  # two-layer checkpoints
+    body = _passthrough(api, (str(m.base), 0, 2), (str(m.donor), 1, 3))
+    r = api.client.post("/v1/jobs", json=body, headers=api.auth())
+    assert r.status_code == 422, r.text
+    doc = r.json()
+    assert doc["code"] == "invalid_recipe"
+    assert "slices[1].sources[0]: layer_range [1, 3] exceeds the 2 layers" in doc["message"]
+    assert api.r.llen(QUEUE) == 0 and not api.r.keys("maec:job:*")
+
+
+def test_a_frankenmerge_is_accepted(api: Api) -> None:
+    m = api.models
+    job = api.submit(_passthrough(api, (str(m.base), 0, 2), (str(m.donor), 1, 2)))
+    assert job["status"] == "queued"
+    assert api.r.llen(QUEUE) == 1
+
+
+def test_a_frankenmerge_job_runs_to_a_deeper_model(api: Api) -> None:
+    # The worker fetches the slice sources and rewrites them to local copies.
+    m = api.models
+    jid = str(api.submit(_passthrough(api, (str(m.base), 0, 2), (str(m.donor), 0, 2)))["id"])
+    runner = JobRunner(api.settings, api.worker_store(), LocalStorage(api.settings.storage_dir),
+                       worker="test")
+    assert runner.run(jid) == "succeeded"
+    job = api.client.get(f"/v1/jobs/{jid}", headers=api.auth()).json()
+    url = next(f["url"] for f in job["result"]["files"] if f["path"] == "config.json")
+    config = json.loads(api.client.get(url, headers=api.auth()).content)
+    assert config["num_hidden_layers"] == 4

@@ -1,0 +1,143 @@
+"""Code structure: no import cycle inside a package, no over-long function.
+
+The import graph counts every import that runs, including those inside functions (a lazy
+import only postpones the cycle), and leaves out imports under ``TYPE_CHECKING``, which
+never run. Each check prints every offender, not only the first.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import grimp
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# The shared API contract package joins the check wherever the checkout has it.
+PACKAGES = ("maec_core", "app", "worker", "maec_client",
+            *(["maec_contract"] if (ROOT / "maec_contract" / "__init__.py").is_file() else []))
+LENGTH_CHECKED = ("maec_core", "app", "worker")
+MAX_FUNCTION_LINES = 80
+
+
+def strongly_connected(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's algorithm, iterative (the graph may be deeper than Python's recursion)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    components: list[list[str]] = []
+    for root in sorted(edges):
+        if root in index:
+            continue
+        work: list[tuple[str, Iterator[str]]] = [(root, iter(sorted(edges[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, successors = work[-1]
+            for nxt in successors:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(edges[nxt]))))
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            else:
+                work.pop()
+                if work:
+                    parent = work[-1][0]
+                    low[parent] = min(low[parent], low[node])
+                if low[node] == index[node]:
+                    component: list[str] = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1 or node in edges[node]:
+                        components.append(sorted(component))
+    return components
+
+
+def describe_cycle(graph: grimp.ImportGraph, component: list[str]) -> str:
+    """The imports that hold one cycle together, each with its line."""
+    members = set(component)
+    lines = [f"cycle through {len(component)} modules: {', '.join(component)}"]
+    for importer in component:
+        for imported in sorted(graph.find_modules_directly_imported_by(importer) & members):
+            for detail in graph.get_import_details(importer=importer, imported=imported):
+                lines.append(f"    {importer} -> {imported} (l.{detail['line_number']}: "
+                             f"{detail['line_contents']})")
+    return "\n".join(lines)
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_import_cycle_inside_package(package: str) -> None:
+    graph = grimp.build_graph(package, exclude_type_checking_imports=True, cache_dir=None)
+    edges = {m: set(graph.find_modules_directly_imported_by(m)) for m in graph.modules}
+    cycles = strongly_connected(edges)
+    report = "\n".join(describe_cycle(graph, c) for c in cycles)
+    assert not cycles, f"{len(cycles)} import cycle(s) inside {package}:\n{report}"
+
+
+def test_cycle_finder_finds_cycles_and_only_cycles() -> None:
+    # The finder itself, on a hand-made graph: a 3-cycle, a self-import, a chain, a diamond.
+    edges = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e"},
+             "f": {"g", "h"}, "g": {"i"}, "h": {"i"}, "i": set()}
+    assert sorted(strongly_connected(edges)) == [["a", "b", "c"], ["e"]]
+
+
+def functions_over(limit: int, path: Path) -> Iterator[tuple[int, str, int]]:
+    """(def line, qualified name, lines from def to last line) of each too-long function."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+
+    def walk(node: ast.AST, prefix: str) -> Iterator[tuple[int, str, int]]:
+        for child in ast.iter_child_nodes(node):
+            name = prefix
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                name = f"{prefix}{child.name}."
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                # lineno is the ``def`` line (decorators sit above it).
+                length = (child.end_lineno or child.lineno) - child.lineno + 1
+                if length > limit:
+                    yield child.lineno, name[:-1], length
+            yield from walk(child, name)
+
+    yield from walk(tree, "")
+
+
+def test_function_length_counter(tmp_path: Path) -> None:
+    # The counter itself: decorators are not counted, nested functions and methods are.
+    body = [f"x{i} = {i}" for i in range(79)]
+    source = "\n".join([
+        "@staticmethod",
+        "def short():",
+        *(" " * 4 + line for line in body),
+        "class C:",
+        "    def long(self):",
+        "        def inner():",
+        *(" " * 12 + line for line in body),
+        "            return 1",
+        "        return inner",
+    ])
+    path = tmp_path / "m.py"
+    path.write_text(source + "\n")
+    found = [(name, length) for _, name, length in functions_over(MAX_FUNCTION_LINES, path)]
+    assert sorted(found) == [("C.long", 83), ("C.long.inner", 81)]
+
+
+def test_no_function_longer_than_limit() -> None:
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line} {name} ({length} lines)"
+        for package in LENGTH_CHECKED
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for line, name, length in functions_over(MAX_FUNCTION_LINES, path)
+    ]
+    assert not offenders, (f"{len(offenders)} function(s) longer than {MAX_FUNCTION_LINES} "
+                           "lines (def to last line):\n" + "\n".join(offenders))
