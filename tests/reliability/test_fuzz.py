@@ -2,7 +2,8 @@
 
 1. Schemathesis against the live OpenAPI document, whose job body is the typed union per
    method: every operation with positive and negative data, then stateful scenarios
-   that follow the document's links (submit -> read, cancel, fetch a file; list -> read).
+   that follow the document's links (submit -> read, cancel, pin, delete, fetch a file;
+   list -> read).
    Every response must conform (status code documented, content type, body schema).
 2. A property-based test of the submission path: Hypothesis over arbitrary JSON bodies
    and over valid bodies with one value replaced by arbitrary JSON; zero 5xx.
@@ -43,11 +44,14 @@ AUTH = {"Authorization": f"Bearer {API_KEYS['alice']}"}
 EXAMPLES: dict[tuple[str, str], int] = {
     ("POST /v1/jobs", "positive"): 1300,
     ("POST /v1/jobs", "negative"): 250,
-    ("GET /v1/jobs/{job_id}", "positive"): 2000,
+    ("GET /v1/jobs/{job_id}", "positive"): 1600,
     ("GET /v1/jobs", "positive"): 1500,
     ("GET /v1/jobs", "negative"): 1000,
-    ("POST /v1/jobs/{job_id}/cancel", "positive"): 2000,
-    ("GET /v1/jobs/{job_id}/files/{path}", "positive"): 2000,
+    ("POST /v1/jobs/{job_id}/cancel", "positive"): 1600,
+    ("POST /v1/jobs/{job_id}/pin", "positive"): 400,
+    ("POST /v1/jobs/{job_id}/unpin", "positive"): 400,
+    ("DELETE /v1/jobs/{job_id}", "positive"): 400,
+    ("GET /v1/jobs/{job_id}/files/{path}", "positive"): 1600,
     ("GET /v1/jobs/{job_id}/files/{path}", "negative"): 600,
 }
 DEFAULT_EXAMPLES = 50  # probes: their input space is a handful of headers
