@@ -61,9 +61,8 @@ _L: Any = list
 _D: Any = dict
 _T: Any = tuple
 _Lit: Any = Literal
-# Tags of the unions built here: never field names (they hold a hyphen), and left out of
-# the locations error messages print.
-FORM_TAGS = ("recipe-form", "named-form")
+# Tags of the unions built here ("recipe-form", "named-form" and these): never field
+# names (they hold a hyphen), and left out of the locations error messages print.
 VALUE_TAGS = ("as-value", "as-gradient", "as-conditions", "for-all-models", "per-model")
 _NUMERIC = (at.Ge, at.Gt, at.Le, at.Lt, at.MultipleOf)
 _LENGTH = (at.MinLen, at.MaxLen)
