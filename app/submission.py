@@ -8,8 +8,11 @@ source is then allow-listed, resolved and its headers compared (no weights are r
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
+
+from pydantic import BaseModel
 
 from app.settings import Settings
 from app.sources import (
@@ -22,12 +25,22 @@ from app.sources import (
 )
 from app.storage.base import Storage, StorageError
 from maec_contract import JobRequest as JobRequest  # the body model, shared with the client
-from maec_core.errors import EvalSetError, EvalSetUnreadable, RecipeError, SourceNotFound
+from maec_core.errors import (
+    EmptySelection,
+    EvalSetError,
+    EvalSetUnreadable,
+    RecipeError,
+    SourceNotFound,
+)
 from maec_core.eval.sets import SET_MAX_BYTES, load_set
 from maec_core.io.folder import ModelFolder
-from maec_core.methods import NamedForm, get_method
-from maec_core.plan import plan_recipe
+from maec_core.maec.params import maec_params
+from maec_core.methods import NamedForm, TensorMethod, get_method
+from maec_core.methods.maec import Maec
+from maec_core.methods.params import validated_params
+from maec_core.plan import MergePlan, plan_recipe
 from maec_core.recipe import Recipe, parse_recipe
+from maec_core.recipe_values import Condition, ParamValue
 from maec_core.sweep.grid import candidates
 from maec_core.sweep.inputs import eval_sources, with_eval_sources
 
@@ -135,7 +148,7 @@ def check_sources(
     for uri in [*model_sources(recipe), *corpus_sources(recipe)]:
         parsed[uri] = parse_source(uri, settings)
     folders = inspect_models(recipe, parsed, storage)
-    plan_recipe(recipe, folders)
+    check_against_plan(recipe, plan_recipe(recipe, folders))
     # Pinned after the checks: a file replaced in between is pinned as replaced, which
     # lets nothing unchecked through (the engine validates the folder it reads).
     pinned = {uri: pin_source(parsed[uri], storage) for uri in model_sources(recipe)}
@@ -183,3 +196,64 @@ def _eval_file(source: Source, storage: Storage, dest: Path) -> tuple[Source, Pa
         raise EvalSetUnreadable(f"eval set {source.uri}: {exc.message}",
                                 source=source.uri) from None
     return pinned, dest / file.name
+
+
+def check_against_plan(recipe: Recipe, plan: MergePlan) -> None:
+    """What the worker will derive from the tensor names, derived now from the headers.
+
+    MAEC: every include pattern matches a tensor and the selection is not empty. Tensor
+    methods: every condition's filter matches a tensor, and the parameters resolved for
+    each tensor (conditions, layer gradients) pass the method's models, as the engine
+    will validate them. Raises EmptySelection or RecipeError.
+    """
+    method = get_method(recipe.merge_method)
+    if isinstance(method, Maec):
+        maec_params(recipe).check_selection((t.name, len(t.shape)) for t in plan.tensors)
+        return
+    if not isinstance(method, TensorMethod):
+        return
+    # Output names, and for a slices recipe the input names its sources are read under.
+    names = sorted({t.name for t in plan.tensors}
+                   | {i.name for t in plan.tensors for i in t.sources.values()})
+    for where, params in _parameter_blocks(recipe):
+        _check_filters(where, params, names)
+    if recipe.slices is not None:
+        return  # resolved per slice by maec_core.slices, which names its own failures
+    for name in (t.name for t in plan.tensors):
+        for where, model, params in _parameter_maps(recipe, method):
+            try:
+                validated_params(model, params, name, plan.num_layers)
+            except RecipeError as exc:
+                raise RecipeError(f"{where}: {exc.message}", **exc.details) from None
+
+
+def _parameter_blocks(recipe: Recipe) -> Iterator[tuple[str, Mapping[str, ParamValue]]]:
+    """Every parameter block of the recipe, with where it sits."""
+    yield "parameters", recipe.parameters
+    for i, entry in enumerate(recipe.models):
+        yield f"models[{i}].parameters", entry.parameters
+    for i, sl in enumerate(recipe.slices or []):
+        yield f"slices[{i}].parameters", sl.parameters
+        for j, src in enumerate(sl.sources):
+            yield f"slices[{i}].sources[{j}].parameters", src.parameters
+
+
+def _parameter_maps(recipe: Recipe, method: TensorMethod
+                    ) -> Iterator[tuple[str, type[BaseModel], Mapping[str, ParamValue]]]:
+    yield "parameters", method.params, recipe.parameters
+    for i, entry in enumerate(recipe.models):
+        if entry.model != recipe.base_model:  # the engine never resolves the base's
+            yield f"models[{i}].parameters", method.model_params, entry.parameters
+
+
+def _check_filters(where: str, params: Mapping[str, ParamValue], names: list[str]) -> None:
+    for key, value in params.items():
+        conditions = value if isinstance(value, list) else []
+        for cond in conditions:
+            if not isinstance(cond, Condition) or cond.filter in (None, "*"):
+                continue
+            if not any(cond.filter in name for name in names):
+                raise EmptySelection(
+                    f"{where}.{key}: filter {cond.filter!r} matches no tensor of the "
+                    "checkpoints", parameter=key, filter=cond.filter,
+                )

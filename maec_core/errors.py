@@ -34,6 +34,13 @@ class RecipeError(MaecError):
     code = "invalid_recipe"
 
 
+class EmptySelection(RecipeError):
+    """A tensor filter (an include pattern, a per-tensor condition's filter) selects no
+    tensor of the checkpoints, or the selection as a whole is empty."""
+
+    code = "empty_selection"
+
+
 class SourceError(MaecError):
     """A checkpoint source cannot be resolved or is not allowed."""
 

@@ -227,9 +227,11 @@ class JobRunner:
         except Exception as exc:
             self._cleanup(prefix)
             log.exception("job %s: unexpected error", rec.id)
+            # Running out of memory is the job's size, not a bug: say so.
+            oom = isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"
             return self._end(rec, att, "failed", {
-                "code": "internal_error", "message": f"{type(exc).__name__}: {exc}",
-                "details": {}}, started)
+                "code": "out_of_memory" if oom else "internal_error",
+                "message": f"{type(exc).__name__}: {exc}", "details": {}}, started)
         return self._end(rec, att, "succeeded", None, started, result=result)
 
     def _cleanup(self, prefix: str) -> None:

@@ -41,6 +41,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     line = (
         f"RESULT reliability faults_passed={len(passed - bad)}/{total} "
         f"fuzz_requests={c['fuzz_requests']} fuzz_5xx={c['fuzz_5xx']} "
+        f"property_bodies={c['property_bodies']} property_5xx={c['property_5xx']} "
         f"hostile_inputs={c['hostile_inputs']} lost_jobs={c['lost_jobs']} "
         f"duplicate_runs={c['duplicate_runs']} "
         f"webhooks_signed={c['webhooks_verified']}/{c['webhooks_expected']} "

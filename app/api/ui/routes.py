@@ -21,17 +21,17 @@ import yaml
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from app.api.deps import Services, client_address, get_services
 from app.api.errors import ApiError, http_status, validation_problems
+from app.api.job_body import JobBody
 from app.api.limits import owner_of
 from app.api.routes import files as file_routes
 from app.api.routes import jobs as job_routes
 from app.api.ui import sessions, views
 from app.api.ui.sessions import UiSession
 from app.jobs.record import STATUSES
-from maec_contract import JobRequest
 from maec_core.errors import MaecError
 
 HERE = Path(__file__).resolve().parent
@@ -66,6 +66,8 @@ SECURITY_HEADERS = {
     "Cache-Control": "no-store",
 }
 _CURSOR = re.compile(r"^j_[0-9a-f]+$")
+# The typed body of POST /v1/jobs: the form is checked exactly as the API checks it.
+_JOB_BODY: TypeAdapter[Any] = TypeAdapter(JobBody)
 PAGE_SIZE = 20
 MAX_RECIPE_CHARS = 200_000
 Page = Callable[[UiSession], Awaitable[Response]]
@@ -256,11 +258,11 @@ def _job_body(text: str, name: str) -> dict[str, Any]:
 async def _submit(session: UiSession, body: dict[str, Any]) -> str:
     """Validate and queue exactly as ``POST /v1/jobs`` does; returns the job id."""
     try:
-        request = JobRequest.model_validate(body)
+        typed = _JOB_BODY.validate_python(body)
     except ValidationError as exc:
-        message, problems = validation_problems(exc.errors())
-        raise ApiError(422, "invalid_request", message, problems=problems) from None
-    response = await job_routes.submit(request, session.caller)
+        code, message, problems = validation_problems(exc.errors())
+        raise ApiError(422, code, message, problems=problems) from None
+    response = await job_routes.submit(typed, session.caller)
     return str(json.loads(bytes(response.body))["id"])
 
 
