@@ -49,7 +49,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         f"adapters_refused={c['adapters_refused']} "
         f"corrupt_downloads={c['corrupt_downloads']}/{c['deletes_mid_download']} "
         f"hostile_tokenizers={c['hostile_tokenizers']} "
-        f"hostile_eval_sets={c['hostile_eval_sets']}"
+        f"hostile_eval_sets={c['hostile_eval_sets']} "
+        f"secrets_echoed={c['secrets_echoed']}/{c['secret_cases']}"
     )
     _outcome["line"] = line
     out = ROOT / "var" / "reliability"
