@@ -1,7 +1,7 @@
 """Sources swapped after they were checked: a job is checked at submission but its
 sources are read later, by a worker. Whatever changes in between (a folder swapped for
-a link out of its root, a shard rewritten or swapped for a link, a corpus swapped, an S3
-object overwritten) must end the job ``failed`` with ``source_changed``, with nothing
+a link out of its root, a shard rewritten or swapped for a link, a corpus or an eval set
+swapped, an S3 object overwritten) must end the job ``failed`` with ``source_changed``, with nothing
 published and no byte from outside the allow-listed root in the worker's cache.
 
 The jobs are submitted while no worker runs, the sources changed, then a worker started:
@@ -64,6 +64,8 @@ def _cases(tiny: dict[str, Path], model_root: Path, outside: Path, s3: S3Server
         shutil.copytree(tiny["a"], folder)
     corpus = model_root / "toctou-corpus.txt"
     corpus.write_text("w1 w2 w3\n" * 10)
+    eval_set = model_root / "toctou-eval.jsonl"
+    eval_set.write_text('{"text": "w1 w2 w3 w1 w2"}\n' * 4)
     s3_uri = s3.upload_folder(tiny["a"], "toctou/a")
     shard = "model.safetensors"
 
@@ -82,6 +84,10 @@ def _cases(tiny: dict[str, Path], model_root: Path, outside: Path, s3: S3Server
         corpus.unlink()
         corpus.symlink_to(outside / "secret.txt")
 
+    def eval_set_to_link() -> None:
+        eval_set.unlink()
+        eval_set.symlink_to(outside / "secret.txt")
+
     def s3_overwritten() -> None:
         s3.client().upload_file(str(tiny["b"] / shard), S3_BUCKET, f"toctou/a/{shard}")
 
@@ -93,6 +99,10 @@ def _cases(tiny: dict[str, Path], model_root: Path, outside: Path, s3: S3Server
             Case("shard_rewritten", _linear(copies["rewrite"], base), shard_rewritten),
             Case("shard_swapped_for_link", _linear(copies["link"], base), shard_to_link),
             Case("corpus_swapped_for_link", maec, corpus_to_link),
+            Case("eval_set_swapped_for_link",
+                 {**_linear(tiny["a"], base), "evaluate": [
+                     {"name": "ppl", "language": "sw", "kind": "perplexity",
+                      "path": str(eval_set)}]}, eval_set_to_link),
             Case("s3_object_overwritten", _linear(s3_uri, base), s3_overwritten)]
 
 
