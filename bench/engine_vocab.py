@@ -14,7 +14,6 @@ RESULT engine_vocab wall_ratio_vs_mergekit=… rss_ratio_vs_mergekit=…
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import time
 from pathlib import Path
@@ -25,11 +24,12 @@ from bench.common import (
     CACHE,
     VENV_BIN,
     LlamaShape,
-    Measured,
     build_family,
+    fresh_dir,
     interleaved,
-    measure,
-    median,
+    measured_runs,
+    model_bench_parser,
+    print_medians,
 )
 
 # Embedding-heavy, as vocabulary merges are: 0.35B parameters, a third of them in the
@@ -91,15 +91,10 @@ def write_recipe(folders: list[Path], path: Path) -> Path:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--small", action="store_true", help="tiny models, harness check only")
-    args = ap.parse_args()
+    args = model_bench_parser(__doc__).parse_args()
     shape, tag = (SMALL, "vocab-small") if args.small else (SHAPE, "vocab-0.35b")
     folders = ensure_models(shape, tag)
-    work = CACHE / "work-vocab"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
+    work = fresh_dir(CACHE / "work-vocab")
     recipe = write_recipe(folders, work / "recipe.yaml")
     out = work / "out"
     env = {"MAEC_CACHE_DIR": str(CACHE / "hash-cache")}
@@ -108,22 +103,14 @@ def main() -> None:
         "mergekit": [str(VENV_BIN / "mergekit-yaml"), str(recipe), str(out)],
     }
 
-    def run(name: str) -> Measured:
-        shutil.rmtree(out, ignore_errors=True)
-        try:
-            return measure(commands[name], env=env)
-        finally:
-            shutil.rmtree(out, ignore_errors=True)
+    run = measured_runs(commands, env, [out])
 
     # Warm-up, not counted: page cache, and our first-time input hashing.
     warm = run("maec")
     print(f"warm-up maec       wall {warm.wall:6.2f} s  rss {warm.rss / 1e9:5.2f} GB",
           flush=True)
     results = interleaved(list(commands), args.runs, run)
-    med = {k: (median([m.wall for m in v]), median([m.rss for m in v]))
-           for k, v in results.items()}
-    for k, (w, r) in med.items():
-        print(f"median {k:9s}    wall {w:6.2f} s  rss {r / 1e9:5.2f} GB")
+    med = print_medians(results)
     print(f"RESULT engine_vocab wall_ratio_vs_mergekit={med['maec'][0] / med['mergekit'][0]:.3f} "
           f"rss_ratio_vs_mergekit={med['maec'][1] / med['mergekit'][1]:.3f}")
 
