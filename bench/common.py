@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import yaml
 
 from maec_core.io.writer import OutputTensor, ShardedWriter
 
@@ -69,6 +70,21 @@ def model_bench_parser(doc: str | None) -> argparse.ArgumentParser:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--small", action="store_true", help="tiny models, harness check only")
     return ap
+
+
+def write_ta_recipe(folders: Sequence[Path], path: Path, **fields: str) -> Path:
+    """A task-arithmetic recipe of ``folders`` (the base first, each other one weighted
+    0.5) written to ``path``; ``fields`` are its top-level fields after ``models``
+    (default: dtype bfloat16)."""
+    base, *donors = folders
+    doc = {
+        "merge_method": "task_arithmetic",
+        "base_model": str(base),
+        "models": [{"model": str(d), "parameters": {"weight": 0.5}} for d in donors],
+        **(fields or {"dtype": "bfloat16"}),
+    }
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
 
 
 def fresh_dir(path: Path) -> Path:

@@ -24,8 +24,6 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import yaml
-
 from bench.common import (
     CACHE,
     VENV_BIN,
@@ -38,6 +36,7 @@ from bench.common import (
     measured_runs,
     model_bench_parser,
     print_medians,
+    write_ta_recipe,
 )
 
 FULL = LlamaShape(hidden=2048, layers=16, intermediate=5632, vocab=32000, heads=32,
@@ -58,30 +57,17 @@ def ensure_models(shape: LlamaShape, tag: str) -> list[Path]:
     return folders
 
 
-def write_recipe(folders: list[Path], path: Path, **dtypes: str) -> Path:
-    """The task-arithmetic recipe; ``dtypes`` sets dtype/out_dtype (default: bfloat16)."""
-    base, *donors = folders
-    doc = {
-        "merge_method": "task_arithmetic",
-        "base_model": str(base),
-        "models": [{"model": str(d), "parameters": {"weight": 0.5}} for d in donors],
-        **(dtypes or {"dtype": "bfloat16"}),
-    }
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
-
-
 def main() -> None:
     args = model_bench_parser(__doc__).parse_args()
 
     shape, tag = (SMALL, "llama-small") if args.small else (FULL, "llama-0.85b")
     folders = ensure_models(shape, tag)
     work = fresh_dir(CACHE / "work")
-    recipe = write_recipe(folders, work / "recipe.yaml")
+    recipe = write_ta_recipe(folders, work / "recipe.yaml")
     # Ours reads bfloat16 and computes in float32 whatever the recipe's dtype (which
     # names the output); mergekit computes in the recipe's dtype, so it gets float32
     # with a bfloat16 output to do the same work.
-    recipe_fp32 = write_recipe(folders, work / "recipe-mergekit-fp32.yaml",
+    recipe_fp32 = write_ta_recipe(folders, work / "recipe-mergekit-fp32.yaml",
                                dtype="float32", out_dtype="bfloat16")
     out = work / "out"
     out_bytes = folder_bytes(folders[0])

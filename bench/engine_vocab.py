@@ -18,8 +18,6 @@ import shutil
 import time
 from pathlib import Path
 
-import yaml
-
 from bench.common import (
     CACHE,
     VENV_BIN,
@@ -30,6 +28,7 @@ from bench.common import (
     measured_runs,
     model_bench_parser,
     print_medians,
+    write_ta_recipe,
 )
 
 # Embedding-heavy, as vocabulary merges are: 0.35B parameters, a third of them in the
@@ -76,26 +75,13 @@ def ensure_models(shape: LlamaShape, tag: str) -> list[Path]:
     return [base, donor, lang]
 
 
-def write_recipe(folders: list[Path], path: Path) -> Path:
-    base, donor, lang = folders
-    doc = {
-        "merge_method": "task_arithmetic",
-        "base_model": str(base),
-        "models": [{"model": str(donor), "parameters": {"weight": 0.5}},
-                   {"model": str(lang), "parameters": {"weight": 0.5}}],
-        "tokenizer_source": "union",
-        "dtype": "bfloat16",
-    }
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
-
-
 def main() -> None:
     args = model_bench_parser(__doc__).parse_args()
     shape, tag = (SMALL, "vocab-small") if args.small else (SHAPE, "vocab-0.35b")
     folders = ensure_models(shape, tag)
     work = fresh_dir(CACHE / "work-vocab")
-    recipe = write_recipe(folders, work / "recipe.yaml")
+    recipe = write_ta_recipe(folders, work / "recipe.yaml", tokenizer_source="union",
+                             dtype="bfloat16")
     out = work / "out"
     env = {"MAEC_CACHE_DIR": str(CACHE / "hash-cache")}
     commands = {
