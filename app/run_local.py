@@ -44,7 +44,8 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _port_free(port: int) -> bool:
+def port_free(port: int) -> bool:
+    """Whether a server could bind ``port`` on 127.0.0.1 now."""
     with socket.socket() as s:
         # As servers bind (uvicorn, redis): connections of a stopped server that linger
         # in TIME_WAIT do not make the port taken.
@@ -244,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     var: Path = args.var.resolve()
     for sub in ("redis", "storage", "work", "models", "logs"):
         (var / sub).mkdir(parents=True, exist_ok=True)
-    if not _port_free(args.port):
+    if not port_free(args.port):
         raise SystemExit(f"127.0.0.1:{args.port} is in use (another `make run`?); "
                          "set MAEC_API_PORT")
     redis_port = args.redis_port or _free_port()

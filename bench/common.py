@@ -6,6 +6,7 @@ a shared machine hits both sides alike.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -13,11 +14,12 @@ import statistics
 import subprocess
 import sys
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import yaml
 
 from maec_core.io.writer import OutputTensor, ShardedWriter
 
@@ -60,6 +62,69 @@ def measure(cmd: Sequence[str], env: dict[str, str] | None = None) -> Measured:
 
 def median(xs: Sequence[float]) -> float:
     return statistics.median(xs)
+
+
+def model_bench_parser(doc: str | None) -> argparse.ArgumentParser:
+    """The options of a benchmark over synthetic checkpoints: ``--runs`` and ``--small``."""
+    ap = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--small", action="store_true", help="tiny models, harness check only")
+    return ap
+
+
+def write_ta_recipe(folders: Sequence[Path], path: Path, **fields: str) -> Path:
+    """A task-arithmetic recipe of ``folders`` (the base first, each other one weighted
+    0.5) written to ``path``; ``fields`` are its top-level fields after ``models``
+    (default: dtype bfloat16)."""
+    base, *donors = folders
+    doc = {
+        "merge_method": "task_arithmetic",
+        "base_model": str(base),
+        "models": [{"model": str(d), "parameters": {"weight": 0.5}} for d in donors],
+        **(fields or {"dtype": "bfloat16"}),
+    }
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def fresh_dir(path: Path) -> Path:
+    """``path``, created empty (what an earlier run left there is removed)."""
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return path
+
+
+def measured_runs(commands: Mapping[str, Sequence[str]], env: dict[str, str],
+                  scratch: Sequence[Path]) -> Callable[[str], Measured]:
+    """``run(name)``: ``measure`` the command called ``name``, with the files and folders
+    it writes (``scratch``) removed before and after, so every run writes from nothing and
+    no run's output fills the disk or the page cache for the next."""
+
+    def clear() -> None:
+        for p in scratch:
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+
+    def run(name: str) -> Measured:
+        clear()
+        try:
+            return measure(commands[name], env=env)
+        finally:
+            clear()
+
+    return run
+
+
+def print_medians(results: Mapping[str, Sequence[Measured]]) -> dict[str, tuple[float, float]]:
+    """Print each command's median wall seconds and peak RSS; return them by name."""
+    width = max(len(k) for k in results)
+    med = {k: (median([m.wall for m in v]), median([m.rss for m in v]))
+           for k, v in results.items()}
+    for k, (w, r) in med.items():
+        print(f"median {k:{width}s}    wall {w:6.2f} s  rss {r / 1e9:5.2f} GB")
+    return med
 
 
 def interleaved(names: Sequence[str], runs: int,

@@ -21,24 +21,22 @@ wall_ratio_vs_mergekit_bf16=… rss_ratio_vs_mergekit_bf16=…
 
 from __future__ import annotations
 
-import argparse
-import shutil
 import time
 from pathlib import Path
-
-import yaml
 
 from bench.common import (
     CACHE,
     VENV_BIN,
     LlamaShape,
-    Measured,
     build_family,
     folder_bytes,
+    fresh_dir,
     interleaved,
     io_floor_cmd,
-    measure,
-    median,
+    measured_runs,
+    model_bench_parser,
+    print_medians,
+    write_ta_recipe,
 )
 
 FULL = LlamaShape(hidden=2048, layers=16, intermediate=5632, vocab=32000, heads=32,
@@ -59,35 +57,17 @@ def ensure_models(shape: LlamaShape, tag: str) -> list[Path]:
     return folders
 
 
-def write_recipe(folders: list[Path], path: Path, **dtypes: str) -> Path:
-    """The task-arithmetic recipe; ``dtypes`` sets dtype/out_dtype (default: bfloat16)."""
-    base, *donors = folders
-    doc = {
-        "merge_method": "task_arithmetic",
-        "base_model": str(base),
-        "models": [{"model": str(d), "parameters": {"weight": 0.5}} for d in donors],
-        **(dtypes or {"dtype": "bfloat16"}),
-    }
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
-
-
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--small", action="store_true", help="tiny models, harness check only")
-    args = ap.parse_args()
+    args = model_bench_parser(__doc__).parse_args()
 
     shape, tag = (SMALL, "llama-small") if args.small else (FULL, "llama-0.85b")
     folders = ensure_models(shape, tag)
-    work = CACHE / "work"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    recipe = write_recipe(folders, work / "recipe.yaml")
+    work = fresh_dir(CACHE / "work")
+    recipe = write_ta_recipe(folders, work / "recipe.yaml")
     # Ours reads bfloat16 and computes in float32 whatever the recipe's dtype (which
     # names the output); mergekit computes in the recipe's dtype, so it gets float32
     # with a bfloat16 output to do the same work.
-    recipe_fp32 = write_recipe(folders, work / "recipe-mergekit-fp32.yaml",
+    recipe_fp32 = write_ta_recipe(folders, work / "recipe-mergekit-fp32.yaml",
                                dtype="float32", out_dtype="bfloat16")
     out = work / "out"
     out_bytes = folder_bytes(folders[0])
@@ -104,14 +84,7 @@ def main() -> None:
         "floor": io_floor_cmd(folders, work / "floor.bin", out_bytes),
     }
 
-    def run(name: str) -> Measured:
-        shutil.rmtree(out, ignore_errors=True)
-        (work / "floor.bin").unlink(missing_ok=True)
-        try:
-            return measure(commands[name], env=env)
-        finally:
-            shutil.rmtree(out, ignore_errors=True)
-            (work / "floor.bin").unlink(missing_ok=True)
+    run = measured_runs(commands, env, [out, work / "floor.bin"])
 
     # Warm-up, not counted: every command once, floor first so the inputs are in the page
     # cache for all; imports (torch, transformers) come from the page cache afterwards;
@@ -125,10 +98,7 @@ def main() -> None:
 
     results = interleaved(list(commands), args.runs, run)
 
-    med = {k: (median([m.wall for m in v]), median([m.rss for m in v]))
-           for k, v in results.items()}
-    for k, (w, r) in med.items():
-        print(f"median {k:{width}s}    wall {w:6.2f} s  rss {r / 1e9:5.2f} GB")
+    med = print_medians(results)
     wall_mk = med["maec"][0] / med["mergekit"][0]
     rss_mk = med["maec"][1] / med["mergekit"][1]
     wall_floor = med["maec"][0] / med["floor"][0]

@@ -14,22 +14,21 @@ RESULT engine_vocab wall_ratio_vs_mergekit=… rss_ratio_vs_mergekit=…
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import time
 from pathlib import Path
-
-import yaml
 
 from bench.common import (
     CACHE,
     VENV_BIN,
     LlamaShape,
-    Measured,
     build_family,
+    fresh_dir,
     interleaved,
-    measure,
-    median,
+    measured_runs,
+    model_bench_parser,
+    print_medians,
+    write_ta_recipe,
 )
 
 # Embedding-heavy, as vocabulary merges are: 0.35B parameters, a third of them in the
@@ -76,31 +75,13 @@ def ensure_models(shape: LlamaShape, tag: str) -> list[Path]:
     return [base, donor, lang]
 
 
-def write_recipe(folders: list[Path], path: Path) -> Path:
-    base, donor, lang = folders
-    doc = {
-        "merge_method": "task_arithmetic",
-        "base_model": str(base),
-        "models": [{"model": str(donor), "parameters": {"weight": 0.5}},
-                   {"model": str(lang), "parameters": {"weight": 0.5}}],
-        "tokenizer_source": "union",
-        "dtype": "bfloat16",
-    }
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
-
-
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--small", action="store_true", help="tiny models, harness check only")
-    args = ap.parse_args()
+    args = model_bench_parser(__doc__).parse_args()
     shape, tag = (SMALL, "vocab-small") if args.small else (SHAPE, "vocab-0.35b")
     folders = ensure_models(shape, tag)
-    work = CACHE / "work-vocab"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    recipe = write_recipe(folders, work / "recipe.yaml")
+    work = fresh_dir(CACHE / "work-vocab")
+    recipe = write_ta_recipe(folders, work / "recipe.yaml", tokenizer_source="union",
+                             dtype="bfloat16")
     out = work / "out"
     env = {"MAEC_CACHE_DIR": str(CACHE / "hash-cache")}
     commands = {
@@ -108,22 +89,14 @@ def main() -> None:
         "mergekit": [str(VENV_BIN / "mergekit-yaml"), str(recipe), str(out)],
     }
 
-    def run(name: str) -> Measured:
-        shutil.rmtree(out, ignore_errors=True)
-        try:
-            return measure(commands[name], env=env)
-        finally:
-            shutil.rmtree(out, ignore_errors=True)
+    run = measured_runs(commands, env, [out])
 
     # Warm-up, not counted: page cache, and our first-time input hashing.
     warm = run("maec")
     print(f"warm-up maec       wall {warm.wall:6.2f} s  rss {warm.rss / 1e9:5.2f} GB",
           flush=True)
     results = interleaved(list(commands), args.runs, run)
-    med = {k: (median([m.wall for m in v]), median([m.rss for m in v]))
-           for k, v in results.items()}
-    for k, (w, r) in med.items():
-        print(f"median {k:9s}    wall {w:6.2f} s  rss {r / 1e9:5.2f} GB")
+    med = print_medians(results)
     print(f"RESULT engine_vocab wall_ratio_vs_mergekit={med['maec'][0] / med['mergekit'][0]:.3f} "
           f"rss_ratio_vs_mergekit={med['maec'][1] / med['mergekit'][1]:.3f}")
 

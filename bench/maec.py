@@ -21,7 +21,6 @@ RESULT maec full_vs_ta=… combine_vs_ta=… artifact_ratio=… rss_ratio_vs_ta=
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -37,11 +36,13 @@ from bench.common import (
     CACHE,
     ROOT,
     LlamaShape,
-    Measured,
     folder_bytes,
+    fresh_dir,
     interleaved,
     measure,
+    measured_runs,
     median,
+    model_bench_parser,
 )
 from bench.engine import FULL, SMALL, ensure_models
 
@@ -182,16 +183,13 @@ def main() -> None:
     if len(sys.argv) > 2 and sys.argv[1] == "--child":
         child(sys.argv[2:])
         return
-    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--small", action="store_true", help="tiny models, harness check only")
+    ap = model_bench_parser(__doc__)
     ap.add_argument("--no-gradient", action="store_true", help="skip the gradient timing")
     args = ap.parse_args()
 
     shape, tag = (SMALL, "llama-small") if args.small else (FULL, "llama-0.85b")
     folders = ensure_models(shape, tag)[:3]
-    shutil.rmtree(WORK, ignore_errors=True)
-    WORK.mkdir(parents=True)
+    fresh_dir(WORK)
     recipes = {"maec": WORK / "maec.yaml", "ta": WORK / "ta.yaml"}
     recipes["maec"].write_text(yaml.safe_dump(maec_recipe(folders)))
     recipes["ta"].write_text(yaml.safe_dump(ta_recipe(folders)))
@@ -208,12 +206,7 @@ def main() -> None:
         "ta": [*me, "ta", str(recipes["ta"]), str(out)],
     }
 
-    def run(name: str) -> Measured:
-        shutil.rmtree(out, ignore_errors=True)
-        try:
-            return measure(commands[name], env=env)
-        finally:
-            shutil.rmtree(out, ignore_errors=True)
+    run = measured_runs(commands, env, [out])
 
     # Warm-up, not counted: pulls inputs into the page cache, hashes them once (the
     # stat-keyed cache then serves every run, as in service use), extracts the artifact.

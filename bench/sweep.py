@@ -42,18 +42,11 @@ TOKEN_BUDGET = 8192
 
 
 def _tokenizer() -> Any:
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
+    from tests.factories import bos_tokenizer
 
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, "<pad>": 3,
-             **{f"t{i}": i + 4 for i in range(VOCAB - 14)},
-             **{str(d): VOCAB - 10 + d for d in range(10)}}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A",
-                                                       special_tokens=[("<s>", 1)])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
-                                   eos_token="</s>", pad_token="<pad>")
+    return bos_tokenizer({"<unk>": 0, "<s>": 1, "</s>": 2, "<pad>": 3,
+                          **{f"t{i}": i + 4 for i in range(VOCAB - 14)},
+                          **{str(d): VOCAB - 10 + d for d in range(10)}})
 
 
 def ensure_inputs() -> dict[str, Path]:

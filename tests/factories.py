@@ -76,6 +76,19 @@ def run_recipe(source: object, out: Path | str, **kwargs: object) -> object:
 
     return run(parse_recipe(source), Path(out), **kwargs)  # type: ignore[arg-type]
 
+def bos_tokenizer(vocab: dict[str, int]) -> PreTrainedTokenizerFast:
+    """A whitespace word-level tokenizer over ``vocab`` (which holds ``<unk>``, ``<s>`` as
+    id 1, ``</s>`` and ``<pad>``) that puts a BOS before every text, as Llama tokenizers
+    do."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A",
+                                                       special_tokens=[("<s>", 1)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
+                                   eos_token="</s>", pad_token="<pad>")
+
 
 def extended_tokenizer(words: list[str], added: list[str] = ()) -> PreTrainedTokenizerFast:
     """The tiny tokenizer with ``words`` appended to its model vocabulary (a language

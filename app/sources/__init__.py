@@ -12,15 +12,7 @@ picks the kind, from a URI's scheme or a parsed ``Source``'s kind.
 from __future__ import annotations
 
 from app.settings import Settings
-from app.sources.base import (
-    SMALL_FILES,
-    Kind,
-    Source,
-    SourceFile,
-    SourceKind,
-    is_checkpoint_file,
-    sparse_header_copy,
-)
+from app.sources.base import Source, SourceFile, SourceKind
 from app.sources.hf import HubSource
 from app.sources.local import LocalSource
 from app.sources.s3 import S3Source
@@ -29,9 +21,8 @@ from maec_core.errors import CorpusError, SourceError
 from maec_core.io.folder import ModelFolder
 
 __all__ = [
-    "SMALL_FILES", "Kind", "Source", "SourceFile", "SourceKind", "check_corpus",
-    "inspect_source", "is_checkpoint_file", "open_source", "parse_source", "pin_source",
-    "sparse_header_copy",
+    "Source", "SourceFile", "SourceKind", "check_corpus", "inspect_source", "open_source",
+    "parse_source", "pin_source",
 ]
 
 _KINDS: tuple[type[SourceKind], ...] = (S3Source, HubSource, LocalSource)

@@ -1,7 +1,7 @@
 """What every source kind shares: the parsed ``Source``, the ``SourceKind`` interface each
 kind implements in its own module, and the pieces two kinds would otherwise each write
-(the checkpoint-file predicate, sparse header copies, header views in a temporary
-folder, verified downloads).
+(the checkpoint-file predicate, sparse header copies, capped whole side files, header
+views in a temporary folder, verified downloads).
 
 A file's ``content_key`` names its bytes and says how they are checked while they
 stream: ``sha256:<hex>`` (hub LFS files, S3 objects stored with a whole-object SHA-256)
@@ -199,6 +199,15 @@ def sparse_header_copy(read_range: Callable[[int, int], bytes], size: int, dest:
     with open(dest, "wb") as f:
         f.write(struct.pack("<Q", n) + header)
         f.truncate(size)
+
+
+def write_whole(dest: Path, size: int, cap: int, read: Callable[[], bytes]) -> None:
+    """``dest``: the whole of a small side file of ``size`` bytes (as listed), refused as
+    corrupt above ``cap`` bytes before any of it is read."""
+    if size > cap:
+        raise CorruptCheckpoint(f"{dest.name} is {size} bytes, above the cap",
+                                file=dest.name)
+    dest.write_bytes(read())
 
 
 @dataclass

@@ -57,6 +57,7 @@ from app.sources.base import (
     is_checkpoint_file,
     sparse_header_copy,
     write_verified,
+    write_whole,
 )
 from app.storage.base import StorageError
 from maec_core.errors import CorruptCheckpoint, MaecError, SourceError, SourceNotFound
@@ -240,13 +241,11 @@ def hub_view(source: Source, into: Path, *, tokenizer: bool = False) -> Path:
             if name.endswith(".safetensors"):
                 reader.sparse(name, size, dest)
             elif tokenizer and name in TOKENIZER_WHOLE:
-                if size > MAX_SIDE_FILE_BYTES:
-                    raise CorruptCheckpoint(f"{name} is {size} bytes, above the cap", file=name)
-                dest.write_bytes(reader.get(name, cap=MAX_SIDE_FILE_BYTES))
+                write_whole(dest, size, MAX_SIDE_FILE_BYTES,
+                            partial(reader.get, name, cap=MAX_SIDE_FILE_BYTES))
             elif name in WHOLE_FILES:
-                if size > MAX_JSON_BYTES:
-                    raise CorruptCheckpoint(f"{name} is {size} bytes, above the cap", file=name)
-                dest.write_bytes(reader.get(name, cap=MAX_JSON_BYTES))
+                write_whole(dest, size, MAX_JSON_BYTES,
+                            partial(reader.get, name, cap=MAX_JSON_BYTES))
             elif name in SIDE_FILES:
                 reader.sniff(name, size, dest)
     finally:

@@ -36,9 +36,10 @@ from app.sources.base import (
     is_checkpoint_file,
     sparse_header_copy,
     write_verified,
+    write_whole,
 )
 from app.storage.base import ObjectInfo, Storage, StorageError
-from maec_core.errors import CorruptCheckpoint, SourceChanged, SourceError, SourceNotFound
+from maec_core.errors import SourceChanged, SourceError, SourceNotFound
 from maec_core.io.folder import MAX_JSON_BYTES, PICKLE_SUFFIXES, ModelFolder
 
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
@@ -93,10 +94,7 @@ class S3Source(SourceKind):
             elif name.endswith(PICKLE_SUFFIXES):
                 dest.touch()  # present, never read: lets open_model_folder refuse it by name
             elif name in SMALL_FILES and name.endswith(".json"):
-                if obj.size > MAX_JSON_BYTES:
-                    raise CorruptCheckpoint(f"{name} is {obj.size} bytes, above the cap",
-                                            file=name)
-                dest.write_bytes(bucket.get_bytes(obj.key))
+                write_whole(dest, obj.size, MAX_JSON_BYTES, partial(bucket.get_bytes, obj.key))
         return folder
 
     def _file(self, bucket: Storage, key: str, name: str) -> SourceFile:

@@ -6,12 +6,12 @@ import time (the API imports every module of the package).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
-from maec_core.methods.base import Finite, Params
+from maec_core.methods.base import Finite, Params, TensorCall
 
 if TYPE_CHECKING:
     import torch
@@ -37,36 +37,56 @@ def weighted_sum(tensors: Sequence[torch.Tensor], coeffs: Sequence[float]) -> to
     return out
 
 
-def sum_deltas(
-    base: torch.Tensor,
+def weighted_deltas(
+    call: TensorCall, task_vector: Callable[[torch.Tensor, Any, int], torch.Tensor]
+) -> tuple[list[torch.Tensor], list[float]]:
+    """Each model's task vector, ``task_vector(θ_i, its parameters, i)`` (sparsified as
+    the method does), multiplied in place by its weight; and the weights."""
+    deltas, weights = [], []
+    for i, (t, p) in enumerate(zip(call.models, call.model_params, strict=True)):
+        deltas.append(task_vector(t, p, i).mul_(p.weight))
+        weights.append(p.weight)
+    return deltas, weights
+
+
+def merge_deltas(
+    call: TensorCall,
     deltas: Sequence[torch.Tensor],
     weights: Sequence[float],
     *,
-    normalize: bool,
-    lambda_: float,
+    elect: bool,
 ) -> torch.Tensor:
-    """``θ0 + λ Σ d_i`` over already weighted task vectors (divided by ``Σ w_i`` with
-    normalize, unless the weights cancel out). Accumulates in ``deltas[0]``."""
+    """``θ0 + λ · combined(d_i)`` over already weighted (and sparsified) task vectors,
+    with the call's ``normalize`` and ``lambda_``.
+
+    Without ``elect`` the deltas are summed (divided by ``Σ w_i`` with normalize, unless
+    the weights cancel out); with it they are combined as TIES steps 2 and 3
+    (:func:`_elected_sum`).
+    """
+    assert call.base is not None
+    normalize = call.params.normalize
+    mixed = (_elected_sum(call.base, deltas, weights, normalize) if elect
+             else _sum(deltas, weights, normalize))
+    if call.params.lambda_ != 1.0:
+        mixed.mul_(call.params.lambda_)
+    return mixed.add_(call.base)
+
+
+def _sum(deltas: Sequence[torch.Tensor], weights: Sequence[float], normalize: bool
+         ) -> torch.Tensor:
+    """``Σ d_i`` (divided by ``Σ w_i`` with normalize), accumulated in ``deltas[0]``."""
     mixed = deltas[0]
     for d in deltas[1:]:
         mixed.add_(d)
     total = sum(weights)
     if normalize and abs(total) > 1e-8:
         mixed.div_(total)
-    if lambda_ != 1.0:
-        mixed.mul_(lambda_)
-    return mixed.add_(base)
+    return mixed
 
 
-def elect_and_merge(
-    base: torch.Tensor,
-    deltas: Sequence[torch.Tensor],
-    weights: Sequence[float],
-    *,
-    normalize: bool,
-    lambda_: float,
-) -> torch.Tensor:
-    """TIES steps 2 and 3 on already weighted (and trimmed) task vectors.
+def _elected_sum(base: torch.Tensor, deltas: Sequence[torch.Tensor],
+                 weights: Sequence[float], normalize: bool) -> torch.Tensor:
+    """TIES steps 2 and 3: the sum of the deltas where they agree with the elected sign.
 
     The elected sign per entry is that of the summed weighted deltas (ties go to +);
     each delta contributes only where its sign agrees, and with ``normalize`` the sum is
@@ -90,6 +110,4 @@ def elect_and_merge(
     if divisor is not None:
         divisor.masked_fill_(divisor == 0, 1.0)
         mixed.div_(divisor)
-    if lambda_ != 1.0:
-        mixed.mul_(lambda_)
-    return mixed.add_(base)
+    return mixed

@@ -7,11 +7,11 @@ as in task arithmetic. Parameter names and defaults follow mergekit 0.1.5.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from pydantic import Field
 
-from maec_core.methods._common import DensityParams, sum_deltas
+from maec_core.methods._common import DensityParams, merge_deltas, weighted_deltas
 from maec_core.methods._sparsify import rescale_l1_, trim_outliers_
 from maec_core.methods.base import TensorCall, TensorMethod
 from maec_core.methods.task_arithmetic import TaskArithmeticParams
@@ -34,17 +34,18 @@ class BreadcrumbsModelParams(DensityParams):
 
 def breadcrumb_deltas(call: TensorCall) -> tuple[list[torch.Tensor], list[float]]:
     """The call's weighted task vectors with outliers and small entries removed."""
-    assert call.base is not None
-    deltas, weights = [], []
-    for t, p in zip(call.models, call.model_params, strict=True):
-        d = t.sub_(call.base)
+    base = call.base
+    assert base is not None
+
+    def trimmed(t: torch.Tensor, p: BreadcrumbsModelParams, _i: int) -> torch.Tensor:
+        d = t.sub_(base)
         before = d.abs().sum() if call.params.rescale else None
         trim_outliers_(d, p.density, p.gamma)
         if before is not None:
             rescale_l1_(d, before)
-        deltas.append(d.mul_(p.weight))
-        weights.append(p.weight)
-    return deltas, weights
+        return d
+
+    return weighted_deltas(call, trimmed)
 
 
 class Breadcrumbs(TensorMethod):
@@ -53,10 +54,9 @@ class Breadcrumbs(TensorMethod):
              "merging with sparse masks (arXiv:2312.06795)")
     params = BreadcrumbsParams
     model_params = BreadcrumbsModelParams
+    # Off: the task vectors are added; on: TIES sign election and disjoint mean.
+    elect: ClassVar[bool] = False
 
     def merge(self, call: TensorCall) -> torch.Tensor:
         """``θ0 + λ Σ w_i breadcrumbs(τ_i)`` (divided by ``Σ w_i`` with normalize)."""
-        assert call.base is not None
-        deltas, weights = breadcrumb_deltas(call)
-        return sum_deltas(call.base, deltas, weights, normalize=call.params.normalize,
-                          lambda_=call.params.lambda_)
+        return merge_deltas(call, *breadcrumb_deltas(call), elect=self.elect)

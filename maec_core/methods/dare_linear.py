@@ -12,11 +12,11 @@ which tensors are processed or on which other tensors exist.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from pydantic import Field
 
-from maec_core.methods._common import DensityParams, sum_deltas
+from maec_core.methods._common import DensityParams, merge_deltas, weighted_deltas
 from maec_core.methods._sparsify import drop_and_rescale_, tensor_generator
 from maec_core.methods.base import TensorCall, TensorMethod
 from maec_core.methods.task_arithmetic import TaskArithmeticParams
@@ -36,14 +36,14 @@ class DareParams(TaskArithmeticParams):
 
 def dropped_deltas(call: TensorCall) -> tuple[list[torch.Tensor], list[float]]:
     """The calls' weighted task vectors after DARE's drop (and rescale)."""
-    assert call.base is not None
+    base = call.base
+    assert base is not None
     gen = tensor_generator(call.params.random_seed, call.name)
-    deltas, weights = [], []
-    for t, p in zip(call.models, call.model_params, strict=True):
-        d = drop_and_rescale_(t - call.base, p.density, gen, rescale=call.params.rescale)
-        deltas.append(d.mul_(p.weight))
-        weights.append(p.weight)
-    return deltas, weights
+
+    def dropped(t: torch.Tensor, p: DensityParams, _i: int) -> torch.Tensor:
+        return drop_and_rescale_(t - base, p.density, gen, rescale=call.params.rescale)
+
+    return weighted_deltas(call, dropped)
 
 
 class DareLinear(TensorMethod):
@@ -51,10 +51,9 @@ class DareLinear(TensorMethod):
     paper = "Yu et al. 2024, Language models are Super Mario (arXiv:2311.03099)"
     params = DareParams
     model_params = DensityParams
+    # Off: the task vectors are added; on: TIES sign election and disjoint mean.
+    elect: ClassVar[bool] = False
 
     def merge(self, call: TensorCall) -> torch.Tensor:
         """``θ0 + λ Σ w_i DARE(τ_i)`` (divided by ``Σ w_i`` with normalize)."""
-        assert call.base is not None
-        deltas, weights = dropped_deltas(call)
-        return sum_deltas(call.base, deltas, weights, normalize=call.params.normalize,
-                          lambda_=call.params.lambda_)
+        return merge_deltas(call, *dropped_deltas(call), elect=self.elect)

@@ -15,12 +15,12 @@ Reproducibility as for DARE: one CPU generator per tensor, seeded with the crc32
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from pydantic import Field
 
 from maec_core.errors import RecipeError
-from maec_core.methods._common import DensityParams, elect_and_merge
+from maec_core.methods._common import DensityParams, merge_deltas, weighted_deltas
 from maec_core.methods._sparsify import magprune_, tensor_generator
 from maec_core.methods.base import TensorCall, TensorMethod
 from maec_core.methods.params import candidate_values
@@ -71,16 +71,16 @@ def check_bands(recipe: Recipe) -> None:
 
 def della_deltas(call: TensorCall) -> tuple[list[torch.Tensor], list[float]]:
     """The call's weighted task vectors after MagPrune (and rescale)."""
-    assert call.base is not None
+    base = call.base
+    assert base is not None
     gen = tensor_generator(call.params.random_seed, call.name)
-    deltas, weights = [], []
-    for i, (t, p) in enumerate(zip(call.models, call.model_params, strict=True)):
+
+    def pruned(t: torch.Tensor, p: DellaModelParams, i: int) -> torch.Tensor:
         check_band(p.density, p.epsilon, f"{call.name}: model {i}")
-        d = magprune_(t.sub_(call.base), p.density, p.epsilon, gen,
-                      rescale=call.params.rescale)
-        deltas.append(d.mul_(p.weight))
-        weights.append(p.weight)
-    return deltas, weights
+        return magprune_(t.sub_(base), p.density, p.epsilon, gen,
+                         rescale=call.params.rescale)
+
+    return weighted_deltas(call, pruned)
 
 
 class Della(TensorMethod):
@@ -89,16 +89,13 @@ class Della(TensorMethod):
              "through magnitude-based sampling (arXiv:2406.11617)")
     params = DellaParams
     model_params = DellaModelParams
+    # TIES sign election and disjoint mean; off: the task vectors are added linearly.
+    elect: ClassVar[bool] = True
 
     def validate(self, recipe: Recipe) -> None:
         super().validate(recipe)
         check_bands(recipe)
 
     def merge(self, call: TensorCall) -> torch.Tensor:
-        """``θ0 + λ · disjoint_mean(sign-elected w_i MagPrune(τ_i))``."""
-        assert call.base is not None
-        deltas, weights = della_deltas(call)
-        return elect_and_merge(
-            call.base, deltas, weights, normalize=call.params.normalize,
-            lambda_=call.params.lambda_,
-        )
+        """``θ0 + λ · disjoint_mean(sign-elected w_i MagPrune(τ_i))`` (with ``elect``)."""
+        return merge_deltas(call, *della_deltas(call), elect=self.elect)

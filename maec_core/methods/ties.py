@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from maec_core.methods._common import DensityParams, elect_and_merge
+from maec_core.methods._common import DensityParams, merge_deltas, weighted_deltas
 from maec_core.methods._sparsify import rescale_l1_, trim_magnitude_
 from maec_core.methods.base import TensorCall, TensorMethod
 from maec_core.methods.task_arithmetic import TaskArithmeticParams
@@ -25,18 +25,15 @@ class Ties(TensorMethod):
 
     def merge(self, call: TensorCall) -> torch.Tensor:
         """``θ0 + λ · disjoint_mean(sign-elected, top-density w_i τ_i)``, ``τ_i = θ_i − θ0``."""
-        assert call.base is not None
-        deltas = []
-        weights = []
-        for t, p in zip(call.models, call.model_params, strict=True):
-            d = t - call.base
+        base = call.base
+        assert base is not None
+
+        def trimmed(t: torch.Tensor, p: DensityParams, _i: int) -> torch.Tensor:
+            d = t - base
             before = d.abs().sum() if call.params.rescale else None
             trim_magnitude_(d, p.density)
             if before is not None:
                 rescale_l1_(d, before)
-            deltas.append(d.mul_(p.weight))
-            weights.append(p.weight)
-        return elect_and_merge(
-            call.base, deltas, weights, normalize=call.params.normalize,
-            lambda_=call.params.lambda_,
-        )
+            return d
+
+        return merge_deltas(call, *weighted_deltas(call, trimmed), elect=True)

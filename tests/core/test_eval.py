@@ -18,6 +18,7 @@ from maec_core.eval.report import read_report
 from maec_core.eval.runner import evaluate, evaluate_many
 from maec_core.eval.sets import load_spec
 from maec_core.runtime import torch_threads
+from tests.factories import bos_tokenizer
 
 # The memorised model's world: numbered words, the numbers 0..99, a prompt vocabulary.
 WORDS = [f"w{i}" for i in range(40)] + [str(i) for i in range(100)] + [
@@ -33,18 +34,8 @@ TEMPLATE = "Question : {question} Answer :"
 
 
 def _tokenizer():
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, "<pad>": 3,
-             **{w: i + 4 for i, w in enumerate(WORDS)}}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    # A BOS before every text, as Llama tokenizers do.
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A",
-                                                       special_tokens=[("<s>", 1)])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
-                                   eos_token="</s>", pad_token="<pad>")
+    return bos_tokenizer({"<unk>": 0, "<s>": 1, "</s>": 2, "<pad>": 3,
+                          **{w: i + 4 for i, w in enumerate(WORDS)}})
 
 
 def _train_memoriser(path: Path) -> Path:

@@ -68,6 +68,24 @@ def two_donors(zoo: dict[str, Path], method: str, donor: dict[str, Any],
     }
 
 
+def two_weighted(zoo: dict[str, Path], method: str, params: dict[str, Any], *,
+                 with_base: bool) -> dict[str, Any]:
+    """Two models, one weighted by a constant and one by a filter and a gradient (the
+    weight varies by tensor and layer), with or without ``zoo``'s base."""
+    recipe: dict[str, Any] = {
+        "merge_method": method,
+        "models": [{"model": str(zoo["a"]), "parameters": {"weight": 0.7}},
+                   {"model": str(zoo["b"]),
+                    "parameters": {"weight": [{"filter": "mlp", "value": 0.2},
+                                              {"value": [0.5, 1.0]}]}}],
+        "parameters": params,
+        "dtype": "float32",
+    }
+    if with_base:
+        recipe["base_model"] = str(zoo["base"])
+    return recipe
+
+
 def test_linear(zoo: dict[str, Path], tmp_path: Path) -> None:
     recipe = {
         "merge_method": "linear",

@@ -67,17 +67,6 @@ mergekit = pytest.importorskip("mergekit.merge")
 @pytest.mark.parametrize("params", [{}, {"normalize_weights": False}])
 def test_multislerp_agrees_with_mergekit(zoo: dict[str, Path], tmp_path: Path,
                                          with_base: bool, params: dict[str, Any]) -> None:
-    from tests.core.test_methods_mergekit import compare_with_mergekit
+    from tests.core.test_methods_mergekit import compare_with_mergekit, two_weighted
 
-    recipe: dict[str, Any] = {
-        "merge_method": "multislerp",
-        "models": [{"model": str(zoo["a"]), "parameters": {"weight": 0.7}},
-                   {"model": str(zoo["b"]),
-                    "parameters": {"weight": [{"filter": "mlp", "value": 0.2},
-                                              {"value": [0.5, 1.0]}]}}],
-        "parameters": params,
-        "dtype": "float32",
-    }
-    if with_base:
-        recipe["base_model"] = str(zoo["base"])
-    compare_with_mergekit(recipe, tmp_path)
+    compare_with_mergekit(two_weighted(zoo, "multislerp", params, with_base=with_base), tmp_path)

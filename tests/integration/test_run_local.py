@@ -8,7 +8,6 @@ import hashlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ import httpx
 import psutil
 import pytest
 
+from app.run_local import port_free
 from tests.stack import ROOT, free_port, wait_for
 
 pytestmark = pytest.mark.integration
@@ -60,18 +60,6 @@ def test_run_local_starts_serves_and_stops(tmp_path: Path) -> None:
                 c.kill()
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        # As servers bind (uvicorn, redis): connections of a stopped server that linger
-        # in TIME_WAIT do not make the port taken.
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def test_run_local_with_keys_stops_everything_on_sigterm(tmp_path: Path) -> None:
     """MAEC_DEV_MODE=false is honoured (keys required), and a SIGTERM to run_local stops
     Redis, the worker and the API and frees their ports; nothing is orphaned."""
@@ -107,7 +95,7 @@ def test_run_local_with_keys_stops_everything_on_sigterm(tmp_path: Path) -> None
                  if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
         assert alive == []
         stopped = True
-        assert _port_free(port) and _port_free(redis_port)
+        assert port_free(port) and port_free(redis_port)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -152,7 +140,7 @@ def test_children_stop_when_run_local_is_killed_outright(tmp_path: Path) -> None
 
         wait_for(gone, 60, "the children to stop")
         pids = {}
-        wait_for(lambda: _port_free(port) and _port_free(redis_port), 10, "free ports")
+        wait_for(lambda: port_free(port) and port_free(redis_port), 10, "free ports")
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -46,6 +46,16 @@ def _upload(s3: S3Server, folder: Path, bucket: str, prefix: str, *, sha256: boo
     return f"s3://{bucket}/{prefix}"
 
 
+def _in_two_buckets(s3: S3Server, folder: Path, other: str, prefixes: tuple[str, str], *,
+                    sha256: bool) -> tuple[Settings, S3Storage, str, str]:
+    """The service's settings and store, and the URIs of ``folder`` uploaded to its bucket
+    (at ``prefixes[0]``) and to ``other`` (at ``prefixes[1]``)."""
+    settings = _settings(s3)
+    return (settings, S3Storage.from_settings(settings),
+            _upload(s3, folder, S3_BUCKET, prefixes[0], sha256=sha256),
+            _upload(s3, folder, other, prefixes[1], sha256=sha256))
+
+
 @pytest.fixture(scope="module")
 def other_bucket(s3_server: S3Server) -> str:
     c = s3_server.client()
@@ -61,10 +71,9 @@ def _files(folder: Path) -> dict[str, bytes]:
 def test_sha256_objects_are_one_entry_across_buckets(
         s3_server: S3Server, other_bucket: str, tiny_models: TinyModels,
         tmp_path: Path) -> None:
-    settings, want = _settings(s3_server), _files(tiny_models.base)
-    storage = S3Storage.from_settings(settings)
-    a = _upload(s3_server, tiny_models.base, S3_BUCKET, "keyed/base", sha256=True)
-    b = _upload(s3_server, tiny_models.base, other_bucket, "mirror/base", sha256=True)
+    want = _files(tiny_models.base)
+    settings, storage, a, b = _in_two_buckets(s3_server, tiny_models.base, other_bucket,
+                                              ("keyed/base", "mirror/base"), sha256=True)
     listed = open_source(parse_source(a, settings), storage).checkpoint_files()
     assert {f.name: f.content_key for f in listed} == {
         n: "sha256:" + hashlib.sha256(d).hexdigest() for n, d in want.items()}
@@ -83,10 +92,9 @@ def test_sha256_objects_are_one_entry_across_buckets(
 def test_objects_without_sha256_are_keyed_by_bucket_key_etag_and_size(
         s3_server: S3Server, other_bucket: str, tiny_models: TinyModels,
         tmp_path: Path) -> None:
-    settings, want = _settings(s3_server), _files(tiny_models.donor)
-    storage = S3Storage.from_settings(settings)
-    a = _upload(s3_server, tiny_models.donor, S3_BUCKET, "plain/donor", sha256=False)
-    b = _upload(s3_server, tiny_models.donor, other_bucket, "plain/donor", sha256=False)
+    want = _files(tiny_models.donor)
+    settings, storage, a, b = _in_two_buckets(s3_server, tiny_models.donor, other_bucket,
+                                              ("plain/donor", "plain/donor"), sha256=False)
     in_a = open_source(parse_source(a, settings), storage).checkpoint_files()
     in_b = open_source(parse_source(b, settings), storage).checkpoint_files()
     # The same ETags in both buckets: keyed by them alone, b's objects would be a's entries.

@@ -115,7 +115,7 @@ def test_sources_changed_after_submission_fail_the_job(
     control = st.submit({**_linear(model_root / "toctou-ok", tiny["base"]),
                          "name": "unchanged"})["id"]
     # The record keeps each source with the files it held when it was checked.
-    from app.sources import is_checkpoint_file
+    from app.sources.base import is_checkpoint_file
 
     want = {p.name for p in tiny["a"].iterdir() if is_checkpoint_file(p.name)}
     for doc in h.record(st, jobs["s3_object_overwritten"])["sources"].values():
