@@ -13,7 +13,7 @@ from maec_core.engine import run_method
 from maec_core.maec.pipeline import run_maec
 from maec_core.maec.store import ArtifactStore
 from maec_core.recipe import Recipe
-from maec_core.runtime import CancelFn, MergeResult, ProgressFn
+from maec_core.runtime import CancelFn, EngineOptions, MergeResult, ProgressFn
 
 __all__ = ["run"]
 
@@ -28,6 +28,7 @@ def run(
     device: str | None = None,
     overwrite: bool = False,
     hash_cache: Path | None = None,
+    options: EngineOptions | None = None,
 ) -> MergeResult:
     """Merge ``recipe`` into the folder ``out`` (published complete, or not at all).
 
@@ -36,10 +37,11 @@ def run(
     total)`` is called as tensors finish; ``cancel()`` returning True stops the run with
     ``Cancelled``. ``device`` defaults to CUDA when present. ``hash_cache`` is a folder
     keeping input-file digests between processes (None: this process only).
+    ``options``: compute dtype, GPU memory budget, a callback per finished output shard.
     """
     if recipe.merge_method == "maec":
         return run_maec(recipe, out, progress=progress, cancel=cancel, device=device,
                         overwrite=overwrite, artifact_store=artifact_store,
-                        hash_cache=hash_cache)
+                        hash_cache=hash_cache, options=options)
     return run_method(recipe, Path(out), progress=progress, cancel=cancel, device=device,
-                      overwrite=overwrite, hash_cache=hash_cache)
+                      overwrite=overwrite, hash_cache=hash_cache, options=options)

@@ -57,6 +57,12 @@ class WrittenFile:
     sha256: str
 
 
+# Called with each shard as soon as it is complete on disk (closed, hashed), from the
+# writer's thread, while later tensors are still being merged: how the worker uploads
+# shards during the merge. It must not block for long (hand the work to a thread).
+ShardFn = Callable[[Path, WrittenFile], None]
+
+
 def shard_layout(tensors: list[OutputTensor], shard_size: int) -> list[list[OutputTensor]]:
     """Greedy split in order; a tensor larger than ``shard_size`` gets a shard to itself."""
     shards: list[list[OutputTensor]] = [[]]
@@ -93,8 +99,9 @@ class ShardedWriter:
     """Write ``tensors`` (in this exact order) into ``folder`` as HF-named shards."""
 
     def __init__(self, folder: Path, tensors: list[OutputTensor], shard_size: int, *,
-                 parallel_io: bool = False) -> None:
+                 parallel_io: bool = False, on_shard: ShardFn | None = None) -> None:
         self.folder = folder
+        self.on_shard = on_shard
         # With parallel_io, each append writes the file on a helper thread while this one
         # hashes the same bytes (both release the GIL): hashing is the slowest step of
         # producing the output, and it no longer adds to the write.
@@ -137,8 +144,11 @@ class ShardedWriter:
             return
         self._current.close()
         shard = self._shards[self._current_index]
-        self.files.append(WrittenFile(shard.file_name, shard.size, shard.sha.hexdigest()))
+        written = WrittenFile(shard.file_name, shard.size, shard.sha.hexdigest())
+        self.files.append(written)
         self._current = None
+        if self.on_shard is not None:
+            self.on_shard(self.folder / shard.file_name, written)
 
     def begin(self, name: str, shape: tuple[int, ...], dtype: str | None) -> None:
         """Start the next tensor; it must match the declared name, shape and dtype."""

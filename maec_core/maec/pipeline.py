@@ -40,7 +40,7 @@ from maec_core.maec.params import MaecParams, validate_maec_recipe
 from maec_core.maec.store import ArtifactStore, LocalArtifactStore
 from maec_core.plan import MergePlan, build_plan
 from maec_core.recipe import Recipe
-from maec_core.runtime import CancelFn, MergeResult, ProgressFn, best_device
+from maec_core.runtime import CancelFn, EngineOptions, MergeResult, ProgressFn, best_device
 
 __all__ = ["ArtifactStore", "LocalArtifactStore", "artifact_key", "combine", "extract",
            "run_maec"]
@@ -143,6 +143,7 @@ def run_maec(
     overwrite: bool = False,
     artifact_store: ArtifactStore | None = None,
     hash_cache: Path | None = None,
+    options: EngineOptions | None = None,
 ) -> MergeResult:
     """The full MAEC merge: extraction (or artifact reuse) then combination.
 
@@ -159,7 +160,8 @@ def run_maec(
     if recipe.artifact is not None:
         return _combine(recipe, params, [Path(recipe.artifact)], out, reused=[True],
                         extract_seconds=0.0, progress=progress, cancel=cancel,
-                        device=device, overwrite=overwrite, hash_cache=hash_cache)
+                        device=device, overwrite=overwrite, hash_cache=hash_cache,
+                        options=options)
     tmp: Path | None = None
     try:
         dirs, reused, tmp = _abilities(recipe, params, out, artifact_store, progress=progress,
@@ -168,7 +170,7 @@ def run_maec(
         return _combine(recipe, params, dirs, out, reused=reused,
                         extract_seconds=extract_seconds, progress=progress, cancel=cancel,
                         device=device, overwrite=overwrite, hash_cache=hash_cache,
-                        started=started)
+                        started=started, options=options)
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -239,6 +241,7 @@ def _combine(
     overwrite: bool,
     hash_cache: Path | None = None,
     started: float | None = None,
+    options: EngineOptions | None = None,
 ) -> MergeResult:
     t0 = time.perf_counter()
     started = started if started is not None else t0
@@ -287,6 +290,7 @@ def _combine(
         extra_json={REPORT_NAME: report}, card_summary=card_summary(report),
         manifest_extra={"maec": {"artifact_keys": report["artifact_keys"]}},
         progress=merge_progress, cancel=cancel, overwrite=overwrite, hash_cache=hash_cache,
+        options=options,
     )
     now = time.perf_counter()
     seconds = {"extract": extract_seconds, "select": select_seconds,
