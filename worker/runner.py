@@ -30,7 +30,9 @@ from app.storage.base import Storage, StorageError
 from maec_core.errors import Cancelled, MaecError
 from maec_core.manifest import MANIFEST_NAME
 from maec_core.recipe import Recipe, parse_recipe
+from maec_core.runtime import EngineOptions, MergeResult
 from worker.inputs import Hold, InputCache, fetch_source
+from worker.publish import ShardUploads, publish
 
 log = logging.getLogger("maec.worker")
 
@@ -291,29 +293,18 @@ class JobRunner:
         recipe = recipe.with_sources(local)
         workdir.mkdir(parents=True, exist_ok=True)
         out = workdir / "out"
-        from maec_core.run import run as run_merge
-
-        merged = run_merge(recipe, out, artifact_store=self.artifacts, progress=att.progress,
-                           cancel=att.cancel_requested, device=self.settings.device,
-                           hash_cache=self.settings.work_dir / "checksums")
+        # Shards go up while the merge goes on; stopped before any clean-up of the
+        # prefix (the caller's), so nothing lands after it.
+        uploads = ShardUploads(self.storage, prefix)
+        try:
+            merged, files = self._merge_and_publish(rec, att, recipe, out, uploads)
+        except BaseException:
+            uploads.stop()
+            raise
+        uploads.close()
         report = merged.report or {}
         reused = [bool(a.get("artifact_reused")) for a in report.get("abilities", [])]
-        # 3. publish: every file, then manifest.json last (the commit marker).
-        ok, _ = self.store.transition(rec.id, allowed=("running",), to="publishing",
-                                      attempt=att.attempt)
-        if not ok:
-            raise LeaseLost(rec.id)
-        files = [dict(f) for f in merged.manifest["files"]]
-        att.progress("publish", 0, len(files) + 1)
-        for i, f in enumerate(files):
-            if att.cancel_requested():
-                raise _CancelledHere
-            self.storage.put_file(f"{prefix}/{f['path']}", out / f["path"])
-            att.progress("publish", i + 1, len(files) + 1)
-        if att.cancel_requested():
-            raise _CancelledHere
         manifest_path = out / MANIFEST_NAME
-        self.storage.put_file(f"{prefix}/{MANIFEST_NAME}", manifest_path)
         from maec_core.checksums import sha256_file
 
         files.append({"path": MANIFEST_NAME, "size": manifest_path.stat().st_size,
@@ -333,6 +324,28 @@ class JobRunner:
             "progress": {"fraction": 1.0, "done": len(files), "total": len(files)},
             "_bytes": sum(int(f["size"]) for f in files),
         }
+
+    def _merge_and_publish(self, rec: JobRecord, att: Attempt, recipe: Recipe, out: Path,
+                           uploads: ShardUploads) -> tuple[MergeResult, list[dict[str, Any]]]:
+        """The merge (shards uploaded as they finish), then the rest of the files and
+        manifest.json last (the commit marker); returns the merge result and files."""
+        from maec_core.run import run as run_merge
+
+        merged = run_merge(recipe, out, artifact_store=self.artifacts, progress=att.progress,
+                           cancel=att.cancel_requested, device=self.settings.device,
+                           hash_cache=self.settings.work_dir / "checksums",
+                           options=EngineOptions(on_shard=uploads.on_shard))
+        ok, _ = self.store.transition(rec.id, allowed=("running",), to="publishing",
+                                      attempt=att.attempt)
+        if not ok:
+            raise LeaseLost(rec.id)
+        files = [dict(f) for f in merged.manifest["files"]]
+        att.progress("publish", 0, len(files) + 1)
+        if not publish(uploads, out, files, out / MANIFEST_NAME,
+                       cancelled=att.cancel_requested,
+                       progress=lambda n, total: att.progress("publish", n, total)):
+            raise _CancelledHere
+        return merged, files
 
 
 class _CancelledHere(Exception):

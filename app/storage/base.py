@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import BinaryIO, Protocol
 
 from maec_core.errors import MaecError
 
@@ -47,6 +47,12 @@ class Storage(Protocol):
     def put_file(self, key: str, path: Path) -> None: ...
 
     def put_bytes(self, key: str, data: bytes) -> None: ...
+
+    def put_verified(self, key: str, f: BinaryIO, size: int, sha256: str) -> None:
+        """Store the first ``size`` bytes of the open file ``f`` under ``key``, checked:
+        they must hash to ``sha256`` (hex) and the store must confirm what it received;
+        a mismatch is a ``StorageError`` and leaves no object at ``key``."""
+        ...
 
     def get_bytes(self, key: str) -> bytes: ...
 

@@ -6,11 +6,13 @@ or none, as with S3.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from app.storage.base import ObjectInfo, Storage, StorageError, check_key
 
@@ -50,6 +52,29 @@ class LocalStorage:
         except OSError as exc:
             tmp.unlink(missing_ok=True)
             raise StorageError(f"cannot store {key}: {exc.strerror}", key=key) from None
+
+    def put_verified(self, key: str, f: BinaryIO, size: int, sha256: str) -> None:
+        dest, tmp = self._atomic(key)
+        digest = hashlib.sha256()
+        try:
+            f.seek(0)
+            with open(tmp, "wb") as out:
+                left = size
+                while left > 0:
+                    chunk = f.read(min(CHUNK * 8, left))
+                    if not chunk:
+                        break
+                    digest.update(chunk)
+                    out.write(chunk)
+                    left -= len(chunk)
+            if left or digest.hexdigest() != sha256:
+                raise StorageError(f"{key}: the bytes stored are not the ones hashed "
+                                   f"({size - left} of {size} bytes read)", key=key)
+            os.replace(tmp, dest)
+        except OSError as exc:
+            raise StorageError(f"cannot store {key}: {exc.strerror}", key=key) from None
+        finally:
+            tmp.unlink(missing_ok=True)
 
     def put_bytes(self, key: str, data: bytes) -> None:
         dest, tmp = self._atomic(key)

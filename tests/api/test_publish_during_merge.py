@@ -1,0 +1,92 @@
+"""Shards are uploaded while the merge goes on; the manifest only after every file is
+stored and verified; a job that fails on the way leaves nothing published."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import pytest
+
+from app.storage.base import StorageError
+from app.storage.local import LocalStorage
+from tests.api.conftest import Api
+from worker.runner import JobRunner
+
+SHARDED = {"shard_size": "16KB"}
+
+
+class Recording(LocalStorage):
+    """Local storage noting each upload, and whether the merge was still running then
+    (its output folder appears only when the merge has finished)."""
+
+    def __init__(self, root: Path, out: Path, fail_on: int | None = None) -> None:
+        super().__init__(root)
+        self.out = out
+        self.fail_on = fail_on
+        self.events: list[tuple[str, str, bool]] = []
+
+    def put_verified(self, key: str, f: BinaryIO, size: int, sha256: str) -> None:
+        name = key.rsplit("/", 1)[-1]
+        self.events.append(("verified", name, not self.out.exists()))
+        if self.fail_on is not None and len(self.events) == self.fail_on:
+            raise StorageError(f"injected: the store refused {key}", key=key)
+        super().put_verified(key, f, size, sha256)
+
+    def put_file(self, key: str, path: Path) -> None:
+        self.events.append(("file", key.rsplit("/", 1)[-1], not self.out.exists()))
+        super().put_file(key, path)
+
+
+def _run(api: Api, storage: Recording, jid: str) -> str:
+    return JobRunner(api.settings, api.worker_store(), storage, worker="test").run(jid)
+
+
+def _job(api: Api, jid: str) -> dict[str, Any]:
+    return dict(api.client.get(f"/v1/jobs/{jid}", headers=api.auth()).json())
+
+
+def test_shards_upload_while_merging_and_manifest_is_last(api: Api) -> None:
+    jid = str(api.submit(api.named(**SHARDED))["id"])
+    storage = Recording(api.settings.storage_dir,
+                        api.settings.work_dir / "jobs" / jid / "a1" / "out")
+    assert _run(api, storage, jid) == "succeeded"
+    job = _job(api, jid)
+    shards = [f["path"] for f in job["result"]["files"]
+              if f["path"].endswith(".safetensors")]
+    assert len(shards) >= 3, shards
+    during = [name for kind, name, merging in storage.events if merging]
+    assert set(shards) <= set(during), "every shard went up before the merge ended"
+    assert storage.events[-1] == ("file", "manifest.json", False)
+    assert [e for e in storage.events if e[1] == "manifest.json"] == [storage.events[-1]]
+    for f in job["result"]["files"]:
+        stored = storage.get_bytes(f"jobs/{jid}/a1/{f['path']}")
+        assert len(stored) == f["size"]
+        assert hashlib.sha256(stored).hexdigest() == f["sha256"], f["path"]
+
+
+def test_a_failed_upload_mid_merge_publishes_nothing(api: Api) -> None:
+    jid = str(api.submit(api.named(**SHARDED))["id"])
+    storage = Recording(api.settings.storage_dir,
+                        api.settings.work_dir / "jobs" / jid / "a1" / "out", fail_on=2)
+    assert _run(api, storage, jid) == "failed"
+    job = _job(api, jid)
+    assert job["error"]["code"] == "storage_unavailable"
+    assert storage.events[1][2], "the refused upload was a shard sent during the merge"
+    assert not any(name == "manifest.json" for _, name, _ in storage.events)
+    assert storage.list(f"jobs/{jid}/") == []
+
+
+def test_local_put_verified_refuses_other_bytes(tmp_path: Path) -> None:
+    store = LocalStorage(tmp_path / "store")
+    data = b"shard bytes" * 1000
+    good = hashlib.sha256(data).hexdigest()
+    store.put_verified("p/ok.bin", io.BytesIO(data), len(data), good)
+    assert store.get_bytes("p/ok.bin") == data
+    with pytest.raises(StorageError):
+        store.put_verified("p/bad.bin", io.BytesIO(data[:-1] + b"X"), len(data), good)
+    with pytest.raises(StorageError):
+        store.put_verified("p/short.bin", io.BytesIO(data[:10]), len(data), good)
+    assert [o.key for o in store.list("p/")] == ["p/ok.bin"]
