@@ -168,6 +168,9 @@ class JobRunner:
         if claim.outcome != "claimed":
             log.info("job %s: not run (%s)", job_id, claim.outcome)
             if claim.outcome in ENDED_BY_CLAIM:
+                # A dead attempt may have uploaded shards during its merge (never a
+                # manifest: that is written last); the job ended without a result.
+                self._cleanup(f"jobs/{job_id}")
                 ended = self.store.get(job_id)
                 self._finished(job_id, ended.callback_url if ended else None)
             return claim.outcome

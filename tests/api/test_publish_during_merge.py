@@ -90,3 +90,15 @@ def test_local_put_verified_refuses_other_bytes(tmp_path: Path) -> None:
     with pytest.raises(StorageError):
         store.put_verified("p/short.bin", io.BytesIO(data[:10]), len(data), good)
     assert [o.key for o in store.list("p/")] == ["p/ok.bin"]
+
+
+def test_a_job_ended_by_its_claim_drops_a_dead_attempts_shards(api: Api) -> None:
+    """A worker killed mid-merge leaves the shards it had uploaded; when the next claim
+    ends the job (attempts exhausted), they are removed."""
+    jid = str(api.submit(api.named())["id"])
+    storage = api.storage()
+    storage.put_bytes(f"jobs/{jid}/a1/model-00001-of-00003.safetensors", b"partial")
+    api.r.hset(f"maec:job:{jid}", "attempts", str(api.settings.max_attempts))
+    runner = JobRunner(api.settings, api.worker_store(), storage, worker="test")
+    assert runner.run(jid) == "exhausted"
+    assert storage.list(f"jobs/{jid}/") == []
