@@ -464,6 +464,18 @@ def _run_slices(
     )
 
 
+def _tokenizer_from(recipe: Recipe, folders: Mapping[str, ModelFolder], reference: str
+                    ) -> str:
+    """The model whose tokenizer files the output gets."""
+    if recipe.tokenizer_source and recipe.tokenizer_source != "base":
+        if recipe.tokenizer_source not in folders:
+            raise RecipeError(
+                f"tokenizer_source {recipe.tokenizer_source!r} is not one of the recipe's models"
+            )
+        return recipe.tokenizer_source
+    return reference
+
+
 def run_method(
     recipe: Recipe,
     out_dir: Path,
@@ -532,16 +544,10 @@ def run_method(
         )
         return fn(call)
 
-    tokenizer_from = reference
-    if recipe.tokenizer_source and recipe.tokenizer_source != "base":
-        if recipe.tokenizer_source not in folders:
-            raise RecipeError(
-                f"tokenizer_source {recipe.tokenizer_source!r} is not one of the recipe's models"
-            )
-        tokenizer_from = recipe.tokenizer_source
     return stream_merge(
         plan, recipe, Path(out_dir), compute=compute, read=read, out_dtype=out_dtype,
-        tokenizer_from=tokenizer_from, base_models=list(named.values()), device=dev,
+        tokenizer_from=_tokenizer_from(recipe, folders, reference),
+        base_models=list(named.values()), device=dev,
         progress=progress, cancel=cancel, overwrite=overwrite, hash_cache=hash_cache,
         elementwise=spec.elementwise, compute_threads=COMPUTE_THREADS, options=options,
     )
