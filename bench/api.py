@@ -342,7 +342,7 @@ def job_wall_vs_merge() -> float:
                     raise SystemExit(f"bench job {jid} {job['status']}: {job['error']}")
                 merge = float(job["result"]["core_seconds"])
                 ratios.append(wall / merge)
-                print(f"bench: 0.85B job on S3: wall {wall:.2f} s, merge {merge:.2f} s",
+                print(f"bench: {base.parent.name} job on S3: wall {wall:.2f} s, merge {merge:.2f} s",
                       flush=True)
     finally:
         s3.stop()
