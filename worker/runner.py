@@ -191,6 +191,9 @@ class JobRunner:
         except LeaseLost:
             log.warning("job %s attempt %d: stopped, the job was taken over",
                         job_id, claim.attempt)
+            # This attempt's own prefix: shards it uploaded during the merge (the new
+            # owner writes under its own, and removes this one when it starts).
+            self._cleanup(prefix)
             return "lost"
         finally:
             att.stop_lease()

@@ -10,6 +10,7 @@ from typing import Any, BinaryIO
 
 import pytest
 
+from app.jobs.worker_store import WorkerJobStore
 from app.storage.base import StorageError
 from app.storage.local import LocalStorage
 from tests.api.conftest import Api
@@ -101,4 +102,23 @@ def test_a_job_ended_by_its_claim_drops_a_dead_attempts_shards(api: Api) -> None
     api.r.hset(f"maec:job:{jid}", "attempts", str(api.settings.max_attempts))
     runner = JobRunner(api.settings, api.worker_store(), storage, worker="test")
     assert runner.run(jid) == "exhausted"
+    assert storage.list(f"jobs/{jid}/") == []
+
+
+class LoseLeaseAtPublish(WorkerJobStore):
+    """The real store, but another attempt takes the job over as this one publishes."""
+
+    def update(self, job_id: str, attempt: int, fields: dict[str, Any]) -> int:
+        if fields.get("stage") == "publish":
+            return -1
+        return super().update(job_id, attempt, fields)
+
+
+def test_an_attempt_taken_over_removes_the_shards_it_uploaded(api: Api) -> None:
+    jid = str(api.submit(api.named(**SHARDED))["id"])
+    storage = Recording(api.settings.storage_dir,
+                        api.settings.work_dir / "jobs" / jid / "a1" / "out")
+    runner = JobRunner(api.settings, LoseLeaseAtPublish(api.r), storage, worker="test")
+    assert runner.run(jid) == "lost"
+    assert any(merging for _, _, merging in storage.events), "shards went up mid-merge"
     assert storage.list(f"jobs/{jid}/") == []
