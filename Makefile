@@ -24,6 +24,7 @@ lint: setup
 
 bench-engine: setup
 	$(PY) -m bench.engine
+	$(PY) -m bench.engine_vocab
 
 bench-maec: setup
 	$(PY) -m bench.maec

@@ -1,14 +1,23 @@
-"""``make run``: Redis + one Celery worker + the API on 127.0.0.1, in dev mode.
+"""``make run``: Redis + one Celery worker + the API on 127.0.0.1.
 
-Everything lives under ``var/`` (Redis AOF in var/redis, results in var/storage, worker
-cache in var/work); checkpoints under ``var/models`` (and any ``MAEC_LOCAL_ROOTS``) can
-be named as sources. Ctrl-C stops all three, by the pids this process started.
+Dev mode (no API keys) unless the environment says ``MAEC_DEV_MODE=false``; then the
+API needs the keys in ``MAEC_API_KEYS`` like any deployment, and the settings are checked
+before anything starts. Everything lives under ``var/`` (Redis AOF in var/redis, results
+in var/storage, worker cache in var/work); checkpoints under ``var/models`` (and any
+``MAEC_LOCAL_ROOTS``) can be named as sources. Ports: ``--port`` / ``MAEC_API_PORT``
+(8000) and ``--redis-port`` / ``MAEC_REDIS_PORT`` (a free one).
+
+Ctrl-C, SIGTERM or SIGHUP stops all three, each by the process group this process
+started, and removes ``var/run.json`` (which records the URL and the children's pids);
+on Linux the children also get SIGTERM if this process is killed outright.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
+import ctypes
 import json
 import os
 import shutil
@@ -21,6 +30,8 @@ from pathlib import Path
 from typing import IO, Any
 
 import httpx
+
+from app.settings import Settings, SettingsInvalid, get_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -35,6 +46,9 @@ def _free_port() -> int:
 
 def _port_free(port: int) -> bool:
     with socket.socket() as s:
+        # As servers bind (uvicorn, redis): connections of a stopped server that linger
+        # in TIME_WAIT do not make the port taken.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
@@ -42,13 +56,36 @@ def _port_free(port: int) -> bool:
     return True
 
 
+class Stopped(Exception):
+    """A stop signal arrived (SIGTERM, SIGHUP); raised where the main thread is."""
+
+
+def _raise_stopped(signum: int, _frame: object) -> None:
+    raise Stopped(signal.Signals(signum).name)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child before exec (Linux): be sent SIGTERM when this process dies, even by
+    SIGKILL, which no handler here can see; otherwise the children would live on and
+    hold their ports."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 class Child:
     def __init__(self, name: str, args: list[str], env: dict[str, str], log: Path) -> None:
         self.name = name
         self._log: IO[bytes] = open(log, "ab")  # noqa: SIM115 - closed in stop()
         # Own session: Ctrl-C reaches us, and we stop each child (and its forks) in order.
-        self.proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=self._log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            args, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+            # This process has no other threads when it starts children.
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+        )
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -91,22 +128,31 @@ def _redis_up(port: int) -> bool:
         c.close()
 
 
-def main(argv: list[str] | None = None) -> int:
+def _worker_up(redis_url: str, window_s: float) -> bool:
+    """A worker heartbeating in the job store: what /readyz counts (which itself needs a
+    key outside dev mode)."""
+    from app.jobs.api_store import ApiJobStore
+
+    async def live() -> int:
+        store = ApiJobStore.from_url(redis_url)
+        try:
+            return await store.live_workers(window_s)
+        finally:
+            await store.close()
+
+    return asyncio.run(live()) > 0
+
+
+def _args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--var", type=Path, default=ROOT / "var", help="state directory")
     ap.add_argument("--port", type=int, default=int(os.environ.get("MAEC_API_PORT", 8000)))
     ap.add_argument("--redis-port", type=int,
                     default=int(os.environ.get("MAEC_REDIS_PORT", 0)) or None)
-    args = ap.parse_args(argv)
-    var: Path = args.var.resolve()
-    for sub in ("redis", "storage", "work", "models", "logs"):
-        (var / sub).mkdir(parents=True, exist_ok=True)
-    if not _port_free(args.port):
-        raise SystemExit(f"127.0.0.1:{args.port} is in use (another `make run`?); "
-                         "set MAEC_API_PORT")
-    redis_bin = os.environ.get("MAEC_REDIS_SERVER") or shutil.which("redis-server") \
-        or "/usr/bin/redis-server"
-    redis_port = args.redis_port or _free_port()
+    return ap.parse_args(argv)
+
+
+def _service_env(var: Path, redis_port: int) -> tuple[dict[str, str], list[str]]:
     roots = [str(var / "models")]
     if os.environ.get("MAEC_LOCAL_ROOTS"):
         roots += json.loads(os.environ["MAEC_LOCAL_ROOTS"])
@@ -116,8 +162,8 @@ def main(argv: list[str] | None = None) -> int:
         "MAEC_RATE_LIMIT_PER_MINUTE": "1000000",
         "MAEC_RATE_LIMIT_BURST": "100000",
         "MAEC_SUBMISSIONS_PER_MINUTE": "100000",
-        **os.environ,
         "MAEC_DEV_MODE": "true",
+        **os.environ,
         "MAEC_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
         "MAEC_STORAGE_BACKEND": "local",
         "MAEC_STORAGE_DIR": str(var / "storage"),
@@ -125,58 +171,109 @@ def main(argv: list[str] | None = None) -> int:
         "MAEC_LOCAL_ROOTS": json.dumps(roots),
         "PYTHONUNBUFFERED": "1",
     }
-    logs = var / "logs"
-    children: list[Child] = []
-    url = f"http://127.0.0.1:{args.port}"
+    return env, roots
+
+
+def _check_settings(env: dict[str, str]) -> Settings:
+    """The settings the children will read, checked here first so a bad configuration
+    stops before anything starts (the message names variables, never values)."""
+    os.environ.update(env)
     try:
-        redis = Child("redis", [redis_bin, str(ROOT / "deploy" / "redis.conf"), "--port",
-                                str(redis_port), "--bind", "127.0.0.1", "--dir",
-                                str(var / "redis"), "--daemonize", "no"],
-                      env, logs / "redis.log")
-        children.append(redis)
-        _wait("redis-server", lambda: _redis_up(redis_port), redis, 30, logs / "redis.log")
-        worker = Child("worker", [str(BIN / "celery"), "-A", "worker.celery_app", "worker",
-                                  "-Q", "merges", "-c", "1", "-n", "local@%h",
-                                  "--loglevel", "INFO", "--without-gossip",
-                                  "--without-mingle"], env, logs / "worker.log")
-        children.append(worker)
-        api = Child("api", [str(BIN / "uvicorn"), "app.api.main:create_app", "--factory",
-                            "--host", "127.0.0.1", "--port", str(args.port),
-                            "--no-access-log"], env, logs / "api.log")
-        children.append(api)
-        _wait("API", lambda: httpx.get(url + "/healthz", timeout=1).status_code == 200,
-              api, 60, logs / "api.log")
-        _wait("worker", lambda: httpx.get(url + "/readyz", timeout=2).status_code == 200,
-              worker, 120, logs / "worker.log")
-        (var / STATE).write_text(json.dumps({"url": url, "pid": os.getpid(),
-                                             "models": str(var / "models")}))
-        print(f"""
-maec-service is running (DEV MODE: no API keys; 127.0.0.1 only)
+        return get_settings()
+    except SettingsInvalid as exc:
+        raise SystemExit(f"run_local: {exc.message}") from None
+
+
+def _start(var: Path, port: int, redis_port: int, env: dict[str, str],
+           children: list[Child], heartbeat_s: float) -> None:
+    """Redis, then the worker and the API; returns once all three are ready."""
+    logs, url = var / "logs", f"http://127.0.0.1:{port}"
+    redis_bin = os.environ.get("MAEC_REDIS_SERVER") or shutil.which("redis-server") \
+        or "/usr/bin/redis-server"
+    redis = Child("redis", [redis_bin, str(ROOT / "deploy" / "redis.conf"), "--port",
+                            str(redis_port), "--bind", "127.0.0.1", "--dir",
+                            str(var / "redis"), "--daemonize", "no"],
+                  env, logs / "redis.log")
+    children.append(redis)
+    _wait("redis-server", lambda: _redis_up(redis_port), redis, 30, logs / "redis.log")
+    worker = Child("worker", [str(BIN / "celery"), "-A", "worker.celery_app", "worker",
+                              "-Q", "merges", "-c", "1", "-n", "local@%h",
+                              "--loglevel", "INFO", "--without-gossip",
+                              "--without-mingle"], env, logs / "worker.log")
+    children.append(worker)
+    api = Child("api", [str(BIN / "uvicorn"), "app.api.main:create_app", "--factory",
+                        "--host", "127.0.0.1", "--port", str(port),
+                        "--no-access-log"], env, logs / "api.log")
+    children.append(api)
+    _wait("API", lambda: httpx.get(url + "/healthz", timeout=1).status_code == 200,
+          api, 60, logs / "api.log")
+    _wait("worker", lambda: _worker_up(env["MAEC_REDIS_URL"], 3 * heartbeat_s), worker, 120,
+          logs / "worker.log")
+
+
+def _banner(url: str, var: Path, redis_port: int, roots: list[str], dev: bool) -> str:
+    demo = var / "models" / "demo"
+    auth = "" if dev else " -H \"Authorization: Bearer $MAEC_API_KEY\""
+    make_demo = ("" if var == (ROOT / "var").resolve() else f"MAEC_VAR={var} ") + \
+        ("make demo" if dev else "MAEC_API_KEY=<your key> make demo")
+    build = "" if (demo / "lang" / "model.safetensors").is_file() else (
+        f"  {make_demo}   # first: builds tiny checkpoints in {demo}, runs a MAEC job\n")
+    mode = ("DEV MODE: no API keys" if dev else
+            "API keys required (MAEC_API_KEYS); export MAEC_API_KEY=<your key> for the "
+            "examples")
+    return f"""
+maec-service is running ({mode}; 127.0.0.1 only)
   API       {url}   (OpenAPI: {url}/docs)
   Redis     127.0.0.1:{redis_port}  (AOF in {var / 'redis'})
   storage   {var / 'storage'}
   sources   local folders under {', '.join(roots)}
-  logs      {logs}
+  logs      {var / 'logs'}
 
 Try:
-  curl {url}/readyz
-  curl -X POST {url}/v1/jobs -H 'content-type: application/json' -d '{{
-    "method": "maec", "base": "{var}/models/base",
-    "ability_donor": ["{var}/models/donor"], "language_base": "{var}/models/lang"}}'
-  curl {url}/v1/jobs/<id>
-  make demo     # builds tiny checkpoints, runs a MAEC job end to end
+{build}  curl{auth} {url}/readyz
+  curl{auth} -X POST {url}/v1/jobs -H 'content-type: application/json' -d '{{
+    "method": "maec", "base": "{demo}/base", "ability_donor": ["{demo}/donor"],
+    "language_base": "{demo}/lang", "parameters": {{"key_ratio": 0.1, "selection_ratio": 0.75}}}}'
+  curl{auth} {url}/v1/jobs/<id>
 
-Ctrl-C stops everything.""", flush=True)
+Ctrl-C stops everything."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _args(argv)
+    var: Path = args.var.resolve()
+    for sub in ("redis", "storage", "work", "models", "logs"):
+        (var / sub).mkdir(parents=True, exist_ok=True)
+    if not _port_free(args.port):
+        raise SystemExit(f"127.0.0.1:{args.port} is in use (another `make run`?); "
+                         "set MAEC_API_PORT")
+    redis_port = args.redis_port or _free_port()
+    env, roots = _service_env(var, redis_port)
+    settings = _check_settings(env)
+    url = f"http://127.0.0.1:{args.port}"
+    children: list[Child] = []
+    # SIGTERM/SIGHUP end the run like Ctrl-C does, through the finally below; their
+    # default would kill this process alone and orphan the children.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _raise_stopped)
+    try:
+        _start(var, args.port, redis_port, env, children, settings.worker_heartbeat_seconds)
+        (var / STATE).write_text(json.dumps({
+            "url": url, "pid": os.getpid(), "models": str(var / "models"),
+            "children": {c.name: c.proc.pid for c in children}}))
+        print(_banner(url, var, redis_port, roots, settings.dev_mode), flush=True)
         while all(c.alive() for c in children):
             time.sleep(0.5)
         dead = [c.name for c in children if not c.alive()]
-        print(f"{', '.join(dead)} exited; stopping (logs in {logs})", file=sys.stderr)
+        print(f"{', '.join(dead)} exited; stopping (logs in {var / 'logs'})", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Stopped):
         print("\nstopping...", flush=True)
         return 0
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not orphan
+        # A second signal must not interrupt the stopping and orphan what is left.
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
         for child in reversed(children):
             child.stop()
         with contextlib.suppress(FileNotFoundError):

@@ -2,20 +2,26 @@
 
 Insecure or missing production settings are refused at start-up unless ``dev_mode`` is
 on, so a forgotten environment variable cannot silently open the service.
+
+Settings hold secrets (S3 keys; an API key pasted where its sha256 belongs), so no error
+about them may repeat a value: validation errors hide their input, and ``get_settings``
+turns them into one ``SettingsInvalid`` that names each variable and what is wrong.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from app.webhooks.hosts import AllowList
+from maec_core.errors import MaecError
 
 log = logging.getLogger("maec.settings")
 
@@ -28,8 +34,21 @@ def hash_key(raw: str) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()
 
 
+class SettingsInvalid(MaecError):
+    """The environment does not make a usable (or a safe) configuration."""
+
+    code = "invalid_settings"
+
+
+def env_name(field: str) -> str:
+    return f"MAEC_{field.upper()}"
+
+
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="MAEC_", extra="ignore")
+    # hide_input_in_errors: pydantic would otherwise print every offending value (a raw
+    # API key, the whole input with the S3 secret for a model-level check) in its errors.
+    model_config = SettingsConfigDict(env_prefix="MAEC_", extra="ignore",
+                                      hide_input_in_errors=True)
 
     dev_mode: bool = False
     # key id -> hex sha256 of the key, e.g. MAEC_API_KEYS='{"alice": "<sha256>"}'.
@@ -73,12 +92,19 @@ class Settings(BaseSettings):
 
     # API side.
     max_active_jobs_per_key: int = Field(default=100, ge=1)
-    # Job submissions per key per minute (429 rate_limited beyond).
+    # Job submissions per key per minute, as many saved up (429 rate_limited beyond).
     submissions_per_minute: int = Field(default=120, ge=1)
     max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
-    # Per key and API process (app/api/limits.py): sustained rate and saved-up burst.
+    # Per key, shared by every API process (app/api/limits.py): sustained rate and
+    # saved-up burst.
     rate_limit_per_minute: int = Field(default=600, ge=1)
     rate_limit_burst: int = Field(default=60, ge=1)
+    # Failed authentications per client address (shared by every API process): beyond
+    # them every request from that address is refused until its bucket refills.
+    auth_failures_per_minute: int = Field(default=60, ge=1)
+    auth_failure_burst: int = Field(default=20, ge=1)
+    # /docs and /openapi.json need an API key; unset means "yes, unless in dev mode".
+    docs_require_key: bool | None = None
     # Checkpoints one job may name (donors, bases, controls), and the largest ability
     # corpus accepted (the gradient pass reads only token_budget tokens of it anyway).
     max_models_per_job: int = Field(default=20, ge=2)
@@ -88,6 +114,18 @@ class Settings(BaseSettings):
     # Many requests parked on Redis at once keep the default firing thousands of times
     # a second; see app/api/gc_tuning.py.
     api_gc_threshold: int = Field(default=20_000, ge=0)
+
+    # Retention and quotas (docs/api.md, "Retention"). Finished jobs and their outputs
+    # are removed this many days after they ended, unless pinned (unset: kept until
+    # deleted). Fractions are allowed (0.5 = twelve hours).
+    job_ttl_days: float | None = Field(default=None, gt=0)
+    # Bytes of published outputs one key's jobs may hold (unset: no limit).
+    storage_quota_bytes_per_key: int | None = Field(default=None, ge=1)
+    # An ability artifact no job references is deleted from storage after this long
+    # (it may still be reused meanwhile; a job reusing it restarts the period).
+    artifact_grace_seconds: float = Field(default=7 * 86400, ge=0)
+    # How often one worker (whichever takes the period's lock) runs the retention sweep.
+    retention_sweep_seconds: float = Field(default=60.0, gt=0)
 
     # Signed job webhooks (app/webhooks/, docs/api.md "Webhooks"). A callback's host
     # must match an entry: a host name, "*.domain", an IP address or a CIDR network.
@@ -128,7 +166,8 @@ class Settings(BaseSettings):
     def _hashes(cls, v: dict[str, str]) -> dict[str, str]:
         for key_id, digest in v.items():
             if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest.lower()):
-                raise ValueError(f"api_keys[{key_id!r}] must be a hex sha256 of the key")
+                raise ValueError(f"the entry for key id {key_id!r} must be a hex sha256 of "
+                                 "the key (64 hex digits), never the key itself")
         return {k: d.lower() for k, d in v.items()}
 
     @field_validator("local_roots")
@@ -136,7 +175,7 @@ class Settings(BaseSettings):
     def _absolute(cls, v: list[Path]) -> list[Path]:
         for root in v:
             if not root.is_absolute():
-                raise ValueError(f"local_roots entry {root} must be an absolute path")
+                raise ValueError(f"entry {str(root)!r} must be an absolute path")
         return [r.resolve() for r in v]
 
     @model_validator(mode="after")
@@ -146,16 +185,22 @@ class Settings(BaseSettings):
         problems = []
         if not self.api_keys:
             problems.append("MAEC_API_KEYS is empty (every endpoint but health needs a key)")
-        if self.storage_backend == "s3" and (
-            self.s3_access_key in _DEFAULT_SECRETS or self.s3_secret_key in _DEFAULT_SECRETS
-        ):
-            problems.append("S3 credentials are empty or a well-known default")
+        if self.storage_backend == "s3":
+            problems += [
+                f"{env_name(f)}: S3 credentials are empty or a well-known default"
+                for f in ("s3_access_key", "s3_secret_key")
+                if getattr(self, f) in _DEFAULT_SECRETS
+            ]
         if problems:
             raise ValueError(
                 "insecure settings outside dev mode: " + "; ".join(problems)
                 + " (set MAEC_DEV_MODE=true only for a local, single-user run)"
             )
         return self
+
+    @property
+    def docs_need_key(self) -> bool:
+        return not self.dev_mode if self.docs_require_key is None else self.docs_require_key
 
     @property
     def key_lookup(self) -> dict[str, str]:
@@ -170,6 +215,31 @@ class Settings(BaseSettings):
             )
 
 
+def describe(exc: ValidationError) -> str:
+    """One line per problem, ``MAEC_<NAME>: what is wrong``, never the value."""
+    problems = []
+    for err in exc.errors(include_url=False, include_input=False, include_context=False):
+        loc = [str(p) for p in err["loc"]]
+        where = env_name(loc[0]) + (f" ({'.'.join(loc[1:])})" if loc[1:] else "") \
+            if loc else ""
+        msg = err["msg"].removeprefix("Value error, ")
+        problems.append(f"{where}: {msg}" if where else msg)
+    return "invalid settings: " + "; ".join(problems)
+
+
+_UNPARSABLE = re.compile(r'field "(\w+)"')
+
+
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
-    return Settings()
+    """The process's settings; ``SettingsInvalid`` (values never repeated) otherwise."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        raise SettingsInvalid(describe(exc)) from None
+    except SettingsError as exc:
+        # An environment value that is not the JSON its type needs (a list or a map).
+        m = _UNPARSABLE.search(str(exc))
+        name = env_name(m.group(1)) if m else "a MAEC_ variable"
+        raise SettingsInvalid(f"invalid settings: {name} is not valid JSON for its type "
+                              "(e.g. MAEC_API_KEYS='{\"alice\": \"<sha256>\"}')") from None

@@ -57,8 +57,8 @@ def model_sources(recipe: Recipe) -> list[str]:
     refs = recipe.sources()
     out = list(dict.fromkeys(s.ref for s in refs if s.kind == "checkpoint"))
     if any(s.kind == "tokenizer" and s.ref not in out for s in refs):
-        raise RecipeError("tokenizer_source must be 'base' or one of the recipe's models",
-                          key="tokenizer_source")
+        raise RecipeError("tokenizer_source must be 'base', 'union' or one of the recipe's "
+                          "models", key="tokenizer_source")
     return out
 
 
@@ -83,8 +83,10 @@ def check_sources(
     parsed: dict[str, Source] = {}
     for uri in [*model_sources(recipe), *corpus_sources(recipe)]:
         parsed[uri] = parse_source(uri, settings)
+    # Tokenizer files are read only for a recipe that merges vocabularies.
+    tokenizer = recipe.vocab_source is not None
     folders: dict[str, ModelFolder] = {
-        uri: inspect_source(parsed[uri], storage) for uri in model_sources(recipe)
+        uri: inspect_source(parsed[uri], storage, tokenizer) for uri in model_sources(recipe)
     }
     plan_recipe(recipe, folders)
     # Pinned after the checks: a file replaced in between is pinned as replaced, which

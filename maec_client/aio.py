@@ -24,6 +24,7 @@ from maec_client.client import (
     checked,
     http_options,
     job_id_of,
+    job_path,
     list_params,
     named_job,
     network_error,
@@ -34,6 +35,7 @@ from maec_client.client import (
     submit_body,
 )
 from maec_client.config import ClientConfig, resolve_config
+from maec_client.errors import NotFound
 from maec_client.models import Job, JobPage
 from maec_client.retry import RetryPolicy
 
@@ -85,9 +87,10 @@ class AsyncClient:
         return dict(data) if isinstance(data, dict) else {"status": data}
 
     async def submit(self, source: RecipeSource, *, idempotency_key: str | None = None,
-                     name: str | None = None, validate: bool = True) -> Job:
+                     name: str | None = None, validate: bool = True,
+                     pinned: bool | None = None) -> Job:
         body = submit_body(source, idempotency_key=idempotency_key, name=name,
-                           validate=validate)
+                           validate=validate, pinned=pinned)
         return parse_job(await self.request("POST", "/v1/jobs", json_body=body))
 
     async def submit_named(self, method: str, *, idempotency_key: str | None = None,
@@ -126,6 +129,20 @@ class AsyncClient:
     async def cancel(self, job: Job | str) -> Job:
         path = f"/v1/jobs/{quote(job_id_of(job), safe='')}/cancel"
         return parse_job(await self.request("POST", path))
+
+    async def pin(self, job: Job | str) -> Job:
+        return parse_job(await self.request("POST", job_path(job, "pin")))
+
+    async def unpin(self, job: Job | str) -> Job:
+        return parse_job(await self.request("POST", job_path(job, "unpin")))
+
+    async def delete(self, job: Job | str, *, missing_ok: bool = False) -> None:
+        """See Client.delete."""
+        try:
+            await self.request("DELETE", job_path(job))
+        except NotFound:
+            if not missing_ok:
+                raise
 
     async def wait(self, job: Job | str, *, timeout: float | None = None,
                    poll_interval: float = 0.5, max_interval: float = 5.0,

@@ -14,7 +14,8 @@ Exit codes (stable; scripts branch on them):
     5  network, server (5xx, 429 after retries) or local I/O error
     6  checksum mismatch on download (nothing is left at DIR)
     7  job cancelled, or --timeout reached while waiting
-    8  conflict: cancel of a job that already succeeded or failed (409)
+    8  conflict (409): cancel of a job that already succeeded or failed, delete of a
+       job still queued or running
   130  interrupted (Ctrl-C); a download resumes on the next run
 """
 
@@ -270,7 +271,7 @@ def _parse_part_size(ctx: click.Context, param: click.Parameter, value: str) -> 
 @click.group("jobs")
 @_connection_options
 def jobs() -> None:
-    """Submit, watch, list, cancel and download jobs on the merge service.
+    """Submit, watch, list, cancel, download, pin and delete jobs on the merge service.
 
     The URL and API key come from --url/--api-key, else MAEC_URL/MAEC_API_KEY, else
     the config file (~/.config/maec/client.toml or .yaml: url, api_key, timeout).
@@ -284,13 +285,14 @@ def jobs() -> None:
 @click.option("--idempotency-key", help="resubmitting with the same key returns the same job")
 @click.option("--name", help="a label for the job (shown in status and list)")
 @click.option("--no-validate", is_flag=True, help="skip the local recipe check")
+@click.option("--pin", is_flag=True, help="keep the job past the retention period")
 @click.option("--wait", "wait_", is_flag=True, help="wait for the job to finish")
 @click.option("--timeout", type=float, help="with --wait: give up after SECONDS (exit 7)")
 @click.option("--no-progress", is_flag=True, help="no progress bar")
 @_connection_options
 @_handles_errors
 def submit(recipe: str, idempotency_key: str | None, name: str | None, no_validate: bool,
-           wait_: bool, timeout: float | None, no_progress: bool) -> None:
+           pin: bool, wait_: bool, timeout: float | None, no_progress: bool) -> None:
     """Queue RECIPE (a mergekit or MAEC recipe YAML, or a named-checkpoints job; - for stdin).
 
     Prints the job id (or the job as JSON).
@@ -306,7 +308,7 @@ def submit(recipe: str, idempotency_key: str | None, name: str | None, no_valida
             raise ValidationFailed("invalid_recipe", f"recipe file {recipe} does not exist")
     with _client() as client:
         job = client.submit(source, idempotency_key=idempotency_key, name=name,
-                            validate=not no_validate)
+                            validate=not no_validate, pinned=True if pin else None)
         if wait_:
             if not _as_json():
                 click.echo(job.id, err=True)
@@ -383,6 +385,40 @@ def cancel(job_id: str) -> None:
     else:
         click.echo(f"{job.id}: {job.status}"
                    + (", cancel requested" if job.status != "cancelled" else ""))
+
+
+@jobs.command()
+@click.argument("job_id")
+@click.option("--missing-ok", is_flag=True, help="exit 0 if the job is already gone")
+@_connection_options
+@_handles_errors
+def delete(job_id: str, missing_ok: bool) -> None:
+    """Delete a finished job and its files (exit 8 while it is queued or running:
+    cancel it first; exit 4 if there is no such job)."""
+    with _client() as client:
+        client.delete(job_id, missing_ok=missing_ok)
+    if _as_json():
+        _emit({"job_id": job_id, "deleted": True})
+    else:
+        click.echo(f"{job_id}: deleted")
+
+
+def _pin_command(name: str, pinned: bool, doc: str) -> None:
+    @jobs.command(name, help=doc)
+    @click.argument("job_id")
+    @_connection_options
+    @_handles_errors
+    def command(job_id: str) -> None:
+        with _client() as client:
+            job = client.pin(job_id) if pinned else client.unpin(job_id)
+        if _as_json():
+            _emit(job.model_dump(mode="json"))
+        else:
+            click.echo(f"{job.id}: {'pinned' if job.pinned else 'not pinned'}")
+
+
+_pin_command("pin", True, "Keep a job and its files past the retention period.")
+_pin_command("unpin", False, "Let a pinned job expire again with the retention period.")
 
 
 @jobs.command()

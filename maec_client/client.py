@@ -27,6 +27,7 @@ from maec_client.errors import (
     JobCancelled,
     JobFailed,
     NetworkError,
+    NotFound,
     ServerError,
     ValidationFailed,
     WaitTimeout,
@@ -155,17 +156,19 @@ class Client:
         return dict(data) if isinstance(data, dict) else {"ready": data}
 
     def submit(self, source: RecipeSource, *, idempotency_key: str | None = None,
-               name: str | None = None, validate: bool = True) -> Job:
+               name: str | None = None, validate: bool = True,
+               pinned: bool | None = None) -> Job:
         """Queue a job from a recipe (file, YAML text, dict, Recipe) or a NamedJob.
 
         Mappings with ``merge_method`` (mergekit or MAEC recipe shape) are sent as
         ``{"recipe": ...}``; mappings with ``method`` are the named-checkpoints form; a
         mapping that already has ``recipe`` is sent as is. ``validate`` checks recipes
         locally first (schema and parameter ranges, no source access) so mistakes fail
-        fast with the same ``invalid_recipe`` code the service would use.
+        fast with the same ``invalid_recipe`` code the service would use. ``pinned``
+        keeps the job past the service's retention period (see ``pin``).
         """
         body = submit_body(source, idempotency_key=idempotency_key, name=name,
-                           validate=validate)
+                           validate=validate, pinned=pinned)
         return parse_job(self.request("POST", "/v1/jobs", json_body=body))
 
     def submit_named(self, method: str, *, idempotency_key: str | None = None,
@@ -207,6 +210,25 @@ class Client:
         path = f"/v1/jobs/{quote(job_id_of(job), safe='')}/cancel"
         return parse_job(self.request("POST", path))
 
+    def pin(self, job: Job | str) -> Job:
+        """Keep the job and its outputs past the retention period (until unpinned or
+        deleted)."""
+        return parse_job(self.request("POST", job_path(job, "pin")))
+
+    def unpin(self, job: Job | str) -> Job:
+        """Let the job expire again with the service's retention period."""
+        return parse_job(self.request("POST", job_path(job, "unpin")))
+
+    def delete(self, job: Job | str, *, missing_ok: bool = False) -> None:
+        """Delete a finished job and its files. NotFound (``job_not_found``) when there
+        is no such job (or it is already deleted) unless ``missing_ok``; Conflict
+        (``job_active``) while it is queued or running: cancel it first."""
+        try:
+            self.request("DELETE", job_path(job))
+        except NotFound:
+            if not missing_ok:
+                raise
+
     def wait(self, job: Job | str, *, timeout: float | None = None,
              poll_interval: float = 0.5, max_interval: float = 5.0,
              on_progress: ProgressCallback | None = None,
@@ -231,6 +253,11 @@ class Client:
 
         current = job if isinstance(job, Job) and job.result is not None else self.get(job)
         return download_job(self, current, Path(dest), **options)
+
+
+def job_path(job: Job | str, action: str | None = None) -> str:
+    path = f"/v1/jobs/{quote(job_id_of(job), safe='')}"
+    return path if action is None else f"{path}/{action}"
 
 
 def checked(resp: httpx.Response) -> httpx.Response:
@@ -301,10 +328,12 @@ def request_model(model: type[RequestT], data: Mapping[str, Any]) -> RequestT:
 
 
 def submit_body(source: RecipeSource, *, idempotency_key: str | None, name: str | None,
-                validate: bool) -> dict[str, Any]:
+                validate: bool, pinned: bool | None = None) -> dict[str, Any]:
     body = build_body(source, validate=validate)
     if name is not None:
         body["name"] = name
+    if pinned is not None:
+        body["pinned"] = pinned
     # A key per call makes the POST safe to retry: a resend after a lost answer gets
     # the job the first attempt created (200), never a second job.
     body["idempotency_key"] = (idempotency_key or body.get("idempotency_key")

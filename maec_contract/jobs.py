@@ -92,6 +92,8 @@ class Job(_Answer):
     result: JobResult | None = None
     callback_url: str | None = None
     webhook: WebhookDelivery | None = None
+    # Kept past the service's retention period until unpinned or deleted.
+    pinned: bool = False
 
     @property
     def done(self) -> bool:

@@ -36,6 +36,8 @@ class JobRequest(BaseModel):
     # Where the service POSTs the finished job, signed (docs/api.md, Webhooks); the
     # service checks it against its allow-list at submission.
     callback_url: str | None = Field(default=None, min_length=1, max_length=2048)
+    # Keep the job and its outputs past the retention period (until unpinned or deleted).
+    pinned: bool | None = None
 
     @field_validator("ability_donor", mode="before")
     @classmethod

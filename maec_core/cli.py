@@ -147,6 +147,35 @@ def combine(recipe: Path, paths: tuple[Path, ...], device: str | None, overwrite
     click.echo(f"wrote {out_dir} ({kept}; {result.seconds:.1f} s)")
 
 
+@main.command("extract-lora")
+@click.argument("artifact_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("out_dir", type=click.Path(path_type=Path))
+@click.option("--rank", type=click.IntRange(1, 65536), required=True,
+              help="the adapter's rank r")
+@click.option("--target-module", "target_modules", multiple=True,
+              help="a module name to export, as peft matches it (repeatable; default: "
+                   "every 2-D weight inside the transformer blocks)")
+@click.option("--base", default=None,
+              help="recorded as the adapter's base_model_name_or_path (the language base "
+                   "it is meant for)")
+@click.option("--device", default=None, help="cuda, cpu, ... (default: CUDA when present)")
+@click.option("--overwrite", is_flag=True, help="replace an existing OUT_DIR")
+@click.option("--no-progress", is_flag=True, help="no progress bar")
+def extract_lora(artifact_dir: Path, out_dir: Path, rank: int, target_modules: tuple[str, ...],
+                 base: str | None, device: str | None, overwrite: bool,
+                 no_progress: bool) -> None:
+    """Write a PEFT LoRA adapter approximating the ability vector in ARTIFACT_DIR (a MAEC
+    artifact, from ``maec extract``) into OUT_DIR, by truncated SVD per module."""
+    from maec_core.lora.export import export_artifact
+
+    report = _run(no_progress, lambda bar: export_artifact(
+        artifact_dir, out_dir, rank, target_modules=list(target_modules) or None,
+        base_ref=base, device=device, overwrite=overwrite, progress=bar))
+    click.echo(f"wrote {out_dir} ({len(report['modules'])} modules at rank {rank}; retained "
+               f"energy min {report['retained_energy_min']:.4f}, "
+               f"mean {report['retained_energy_mean']:.4f})")
+
+
 main.add_command(eval_command)
 
 if __name__ == "__main__":

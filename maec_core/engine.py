@@ -23,6 +23,7 @@ How a merge runs (compute dtype, GPU budget, a callback per finished shard) is a
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import json
 import queue
@@ -44,7 +45,7 @@ from maec_core.cuda_loops import (
     stream_units_cuda,
     whole_tensors_cuda,
 )
-from maec_core.errors import Cancelled, RecipeError
+from maec_core.errors import Cancelled
 from maec_core.io.folder import ModelFolder, open_model_folder
 from maec_core.io.headers import TensorInfo
 from maec_core.io.output import StagedOutput, output_config
@@ -53,7 +54,7 @@ from maec_core.io.writer import BackgroundWriter, OutputTensor, ShardedWriter
 from maec_core.manifest import MANIFEST_NAME, build_manifest
 from maec_core.methods import TensorCall, TensorMethod, get_method
 from maec_core.methods.params import layer_index, resolve_params
-from maec_core.plan import MergePlan, PlannedTensor, build_plan
+from maec_core.plan import MergePlan, PlannedTensor, build_plan, recipe_vocab, rows_of
 from maec_core.recipe import Recipe
 from maec_core.runtime import (
     CancelFn,
@@ -65,6 +66,8 @@ from maec_core.runtime import (
     torch_threads,
 )
 from maec_core.slices import prepare_slices
+from maec_core.vocab.build import is_vocab_tensor
+from maec_core.vocab.rows import RowAligner
 
 __all__ = ["ComputeFn", "OffsetComputeFn", "run_method", "stream_merge"]
 
@@ -80,11 +83,16 @@ THREADED_MIN_NUMEL = 1 << 22
 COMPUTE_THREADS = 2
 # Output parts queued for the writer thread.
 WRITE_DEPTH = 4
+# Tokenizer files left out when the merge writes its own tokenizer.json.
+STALE_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "added_tokens.json",
+                         "tokenizer.model", "vocab.json", "merges.txt")
 
 
-def open_models(named: Mapping[str, str]) -> dict[str, ModelFolder]:
-    """Open and validate each checkpoint folder (headers and configs only)."""
-    return {key: open_model_folder(path) for key, path in named.items()}
+def open_models(named: Mapping[str, str], base: str | None = None) -> dict[str, ModelFolder]:
+    """Open and validate each checkpoint folder (headers and configs only); a LoRA
+    adapter among them applies to ``base`` (the recipe's base model) when given."""
+    return {key: open_model_folder(path, base=base, config_base=True)
+            for key, path in named.items()}
 
 
 def all_finite(t: torch.Tensor) -> bool:
@@ -283,6 +291,8 @@ def stream_merge(
     compute_at: OffsetComputeFn | None = None,
     compute_threads: int = 1,
     options: EngineOptions | None = None,
+    whole: Callable[[PlannedTensor], bool] | None = None,
+    tokenizer_files: Mapping[str, bytes] | None = None,
 ) -> MergeResult:
     """Run ``compute`` over every planned tensor and publish a complete output folder.
 
@@ -299,8 +309,11 @@ def stream_merge(
     ``compute_at`` (implies ``elementwise``; ``compute`` is then unused) is such a function
     that is also given the flat offset of its slice in the tensor.
     ``compute_threads`` > 1 runs element-wise slices on that many CPU threads at once;
-    only for a ``compute`` that is safe to call concurrently. ``options``: compute
-    dtype, GPU budget and the finished-shard callback (defaults: float32, 8 GiB, none).
+    only for a ``compute`` that is safe to call concurrently.
+    ``whole(t)`` True sends ``t`` whole to ``compute`` even in an element-wise merge (its
+    inputs differ in rows: a vocabulary remap); ``tokenizer_files`` replace the copied ones.
+    ``options``: compute dtype, GPU budget and the finished-shard callback (defaults:
+    float32, 8 GiB, none).
     """
     elementwise = elementwise or compute_at is not None
     options = options or EngineOptions()
@@ -324,7 +337,7 @@ def stream_merge(
     with StagedOutput(out_dir, overwrite=overwrite) as staged:
         try:
             _write_tensors(staged, plan, recipe, read, compute, compute_at, device, target,
-                           tick, elementwise, compute_threads, options)
+                           tick, elementwise, compute_threads, options, whole)
         except BaseException:
             hasher.stop()
             raise
@@ -333,7 +346,7 @@ def stream_merge(
         manifest = _finish_folder(
             staged, plan, recipe, hasher, out_dtype=out_dtype, tokenizer_from=tokenizer_from,
             base_models=base_models, extra_json=extra_json, card_summary=card_summary,
-            manifest_extra=manifest_extra,
+            manifest_extra=manifest_extra, tokenizer_files=tokenizer_files,
         )
         staged.commit()
     seconds = time.perf_counter() - started
@@ -353,6 +366,7 @@ def _write_tensors(
     elementwise: bool,
     compute_threads: int,
     options: EngineOptions,
+    whole: Callable[[PlannedTensor], bool] | None = None,
 ) -> None:
     """Merge every planned tensor into the staged folder's shards (and their index)."""
     st_dtype = SAFETENSORS_NAMES[target]
@@ -368,20 +382,44 @@ def _write_tensors(
     cdtype = torch_dtype(options.compute_dtype)
     cuda = device.type == "cuda"
     try:
-        if elementwise and cuda:
-            stream_units_cuda(plan, steps, writer, compute, device, target, tick, compute_at,
-                              options)
-        elif elementwise:
-            _elementwise(plan, steps, writer, compute, device, target, tick, compute_at,
-                         compute_threads, cdtype)
-        elif cuda:
-            whole_tensors_cuda(plan, steps, writer, compute, device, target, tick, options)
-        else:
-            _whole_tensors(plan, steps, writer, compute, device, target, tick, cdtype)
+        for lo, hi, alone in _runs(plan, elementwise, whole):
+            part = dataclasses.replace(plan, tensors=plan.tensors[lo:hi])
+            at = functools.partial(_shifted, tick, lo)
+            if alone and cuda:
+                whole_tensors_cuda(part, steps[lo:hi], writer, compute, device, target, at,
+                                   options)
+            elif alone:
+                _whole_tensors(part, steps[lo:hi], writer, compute, device, target, at,
+                               cdtype)
+            elif cuda:
+                stream_units_cuda(part, steps[lo:hi], writer, compute, device, target, at,
+                                  compute_at, options)
+            else:
+                _elementwise(part, steps[lo:hi], writer, compute, device, target, at,
+                             compute_at, compute_threads, cdtype)
         staged.add(writer.close())
     except BaseException:
         writer.abort()
         raise
+
+
+def _shifted(tick: Callable[[int], None], offset: int, i: int) -> None:
+    tick(offset + i)
+
+
+def _runs(
+    plan: MergePlan, elementwise: bool, whole: Callable[[PlannedTensor], bool] | None
+) -> list[tuple[int, int, bool]]:
+    """Consecutive runs ``[lo, hi)`` of tensors and whether each goes whole to compute
+    (all of them, unless the merge is element-wise and ``whole`` says otherwise)."""
+    runs: list[tuple[int, int, bool]] = []
+    for i, t in enumerate(plan.tensors):
+        alone = not elementwise or (whole is not None and whole(t))
+        if runs and runs[-1][2] == alone:
+            runs[-1] = (runs[-1][0], i + 1, alone)
+        else:
+            runs.append((i, i + 1, alone))
+    return runs
 
 
 def _finish_folder(
@@ -396,11 +434,19 @@ def _finish_folder(
     extra_json: Mapping[str, Any] | None,
     card_summary: str,
     manifest_extra: Mapping[str, Any] | None,
+    tokenizer_files: Mapping[str, bytes] | None = None,
 ) -> dict[str, Any]:
     """Write the side files, config, recipe, card and extra documents, then the manifest
     (last: it lists the others); returns the manifest."""
     source = plan.models[tokenizer_from]
-    staged.copy_side_files(source)
+    if tokenizer_files:
+        # A built vocabulary: its tokenizer files, and none of the source's slow-tokenizer
+        # files (they would describe the old vocabulary).
+        staged.copy_side_files(source, skip=STALE_TOKENIZER_FILES)
+        for name, data in tokenizer_files.items():
+            staged.write_bytes(name, data)
+    else:
+        staged.copy_side_files(source)
     staged.write_json("config.json",
                       output_config(source.config, out_dtype, plan.config_updates))
     recipe_dump = recipe.model_dump(mode="json", exclude_none=True)
@@ -464,18 +510,6 @@ def _run_slices(
     )
 
 
-def _tokenizer_from(recipe: Recipe, folders: Mapping[str, ModelFolder], reference: str
-                    ) -> str:
-    """The model whose tokenizer files the output gets."""
-    if recipe.tokenizer_source and recipe.tokenizer_source != "base":
-        if recipe.tokenizer_source not in folders:
-            raise RecipeError(
-                f"tokenizer_source {recipe.tokenizer_source!r} is not one of the recipe's models"
-            )
-        return recipe.tokenizer_source
-    return reference
-
-
 def run_method(
     recipe: Recipe,
     out_dir: Path,
@@ -498,9 +532,10 @@ def run_method(
     named = dict(others)
     if base_key:
         named = {base_key: base_key, **named}
-    folders = open_models(named)
+    folders = open_models(named, recipe.base_model)
     reference = base_key or others[0][0]
-    plan = build_plan(folders, reference)
+    vocab = recipe_vocab(recipe, folders)
+    plan = build_plan(folders, reference, rows_of(vocab))
     out_dtype = recipe.output_dtype or plan.input_dtype
     entries = [m for m in recipe.models if m.model != recipe.base_model]
     other_keys = [k for k, _ in others]
@@ -531,8 +566,12 @@ def run_method(
             )
         return resolved[name]
 
+    aligner = RowAligner(vocab) if rows_of(vocab) is not None and vocab else None
+
     def compute(t: PlannedTensor, inputs: list[torch.Tensor]) -> torch.Tensor:
         model_params, params = params_for(t.name)
+        if aligner is not None and is_vocab_tensor(t.name):
+            aligner.align(keys, inputs)  # in place: the originals are let go one by one
         call = TensorCall(
             name=t.name,
             base=inputs[0] if base_key else None,
@@ -546,9 +585,11 @@ def run_method(
 
     return stream_merge(
         plan, recipe, Path(out_dir), compute=compute, read=read, out_dtype=out_dtype,
-        tokenizer_from=_tokenizer_from(recipe, folders, reference),
-        base_models=list(named.values()), device=dev,
-        progress=progress, cancel=cancel, overwrite=overwrite, hash_cache=hash_cache,
-        elementwise=spec.elementwise, compute_threads=COMPUTE_THREADS, options=options,
+        tokenizer_from=vocab.copy_from if vocab else reference,
+        base_models=list(named.values()), device=dev, progress=progress, cancel=cancel,
+        overwrite=overwrite, hash_cache=hash_cache, elementwise=spec.elementwise,
+        compute_threads=COMPUTE_THREADS, tokenizer_files=vocab.files if vocab else None,
+        whole=None if aligner is None else lambda t: is_vocab_tensor(t.name),
+        options=options,
     )
 

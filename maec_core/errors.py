@@ -69,6 +69,12 @@ class CorruptCheckpoint(CheckpointError):
     code = "corrupt_checkpoint"
 
 
+class UnsupportedAdapter(CheckpointError):
+    """A LoRA adapter of a kind the merge cannot form (DoRA, full replaced modules, ...)."""
+
+    code = "unsupported_adapter"
+
+
 class UnsupportedDtype(CheckpointError):
     """Quantized or otherwise unsupported tensor dtypes (only fp16/bf16/fp32 merge)."""
 
@@ -79,6 +85,12 @@ class IncompatibleCheckpoints(CheckpointError):
     """The inputs do not share tensor names, shapes or dtypes (or vocab sizes)."""
 
     code = "incompatible_checkpoints"
+
+
+class TokenizerError(CheckpointError):
+    """A tokenizer.json that cannot be parsed, or a tokenizer that cannot be merged."""
+
+    code = "invalid_tokenizer"
 
 
 class NonFiniteOutput(MaecError):

@@ -17,6 +17,7 @@ from maec_core.io.folder import ModelFolder
 from maec_core.io.headers import FLOAT_DTYPES, TensorInfo
 from maec_core.methods.registry import get_method
 from maec_core.recipe import Recipe, Slice
+from maec_core.vocab.build import VocabPlan, VocabSpec, is_vocab_tensor, plan_vocab
 
 EMBED = "model.embed_tokens.weight"
 LM_HEAD = "lm_head.weight"
@@ -85,10 +86,12 @@ def _lookup(folder: ModelFolder, name: str) -> TensorInfo | None:
 
 
 def _check_input(
-    info: TensorInfo, reference: str, other: TensorInfo, key: str, name: str
+    info: TensorInfo, reference: str, other: TensorInfo, key: str, name: str,
+    by_token: bool = False,
 ) -> None:
     """``other`` (input ``key``'s tensor ``name``) can be merged into ``info`` (the
-    reference's)."""
+    reference's); ``by_token``: rows are matched by token, only the other axes must
+    agree."""
     if other.dtype not in FLOAT_DTYPES:
         # Checked per input, not only on the reference: a quantized donor must be
         # named as such, not reported as a dtype mismatch.
@@ -99,7 +102,7 @@ def _check_input(
             model=key,
             dtype=other.dtype,
         )
-    if other.shape != info.shape:
+    if (other.shape[1:] != info.shape[1:]) if by_token else (other.shape != info.shape):
         raise IncompatibleCheckpoints(
             f"tensor {info.name!r} has shape {list(info.shape)} in {reference} "
             f"but {list(other.shape)} in {key}",
@@ -125,17 +128,26 @@ def check_configs(
         if len(set(map(repr, present.values()))) > 1:
             what = "vocab size" if fld == "vocab_size" else fld
             listing = ", ".join(f"{k}={v}" for k, v in present.items())
+            fix = ("; set tokenizer_source ('base', 'union' or a model; for MAEC the "
+                   "language base) to merge the embeddings token by token"
+                   if fld == "vocab_size" else "")
             raise IncompatibleCheckpoints(
-                f"{what} differs between checkpoints: {listing}", field=fld, values=present
+                f"{what} differs between checkpoints: {listing}{fix}", field=fld,
+                values=present,
             )
 
 
-def build_plan(models: Mapping[str, ModelFolder], reference: str) -> MergePlan:
+def build_plan(
+    models: Mapping[str, ModelFolder], reference: str, vocab_rows: int | None = None
+) -> MergePlan:
     """Check that all ``models`` share tensor names, shapes and dtypes; return the plan.
 
     ``reference`` names the model whose tensor set and file layout the output follows.
+    With ``vocab_rows`` (rows are matched by token: a vocabulary merge) the embedding
+    and LM head may differ in rows between inputs; the output has ``vocab_rows``.
     """
-    check_configs(models)
+    check_configs(models, ARCH_FIELDS if vocab_rows is None
+                  else tuple(f for f in ARCH_FIELDS if f != "vocab_size"))
     ref = models[reference]
     ordered = sorted(
         ref.tensors.values(),
@@ -152,6 +164,7 @@ def build_plan(models: Mapping[str, ModelFolder], reference: str) -> MergePlan:
                 dtype=info.dtype,
             )
         sources = {}
+        by_token = vocab_rows is not None and is_vocab_tensor(info.name)
         for key, folder in models.items():
             other = _lookup(folder, info.name)
             if other is None:
@@ -160,9 +173,10 @@ def build_plan(models: Mapping[str, ModelFolder], reference: str) -> MergePlan:
                     tensor=info.name,
                     models=[reference, key],
                 )
-            _check_input(info, reference, other, key, info.name)
+            _check_input(info, reference, other, key, info.name, by_token)
             sources[key] = other
-        planned.append(PlannedTensor(info.name, info.shape, info.dtype, sources))
+        shape = (vocab_rows, *info.shape[1:]) if by_token and vocab_rows else info.shape
+        planned.append(PlannedTensor(info.name, shape, info.dtype, sources))
     ref_names = {t.name for t in planned}
     for key, folder in models.items():
         for name in folder.tensors:
@@ -173,7 +187,15 @@ def build_plan(models: Mapping[str, ModelFolder], reference: str) -> MergePlan:
                     tensor=name,
                     models=[key, reference],
                 )
-    return MergePlan(dict(models), reference, planned)
+    return MergePlan(dict(models), reference, planned,
+                     vocab_config(ref.config, vocab_rows) if vocab_rows else {})
+
+
+def vocab_config(config: Mapping[str, Any], rows: int) -> dict[str, Any]:
+    """The output config's vocab_size (top level, or its text model's)."""
+    if "vocab_size" in config or "text_config" not in config:
+        return {"vocab_size": rows}
+    return {"text_config": {**config["text_config"], "vocab_size": rows}}
 
 
 def plan_recipe(recipe: Recipe, models: Mapping[str, ModelFolder]) -> MergePlan:
@@ -186,7 +208,32 @@ def plan_recipe(recipe: Recipe, models: Mapping[str, ModelFolder]) -> MergePlan:
     if recipe.slices is not None:
         return build_slice_plan(recipe, models).plan
     keys = _distinct(recipe)
-    return build_plan({k: models[k] for k in keys}, keys[0])
+    folders = {k: models[k] for k in keys}
+    if recipe.merge_method == "maec":
+        from maec_core.vocab.maec import maec_token_map
+
+        assert recipe.base_model is not None and recipe.language_base is not None
+        donors = [folders[s.ref] for s in recipe.sources()
+                  if s.role in ("ability_donor", "ability_control")]
+        tmap = maec_token_map(recipe, folders[recipe.base_model],
+                              folders[recipe.language_base], donors)
+        return build_plan(folders, keys[0], tmap.lang_rows if tmap else None)
+    vocab = recipe_vocab(recipe, folders)
+    return build_plan(folders, keys[0], rows_of(vocab))
+
+
+def recipe_vocab(recipe: Recipe, folders: Mapping[str, ModelFolder]) -> VocabPlan | None:
+    """The vocabulary plan of a models recipe over ``folders`` keyed by reference (None
+    without tokenizer settings)."""
+    spec = VocabSpec.of(recipe)
+    if spec is None:
+        return None
+    return plan_vocab(spec, folders, base=recipe.base_model, refs={k: k for k in folders})
+
+
+def rows_of(vocab: VocabPlan | None) -> int | None:
+    """Output vocabulary rows when inputs' rows must be remapped (None: nothing to do)."""
+    return None if vocab is None or vocab.identity else vocab.rows
 
 
 def _distinct(recipe: Recipe) -> list[str]:

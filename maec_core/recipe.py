@@ -78,6 +78,52 @@ class Slice(BaseModel):
         return self.sources[0].length
 
 
+class ZeroEmbedding(BaseModel):
+    """A token's rows are zeros (mergekit's ``{kind: zero}``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["zero"]
+
+
+class ModelTokenEmbedding(BaseModel):
+    """A token's rows are those of one token of one model, named by id or by string."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["model_token"]
+    model: str
+    token_id: int | None = None
+    token: str | None = None
+
+    @model_validator(mode="after")
+    def _one_token(self) -> ModelTokenEmbedding:
+        if (self.token_id is None) == (self.token is None):
+            raise ValueError("give exactly one of token_id or token")
+        return self
+
+
+class TokenEmbedding(BaseModel):
+    """Where one output token's embedding and LM-head rows come from (mergekit's shape):
+    a model (its own row for that token), a model's other token, or zeros. ``force``
+    uses it even for models that have the token."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: ModelTokenEmbedding | ZeroEmbedding | str | None = None
+    force: bool = False
+
+
+class TokenizerSpec(BaseModel):
+    """mergekit's ``tokenizer:`` block: the output vocabulary and per-token overrides."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: str = "union"
+    tokens: dict[str, TokenEmbedding] = Field(default_factory=dict)
+    pad_to_multiple_of: int | None = Field(default=None, ge=1)
+
+
 class AbilityEntry(BaseModel):
     """One ability for MAEC: the donor θA, optional control θS, weight μ, optional corpus."""
 
@@ -88,6 +134,27 @@ class AbilityEntry(BaseModel):
     mu: float = 1.0
     corpus: str | None = None
     name: str | None = None
+
+
+class OutputSpec(BaseModel):
+    """What a merge publishes: the merged checkpoint (``model``), or a PEFT LoRA adapter
+    of rank ``rank`` approximating the merge's change to its base (``lora``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: Literal["model", "lora"] = "model"
+    rank: int | None = Field(default=None, ge=1, le=65536)
+    # Module names as peft matches them (a name, or a name's last dotted parts); None:
+    # every 2-D weight inside the transformer blocks.
+    target_modules: list[str] | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="after")
+    def _lora_fields(self) -> OutputSpec:
+        if self.format == "lora" and self.rank is None:
+            raise ValueError("output format lora needs a rank")
+        if self.format == "model" and (self.rank is not None or self.target_modules):
+            raise ValueError("output rank and target_modules apply to format lora only")
+        return self
 
 
 SourceRole = Literal["base", "language_base", "model", "slice_source", "ability_donor",
@@ -132,12 +199,15 @@ class Recipe(BaseModel):
     out_dtype: DType | None = None
     # mergekit: "base" or a model path whose tokenizer files are copied.
     tokenizer_source: str | None = None
+    # mergekit's fuller form: source plus per-token overrides and padding.
+    tokenizer: TokenizerSpec | None = None
     out_shard_size: int | str = "5GB"
     name: str | None = None
     # MAEC only (merge_method: maec).
     language_base: str | None = None
     abilities: list[AbilityEntry] = Field(default_factory=list)
     artifact: str | None = None
+    output: OutputSpec | None = None
 
     @field_validator("merge_method")
     @classmethod
@@ -151,7 +221,47 @@ class Recipe(BaseModel):
                 raise ValueError("slices is empty; give at least one slice")
             if self.models:
                 raise ValueError("give either models or slices, not both")
+            if self.tokenizer is not None or self.tokenizer_source == "union":
+                # Rows are remapped by token only for models recipes.
+                raise ValueError("a slices recipe takes tokenizer_source 'base' or a model, "
+                                 "not a union vocabulary or tokenizer settings")
+        if self.tokenizer is not None and self.tokenizer_source is not None:
+            raise ValueError("give either tokenizer_source or tokenizer.source, not both")
+        if self.output is not None and self.output.format == "lora":
+            self._check_lora_output()
         return self
+
+    def _check_lora_output(self) -> None:
+        # The adapter is the merge's change to one base, tensor for tensor.
+        if self.slices is not None:
+            raise ValueError("output format lora needs a merge that keeps its base's "
+                             "tensors; a slices recipe changes them")
+        if self.lora_base is None:
+            raise ValueError("output format lora needs a base to take the delta from: "
+                             "base_model (language_base for maec)")
+
+    @property
+    def lora_base(self) -> str | None:
+        """The checkpoint a LoRA export's adapter applies to: MAEC's language base, else
+        the base model."""
+        return self.language_base if self.merge_method == "maec" else self.base_model
+
+    @property
+    def vocab_source(self) -> str | None:
+        """Where the output vocabulary comes from: ``base``, ``union``, a model, or None
+        (no vocabulary merge: every input must have the same one)."""
+        return self.tokenizer.source if self.tokenizer is not None else self.tokenizer_source
+
+    def _tokenizer_refs(self) -> list[str]:
+        """Checkpoint references the tokenizer settings name (never separate inputs)."""
+        src = self.vocab_source
+        refs = [src] if src is not None and src not in ("base", "union") else []
+        for cfg in (self.tokenizer.tokens.values() if self.tokenizer is not None else ()):
+            if isinstance(cfg.source, str):
+                refs.append(cfg.source)
+            elif isinstance(cfg.source, ModelTokenEmbedding):
+                refs.append(cfg.source.model)
+        return refs
 
     @property
     def output_dtype(self) -> DType | None:
@@ -166,7 +276,7 @@ class Recipe(BaseModel):
 
         The one place that knows where references sit in a recipe: the API resolves
         these, the worker fetches them and rewrites them with :meth:`with_sources`.
-        ``tokenizer_source: base`` is a keyword, not a reference.
+        ``tokenizer_source: base`` and ``union`` are keywords, not references.
         """
         out: list[SourceRef] = []
         if self.base_model is not None:
@@ -182,8 +292,7 @@ class Recipe(BaseModel):
                 out.append(SourceRef("ability_control", a.control, i))
             if a.corpus is not None:
                 out.append(SourceRef("ability_corpus", a.corpus, i))
-        if self.tokenizer_source is not None and self.tokenizer_source != "base":
-            out.append(SourceRef("tokenizer", self.tokenizer_source))
+        out += [SourceRef("tokenizer", ref) for ref in self._tokenizer_refs()]
         return out
 
     def with_sources(self, mapping: Mapping[str, str]) -> Recipe:
@@ -192,11 +301,15 @@ class Recipe(BaseModel):
         def sub(ref: str | None) -> str | None:
             return mapping.get(ref, ref) if ref is not None else None
 
-        tokenizer = self.tokenizer_source
+        def sub_source(ref: str | None) -> str | None:
+            return ref if ref in ("base", "union") else sub(ref)
+
         return self.model_copy(update={
             "base_model": sub(self.base_model),
             "language_base": sub(self.language_base),
-            "tokenizer_source": tokenizer if tokenizer == "base" else sub(tokenizer),
+            "tokenizer_source": sub_source(self.tokenizer_source),
+            "tokenizer": None if self.tokenizer is None else _sub_tokenizer(self.tokenizer,
+                                                                             mapping),
             "models": [m.model_copy(update={"model": mapping.get(m.model, m.model)})
                        for m in self.models],
             "slices": None if self.slices is None else [
@@ -216,6 +329,23 @@ class Recipe(BaseModel):
         """The recipe as YAML with every field spelled out (for recipe.yaml outputs)."""
         data = self.model_dump(mode="json", exclude_none=True)
         return yaml.safe_dump(data, sort_keys=False)
+
+
+def _sub_tokenizer(spec: TokenizerSpec, mapping: Mapping[str, str]) -> TokenizerSpec:
+    """``spec`` with every checkpoint reference found in ``mapping`` replaced."""
+    def sub(cfg: TokenEmbedding) -> TokenEmbedding:
+        src = cfg.source
+        if isinstance(src, str):
+            return cfg.model_copy(update={"source": mapping.get(src, src)})
+        if isinstance(src, ModelTokenEmbedding):
+            return cfg.model_copy(update={"source": src.model_copy(
+                update={"model": mapping.get(src.model, src.model)})})
+        return cfg
+
+    source = spec.source if spec.source in ("base", "union") else mapping.get(spec.source,
+                                                                              spec.source)
+    return spec.model_copy(update={"source": source,
+                                   "tokens": {t: sub(c) for t, c in spec.tokens.items()}})
 
 
 _UNITS = {"": 1, "B": 1, "K": 10**3, "KB": 10**3, "M": 10**6, "MB": 10**6, "G": 10**9,

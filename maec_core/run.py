@@ -7,9 +7,12 @@ recipe once (``maec_core.recipe.parse_recipe``) and pass it on typed.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from pathlib import Path
 
 from maec_core.engine import run_method
+from maec_core.lora.export import export_merge
 from maec_core.maec.pipeline import run_maec
 from maec_core.maec.store import ArtifactStore
 from maec_core.recipe import Recipe
@@ -38,7 +41,37 @@ def run(
     ``Cancelled``. ``device`` defaults to CUDA when present. ``hash_cache`` is a folder
     keeping input-file digests between processes (None: this process only).
     ``options``: compute dtype, GPU memory budget, a callback per finished output shard.
+
+    ``output: {format: lora}`` publishes a LoRA adapter of the merge's change to its base
+    instead of the merged checkpoint (``maec_core.lora.export``).
     """
+    if recipe.output is not None and recipe.output.format == "lora":
+        # The merged checkpoint is an intermediate here: its shards are not the output,
+        # so no finished-shard callback sees them.
+        inner = dataclasses.replace(options, on_shard=None) if options else None
+        merge = functools.partial(_merge, recipe, artifact_store=artifact_store,
+                                  progress=progress, cancel=cancel, device=device,
+                                  overwrite=False, hash_cache=hash_cache, options=inner)
+        return export_merge(recipe, Path(out), merge, progress=progress, cancel=cancel,
+                            device=device, overwrite=overwrite)
+    return _merge(recipe, Path(out), artifact_store=artifact_store, progress=progress,
+                  cancel=cancel, device=device, overwrite=overwrite, hash_cache=hash_cache,
+                  options=options)
+
+
+def _merge(
+    recipe: Recipe,
+    out: Path,
+    *,
+    artifact_store: ArtifactStore | None,
+    progress: ProgressFn | None,
+    cancel: CancelFn | None,
+    device: str | None,
+    overwrite: bool,
+    hash_cache: Path | None,
+    options: EngineOptions | None,
+) -> MergeResult:
+    """The merged checkpoint itself, by the recipe's method."""
     if recipe.merge_method == "maec":
         return run_maec(recipe, out, progress=progress, cancel=cancel, device=device,
                         overwrite=overwrite, artifact_store=artifact_store,

@@ -46,7 +46,8 @@ def prepare_slices(recipe: Recipe, spec: TensorMethod) -> SliceMerge:
     """Open every source (headers and configs only), plan, and build read/compute."""
     assert recipe.slices is not None
     refs = list(dict.fromkeys(s.ref for s in recipe.sources() if s.kind == "checkpoint"))
-    sliced = build_slice_plan(recipe, {ref: open_model_folder(ref) for ref in refs})
+    sliced = build_slice_plan(recipe, {
+        ref: open_model_folder(ref, base=recipe.base_model, config_base=True) for ref in refs})
     plan = sliced.plan
     calls = {t.name: c for t, c in zip(plan.tensors, sliced.calls, strict=True)}
     num_layers = int(plan.config_updates.get("num_hidden_layers") or plan.num_layers)

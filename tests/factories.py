@@ -75,3 +75,67 @@ def run_recipe(source: object, out: Path | str, **kwargs: object) -> object:
     from maec_core.run import run
 
     return run(parse_recipe(source), Path(out), **kwargs)  # type: ignore[arg-type]
+
+
+def extended_tokenizer(words: list[str], added: list[str] = ()) -> PreTrainedTokenizerFast:
+    """The tiny tokenizer with ``words`` appended to its model vocabulary (a language
+    base's extension) and ``added`` as added (non-model) tokens after them."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i + 3 for i in range(61)}}
+    vocab.update({w: len(vocab) + i for i, w in enumerate(words)})
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    )
+    if added:
+        fast.add_tokens(list(added))
+    return fast
+
+
+def make_extended(
+    path: Path, seed: int, *, like: Path, words: list[str], added: list[str] = (),
+    noise: float = 0.02, drop: int = 0,
+) -> Path:
+    """A checkpoint whose tokenizer extends ``like``'s: ``like``'s weights plus noise,
+    with new seeded rows for the new tokens (embedding and LM head). ``drop`` removes
+    that many of ``like``'s last plain tokens first (a vocabulary that also lost some)."""
+    parent = LlamaForCausalLM.from_pretrained(like, dtype=torch.float32)
+    tok = extended_tokenizer(words, added)
+    if drop:
+        data = json.loads(tok.backend_tokenizer.to_str())
+        model_vocab = data["model"]["vocab"]
+        gone = [f"w{60 - i}" for i in range(drop)]
+        kept = [t for t in sorted(model_vocab, key=model_vocab.get) if t not in gone]
+        data["model"]["vocab"] = {t: i for i, t in enumerate(kept)}
+        for i, entry in enumerate(data["added_tokens"]):
+            if entry["content"] not in model_vocab:
+                entry["id"] = len(kept) + i - sum(1 for e in data["added_tokens"][:i]
+                                                  if e["content"] in model_vocab)
+        from tokenizers import Tokenizer
+
+        tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(data)),
+                                      unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    old = {t: i for t, i in tiny_tokenizer().get_vocab().items()}
+    new_vocab = tok.get_vocab()
+    n = len(new_vocab)
+    cfg = LlamaConfig(**{**TINY, "vocab_size": n,
+                         "tie_word_embeddings": parent.config.tie_word_embeddings})
+    model = LlamaForCausalLM(cfg)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        src = dict(parent.named_parameters())
+        for name, p in model.named_parameters():
+            q = src[name]
+            if q.shape == p.shape:
+                p.copy_(q + noise * torch.randn(q.shape, generator=gen))
+                continue
+            fresh = 0.02 * torch.randn(p.shape, generator=gen)
+            for t, i in new_vocab.items():
+                if t in old:
+                    fresh[i] = q[old[t]] + noise * torch.randn(q.shape[1:], generator=gen)
+            p.copy_(fresh)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path

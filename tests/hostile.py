@@ -386,6 +386,39 @@ def tokenizer_config_not_json(good: Path, dst: Path) -> Path:
     return dst
 
 
+def _adapter(good: Path, dst: Path, **config: Any) -> Path:
+    """An adapter folder on ``good`` (LoRA A and B on one projection of layer 0)."""
+    dst.mkdir(parents=True)
+    doc = {"peft_type": "LORA", "r": 2, "lora_alpha": 4, "target_modules": ["q_proj"],
+           "base_model_name_or_path": str(good), **config}
+    (dst / "adapter_config.json").write_text(json.dumps(doc))
+    return dst
+
+
+def pickle_adapter(good: Path, dst: Path) -> Path:
+    _adapter(good, dst)
+    (dst / "adapter_model.bin").write_bytes(payload_bytes(marker_path(dst)))
+    return dst
+
+
+def write_lora_file(dst: Path, a_shape: list[int], b_shape: list[int]) -> None:
+    prefix = "base_model.model.model.layers.0.self_attn.q_proj"
+    shapes = {f"{prefix}.lora_A.weight": a_shape, f"{prefix}.lora_B.weight": b_shape}
+    header: dict[str, Any] = {}
+    at = 0
+    for name, shape in shapes.items():
+        n = 4 * shape[0] * shape[1]
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [at, at + n]}
+        at += n
+    write_raw(dst / "adapter_model.safetensors", header, bytes(at))
+
+
+def dora_adapter(good: Path, dst: Path) -> Path:
+    _adapter(good, dst, use_dora=True)
+    write_lora_file(dst, [2, 32], [32, 2])
+    return dst
+
+
 @dataclass(frozen=True)
 class Hostile:
     name: str
@@ -447,6 +480,9 @@ HOSTILE: tuple[Hostile, ...] = (
             "open", "not what its name claims", marker=True),
     Hostile("tokenizer_config_not_json", tokenizer_config_not_json, "corrupt_checkpoint",
             "open", "not a JSON object"),
+    Hostile("pickle_adapter", pickle_adapter, "pickle_refused", "open", "pickle",
+            marker=True),
+    Hostile("dora_adapter", dora_adapter, "unsupported_adapter", "open", "use_dora"),
 )
 
 BY_NAME = {h.name: h for h in HOSTILE}

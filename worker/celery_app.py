@@ -7,7 +7,8 @@ run one (``-Q webhooks -c 4``) so that deliveries never wait for a running merge
 The parent (prefork) process imports torch through ``worker.tasks`` so that each child
 forks with it loaded, but never touches CUDA: device selection happens in the child,
 inside the task. The parent runs the heartbeat thread: ``/readyz`` counts live workers,
-and each beat sweeps expired leases and retries deleting orphaned staging prefixes.
+each beat sweeps expired leases and retries deleting orphaned staging prefixes, and one
+worker per period runs the retention sweep (expired jobs, unreferenced artifacts).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from app.queue import WEBHOOK_QUEUE
 from app.settings import get_settings
 from app.storage import make_storage
 from worker.celery_config import celery_settings
-from worker.sweeper import sweep_expired
+from worker.sweeper import sweep_expired, sweep_retention
 
 log = logging.getLogger("maec.worker")
 
@@ -49,6 +50,7 @@ def _heartbeat() -> None:
             store.heartbeat(_NAME)
             sweep_expired(store, celery, settings)
             store.clean_orphans(storage)
+            sweep_retention(store, storage, settings)
         except Exception as exc:  # Redis down: keep trying, readyz shows it meanwhile
             log.warning("heartbeat failed: %s", exc)
         if _stop.wait(settings.worker_heartbeat_seconds):

@@ -22,6 +22,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 
 from app.artifacts import StorageArtifactStore
 from app.jobs.accounting import finish_increments
+from app.jobs.calls import QuotaExceeded
 from app.jobs.record import JobRecord, now_iso
 from app.jobs.worker_store import WorkerJobStore
 from app.settings import Settings
@@ -157,7 +158,8 @@ class JobRunner:
         # worker queues its webhook); after the terminal write, never before.
         self.on_finished = on_finished
         self.cache = InputCache(settings.work_dir / "cache", settings.cache_max_bytes)
-        self.artifacts = StorageArtifactStore(storage, settings.work_dir / "artifacts")
+        self.artifacts = StorageArtifactStore(storage, settings.work_dir / "artifacts",
+                                              on_use=store.touch_artifact)
 
     def run(self, job_id: str) -> str:
         """Run ``job_id`` if it is claimable; returns the claim or final outcome."""
@@ -241,6 +243,8 @@ class JobRunner:
              started: float, result: dict[str, Any] | None = None) -> str:
         seconds = time.monotonic() - started
         fields: dict[str, Any] = {"finished_at": now_iso(), "stage": None, "error": error}
+        if status != "succeeded":
+            self._release(rec, att)
         nbytes = 0
         if result is not None:
             nbytes = int(result.pop("_bytes"))
@@ -266,6 +270,30 @@ class JobRunner:
             self.on_finished(job_id)
         except Exception as exc:
             log.error("job %s: webhook not queued: %s", job_id, exc)
+
+    def _release(self, rec: JobRecord, att: Attempt) -> None:
+        """Give back this attempt's quota reservation and artifact references."""
+        try:
+            self.store.release(rec, att.attempt)
+        except Exception as exc:  # Redis down: deleting the job gives them back later
+            log.warning("job %s: reservation not released: %s", rec.id, exc)
+
+    def _reserve(self, rec: JobRecord, att: Attempt, manifest: dict[str, Any],
+                 out: Path) -> None:
+        """Count the outputs against the owner's storage quota before uploading them."""
+        nbytes = sum(int(f["size"]) for f in manifest["files"])
+        nbytes += (out / MANIFEST_NAME).stat().st_size
+        keys = tuple(str(k) for k in (manifest.get("maec") or {}).get("artifact_keys", []))
+        quota = self.settings.storage_quota_bytes_per_key
+        outcome, used = self.store.reserve(rec, att.attempt, nbytes, quota=quota,
+                                           artifacts=keys)
+        if outcome == "lost":
+            raise LeaseLost(rec.id)
+        if outcome == "over":
+            raise QuotaExceeded(
+                f"the outputs ({nbytes} bytes) would take key {rec.owner} past its storage "
+                f"quota ({used} of {quota} bytes in use); delete jobs to free space",
+                bytes=nbytes, used=used, quota=quota)
 
     def _fetch(self, rec: JobRecord, recipe: Recipe, att: Attempt, workdir: Path,
                hold: Hold) -> dict[str, str]:
@@ -341,6 +369,9 @@ class JobRunner:
                            cancel=att.cancel_requested, device=self.settings.device,
                            hash_cache=self.settings.work_dir / "checksums",
                            options=EngineOptions(on_shard=uploads.on_shard))
+        # Before the manifest can publish anything: a job over its owner's quota fails
+        # here, and the shards it uploaded meanwhile are removed with its prefix.
+        self._reserve(rec, att, merged.manifest, out)
         ok, _ = self.store.transition(rec.id, allowed=("running",), to="publishing",
                                       attempt=att.attempt)
         if not ok:

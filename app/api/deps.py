@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from app.api.errors import ApiError
-from app.api.limits import RateLimiter, owner_of
+from app.api.limits import Admission, Limits, owner_of
 from app.jobs.api_store import ApiJobStore
 from app.queue import Enqueuer
 from app.settings import Settings
@@ -23,7 +23,7 @@ class Services:
     enqueuer: Enqueuer
     # sha256 -> key id, built once: authenticating a request is one hash + one lookup.
     keys: dict[str, str]
-    limiter: RateLimiter
+    limits: Limits
 
 
 async def get_services(request: Request) -> Services:
@@ -42,31 +42,48 @@ def _unauthorized(message: str) -> ApiError:
 @dataclass(frozen=True)
 class Caller:
     """An authenticated request's key id and the service objects, from one dependency
-    (each extra dependency node costs FastAPI measurable time per request)."""
+    (each extra dependency node costs FastAPI measurable time per request), and the
+    pending rate-limit verdict on the request (None in dev mode: no limits)."""
 
     owner: str
     svc: Services
+    admission: Admission | None = None
+
+    async def admitted(self) -> None:
+        """Raise 429 if the request is over a rate limit."""
+        if self.admission is not None:
+            await self.admission.check()
 
 
-async def authenticate(request: Request) -> Caller:
+def client_address(request: Request) -> str:
+    # The peer uvicorn reports: behind a proxy, the address its --proxy-headers trust.
+    return request.client.host if request.client else "unknown"
+
+
+async def identify(request: Request) -> Caller:
+    """The caller's key checked (401, after counting the failure against the client
+    address: 429 once that is over its limit), and its rate-limit check started but not
+    awaited, so a route can overlap it with its own Redis work; ``admitted()`` must be
+    awaited before answering. Dev mode: key ``dev``, no limits."""
     svc: Services = request.app.state.services
-    return Caller(await require_key(request, svc), svc)
-
-
-async def require_key(request: Request, svc: Svc) -> str:
-    """The key id of the caller (``dev`` in dev mode); 401 otherwise."""
     if svc.settings.dev_mode:
-        return "dev"
+        return Caller("dev", svc)
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
+        await svc.limits.failed_auth(client_address(request))
         raise _unauthorized("missing API key (Authorization: Bearer <key>)")
     owner = owner_of(token.strip(), svc.keys)
     if owner is None:
+        await svc.limits.failed_auth(client_address(request))
         raise _unauthorized("unknown API key")
-    svc.limiter.check(owner)
-    return owner
+    return Caller(owner, svc, svc.limits.request(owner, client_address(request)))
 
 
-Owner = Annotated[str, Depends(require_key)]
+async def authenticate(request: Request) -> Caller:
+    caller = await identify(request)
+    await caller.admitted()
+    return caller
+
+
 Auth = Annotated[Caller, Depends(authenticate)]

@@ -36,6 +36,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "invalid_recipe": 422,
     "invalid_source": 422,
     "invalid_checkpoint": 422,
+    "invalid_tokenizer": 422,
     "non_finite_output": 422,
     "artifact_mismatch": 422,
     "invalid_corpus": 422,

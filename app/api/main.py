@@ -11,10 +11,10 @@ from fastapi import FastAPI
 from fastapi.concurrency import run_in_threadpool
 from fastapi.openapi.utils import get_openapi
 
-from app.api import errors
+from app.api import docs, errors
 from app.api.deps import Services
 from app.api.gc_tuning import tune_gc
-from app.api.limits import RateLimiter
+from app.api.limits import Limits
 from app.api.routes import files, health, jobs
 from app.jobs.api_store import ApiJobStore
 from app.queue import Enqueuer
@@ -44,7 +44,10 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+        # More than 19 digits is more than any limit (and int() refuses thousands).
+        if declared is not None and declared.isdigit() and (
+            len(declared) > 19 or int(declared) > self.limit
+        ):
             await self._refuse(send)
             return
         chunks: list[Message] = []
@@ -110,14 +113,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             log.warning("could not prepare storage: %s", exc)
         store = ApiJobStore.from_url(settings.redis_url)
         enqueuer = Enqueuer(settings.redis_url)
+        limits = Limits.from_settings(settings)
         app.state.services = Services(
-            settings, store, storage, enqueuer, settings.key_lookup,
-            RateLimiter(settings.rate_limit_per_minute, settings.rate_limit_burst),
+            settings, store, storage, enqueuer, settings.key_lookup, limits,
         )
         tune_gc(settings.api_gc_threshold)
         try:
             yield
         finally:
+            await limits.close()
             await store.close()
             enqueuer.close()
 
@@ -126,6 +130,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version="1",
         description="Model merging (MAEC and baselines) as jobs. See docs/api.md.",
         lifespan=lifespan,
+        # Served by app.api.docs instead: same paths, assets from the package, optional key.
+        docs_url=None, redoc_url=None, openapi_url=None,
     )
     _document_auth(app)
     errors.install(app)
@@ -133,5 +139,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(jobs.router)
     app.include_router(files.router)
     app.include_router(health.router)
+    docs.install(app)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     return app

@@ -1,4 +1,5 @@
-"""The API's face of the job store (asyncio Redis): create, read, list, cancel, counts.
+"""The API's face of the job store (asyncio Redis): create, read, list, cancel, counts,
+pin, delete and the storage quota's usage.
 
 Reading a job is one ``HGETALL`` (auto-pipelined with concurrent reads); listing is one
 ``ZREVRANGEBYLEX`` plus one pipelined batch of ``HGETALL`` per page. State changes run the
@@ -18,20 +19,28 @@ import redis.asyncio as aioredis
 from app.jobs import calls, scripts
 from app.jobs.accounting import finish_increments
 from app.jobs.batching import HashReader
-from app.jobs.calls import CancelOutcome, CreateOutcome
+from app.jobs.calls import CancelOutcome, CreateOutcome, RemoveOutcome
 from app.jobs.keys import (
     METRICS_KEY,
+    ORPHANS_KEY,
     WORKERS_KEY,
     idem_key,
     job_key,
     owner_key,
-    rate_key,
     status_key,
+    usage_key,
 )
 from app.jobs.record import INTERNAL_FIELDS, STATUSES, JobRecord, decode, now_iso, text
 
 T = TypeVar("T")
 PUBLIC_FIELDS = tuple(f.encode() for f in JobRecord.model_fields if f not in INTERNAL_FIELDS)
+# What a public field reads as when its record predates it (e.g. ``pinned``): the
+# field's default, as JSON, so old records still parse as the contract's Job.
+_DEFAULTS: dict[bytes, bytes] = {
+    name.encode(): json.dumps(value, separators=(",", ":")).encode()
+    for name, value in JobRecord(id="", owner="", method="", recipe={}, created_at=""
+                                 ).model_dump(mode="json").items()
+}
 # Upper bound on records examined for one filtered page, so a rare status cannot turn a
 # list request into a scan of every job the key ever ran.
 MAX_SCAN = 1000
@@ -79,15 +88,6 @@ class ApiJobStore:
         found = await self._r.get(idem_key(owner, key))
         return None if found is None else text(found)
 
-    async def count_submission(self, owner: str, window_s: int = 60) -> int:
-        """Submissions by ``owner`` in the current fixed window (one pipelined call)."""
-        key = rate_key(owner, int(time.time() // window_s))
-        async with self._r.pipeline(transaction=True) as pipe:
-            pipe.incr(key)
-            pipe.expire(key, window_s * 2)
-            count, _ = await pipe.execute()
-        return int(count)
-
     async def get(self, job_id: str, owner: str | None = None) -> JobRecord | None:
         """The record, or None when missing or (with ``owner``) someone else's."""
         raw = await cast(Awaitable[dict[bytes, bytes]], self._r.hgetall(job_key(job_id)))
@@ -105,7 +105,7 @@ class ApiJobStore:
         raw = await self._reader.hgetall(job_key(job_id))
         if not raw or raw.get(b"owner") != json.dumps(owner).encode():
             return None
-        parts = [b'"' + name + b'":' + raw.get(name, b"null") for name in PUBLIC_FIELDS]
+        parts = [b'"' + name + b'":' + raw.get(name, _DEFAULTS[name]) for name in PUBLIC_FIELDS]
         return b"{" + b",".join(parts) + b"}"
 
     async def cancel(self, job_id: str) -> CancelOutcome:
@@ -168,3 +168,21 @@ class ApiJobStore:
     async def live_workers(self, window_s: float) -> int:
         """Workers whose heartbeat is newer than ``window_s`` seconds."""
         return int(await self._r.zcount(WORKERS_KEY, time.time() - window_s, "+inf"))
+
+    async def pin(self, job_id: str, owner: str, pinned: bool) -> bool:
+        """Set or clear the job's ``pinned`` flag; False when missing or another's."""
+        return await self._run(calls.pin(job_id, owner, pinned))
+
+    async def remove(self, record: JobRecord) -> tuple[RemoveOutcome, int]:
+        """Delete a finished job's record and index entries, queueing its storage prefix
+        (:func:`app.jobs.calls.remove`); the caller deletes the files next."""
+        return await self._run(calls.remove(record))
+
+    async def outputs_deleted(self, prefix: str) -> None:
+        """The removed job's files are gone: nothing is left for the workers to retry."""
+        await cast(Awaitable[int], self._r.srem(ORPHANS_KEY, prefix))
+
+    async def usage(self, owner: str) -> int:
+        """Bytes of published outputs ``owner``'s jobs hold (storage quota)."""
+        raw = await self._r.get(usage_key(owner))
+        return 0 if raw is None else int(raw)

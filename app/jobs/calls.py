@@ -13,17 +13,38 @@ from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar, cast
 
 from app.jobs import scripts
-from app.jobs.keys import METRICS_KEY, active_key, idem_key, job_key, owner_key, status_key
+from app.jobs.keys import (
+    METRICS_KEY,
+    ORPHANS_KEY,
+    REFS_PREFIX,
+    UNREFERENCED_KEY,
+    active_key,
+    idem_key,
+    job_key,
+    owner_key,
+    requeue_key,
+    status_key,
+    usage_key,
+)
 from app.jobs.record import JobRecord, encode, now_iso, text
 from app.jobs.scripts import Arg, Script
+from maec_core.errors import MaecError
 
 T = TypeVar("T")
 CreateOutcome = Literal["created", "existing", "too_many"]
 CancelOutcome = Literal["cancelled", "requested", "finished", "missing"]
+ReserveOutcome = Literal["ok", "over", "lost"]
+RemoveOutcome = Literal["removed", "missing", "active", "pinned", "kept"]
 ClaimOutcome = Literal["claimed", "busy", "done", "missing", "cancelled", "exhausted",
                        "time_limit"]
 # Lua has no infinity literal and tonumber('inf') is nil: "no limit" is sent as this.
 _NO_LIMIT = "1e300"
+
+
+class QuotaExceeded(MaecError):
+    """Publishing the job's outputs would take its key past its storage quota."""
+
+    code = "quota_exceeded"
 
 
 @dataclass(frozen=True)
@@ -140,3 +161,71 @@ def cancel(job_id: str) -> Call[CancelOutcome]:
         return cast(CancelOutcome, text(reply))
 
     return Call(scripts.CANCEL, keys, args, parse)
+
+
+def pin(job_id: str, owner: str, pinned: bool) -> Call[bool]:
+    """Set or clear ``pinned``; False when the job is missing or another owner's."""
+    keys, args = scripts.PIN.pack({"job": job_key(job_id)}, {
+        "owner_json": json.dumps(owner), "value": "true" if pinned else "false"})
+    return Call(scripts.PIN, keys, args, lambda reply: bool(int(reply)))
+
+
+def reserve(job_id: str, owner: str, attempt: int, nbytes: int, *, quota: int | None,
+            artifacts: tuple[str, ...] = ()) -> Call[tuple[ReserveOutcome, int]]:
+    """Count ``nbytes`` of outputs against the owner's quota (replacing any earlier
+    reservation of the job) and reference ``artifacts``; (outcome, owner's usage)."""
+    keys, args = scripts.RESERVE.pack(
+        {"job": job_key(job_id), "usage": usage_key(owner), "unreferenced": UNREFERENCED_KEY},
+        {"id": job_id, "attempt": attempt, "bytes": nbytes,
+         "quota": _NO_LIMIT if quota is None else quota, "refs_prefix": REFS_PREFIX,
+         "now_ms": _now_ms()},
+        list(artifacts),
+    )
+
+    def parse(reply: list[Any]) -> tuple[ReserveOutcome, int]:
+        return cast(ReserveOutcome, text(reply[0])), int(reply[1])
+
+    return Call(scripts.RESERVE, keys, args, parse)
+
+
+def job_storage_prefix(job_id: str) -> str:
+    """Where every attempt of a job publishes (``jobs/<id>/a<n>``): deleted as a whole."""
+    return f"jobs/{job_id}/"
+
+
+def remove(record: JobRecord, *, expire_before: float | None = None
+           ) -> Call[tuple[RemoveOutcome, int]]:
+    """Delete a finished job (``expire_before``: only if unpinned and finished before
+    that epoch time); (outcome, bytes given back to the quota)."""
+    owner = record.owner
+    keys, args = scripts.REMOVE.pack(
+        {"job": job_key(record.id), "owner": owner_key(owner),
+         "idem": idem_key(owner, record.idempotency_key or ""), "usage": usage_key(owner),
+         "unreferenced": UNREFERENCED_KEY, "orphans": ORPHANS_KEY,
+         "requeue": requeue_key(record.id)},
+        {"id": record.id, "mode": "delete" if expire_before is None else "expire",
+         "cutoff_ms": 0 if expire_before is None else _now_ms(expire_before),
+         "refs_prefix": REFS_PREFIX, "prefix": job_storage_prefix(record.id),
+         "now_ms": _now_ms()},
+    )
+
+    def parse(reply: list[Any]) -> tuple[RemoveOutcome, int]:
+        return cast(RemoveOutcome, text(reply[0])), int(reply[1])
+
+    return Call(scripts.REMOVE, keys, args, parse)
+
+
+def touch_artifact(key: str) -> Call[None]:
+    keys, args = scripts.TOUCH_ARTIFACT.pack(
+        {"unreferenced": UNREFERENCED_KEY},
+        {"key": key, "refs_prefix": REFS_PREFIX, "now_ms": _now_ms()})
+    return Call(scripts.TOUCH_ARTIFACT, keys, args, lambda _reply: None)
+
+
+def collect_artifact(key: str, *, unreferenced_before: float) -> Call[bool]:
+    """True when artifact ``key`` is unreferenced since before that epoch time: it leaves
+    the candidates and its objects may be deleted."""
+    keys, args = scripts.COLLECT_ARTIFACT.pack(
+        {"unreferenced": UNREFERENCED_KEY},
+        {"key": key, "refs_prefix": REFS_PREFIX, "cutoff_ms": _now_ms(unreferenced_before)})
+    return Call(scripts.COLLECT_ARTIFACT, keys, args, lambda reply: bool(int(reply)))

@@ -18,6 +18,14 @@ METRICS_KEY = f"{PREFIX}metrics"
 WORKERS_KEY = f"{PREFIX}workers"
 # Staging prefixes a failed attempt could not delete (the object store was down).
 ORPHANS_KEY = f"{PREFIX}orphans"
+# Artifacts no job references, scored by the epoch ms they were last stored, fetched or
+# released: collected once that is older than the grace period.
+UNREFERENCED_KEY = f"{PREFIX}artifacts:unreferenced"
+# The jobs referencing one artifact are the set REFS_PREFIX + artifact key; scripts build
+# it from the keys listed in a record (like the active set from the owner).
+REFS_PREFIX = f"{PREFIX}artifact-refs:"
+# Held by the one worker running the retention sweep (expiry, artifact collection).
+RETENTION_LOCK_KEY = f"{PREFIX}retention-lock"
 
 
 def job_key(job_id: str) -> str:
@@ -41,9 +49,14 @@ def idem_key(owner: str, key: str) -> str:
     return f"{PREFIX}idem:{owner}:{key}"
 
 
-def rate_key(owner: str, window: int) -> str:
-    """Submission counter of ``owner`` in one fixed time window."""
-    return f"{PREFIX}rate:{owner}:{window}"
+
+def usage_key(owner: str) -> str:
+    """Bytes of published outputs that ``owner``'s existing jobs hold (storage quota)."""
+    return f"{PREFIX}usage:{owner}"
+
+
+def refs_key(artifact: str) -> str:
+    return REFS_PREFIX + artifact
 
 
 def requeue_key(job_id: str) -> str:

@@ -54,6 +54,8 @@ class JobRecord(BaseModel):
     # Where the finished job is POSTed, signed, and how that went (app/webhooks.py).
     callback_url: str | None = None
     webhook: WebhookDelivery | None = None
+    # Kept past the retention period (MAEC_JOB_TTL_DAYS) until unpinned or deleted.
+    pinned: bool = False
     idempotency_key: str | None = None
     lease_until: float = 0.0
     # Epoch seconds the current attempt was claimed: an expired lease on an attempt
@@ -62,6 +64,11 @@ class JobRecord(BaseModel):
     worker: str | None = None
     # Storage prefix the result files were published under (attempt-specific).
     result_prefix: str | None = None
+    # Bytes this job's outputs count against its owner's storage quota: reserved before
+    # publishing, released when the attempt fails or the job is deleted or expires.
+    published_bytes: int = 0
+    # Ability artifacts the published outputs were made from (kept while referenced).
+    artifact_keys: list[str] = Field(default_factory=list)
 
     def public(self) -> dict[str, Any]:
         """The Job object of the API contract (maec_contract.Job), bookkeeping left out."""

@@ -226,4 +226,122 @@ end
 return 'finished'
 """, moves=True)
 
-ALL: tuple[Script, ...] = (CREATE, CLAIM, UPDATE, TRANSITION, CANCEL)
+# Retention: set or clear the pinned flag (owner only); returns 1, or 0 when the job is
+# missing or another owner's.
+PIN = Script("pin", ("job",), ("owner_json", "value"), """
+local owner = redis.call('HGET', K.job, 'owner')
+if not owner or owner ~= A.owner_json then return 0 end
+redis.call('HSET', K.job, 'pinned', A.value)
+return 1
+""")
+
+# Drop one artifact reference of a job; an artifact left without any becomes a collection
+# candidate from now. A local function, prepended to the scripts that release references.
+_RELEASE_REFS = """
+local function release_refs(id, refs_prefix, unreferenced, now_ms)
+  local raw = redis.call('HGET', K.job, 'artifact_keys')
+  if not raw then return end
+  for _, key in ipairs(cjson.decode(raw)) do
+    redis.call('SREM', refs_prefix .. key, id)
+    if redis.call('SCARD', refs_prefix .. key) == 0 then
+      redis.call('ZADD', unreferenced, now_ms, key)
+    end
+  end
+end
+"""
+
+# Before publishing: count ``bytes`` of outputs against the owner's quota and reference the
+# artifacts (tail: artifact keys) in place of whatever this job held before (an earlier
+# attempt's reservation), unless that takes the owner past ``quota``. ``bytes`` 0 with no
+# keys releases the job's reservation (a failed or cancelled attempt). Returns
+# {'ok', usage after} / {'over', usage without this job} / {'lost', 0}.
+RESERVE = Script("reserve", ("job", "usage", "unreferenced"),
+                 ("id", "attempt", "bytes", "quota", "refs_prefix", "now_ms"),
+                 _RELEASE_REFS + """
+local raw = redis.call('HGET', K.job, 'status')
+if not raw then return {'lost', 0} end
+local st = cjson.decode(raw)
+if (st ~= 'running' and st ~= 'publishing')
+   or tonumber(redis.call('HGET', K.job, 'attempts')) ~= tonumber(A.attempt) then
+  return {'lost', 0}
+end
+local old = tonumber(redis.call('HGET', K.job, 'published_bytes') or '0')
+local used = tonumber(redis.call('GET', K.usage) or '0')
+local delta = tonumber(A.bytes) - old
+if delta > 0 and used + delta > tonumber(A.quota) then return {'over', used - old} end
+release_refs(A.id, A.refs_prefix, K.unreferenced, A.now_ms)
+local keys = {}
+for i = TAIL, #ARGV do
+  redis.call('SADD', A.refs_prefix .. ARGV[i], A.id)
+  redis.call('ZREM', K.unreferenced, ARGV[i])
+  keys[#keys + 1] = ARGV[i]
+end
+if delta ~= 0 and redis.call('INCRBY', K.usage, delta) <= 0 then
+  redis.call('DEL', K.usage)
+end
+-- cjson writes an empty table as {}; the record's field is a list.
+local listed = '[]'
+if #keys > 0 then listed = cjson.encode(keys) end
+redis.call('HSET', K.job, 'published_bytes', A.bytes, 'artifact_keys', listed)
+return {'ok', used + delta}
+""")
+
+# Delete a finished job's record and every index entry (owner list, status set,
+# idempotency key, requeue marker), give its bytes back to the owner's quota, drop its
+# artifact references and queue its storage ``prefix`` for deletion (the orphans set, which
+# the workers retry while the store is down). ``mode`` 'expire' spares a pinned job and one
+# that ended after ``cutoff_ms``. Returns {outcome, bytes released}; outcome is removed,
+# missing, active (queued or running: cancel it first), pinned or kept.
+REMOVE = Script("remove", ("job", "owner", "idem", "usage", "unreferenced", "orphans",
+                           "requeue"),
+                ("id", "mode", "cutoff_ms", "refs_prefix", "prefix", "now_ms"),
+                _RELEASE_REFS + """
+local raw = redis.call('HGET', K.job, 'status')
+if not raw then return {'missing', 0} end
+local st = cjson.decode(raw)
+if not TERMINAL[st] then return {'active', 0} end
+if A.mode == 'expire' then
+  if redis.call('HGET', K.job, 'pinned') == 'true' then return {'pinned', 0} end
+  local since = redis.call('ZSCORE', SETS[st], A.id)
+  if since and tonumber(since) > tonumber(A.cutoff_ms) then return {'kept', 0} end
+end
+local bytes = tonumber(redis.call('HGET', K.job, 'published_bytes') or '0')
+release_refs(A.id, A.refs_prefix, K.unreferenced, A.now_ms)
+if bytes > 0 and redis.call('DECRBY', K.usage, bytes) <= 0 then
+  redis.call('DEL', K.usage)
+end
+if redis.call('GET', K.idem) == A.id then redis.call('DEL', K.idem) end
+redis.call('ZREM', K.owner, A.id)
+redis.call('ZREM', SETS[st], A.id)
+redis.call('DEL', K.job, K.requeue)
+redis.call('SADD', K.orphans, A.prefix)
+return {'removed', bytes}
+""", moves=True)
+
+# An artifact was stored or read: if no job references it, its grace period restarts.
+TOUCH_ARTIFACT = Script("touch_artifact", ("unreferenced",),
+                        ("key", "refs_prefix", "now_ms"), """
+if redis.call('SCARD', A.refs_prefix .. A.key) == 0 then
+  redis.call('ZADD', K.unreferenced, A.now_ms, A.key)
+end
+return 0
+""")
+
+# Take an artifact off the candidates for collection: 1 when it may be deleted now (no
+# reference, unreferenced since before ``cutoff_ms``); a referenced one just leaves the
+# candidates.
+COLLECT_ARTIFACT = Script("collect_artifact", ("unreferenced",),
+                          ("key", "refs_prefix", "cutoff_ms"), """
+local since = redis.call('ZSCORE', K.unreferenced, A.key)
+if not since then return 0 end
+if redis.call('SCARD', A.refs_prefix .. A.key) > 0 then
+  redis.call('ZREM', K.unreferenced, A.key)
+  return 0
+end
+if tonumber(since) > tonumber(A.cutoff_ms) then return 0 end
+redis.call('ZREM', K.unreferenced, A.key)
+return 1
+""")
+
+ALL: tuple[Script, ...] = (CREATE, CLAIM, UPDATE, TRANSITION, CANCEL, PIN, RESERVE, REMOVE,
+                           TOUCH_ARTIFACT, COLLECT_ARTIFACT)

@@ -1,5 +1,6 @@
 """The worker's face of the job store (sync Redis): claim, progress, transitions, and the
-heartbeat's upkeep (live workers, expired leases, orphaned staging prefixes).
+heartbeat's upkeep (live workers, expired leases, orphaned staging prefixes, and the
+retention sweep: expired jobs and unreferenced ability artifacts).
 
 Every write is guarded by the attempt number the claim returned, so a worker that lost
 its lease (and whose job a redelivered message re-claimed) cannot overwrite the record.
@@ -16,15 +17,27 @@ from typing import Any, TypeVar, cast
 import redis
 
 from app.jobs import calls, scripts
-from app.jobs.calls import Call, Claim
-from app.jobs.keys import ORPHANS_KEY, WORKERS_KEY, job_key, requeue_key, status_key
-from app.jobs.record import JobRecord, decode, text
+from app.jobs.calls import Call, Claim, RemoveOutcome, ReserveOutcome
+from app.jobs.keys import (
+    ORPHANS_KEY,
+    RETENTION_LOCK_KEY,
+    UNREFERENCED_KEY,
+    WORKERS_KEY,
+    job_key,
+    requeue_key,
+    status_key,
+)
+from app.jobs.record import TERMINAL, JobRecord, decode, text
 from app.storage.base import Storage, StorageError
 
 T = TypeVar("T")
 log = logging.getLogger("maec.worker.store")
 # A worker killed without a clean shutdown never removes itself from the live set.
 _FORGET_WORKER_AFTER_S = 86400
+# Most jobs one retention sweep removes and most records it reads per round trip: a
+# backlog (a TTL just switched on) drains over several sweeps instead of one long one.
+MAX_EXPIRED_PER_SWEEP = 100
+_PAGE = 200
 
 
 class WorkerJobStore:
@@ -125,8 +138,9 @@ class WorkerJobStore:
         When publishing fails because the object store is unreachable, the attempt's
         cleanup fails for the same reason; every worker's heartbeat then retries the
         deletion (:meth:`clean_orphans`) until the store answers, so an outage never
-        leaves half-published files behind. Only failed attempts' own prefixes belong
-        here: nothing a reader could trust (a succeeded job's manifest) lives under them.
+        leaves half-published files behind. Only prefixes no reader can reach belong
+        here: failed attempts' own, and those of deleted or expired jobs (whose record,
+        the only way to their files, went in the same script that added them).
         Best effort: Redis may be down too.
         """
         try:
@@ -148,3 +162,104 @@ class WorkerJobStore:
             removed.append(prefix)
             log.info("removed orphaned staging %s", prefix)
         return removed
+
+    # -- retention: quota reservations, expiry, artifact collection ----------------------
+
+    def reserve(self, rec: JobRecord, attempt: int, nbytes: int, *, quota: int | None,
+                artifacts: tuple[str, ...] = ()) -> tuple[ReserveOutcome, int]:
+        """Count ``nbytes`` of outputs against ``rec.owner``'s quota and reference
+        ``artifacts``, before publishing; ``over`` leaves everything as it was."""
+        return self._run(calls.reserve(rec.id, rec.owner, attempt, nbytes, quota=quota,
+                                       artifacts=artifacts))
+
+    def release(self, rec: JobRecord, attempt: int) -> None:
+        """Give back what :meth:`reserve` took (the attempt ends without publishing)."""
+        self._run(calls.reserve(rec.id, rec.owner, attempt, 0, quota=None))
+
+    def touch_artifact(self, key: str) -> None:
+        """An artifact was stored or used: an unreferenced one gets a new grace period.
+        Best effort: the artifact is usable whether or not this is recorded."""
+        try:
+            self._run(calls.touch_artifact(key))
+        except redis.RedisError as exc:
+            log.warning("cannot record use of artifact %s: %s", key[:12], exc)
+
+    def try_retention_lock(self, seconds: float) -> bool:
+        """True for the one worker that runs the retention sweep in this period."""
+        return bool(self._r.set(RETENTION_LOCK_KEY, "1", nx=True,
+                                px=max(1, int(seconds * 1000))))
+
+    def delete_outputs(self, storage: Storage, prefix: str) -> bool:
+        """Delete a removed job's ``prefix`` now; if the store refuses, it stays with the
+        orphans and the heartbeat retries. True when deleted."""
+        try:
+            storage.delete_prefix(prefix)
+        except StorageError as exc:
+            log.warning("outputs %s not deleted yet (retried later): %s", prefix, exc.message)
+            return False
+        self._r.srem(ORPHANS_KEY, prefix)
+        return True
+
+    def remove(self, rec: JobRecord, *, expire_before: float | None = None
+               ) -> tuple[RemoveOutcome, int]:
+        return self._run(calls.remove(rec, expire_before=expire_before))
+
+    def _finished_before(self, status: str, cutoff_ms: int, offset: int
+                         ) -> list[JobRecord | None]:
+        """One page of the jobs that reached ``status`` before ``cutoff_ms`` (None for an
+        entry whose record is gone)."""
+        ids = [text(i) for i in cast(list[bytes], self._r.zrangebyscore(
+            status_key(status), "-inf", cutoff_ms, start=offset, num=_PAGE))]
+        if not ids:
+            return []
+        pipe = self._r.pipeline(transaction=False)
+        for i in ids:
+            pipe.hgetall(job_key(i))
+        return [decode(raw) for raw in pipe.execute()]
+
+    def expire_jobs(self, storage: Storage, *, older_than_s: float) -> list[str]:
+        """Remove finished, unpinned jobs that ended more than ``older_than_s`` ago: their
+        outputs, then (already done atomically with queueing those) their records."""
+        cutoff = time.time() - older_than_s
+        removed: list[str] = []
+        for status in sorted(TERMINAL):
+            offset = 0
+            while len(removed) < MAX_EXPIRED_PER_SWEEP:
+                page = self._finished_before(status, int(cutoff * 1000), offset)
+                if not page:
+                    break
+                for rec in page:
+                    outcome, _ = (("missing", 0) if rec is None else ("pinned", 0)
+                                  if rec.pinned else self.remove(rec, expire_before=cutoff))
+                    if outcome != "removed" or rec is None:
+                        offset += 1  # still in the set: the next page starts after it
+                        continue
+                    removed.append(rec.id)
+                    self.delete_outputs(storage, calls.job_storage_prefix(rec.id))
+                    log.info("job %s expired (%s %s)", rec.id, rec.status, rec.finished_at)
+        return removed
+
+    def collect_artifacts(self, delete: Callable[[str], None], *, grace_s: float,
+                          limit: int = 100) -> list[str]:
+        """Delete (with ``delete(key)``) artifacts no job has referenced for ``grace_s``.
+
+        A deletion the store refuses puts the artifact back as a candidate, with its old
+        time, so the next sweep tries again."""
+        cutoff = time.time() - grace_s
+        due = cast(list[tuple[bytes, float]], self._r.zrangebyscore(
+            UNREFERENCED_KEY, "-inf", int(cutoff * 1000), start=0, num=limit,
+            withscores=True))
+        collected: list[str] = []
+        for raw, since in due:
+            key = text(raw)
+            if not self._run(calls.collect_artifact(key, unreferenced_before=cutoff)):
+                continue
+            try:
+                delete(key)
+            except StorageError as exc:
+                log.warning("artifact %s not collected yet: %s", key[:12], exc.message)
+                self._r.zadd(UNREFERENCED_KEY, {key: since}, nx=True)
+                break
+            collected.append(key)
+            log.info("artifact %s collected (unreferenced)", key[:12])
+        return collected

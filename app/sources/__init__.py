@@ -58,13 +58,13 @@ def open_source(source: Source, storage: Storage) -> SourceKind:
     return _BY_KIND[source.kind](source, storage)
 
 
-def inspect_source(source: Source, storage: Storage) -> ModelFolder:
+def inspect_source(source: Source, storage: Storage, tokenizer: bool = False) -> ModelFolder:
     """Open ``source`` as a checkpoint folder from its configs and headers only.
 
     For remote sources the returned folder's files are sparse stand-ins in a temporary
     directory that is gone on return: use it for planning, never for reading tensors.
     """
-    return open_source(source, storage).headers()
+    return open_source(source, storage).headers(tokenizer)
 
 
 def pin_source(source: Source, storage: Storage, *, single: bool = False) -> Source:

@@ -27,6 +27,7 @@ from app.storage.base import Storage, StorageError
 from maec_core.errors import CorruptCheckpoint, MaecError, SourceError
 from maec_core.io.folder import INDEX_FILE, TOKENIZER_FILES, ModelFolder, open_model_folder
 from maec_core.io.headers import MAX_HEADER_BYTES
+from maec_core.vocab.tokens import keep_tokenizer
 
 Kind = Literal["s3", "local", "hf"]
 # Files a checkpoint folder may contribute (weights, configs, tokenizer); the rest of a
@@ -107,10 +108,11 @@ class SourceKind(ABC):
         resolving local symlinks."""
 
     @abstractmethod
-    def headers(self) -> ModelFolder:
+    def headers(self, tokenizer: bool = False) -> ModelFolder:
         """The checkpoint folder from its configs and headers only. For remote kinds its
         files are sparse stand-ins in a folder gone on return: plan with it, never read
-        tensors from it."""
+        tensors from it. ``tokenizer``: its tokenizer files are read too (kept in the
+        folder object), for a recipe that merges vocabularies."""
 
     @abstractmethod
     def checkpoint_files(self) -> list[SourceFile]:
@@ -145,13 +147,18 @@ class SourceKind(ABC):
         the digest its ``content_key`` names); a wrong transfer is a ``StorageError``,
         a file that is no longer the version listed (pinned) a ``SourceChanged``."""
 
-    def remote_view(self, build: Callable[[Path], Path]) -> ModelFolder:
+    def remote_view(self, build: Callable[[Path], Path], tokenizer: bool = False
+                    ) -> ModelFolder:
         """``open_model_folder`` on the folder ``build(tmp)`` makes of sparse stand-ins,
-        errors naming the source rather than the temporary folder."""
+        errors naming the source rather than the temporary folder; ``tokenizer``: the
+        tokenizer files (written whole by ``build``) are kept in the returned folder."""
         uri = self.source.uri
         with tempfile.TemporaryDirectory(prefix="maec-headers-") as tmp:
             try:
-                return open_model_folder(build(Path(tmp)))
+                folder = open_model_folder(build(Path(tmp)))
+                if tokenizer:
+                    keep_tokenizer(folder)
+                return folder
             except MaecError as exc:
                 if isinstance(exc, StorageError):
                     raise SourceError(f"{uri}: cannot read it: {exc.message}",

@@ -63,6 +63,7 @@ from maec_core.errors import CorruptCheckpoint, MaecError, SourceError, SourceNo
 from maec_core.io.folder import (
     INDEX_FILE,
     MAX_JSON_BYTES,
+    MAX_SIDE_FILE_BYTES,
     PICKLE_SUFFIXES,
     TOKENIZER_FILES,
     ModelFolder,
@@ -71,6 +72,8 @@ from maec_core.io.folder import (
 # Read whole at submission (the plan needs their content); side files are only sniffed.
 WHOLE_FILES = ("config.json", INDEX_FILE)
 SIDE_FILES = (*TOKENIZER_FILES, "generation_config.json")
+# Read whole when the recipe merges vocabularies.
+TOKENIZER_WHOLE = ("tokenizer.json", "tokenizer_config.json")
 # What open_model_folder's side-file check reads of each (maec_core.io.folder).
 SNIFF_BYTES = 64
 # X-Error-Code values of the Hub that mean "not there (for us)".
@@ -220,8 +223,9 @@ class _Reader:
                            where="at this commit")
 
 
-def hub_view(source: Source, into: Path) -> Path:
-    """Configs plus sparse header copies of every shard (ranged GETs, no weights)."""
+def hub_view(source: Source, into: Path, *, tokenizer: bool = False) -> Path:
+    """Configs plus sparse header copies of every shard (ranged GETs, no weights);
+    ``tokenizer``: the tokenizer files whole too (a vocabulary merge plans with them)."""
     listing = _listing(source)
     folder = into / source.repo.replace("/", "--")
     folder.mkdir(parents=True)
@@ -234,6 +238,10 @@ def hub_view(source: Source, into: Path) -> Path:
             size, dest = listing[name].size, folder / name
             if name.endswith(".safetensors"):
                 reader.sparse(name, size, dest)
+            elif tokenizer and name in TOKENIZER_WHOLE:
+                if size > MAX_SIDE_FILE_BYTES:
+                    raise CorruptCheckpoint(f"{name} is {size} bytes, above the cap", file=name)
+                dest.write_bytes(reader.get(name, cap=MAX_SIDE_FILE_BYTES))
             elif name in WHOLE_FILES:
                 if size > MAX_JSON_BYTES:
                     raise CorruptCheckpoint(f"{name} is {size} bytes, above the cap", file=name)
@@ -278,8 +286,8 @@ class HubSource(SourceKind):
             )
         return Source("hf", text, repo=m.group("repo"), revision=rev)
 
-    def headers(self) -> ModelFolder:
-        return self.remote_view(partial(hub_view, self.source))
+    def headers(self, tokenizer: bool = False) -> ModelFolder:
+        return self.remote_view(partial(hub_view, self.source, tokenizer=tokenizer), tokenizer)
 
     def pin(self, *, single: bool = False) -> Source:
         # The 40-hex revision already pins every byte (each file is checked against its

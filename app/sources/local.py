@@ -112,7 +112,8 @@ class LocalSource(SourceKind):
             source=text, allowed_roots=[str(r) for r in settings.local_roots],
         )
 
-    def headers(self) -> ModelFolder:
+    def headers(self, tokenizer: bool = False) -> ModelFolder:
+        # Read in place: the tokenizer files stay where the plan can read them.
         path = Path(self.source.path)
         if not path.is_dir():
             raise SourceNotFound(f"{self.source.uri}: no such checkpoint folder",

@@ -20,6 +20,14 @@ from maec_core.errors import (
     SourceNotFound,
 )
 from maec_core.io.headers import SafetensorsHeader, TensorInfo, read_header
+from maec_core.lora.adapter import (
+    ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
+    adapter_pairs,
+    adapter_spec,
+    adapter_tensors,
+    base_path,
+)
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 SINGLE_FILE = "model.safetensors"
@@ -142,10 +150,18 @@ class ModelFolder:
     config: dict[str, Any]
     headers: list[SafetensorsHeader]
     tensors: dict[str, TensorInfo] = field(default_factory=dict)
+    # A LoRA adapter folder: the base it applies to (config and side files are the
+    # base's) and its adapter_config.json, which the result depends on as much as on
+    # weights (so it is hashed with them).
+    base: ModelFolder | None = None
+    extra_files: list[Path] = field(default_factory=list)
+    # Tokenizer files read while a remote header view existed (the view is gone after
+    # planning starts); None: read them from ``root``.
+    tokenizer_data: dict[str, bytes] | None = None
 
     @property
     def weight_files(self) -> list[Path]:
-        return [h.file for h in self.headers]
+        return [h.file for h in self.headers] + self.extra_files
 
     @property
     def tie_word_embeddings(self) -> bool:
@@ -156,15 +172,68 @@ class ModelFolder:
         return bool(tie)
 
     def side_files(self) -> list[Path]:
+        if self.base is not None:
+            return self.base.side_files()
         names = (*TOKENIZER_FILES, "generation_config.json")
         return [self.root / n for n in names if (self.root / n).is_file()]
 
 
-def open_model_folder(path: str | Path) -> ModelFolder:
-    """Validate ``path`` as a safetensors checkpoint folder; read headers, no data."""
+def is_adapter_folder(root: Path) -> bool:
+    """A PEFT adapter folder: an adapter config and no full weights beside it."""
+    return (root / ADAPTER_CONFIG).is_file() and not (
+        (root / SINGLE_FILE).is_file() or (root / INDEX_FILE).is_file())
+
+
+def _open_adapter(root: Path, base: str | Path | None, config_base: bool) -> ModelFolder:
+    """A LoRA adapter as a checkpoint: ``base`` (else, with ``config_base``, the base its
+    config names) with the adapter's low-rank deltas on the tensors it targets. Headers
+    only."""
+    config_path = root / ADAPTER_CONFIG
+    if not _inside(root, config_path):
+        raise _escapes(root, ADAPTER_CONFIG, file=ADAPTER_CONFIG)
+    spec = adapter_spec(load_json(config_path, what=ADAPTER_CONFIG))
+    if base is not None and Path(base).resolve() == root.resolve():
+        base = None  # the recipe's base is this adapter: its base is the one it names
+    weights = root / ADAPTER_WEIGHTS
+    if not weights.is_file():
+        pickles = sorted(p.name for p in root.iterdir() if p.name.endswith(PICKLE_SUFFIXES))
+        if pickles:
+            raise PickleRefused(
+                f"{root.name} holds only pickle adapter weights ({', '.join(pickles)}); "
+                "pickles can run code when loaded and are refused: save with safetensors",
+                files=pickles,
+            )
+        raise CheckpointError(f"{root.name}: no {ADAPTER_WEIGHTS}", path=str(root))
+    if not _inside(root, weights):
+        raise _escapes(root, ADAPTER_WEIGHTS, file=ADAPTER_WEIGHTS)
+    header = read_header(weights)
+    pairs = adapter_pairs(header)  # the adapter is refused for what it is, whatever base
+    base_folder = open_model_folder(
+        base if base is not None else base_path(spec, root, allowed=config_base))
+    if base_folder.base is not None:
+        raise CheckpointError(f"{root.name}: the adapter's base is itself an adapter",
+                              path=str(root))
+    return ModelFolder(
+        root=root, config=base_folder.config, headers=[*base_folder.headers, header],
+        tensors=adapter_tensors(spec, pairs, base_folder.tensors), base=base_folder,
+        extra_files=[config_path],
+    )
+
+
+def open_model_folder(path: str | Path, *, base: str | Path | None = None,
+                      config_base: bool = False) -> ModelFolder:
+    """Validate ``path`` as a safetensors checkpoint folder; read headers, no data.
+
+    A PEFT LoRA adapter folder opens as the checkpoint it makes of its base: ``base``
+    when given (the recipe's base model), else, only with ``config_base``, the local
+    folder its config names. Off by default: a path inside an untrusted adapter must
+    not lead a service past its allow-listed roots.
+    """
     root = Path(path)
     if not root.is_dir():
         raise SourceNotFound(f"checkpoint folder not found: {root}", path=str(root))
+    if is_adapter_folder(root):
+        return _open_adapter(root, base, config_base)
     config_path = root / "config.json"
     if not config_path.is_file():
         raise CheckpointError(f"{root.name}: no config.json", path=str(root))

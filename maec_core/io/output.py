@@ -46,10 +46,12 @@ class StagedOutput:
     def write_json(self, name: str, doc: Any) -> None:
         self.write_bytes(name, (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode())
 
-    def copy_side_files(self, source: ModelFolder) -> None:
-        """Tokenizer and generation files, from an allow-list (never code or pickles)."""
+    def copy_side_files(self, source: ModelFolder, skip: tuple[str, ...] = ()) -> None:
+        """Tokenizer and generation files, from an allow-list (never code or pickles);
+        those named in ``skip`` are left out."""
         for path in source.side_files():
-            self.write_bytes(path.name, path.read_bytes())
+            if path.name not in skip:
+                self.write_bytes(path.name, path.read_bytes())
 
     def add(self, files: list[WrittenFile]) -> None:
         self.files.extend(files)

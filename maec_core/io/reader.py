@@ -26,6 +26,7 @@ import torch
 
 from maec_core.errors import CorruptCheckpoint
 from maec_core.io.headers import TensorInfo
+from maec_core.io.lowrank import with_delta
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
     "F32": torch.float32,
@@ -65,7 +66,11 @@ class TensorReader:
             return self._files[path], self._locks[path]
 
     def read(self, info: TensorInfo) -> torch.Tensor:
-        """The tensor in its stored dtype, on CPU."""
+        """The tensor in its stored dtype, on CPU (plus its low-rank delta, if any)."""
+        stored = self._read_stored(info)
+        return stored if info.delta is None else with_delta(info, stored, self._read_stored)
+
+    def _read_stored(self, info: TensorInfo) -> torch.Tensor:
         buf = torch.empty(info.nbytes, dtype=torch.uint8, pin_memory=self._pin)
         f, lock = self._handle(info.file)
         with lock:
@@ -203,6 +208,17 @@ class UnitReader:
             fd = self._fds[path] = os.open(path, os.O_RDONLY)
         return fd
 
+    def _read_whole(self, info: TensorInfo) -> torch.Tensor:
+        buf = torch.empty(info.nbytes, dtype=torch.uint8)
+        if info.nbytes:
+            _pread_into(self._fd(info.file), buf.numpy().data.cast("B"), info.start, info)
+        return buf.view(TORCH_DTYPES[info.dtype]).reshape(info.shape)
+
+    def _formed(self, info: TensorInfo) -> torch.Tensor:
+        """``info``'s tensor with its low-rank delta added, as flat bytes."""
+        whole = with_delta(info, self._read_whole(info), self._read_whole)
+        return whole.reshape(-1).view(torch.uint8)
+
     def _take(self) -> list[torch.Tensor] | None:
         while not self._stop.is_set():
             try:
@@ -214,6 +230,7 @@ class UnitReader:
     def _run(self) -> None:
         try:
             for si, infos in enumerate(self._steps):
+                formed: dict[int, torch.Tensor] = {}
                 numel = infos[0].numel if infos else 0
                 bounds = [(lo, min(numel, lo + self._unit))
                           for lo in range(0, numel, self._unit)] or [(0, 0)]
@@ -222,11 +239,18 @@ class UnitReader:
                     if bufs is None:
                         return
                     views = []
-                    for buf, info in zip(bufs, infos, strict=False):
+                    for k, (buf, info) in enumerate(zip(bufs, infos, strict=False)):
                         size = info.nbytes // max(info.numel, 1)
                         raw = buf[: (hi - lo) * size]
-                        _pread_into(self._fd(info.file), raw.numpy().data.cast("B"),
-                                    info.start + lo * size, info)
+                        if info.delta is not None:
+                            # Stored plus a low-rank delta: formed whole once per tensor
+                            # (per input), then handed out a unit at a time.
+                            if k not in formed:
+                                formed[k] = self._formed(info)
+                            raw.copy_(formed[k][lo * size: hi * size])
+                        else:
+                            _pread_into(self._fd(info.file), raw.numpy().data.cast("B"),
+                                        info.start + lo * size, info)
                         views.append(raw.view(TORCH_DTYPES[info.dtype]))
                     self._ready.put(Unit(si, lo, hi, numel, views,
                                          functools.partial(self._free.put, bufs)))

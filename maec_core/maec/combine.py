@@ -37,6 +37,8 @@ from maec_core.runtime import (
     ProgressFn,
     cpu_single_thread,
 )
+from maec_core.vocab.build import is_vocab_tensor
+from maec_core.vocab.maec import TokenMap
 
 StepFn = Callable[[int, int], None]
 
@@ -58,6 +60,34 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(torch.dot(a64, b64)) / (na * nb)
 
 
+class RowRemap:
+    """Moves an artifact's key rows of the embedding and LM head from θ0's token order to
+    θL's (same token string); rows of tokens θL lacks are dropped."""
+
+    def __init__(self, tmap: TokenMap) -> None:
+        self.to_lang = torch.tensor(tmap.to_lang, dtype=torch.int64)
+
+    def __call__(self, name: str, idx: torch.Tensor, values: torch.Tensor, width: int,
+                 element: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(θ0 indices kept, their θL indices, their values), by ascending θL index.
+        Tensors other than the embedding and LM head pass through unchanged."""
+        if not is_vocab_tensor(name):
+            return idx, idx, values
+        rows = idx // width if element else idx
+        moved = self.to_lang[rows]
+        keep = moved >= 0
+        lang = moved[keep] * width + (idx[keep] % width) if element else moved[keep]
+        order = torch.argsort(lang)
+        return idx[keep][order], lang[order], values[keep][order]
+
+
+def _row_width(t: PlannedTensor) -> int:
+    width = 1
+    for d in t.shape[1:]:
+        width *= d
+    return width
+
+
 def _key_values(io: RowReader, art: Artifact, info: TensorInfo, idx: torch.Tensor) -> torch.Tensor:
     if art.granularity == "element":
         return io.read(info).reshape(-1)[idx]
@@ -73,6 +103,7 @@ def select(
     language_key: str,
     step: StepFn | None = None,
     cancel: CancelFn | None = None,
+    remap: RowRemap | None = None,
 ) -> Selection:
     by_name = {t.name: t for t in plan.tensors}
     total = sum(len(a.tensors) for a in artifacts)
@@ -87,7 +118,11 @@ def select(
                     raise Cancelled("combination cancelled")
                 t = by_name[name]
                 idx, r_a = art.read(name, io)
-                lang = _key_values(io, art, t.sources[language_key], idx).float()
+                idx_l = idx
+                if remap is not None:
+                    idx, idx_l, r_a = remap(name, idx, r_a, _row_width(t),
+                                            art.granularity == "element")
+                lang = _key_values(io, art, t.sources[language_key], idx_l).float()
                 base = _key_values(io, art, t.sources[base_key], idx).float()
                 cs[name] = cosine(r_a, lang.sub_(base))
                 done += 1
@@ -118,6 +153,7 @@ def merge(
     cancel: CancelFn | None,
     overwrite: bool,
     hash_cache: Path | None = None,
+    remap: RowRemap | None = None,
     options: EngineOptions | None = None,
 ) -> MergeResult:
     # Which abilities add to each tensor, in ability order (the float32 sums are ordered).
@@ -129,7 +165,7 @@ def merge(
         for name in sorted(kept):
             adds.setdefault(name, []).append(k)
     reader = RowReader()
-    adder = SparseAdder(artifacts, adds, mus, reader)
+    adder = SparseAdder(artifacts, adds, mus, reader, remap)
 
     def read(t: PlannedTensor) -> list[TensorInfo]:
         return [t.sources[language_key]]
@@ -161,7 +197,8 @@ class SparseAdder:
     """
 
     def __init__(self, artifacts: list[Artifact], adds: dict[str, list[int]],
-                 mus: list[float], reader: RowReader) -> None:
+                 mus: list[float], reader: RowReader, remap: RowRemap | None = None) -> None:
+        self._remap = remap
         self._artifacts = artifacts
         self._adds = adds
         self._mus = mus
@@ -174,6 +211,10 @@ class SparseAdder:
         for k in self._adds.get(t.name, ()):
             art = self._artifacts[k]
             idx, values = art.read(t.name, self._reader)
+            if self._remap is not None:
+                # θL's rows for the artifact's θ0 rows (the embedding and LM head).
+                _, idx, values = self._remap(t.name, idx, values, _row_width(t),
+                                             art.granularity == "element")
             width = 1 if art.granularity == "element" else t.numel // max(t.shape[0], 1)
             starts = idx * width
             self._parts.append((starts.tolist(), starts.to(device),

@@ -99,6 +99,6 @@ def artifact_key(recipe: Recipe, ability_index: int, *, hash_cache: Path | None 
     ab = recipe.abilities[ability_index]
     assert recipe.base_model is not None
     base = open_model_folder(recipe.base_model)
-    ability = open_model_folder(ab.model)
-    control = open_model_folder(ab.control) if ab.control else None
+    ability = open_model_folder(ab.model, base=recipe.base_model)
+    control = open_model_folder(ab.control, base=recipe.base_model) if ab.control else None
     return key_of(key_document(params, base, ability, control, ab.corpus, hash_cache))

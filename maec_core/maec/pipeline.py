@@ -27,7 +27,7 @@ from typing import Any
 from maec_core.errors import CheckpointError, OutputExists
 from maec_core.io.folder import ModelFolder, open_model_folder
 from maec_core.maec.artifact import Artifact, check_compatible, load_artifact
-from maec_core.maec.combine import Selection, fmt_cos, merge, select
+from maec_core.maec.combine import RowRemap, Selection, fmt_cos, merge, select
 from maec_core.maec.extract import ExtractResult, extract_ability, included_tensors
 from maec_core.maec.keys import (
     artifact_key,
@@ -41,6 +41,7 @@ from maec_core.maec.store import ArtifactStore, LocalArtifactStore
 from maec_core.plan import MergePlan, build_plan
 from maec_core.recipe import Recipe
 from maec_core.runtime import CancelFn, EngineOptions, MergeResult, ProgressFn, best_device
+from maec_core.vocab.maec import maec_token_map
 
 __all__ = ["ArtifactStore", "LocalArtifactStore", "artifact_key", "combine", "extract",
            "run_maec"]
@@ -58,7 +59,10 @@ def _params(recipe: Recipe) -> MaecParams:
 
 def _ability_folders(recipe: Recipe, i: int) -> tuple[ModelFolder, ModelFolder | None]:
     ab = recipe.abilities[i]
-    return open_model_folder(ab.model), (open_model_folder(ab.control) if ab.control else None)
+    # A LoRA adapter donor (or control) applies to θ0, the recipe's base model.
+    base = recipe.base_model
+    return (open_model_folder(ab.model, base=base),
+            open_model_folder(ab.control, base=base) if ab.control else None)
 
 
 def _passes(params: MaecParams) -> int:
@@ -186,14 +190,17 @@ def _abilities(
     each was reused."""
     assert recipe.base_model is not None and recipe.language_base is not None
     base = open_model_folder(recipe.base_model)
-    folders = {BASE: base, LANG: open_model_folder(recipe.language_base)}
+    folders = {BASE: base, LANG: open_model_folder(recipe.language_base, base=recipe.base_model)}
     abilities = [_ability_folders(recipe, i) for i in range(len(recipe.abilities))]
     for i, (ability, control) in enumerate(abilities):
         folders[f"abilities[{i}].model"] = ability
         if control is not None:
             folders[f"abilities[{i}].control"] = control
-    # Every checkpoint agrees on names, shapes and dtypes before any tensor is read.
-    plan = build_plan(folders, LANG)
+    # Every checkpoint agrees on names, shapes and dtypes before any tensor is read
+    # (the vocabulary rows may differ when the language base extends θ0's tokenizer).
+    tmap = maec_token_map(recipe, base, folders[LANG],
+                          [f for ab in abilities for f in ab if f is not None])
+    plan = build_plan(folders, LANG, tmap.lang_rows if tmap else None)
     docs = [key_document(params, base, ability, control, recipe.abilities[i].corpus,
                          hash_cache)
             for i, (ability, control) in enumerate(abilities)]
@@ -247,11 +254,13 @@ def _combine(
     started = started if started is not None else t0
     assert recipe.base_model is not None and recipe.language_base is not None
     base = open_model_folder(recipe.base_model)
-    lang = open_model_folder(recipe.language_base)
-    plan = build_plan({BASE: base, LANG: lang}, LANG)
+    lang = open_model_folder(recipe.language_base, base=recipe.base_model)
+    tmap = maec_token_map(recipe, base, lang, [])
+    plan = build_plan({BASE: base, LANG: lang}, LANG, tmap.lang_rows if tmap else None)
     base_sums = folder_checksums(base, hash_cache)
     ckpt_dtype = checkpoint_dtype(base)
-    by_name = {t.name: t for t in plan.tensors}
+    # Artifacts are in θ0's coordinates (its vocabulary rows): checked against θ0's shapes.
+    by_name = {t.name: t for t in (build_plan({BASE: base}, BASE) if tmap else plan).tensors}
     # A store's or a caller's artifact is hashed against its metadata; one this run just
     # wrote (not reused) was hashed as it was written.
     artifacts = [load_artifact(d, verify=reused[i], hash_cache=hash_cache)
@@ -267,10 +276,13 @@ def _combine(
         if progress is not None:
             progress("combine", done, total)
 
+    remap = RowRemap(tmap) if tmap else None
     selection = select(params, plan, artifacts, base_key=BASE, language_key=LANG,
-                       step=sel_step, cancel=cancel)
+                       step=sel_step, cancel=cancel, remap=remap)
     select_seconds = time.perf_counter() - t0
     report = build_report(recipe, params, plan, artifacts, selection)
+    if tmap is not None:
+        report["vocabulary"] = tmap.report()
     mus = [ab.mu for ab in recipe.abilities]
 
     def merge_progress(stage: str, done: int, _total: int) -> None:
@@ -283,7 +295,7 @@ def _combine(
     recorded = recipe.model_copy(update={"parameters": filled})
     t1 = time.perf_counter()
     result = merge(
-        recorded, plan, artifacts, selection, mus, out_dir, language_key=LANG,
+        recorded, plan, artifacts, selection, mus, out_dir, language_key=LANG, remap=remap,
         out_dtype=recipe.dtype or plan.input_dtype, device=best_device(device),
         base_models=[recipe.language_base, recipe.base_model,
                      *[ab.model for ab in recipe.abilities]],

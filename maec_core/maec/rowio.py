@@ -16,6 +16,7 @@ import torch
 
 from maec_core.errors import CorruptCheckpoint
 from maec_core.io.headers import DTYPE_SIZES, TensorInfo
+from maec_core.io.lowrank import with_delta
 from maec_core.io.reader import TORCH_DTYPES
 
 
@@ -45,7 +46,11 @@ class RowReader:
             done += got
 
     def read(self, info: TensorInfo) -> torch.Tensor:
-        """The whole tensor, in its stored dtype, on CPU."""
+        """The whole tensor, in its stored dtype, on CPU (plus its low-rank delta)."""
+        stored = self._read_stored(info)
+        return stored if info.delta is None else with_delta(info, stored, self._read_stored)
+
+    def _read_stored(self, info: TensorInfo) -> torch.Tensor:
         buf = torch.empty(info.nbytes, dtype=torch.uint8)
         if info.nbytes:
             self._pread_into(self._fd(info), memoryview(buf.numpy().data), info.start, info)
@@ -60,7 +65,9 @@ class RowReader:
         if r1 > r0:
             self._pread_into(self._fd(info), memoryview(raw.numpy().data),
                              info.start + r0 * row_bytes, info)
-        return raw.view(TORCH_DTYPES[info.dtype]).reshape(r1 - r0, width)
+        rows = raw.view(TORCH_DTYPES[info.dtype]).reshape(r1 - r0, width)
+        # A low-rank delta only on the rows read: B's rows [r0, r1) times A.
+        return with_delta(info, rows, self._read_stored, slice(r0, r1))
 
     def read_rows(self, info: TensorInfo, rows: torch.Tensor) -> torch.Tensor:
         """Rows ``rows`` (ascending int64) of the tensor viewed as ``(shape[0], -1)``."""
@@ -80,7 +87,8 @@ class RowReader:
                 fd, view[i * row_bytes: j * row_bytes], info.start + idx[i] * row_bytes, info
             )
             i = j
-        return buf.view(TORCH_DTYPES[info.dtype]).reshape(len(idx), width)
+        got = buf.view(TORCH_DTYPES[info.dtype]).reshape(len(idx), width)
+        return with_delta(info, got, self._read_stored, rows)
 
     def close(self) -> None:
         with self._guard:

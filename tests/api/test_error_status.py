@@ -20,7 +20,8 @@ EXPECTED = {
     errors.IncompatibleCheckpoints: 422, errors.NonFiniteOutput: 422,
     errors.ArtifactMismatch: 422, errors.CorpusError: 422, errors.OutputExists: 409,
     errors.Cancelled: 409, StorageError: 503,
-    errors.EvalSetError: 422, errors.EvalSetUnreadable: 422,
+    errors.EvalSetError: 422, errors.EvalSetUnreadable: 422, errors.TokenizerError: 422,
+    errors.UnsupportedAdapter: 422,
 }
 
 

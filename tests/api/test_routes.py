@@ -62,7 +62,8 @@ def test_submit_queues_a_job_and_a_message(api: Api) -> None:
     assert set(job) == {"id", "status", "stage", "progress", "method", "name", "recipe",
                         "created_at", "started_at", "finished_at", "attempts",
                         "cancel_requested", "artifact_reused", "error", "result",
-                        "callback_url", "webhook"}
+                        "callback_url", "webhook",
+                        "pinned"}
     # The Celery message names the task and carries only the job id.
     messages = [json.loads(m) for m in api.r.lrange(QUEUE, 0, -1)]
     assert [(m["headers"]["task"], json.loads(
@@ -224,11 +225,11 @@ def test_metrics_report_jobs_by_status(api: Api) -> None:
 
 
 def test_openapi_lists_the_v1_routes(api: Api) -> None:
-    spec = api.client.get("/openapi.json").json()
+    spec = api.client.get("/openapi.json", headers=api.auth()).json()
     assert {"/v1/jobs", "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/cancel",
             "/v1/jobs/{job_id}/files/{path}", "/healthz", "/readyz", "/metrics"} <= set(
         spec["paths"])
-    assert api.client.get("/docs").status_code == 200
+    assert api.client.get("/docs", headers=api.auth()).status_code == 200
     assert spec["components"]["securitySchemes"]["apiKey"]["scheme"] == "bearer"
     assert spec["paths"]["/healthz"]["get"]["security"] == []
     assert spec["paths"]["/v1/jobs/{job_id}"]["get"]["security"] == [{"apiKey": []}]

@@ -80,7 +80,7 @@ class FakeService:
                "name": None, "recipe": {}, "created_at": f"2026-01-01T00:00:{self.counter:02d}Z",
                "started_at": None, "finished_at": None, "attempts": 0,
                "cancel_requested": False, "artifact_reused": None, "error": None,
-               "result": None, **extra}
+               "result": None, "pinned": False, **extra}
         self.jobs[job["id"]] = job
         return job
 
@@ -134,7 +134,7 @@ class FakeService:
             return self._submit(request)
         if path == "/v1/jobs" and request.method == "GET":
             return self._list(request)
-        m = re.fullmatch(r"/v1/jobs/([^/]+)(/cancel|/files/(.+))?", path)
+        m = re.fullmatch(r"/v1/jobs/([^/]+)(/cancel|/pin|/unpin|/files/(.+))?", path)
         if not m:
             return err(404, "not_found")
         job = self.jobs.get(unquote(m.group(1)))
@@ -149,6 +149,14 @@ class FakeService:
             if job["status"] == "queued":
                 job["status"] = "cancelled"
             return httpx.Response(202, json=job)
+        if m.group(2) in ("/pin", "/unpin") and request.method == "POST":
+            job["pinned"] = m.group(2) == "/pin"
+            return httpx.Response(200, json=job)
+        if m.group(2) is None and request.method == "DELETE":
+            if job["status"] not in TERMINAL:
+                return err(409, "job_active", job_status=job["status"])
+            del self.jobs[job["id"]]
+            return httpx.Response(204)
         if m.group(3):
             return self._file(request, job["id"], unquote(m.group(3)))
         steps = self.script.get(job["id"])

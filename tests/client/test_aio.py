@@ -54,3 +54,22 @@ def test_async_round_trip(fake, clock, tmp_path):
     assert body["name"] == "a" and fake.jobs[job.id]["name"] == "a"
     assert {p.relative_to(tmp_path / "out").as_posix(): p.read_bytes()
             for p in (tmp_path / "out").rglob("*") if p.is_file()} == FILES
+
+
+def test_async_delete_pin_and_unpin(fake, clock):
+    async def scenario():
+        async with make(fake, clock) as c:
+            done = fake.add_job(status="succeeded")
+            with pytest.raises(Conflict) as active:
+                await c.delete(fake.add_job()["id"])
+            assert active.value.code == "job_active"
+            assert (await c.pin(done["id"])).pinned is True
+            assert (await c.unpin(done["id"])).pinned is False
+            await c.delete(done["id"])
+            assert done["id"] not in fake.jobs
+            with pytest.raises(NotFound):
+                await c.delete(done["id"])
+            await c.delete(done["id"], missing_ok=True)
+            assert [r.method for r in fake.requests[-3:]] == ["DELETE"] * 3
+
+    asyncio.run(scenario())

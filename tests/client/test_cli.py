@@ -163,3 +163,31 @@ def test_merge_command_still_present_and_cli_is_torch_free():
     code = ("import sys; from maec_client.cli import main;"
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_delete_pin_and_unpin(run, fake):
+    queued = fake.add_job()
+    done = fake.add_job("succeeded")
+    res = run("delete", queued["id"], "--api-key", "k1")
+    assert res.exit_code == 8 and "job_active" in res.output
+    res = run("pin", done["id"], "--api-key", "k1")
+    assert res.exit_code == 0 and res.stdout.strip() == f"{done['id']}: pinned"
+    res = run("--json", "unpin", done["id"], "--api-key", "k1")
+    assert res.exit_code == 0 and json.loads(res.stdout)["pinned"] is False
+    res = run("delete", done["id"], "--api-key", "k1")
+    assert res.exit_code == 0 and res.stdout.strip() == f"{done['id']}: deleted"
+    assert done["id"] not in fake.jobs
+    res = run("delete", done["id"], "--api-key", "k1")
+    assert res.exit_code == 4 and "job_not_found" in res.output
+    res = run("--json", "delete", done["id"], "--missing-ok", "--api-key", "k1")
+    assert res.exit_code == 0 and json.loads(res.stdout) == {"job_id": done["id"],
+                                                           "deleted": True}
+
+
+def test_submit_pin_flag_sends_pinned(run, fake, tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(MERGEKIT_YAML)
+    assert run("submit", str(recipe), "--pin", "--api-key", "k1").exit_code == 0
+    assert json.loads(fake.requests[-1].content)["pinned"] is True
+    assert run("submit", str(recipe), "--api-key", "k1").exit_code == 0
+    assert "pinned" not in json.loads(fake.requests[-1].content)

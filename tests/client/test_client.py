@@ -251,3 +251,22 @@ def test_client_package_does_not_import_torch():
     code = ("import sys, maec_client, maec_client.download;"
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_delete_pin_unpin_and_submit_pinned(client, fake, clock):
+    c = client
+    job = c.submit(MERGEKIT_YAML, pinned=True)
+    assert json.loads(fake.requests[-1].content)["pinned"] is True
+    with pytest.raises(Conflict) as active:
+        c.delete(job)
+    assert active.value.code == "job_active"
+    fake.finish(job.id, {"a.bin": b"x"})
+    assert c.pin(job).pinned is True and c.unpin(job.id).pinned is False
+    fake.fail_next = [503]  # a delete is retried like any other call
+    c.delete(job)
+    assert job.id not in fake.jobs and clock.sleeps
+    with pytest.raises(NotFound):
+        c.delete(job.id)
+    c.delete(job.id, missing_ok=True)
+    assert fake.requests[-1].method == "DELETE"
+    assert fake.requests[-1].url.path == f"/v1/jobs/{job.id}"

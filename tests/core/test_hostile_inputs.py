@@ -113,6 +113,8 @@ def test_hostile_checkpoint_is_refused(case: Hostile, good: Path, tmp_path: Path
     # 3. No payload ran at any point.
     assert not marker.exists(), f"{case.name}: the pickle payload ran"
     results.add("hostile_inputs")
+    if case.name.endswith("_adapter"):
+        results.add("adapters_refused")  # LoRA adapter folders (pickled, DoRA)
 
 
 def test_every_listed_attack_has_a_case() -> None:

@@ -1,9 +1,14 @@
-"""`make run` (python -m app.run_local): everything starts, answers, and stops on Ctrl-C."""
+"""`make run` (python -m app.run_local): everything starts, answers, and stops on Ctrl-C
+or SIGTERM; MAEC_DEV_MODE=false runs it with keys."""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
+import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -53,3 +58,105 @@ def test_run_local_starts_serves_and_stops(tmp_path: Path) -> None:
         for c in children:  # only on failure: what run_local should have stopped
             if c.is_running():
                 c.kill()
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        # As servers bind (uvicorn, redis): connections of a stopped server that linger
+        # in TIME_WAIT do not make the port taken.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def test_run_local_with_keys_stops_everything_on_sigterm(tmp_path: Path) -> None:
+    """MAEC_DEV_MODE=false is honoured (keys required), and a SIGTERM to run_local stops
+    Redis, the worker and the API and frees their ports; nothing is orphaned."""
+    port, redis_port = free_port(), free_port()
+    env = {**os.environ, "MAEC_DEV_MODE": "false", "MAEC_REDIS_PORT": str(redis_port),
+           "MAEC_API_KEYS": json.dumps({"me": hashlib.sha256(b"local-key-1").hexdigest()})}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app.run_local", "--var", str(tmp_path), "--port", str(port)],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        start_new_session=True)
+    pids: dict[str, int] = {}
+    stopped = False
+    try:
+        state = tmp_path / "run.json"
+        wait_for(lambda: state.is_file() or proc.poll() is not None, 180, "run.json")
+        assert state.is_file(), proc.communicate(timeout=10)[0].decode()[-3000:]
+        doc = json.loads(state.read_text())
+        pids = doc["children"]
+        assert set(pids) == {"redis", "worker", "api"}
+        url = doc["url"]
+        assert httpx.get(url + "/v1/jobs").status_code == 401
+        key = {"Authorization": "Bearer local-key-1"}
+        assert httpx.get(url + "/v1/jobs", headers=key).status_code == 200
+        ready = httpx.get(url + "/readyz", headers=key)
+        assert ready.status_code == 200 and ready.json()["workers"] == 1
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=90)
+        assert proc.returncode == 0, out.decode()[-3000:]
+        assert b"DEV MODE" not in out and b"Authorization: Bearer $MAEC_API_KEY" in out
+        assert b"make demo" in out  # the example's checkpoints do not exist yet
+        assert not state.exists()
+        alive = [n for n, pid in pids.items()
+                 if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+        assert alive == []
+        stopped = True
+        assert _port_free(port) and _port_free(redis_port)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        for pid in [] if stopped else pids.values():  # what run_local should have stopped
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+
+
+def test_run_local_refuses_bad_settings_without_starting_anything(tmp_path: Path) -> None:
+    raw = "a-raw-key-not-its-digest"
+    env = {**os.environ, "MAEC_DEV_MODE": "false", "MAEC_API_KEYS": json.dumps({"me": raw})}
+    out = subprocess.run(
+        [sys.executable, "-m", "app.run_local", "--var", str(tmp_path), "--port",
+         str(free_port())], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0
+    assert "MAEC_API_KEYS" in out.stderr and raw not in out.stdout + out.stderr
+    assert not (tmp_path / "run.json").exists()
+    assert not (tmp_path / "logs" / "redis.log").exists()
+
+
+def test_children_stop_when_run_local_is_killed_outright(tmp_path: Path) -> None:
+    """SIGKILL cannot be handled: the children are told by the kernel (parent-death
+    signal) and stop, so the next run finds its ports free."""
+    port, redis_port = free_port(), free_port()
+    env = {**os.environ, "MAEC_REDIS_PORT": str(redis_port)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app.run_local", "--var", str(tmp_path), "--port", str(port)],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True)
+    pids: dict[str, int] = {}
+    try:
+        state = tmp_path / "run.json"
+        wait_for(lambda: state.is_file() or proc.poll() is not None, 180, "run.json")
+        pids = json.loads(state.read_text())["children"]
+        proc.kill()
+        proc.wait(10)
+
+        def gone() -> bool:
+            return not [pid for pid in pids.values() if psutil.pid_exists(pid)
+                        and psutil.Process(pid).status() != "zombie"]
+
+        wait_for(gone, 60, "the children to stop")
+        pids = {}
+        wait_for(lambda: _port_free(port) and _port_free(redis_port), 10, "free ports")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        for pid in pids.values():  # only on failure: what should have stopped
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)

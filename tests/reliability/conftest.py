@@ -44,7 +44,10 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         f"hostile_inputs={c['hostile_inputs']} lost_jobs={c['lost_jobs']} "
         f"duplicate_runs={c['duplicate_runs']} "
         f"webhooks_signed={c['webhooks_verified']}/{c['webhooks_expected']} "
-        f"toctou_refused={c['toctou_refused']}/{c['toctou_cases']}"
+        f"toctou_refused={c['toctou_refused']}/{c['toctou_cases']} "
+        f"adapters_refused={c['adapters_refused']} "
+        f"corrupt_downloads={c['corrupt_downloads']}/{c['deletes_mid_download']} "
+        f"hostile_tokenizers={c['hostile_tokenizers']}"
     )
     _outcome["line"] = line
     out = ROOT / "var" / "reliability"

@@ -73,6 +73,8 @@ def test_hostile_checkpoint_over_http(case: Hostile, st: Stack, tiny: dict[str, 
     assert not marker_path(bad).exists(), "pickle payload ran"
     _still_serving(st, tiny)
     results.add("hostile_inputs")
+    if case.name.endswith("_adapter"):
+        results.add("adapters_refused")  # LoRA adapter folders (pickled, DoRA)
 
 
 def test_source_paths_that_escape_are_refused(st: Stack, tiny: dict[str, Path],
@@ -183,3 +185,37 @@ def test_malformed_bodies(st: Stack, tiny: dict[str, Path]) -> None:
         assert resp.status_code == 422, (raw[:20], resp.text)
         assert resp.json()["code"] == "invalid_request"
     _still_serving(st, tiny)
+
+
+def _hostile_tokenizers() -> dict[str, bytes]:
+    """tokenizer.json contents the tokenizers library must refuse (or that lie)."""
+    from tests.factories import tiny_tokenizer
+
+    good = json.loads(tiny_tokenizer().backend_tokenizer.to_str())
+    gap = json.loads(json.dumps(good))
+    gap["model"]["vocab"]["w60"] = 1000  # ids not 0..n-1
+    return {
+        "unknown_model": b'{"version": "1.0", "model": {"type": "Nope"}}',
+        "id_gap": json.dumps(gap).encode(),
+        "deep": b'{"a":' * 5000 + b"1" + b"}" * 5000,
+        "not_utf8": b'{"model": "\xff\xfe"}',
+        "no_model": b"{}",
+    }
+
+
+def test_hostile_tokenizers_in_a_vocabulary_merge(st: Stack, tiny: dict[str, Path],
+                                                  model_root: Path) -> None:
+    import shutil
+
+    for name, data in _hostile_tokenizers().items():
+        bad = model_root / f"hostile-tok-{name}"
+        if not bad.exists():
+            shutil.copytree(tiny["a"], bad)
+        (bad / "tokenizer.json").write_bytes(data)
+        body = {"recipe": {"merge_method": "linear", "tokenizer_source": "union",
+                           "models": [{"model": str(tiny["base"])}, {"model": str(bad)}]}}
+        resp = _post(st, body)
+        assert (resp.status_code, resp.json()["code"]) == (422, "invalid_tokenizer"), (
+            name, resp.text)
+        _still_serving(st, tiny)
+        results.add("hostile_tokenizers")

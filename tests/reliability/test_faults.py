@@ -284,3 +284,51 @@ def test_hard_time_limit_is_bounded(stack: Stack, s3_server: S3Server,
         assert h.record(stack, job["id"])["attempts"] == 1
         assert h.job_keys(s3_server, job["id"]) == []
         _finish(stack, s3_server, [job["id"]])
+
+
+def test_delete_mid_download_is_an_error_never_a_short_file(
+        stack: Stack, s3_server: S3Server, big: dict[str, Path], tmp_path: Path) -> None:
+    """A job deleted while one of its files streams from S3 through the API: the reader
+    gets either every byte (a store may finish serving an opened object) or a broken
+    stream, never a short body that ends cleanly; and the client, resuming, reports the
+    deletion instead of leaving a folder."""
+    from maec_client import Client, NotFound
+    from tests.stack import API_KEYS
+
+    done = stack.wait(stack.submit(slow_job(big, "delete-mid-download", "1GB"))["id"],
+                      timeout=120)
+    assert done["status"] == "succeeded", done["error"]
+    entry = max(done["result"]["files"], key=lambda f: f["size"])
+    received = bytearray()
+    broken = False
+    with stack.client() as c, c.stream("GET", entry["url"]) as resp:
+        assert resp.status_code == 200 and resp.headers["etag"] == f'"{entry["sha256"]}"'
+        chunks = resp.iter_raw(256 * 1024)
+        while len(received) < 2 * 1024 * 1024:
+            received += next(chunks)
+        with stack.client() as other:
+            assert other.delete(f"/v1/jobs/{done['id']}").status_code == 204
+        assert h.job_keys(s3_server, done["id"]) == []
+        try:
+            for chunk in chunks:
+                received += chunk
+        except httpx.HTTPError:
+            broken = True
+    results.add("deletes_mid_download")
+    results.figure("delete_mid_download_stream", "broken" if broken else "complete")
+    whole = len(received) == entry["size"]
+    if not broken and not (whole and hashlib.sha256(received).hexdigest() == entry["sha256"]):
+        results.add("corrupt_downloads")
+    assert broken or whole, f"a clean end after {len(received)} of {entry['size']} bytes"
+    dest = tmp_path / "out"
+    with Client(stack.base_url, API_KEYS["alice"], max_retries=0) as client, \
+            pytest.raises(NotFound):
+        # The job as the client saw it before the delete: its file list, now all gone.
+        client.download(_job_model(done), dest)
+    assert not dest.exists()
+
+
+def _job_model(job: dict[str, Any]) -> Any:
+    from maec_client.models import Job
+
+    return Job.model_validate(job)

@@ -7,27 +7,34 @@ served, so a path can never name anything else in storage.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import RedirectResponse, Response, StreamingResponse
 
+from app.api.bounds import MAX_PATH_CHARS, shown
 from app.api.deps import Auth
 from app.api.errors import ApiError
-from app.api.routes.jobs import not_found
+from app.api.routes.jobs import check_id, not_found
 from app.api.schemas import PROBLEMS
+from app.storage.base import StorageError
 
 router = APIRouter(prefix="/v1/jobs", tags=["files"], responses=PROBLEMS)
-_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+# At most 19 digits a number (every file size fits in that): a longer one does not match,
+# so it is ignored like any malformed range rather than handed to int(), which refuses
+# thousands of digits.
+_RANGE = re.compile(r"^bytes=(\d{0,19})-(\d{0,19})$")
+MAX_RANGE_CHARS = 64
 
 
 def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
     """``(start, end)`` inclusive for one satisfiable range; None = whole file.
 
-    Multi-range and malformed headers are ignored (the whole file is a valid answer);
-    a well-formed but unsatisfiable range raises 416.
+    Multi-range, malformed and over-long headers are ignored (the whole file is a valid
+    answer); a well-formed but unsatisfiable range raises 416.
     """
-    if not header:
+    if not header or len(header) > MAX_RANGE_CHARS:
         return None
     m = _RANGE.match(header.strip())
     if m is None:
@@ -47,6 +54,25 @@ def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
     return start, end
 
 
+def exactly(chunks: Iterator[bytes], nbytes: int, key: str) -> Iterator[bytes]:
+    """``chunks``, raising if they end before ``nbytes``: the response then ends in a
+    broken connection, never in a complete-looking short body. An object deleted (the
+    job deleted or expired) or cut short while it is being read ends so."""
+    left = nbytes
+    for chunk in chunks:
+        left -= len(chunk)
+        yield chunk
+    if left > 0:
+        raise StorageError(f"{key} ended {left} bytes early (deleted while being read?)",
+                           key=key)
+
+
+def _no_file(job_id: str, path: str, status: str) -> ApiError:
+    path = shown(path, 200)
+    return ApiError(404, "file_not_found", f"job {job_id} has no published file {path!r}",
+                    job_id=job_id, path=path, status=status)
+
+
 def _unsatisfiable(size: int) -> ApiError:
     return ApiError(416, "range_not_satisfiable", f"the file has {size} bytes",
                     headers={"Content-Range": f"bytes */{size}"}, size=size)
@@ -60,14 +86,14 @@ async def get_file(
     redirect: Annotated[bool, Query()] = False,
 ) -> Response:
     owner, svc = auth.owner, auth.svc
+    check_id(job_id)
     rec = await svc.store.get(job_id, owner)
     if rec is None:
         raise not_found(job_id)
     files = {f["path"]: f for f in (rec.result or {}).get("files", [])}
-    entry = files.get(path)
+    entry = files.get(path) if len(path) <= MAX_PATH_CHARS else None
     if rec.status != "succeeded" or entry is None or not rec.result_prefix:
-        raise ApiError(404, "file_not_found", f"job {job_id} has no published file {path!r}",
-                       job_id=job_id, path=path, status=rec.status)
+        raise _no_file(job_id, path, rec.status)
     key = f"{rec.result_prefix}/{path}"
     size = int(entry["size"])
     headers = {"Accept-Ranges": "bytes", "ETag": f'"{entry["sha256"]}"'}
@@ -84,5 +110,6 @@ async def get_file(
     headers["Content-Length"] = str(end - start + 1)
     if size == 0:
         return Response(b"", headers=headers, media_type="application/octet-stream")
-    return StreamingResponse(svc.storage.iter_range(key, start, end), status_code=status,
+    body = exactly(svc.storage.iter_range(key, start, end), end - start + 1, key)
+    return StreamingResponse(body, status_code=status,
                              headers=headers, media_type="application/octet-stream")

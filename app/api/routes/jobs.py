@@ -1,19 +1,21 @@
-"""/v1/jobs: submit, read, list, cancel."""
+"""/v1/jobs: submit, read, list, cancel, pin, delete."""
 
 from __future__ import annotations
 
 import logging
-import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 
-from app.api.deps import Auth, authenticate
+from app.api.bounds import MAX_ID_CHARS, bounded_sizes, shown
+from app.api.deps import Auth, Caller, identify
 from app.api.errors import ApiError
 from app.api.schemas import PROBLEMS, JobList, JobOut
+from app.jobs.calls import job_storage_prefix
 from app.jobs.record import STATUSES, JobRecord, new_job_id, now_iso
+from app.storage.base import StorageError
 from app.submission import JobRequest, build_recipe, check_sources
 from app.webhooks.delivery import accept_callback
 
@@ -23,7 +25,13 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=PROBLEMS)
 
 def not_found(job_id: str) -> ApiError:
     # The same answer for "absent" and "another key's": ids are not an oracle.
-    return ApiError(404, "job_not_found", f"no job {job_id}", job_id=job_id)
+    return ApiError(404, "job_not_found", f"no job {shown(job_id)}", job_id=shown(job_id))
+
+
+def check_id(job_id: str) -> None:
+    """An id too long to be one names no job: 404 before any lookup."""
+    if len(job_id) > MAX_ID_CHARS:
+        raise not_found(job_id)
 
 
 def _job(rec: JobRecord, status: int = 200, headers: dict[str, str] | None = None
@@ -33,12 +41,17 @@ def _job(rec: JobRecord, status: int = 200, headers: dict[str, str] | None = Non
 
 @router.get("/{job_id}", response_model=JobOut)
 async def get_job(job_id: str, request: Request) -> Response:
-    """The job; clients poll this. Authenticated by calling ``authenticate`` directly
+    """The job; clients poll this. Authenticated by calling ``identify`` directly
     instead of declaring it as a dependency: resolving one dependency costs about 25 us
     per request, a sixth of this route's CPU (bench/api.py), and this is the route the
-    service answers most. Same check, same 401s."""
-    auth = await authenticate(request)
+    service answers most. Same check, same 401s; the rate-limit check runs alongside the
+    read (both are Redis round trips) and is awaited before anything is answered."""
+    auth = await identify(request)
+    if len(job_id) > MAX_ID_CHARS:
+        await auth.admitted()
+        raise not_found(job_id)
     body = await auth.svc.store.get_public_json(job_id, auth.owner)
+    await auth.admitted()
     if body is None:
         raise not_found(job_id)
     return Response(body, media_type="application/json")
@@ -55,12 +68,9 @@ async def submit(body: JobRequest, auth: Auth) -> JSONResponse:
         rec = await svc.store.get(earlier, owner) if earlier else None
         if rec is not None:
             return _job(rec, 200, {"Location": f"/v1/jobs/{rec.id}"})
-    if await svc.store.count_submission(owner) > svc.settings.submissions_per_minute:
-        raise ApiError(429, "rate_limited",
-                       f"more than {svc.settings.submissions_per_minute} submissions in a "
-                       "minute", headers={"Retry-After": str(60 - int(time.time()) % 60)},
-                       limit=svc.settings.submissions_per_minute)
-    recipe = build_recipe(body)
+    await svc.limits.submission(owner)
+    await _check_quota(auth)
+    recipe = build_recipe(bounded_sizes(body))
     if body.callback_url is not None:  # resolves the host: blocking
         await run_in_threadpool(accept_callback, body.callback_url, svc.settings, owner)
     sources = await run_in_threadpool(check_sources, recipe, svc.settings, svc.storage)
@@ -70,6 +80,7 @@ async def submit(body: JobRequest, auth: Auth) -> JSONResponse:
         recipe=recipe.model_dump(mode="json", exclude_none=True, by_alias=True),
         sources=sources, created_at=now_iso(), idempotency_key=body.idempotency_key,
         callback_url=body.callback_url,
+        pinned=bool(body.pinned),
     )
     outcome, job_id = await svc.store.create(
         record, max_active=svc.settings.max_active_jobs_per_key
@@ -100,7 +111,7 @@ async def submit(body: JobRequest, auth: Auth) -> JSONResponse:
 @router.get("", response_model=JobList)
 async def list_jobs(
     auth: Auth,
-    status: Annotated[str | None, Query()] = None,
+    status: Annotated[str | None, Query(max_length=32)] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     cursor: Annotated[str | None, Query(max_length=64, pattern=r"^j_[0-9a-f]+$")] = None,
 ) -> JSONResponse:
@@ -122,6 +133,7 @@ async def cancel_job(job_id: str, auth: Auth) -> JSONResponse:
     Idempotent: cancelling a cancelled job answers as the first cancel did, so a client
     whose first response was lost can retry. A job that succeeded or failed is a 409."""
     owner, svc = auth.owner, auth.svc
+    check_id(job_id)
     if await svc.store.get(job_id, owner) is None:
         raise not_found(job_id)
     outcome = await svc.store.cancel(job_id)
@@ -141,3 +153,77 @@ async def cancel_job(job_id: str, auth: Auth) -> JSONResponse:
         except Exception as exc:
             log.error("webhook of cancelled job %s not queued: %s", job_id, exc)
     return _job(rec, 202)
+
+
+async def _check_quota(auth: Caller) -> None:
+    """Refuse a submission while the key's published outputs fill its storage quota (a
+    job that would go past it fails when publishing, with the same code)."""
+    quota = auth.svc.settings.storage_quota_bytes_per_key
+    if quota is None:
+        return
+    used = await auth.svc.store.usage(auth.owner)
+    if used >= quota:
+        raise ApiError(413, "quota_exceeded",
+                       f"key {auth.owner} holds {used} bytes of outputs, its storage quota is "
+                       f"{quota}; delete jobs (DELETE /v1/jobs/{{id}}) to free space",
+                       used=used, quota=quota)
+
+
+async def _set_pinned(job_id: str, auth: Auth, pinned: bool) -> JSONResponse:
+    check_id(job_id)
+    if not await auth.svc.store.pin(job_id, auth.owner, pinned):
+        raise not_found(job_id)
+    rec = await auth.svc.store.get(job_id, auth.owner)
+    if rec is None:  # deleted in between
+        raise not_found(job_id)
+    return _job(rec)
+
+
+@router.post("/{job_id}/pin", response_model=JobOut)
+async def pin_job(job_id: str, auth: Auth) -> JSONResponse:
+    """Keep the job and its outputs past the retention period (until unpinned or
+    deleted). Idempotent."""
+    return await _set_pinned(job_id, auth, True)
+
+
+@router.post("/{job_id}/unpin", response_model=JobOut)
+async def unpin_job(job_id: str, auth: Auth) -> JSONResponse:
+    """Let the job expire again (at once, if it ended longer ago than the retention
+    period: the next sweep removes it). Idempotent."""
+    return await _set_pinned(job_id, auth, False)
+
+
+@router.delete("/{job_id}", status_code=204, response_class=Response,
+               responses={204: {"description": "deleted"}})
+async def delete_job(job_id: str, auth: Auth) -> Response:
+    """Delete a finished job: its published files, then nothing of it is left.
+
+    404 for an unknown job, another key's, or one already deleted (so a retried delete
+    whose first answer was lost gets 404); 409 ``job_active`` while it is queued or
+    running: cancel it first. Files being downloaded at that moment end in an error
+    for that download, never in a short file the client would accept."""
+    owner, svc = auth.owner, auth.svc
+    check_id(job_id)
+    rec = await svc.store.get(job_id, owner)
+    if rec is None:
+        raise not_found(job_id)
+    outcome, _ = await svc.store.remove(rec)
+    if outcome == "missing":
+        raise not_found(job_id)
+    if outcome == "active":
+        current = await svc.store.get(job_id, owner)
+        status = current.status if current is not None else rec.status
+        raise ApiError(409, "job_active",
+                       f"job {job_id} is {status}; cancel it first "
+                       f"(POST /v1/jobs/{job_id}/cancel), then delete it", status=status)
+    # The record went atomically with queueing its prefix for deletion: if the store is
+    # down now, the workers' heartbeat deletes the files once it answers.
+    prefix = job_storage_prefix(job_id)
+    try:
+        await run_in_threadpool(svc.storage.delete_prefix, prefix)
+    except StorageError as exc:
+        log.warning("job %s deleted; its files are deleted later: %s", job_id, exc.message)
+    else:
+        await svc.store.outputs_deleted(prefix)
+    log.info("job %s deleted by %s (%s)", job_id, owner, rec.status)
+    return Response(status_code=204)

@@ -1,0 +1,295 @@
+"""Write a PEFT LoRA adapter approximating a change to a base, by truncated SVD per module.
+
+For each target module (a 2-D weight, by default every one inside the transformer
+blocks) the delta ``D = merged - base`` is factored ``D ~= B @ A`` with ``B = U_r S_r^½``
+and ``A = S_r^½ V_rᵀ`` (the best rank-r approximation, Eckart-Young), written as peft
+names them with ``lora_alpha = r`` (scale 1). The report gives each module's retained
+energy, ``sum(kept s²) / sum(s²)`` (1.0 for a zero delta). A module whose smaller side is
+below ``r`` is padded with zero rows, so one ``r`` holds for all and it stays exact.
+
+Two entries: :func:`export_merge` (a recipe's ``output: {format: lora}``: the merge is
+written to a temporary folder beside the output, then streamed against its base, tensor
+by tensor) and :func:`export_artifact` (a MAEC ability vector's sparse delta).
+Weights are laid out as ``nn.Linear`` stores them, ``(out, in)``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from maec_core.checksums import sha256_file
+from maec_core.errors import Cancelled, OutputExists, RecipeError
+from maec_core.io.folder import ModelFolder, open_model_folder
+from maec_core.io.output import StagedOutput
+from maec_core.io.reader import TensorReader
+from maec_core.io.writer import WrittenFile
+from maec_core.lora.adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS, LORA_A, LORA_B, PEFT_PREFIX
+from maec_core.maec.artifact import Artifact, load_artifact
+from maec_core.maec.rowio import RowReader
+from maec_core.manifest import MANIFEST_NAME, build_manifest
+from maec_core.recipe import OutputSpec, Recipe
+from maec_core.runtime import CancelFn, MergeResult, ProgressFn, best_device
+
+REPORT_NAME = "lora_report.json"
+_SUFFIX = ".weight"
+
+
+@dataclass(frozen=True)
+class ModuleFactors:
+    """One module's factors (CPU, float32) and how much of its delta they keep."""
+
+    module: str
+    a: torch.Tensor  # (r, in)
+    b: torch.Tensor  # (out, r)
+    energy: float
+
+
+def _module(name: str) -> str:
+    return name[: -len(_SUFFIX)]
+
+
+def _in_blocks(name: str) -> bool:
+    parts = name.split(".")
+    return any(p == "layers" and i + 1 < len(parts) and parts[i + 1].isdigit()
+               for i, p in enumerate(parts))
+
+
+def _matches(module: str, target: str) -> bool:
+    # peft's rule for a list of target names: the whole name, or its last dotted parts.
+    return module == target or module.endswith("." + target)
+
+
+def select_targets(shapes: Iterable[tuple[str, tuple[int, ...]]],
+                   target_modules: list[str] | None) -> list[str]:
+    """The weight names to export, in the given order: 2-D ``*.weight`` tensors inside
+    the blocks, or those whose module matches one of ``target_modules``."""
+    names = [n for n, shape in shapes if n.endswith(_SUFFIX) and len(shape) == 2]
+    if target_modules is None:
+        return [n for n in names if _in_blocks(n)]
+    chosen = [n for n in names if any(_matches(_module(n), t) for t in target_modules)]
+    unmatched = [t for t in target_modules
+                 if not any(_matches(_module(n), t) for n in chosen)]
+    if unmatched:
+        raise RecipeError(f"output target_modules {unmatched} match no 2-D weight of the "
+                          "model", target_modules=unmatched)
+    return chosen
+
+
+def low_rank_factors(delta: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """``(A, B, retained energy)``: the rank-``rank`` truncated SVD of the 2-D ``delta``
+    split evenly, ``B @ A`` its best approximation; zero-padded up to ``rank``."""
+    u, s, vh = torch.linalg.svd(delta.to(torch.float32), full_matrices=False)
+    k = min(rank, s.numel())
+    total = float(s.square().sum())
+    energy = float(s[:k].square().sum()) / total if total > 0 else 1.0
+    root = s[:k].sqrt()
+    a = torch.zeros(rank, delta.shape[1], dtype=torch.float32, device=delta.device)
+    b = torch.zeros(delta.shape[0], rank, dtype=torch.float32, device=delta.device)
+    a[:k] = root[:, None] * vh[:k]
+    b[:, :k] = u[:, :k] * root
+    return a, b, min(energy, 1.0)
+
+
+def adapter_config(rank: int, modules: list[str], base_ref: str | None,
+                   base_config: dict[str, Any] | None) -> dict[str, Any]:
+    """A peft LoraConfig document: scale 1 (``lora_alpha = r``), the exported modules'
+    names as targets."""
+    archs = (base_config or {}).get("architectures") or []
+    causal = any(str(a).endswith("ForCausalLM") for a in archs)
+    return {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM" if causal else None,
+        "base_model_name_or_path": base_ref,
+        "r": rank,
+        "lora_alpha": rank,
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "use_rslora": False,
+        "use_dora": False,
+        "modules_to_save": None,
+        "init_lora_weights": True,
+        "inference_mode": True,
+        "target_modules": sorted({m.rsplit(".", 1)[-1] for m in modules}),
+    }
+
+
+def write_adapter(staged: StagedOutput, factors: list[ModuleFactors], rank: int,
+                  base_ref: str | None, base_config: dict[str, Any] | None,
+                  dtype: torch.dtype) -> dict[str, Any]:
+    """Write the adapter weights, its config and the report into ``staged``; return the
+    report document."""
+    tensors: dict[str, torch.Tensor] = {}
+    for f in factors:
+        tensors[PEFT_PREFIX + f.module + LORA_A] = f.a.to(dtype).contiguous()
+        tensors[PEFT_PREFIX + f.module + LORA_B] = f.b.to(dtype).contiguous()
+    path = staged.folder / ADAPTER_WEIGHTS
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    staged.add([WrittenFile(ADAPTER_WEIGHTS, path.stat().st_size,
+                            sha256_file(path, use_cache=False))])
+    staged.write_json(ADAPTER_CONFIG, adapter_config(
+        rank, [f.module for f in factors], base_ref, base_config))
+    energies = [f.energy for f in factors]
+    report = {
+        "rank": rank,
+        "modules": {f.module: {"retained_energy": round(f.energy, 6)} for f in factors},
+        "retained_energy_min": round(min(energies), 6) if energies else 1.0,
+        "retained_energy_mean": round(sum(energies) / len(energies), 6) if energies else 1.0,
+    }
+    return report
+
+
+def _factor_all(deltas: Iterator[tuple[str, torch.Tensor]], total: int, rank: int,
+                device: torch.device, progress: ProgressFn | None,
+                cancel: CancelFn | None) -> list[ModuleFactors]:
+    out: list[ModuleFactors] = []
+    for i, (name, delta) in enumerate(deltas):
+        if cancel is not None and cancel():
+            raise Cancelled("LoRA export cancelled")
+        a, b, energy = low_rank_factors(delta.to(device), rank)
+        out.append(ModuleFactors(_module(name), a.cpu(), b.cpu(), energy))
+        if progress is not None:
+            progress("lora", i + 1, total)
+    return out
+
+
+def _merge_deltas(merged: ModelFolder, base: ModelFolder, names: list[str]
+                  ) -> Iterator[tuple[str, torch.Tensor]]:
+    """``merged - base`` for each name, one tensor at a time (float32, CPU)."""
+    with TensorReader() as reader:
+        for name in names:
+            yield name, (reader.read(merged.tensors[name]).to(torch.float32)
+                         - reader.read(base.tensors[name]).to(torch.float32))
+
+
+def _untargeted_changes(merged: ModelFolder, base: ModelFolder, targets: set[str]
+                        ) -> list[str]:
+    """Tensors outside the adapter that the merge changed: an adapter cannot carry them,
+    so the report names them."""
+    changed = []
+    with TensorReader() as reader:
+        for name, info in merged.tensors.items():
+            other = base.tensors.get(name)
+            if name in targets or other is None:
+                continue
+            if not torch.equal(reader.read(info), reader.read(other)):
+                changed.append(name)
+    return changed
+
+
+def _adapter_dtype(recipe: Recipe | None) -> torch.dtype:
+    from maec_core.runtime import torch_dtype
+
+    name = recipe.output_dtype if recipe is not None else None
+    return torch_dtype(name) if name else torch.float32
+
+
+def _publish(staged: StagedOutput, report: dict[str, Any], recipe: Recipe | None,
+             inputs: dict[str, Any]) -> dict[str, Any]:
+    """The report, the recipe and, last, the manifest listing them all."""
+    staged.write_json(REPORT_NAME, report)
+    recipe_doc: dict[str, Any] = {}
+    if recipe is not None:
+        recipe_doc = recipe.model_dump(mode="json", exclude_none=True)
+        staged.write_bytes("recipe.yaml", recipe.to_yaml().encode())
+    manifest = build_manifest(staged.files, inputs=inputs, recipe=recipe_doc,
+                              extra={"output_format": "lora"})
+    (staged.folder / MANIFEST_NAME).write_text(
+        json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    return manifest
+
+
+def export_merge(
+    recipe: Recipe,
+    out: Path,
+    merge: Callable[[Path], MergeResult],
+    *,
+    progress: ProgressFn | None = None,
+    cancel: CancelFn | None = None,
+    device: str | None = None,
+    overwrite: bool = False,
+) -> MergeResult:
+    """Run ``merge`` into a temporary folder beside ``out``, then publish at ``out`` the
+    adapter approximating its change to ``recipe.lora_base``; the temporary folder is
+    removed whatever happens."""
+    spec = recipe.output or OutputSpec()
+    assert spec.format == "lora" and spec.rank is not None and recipe.lora_base is not None
+    out = Path(out)
+    if out.exists() and not overwrite:
+        # Checked before the merge, not after minutes of it.
+        raise OutputExists(f"output folder {out} already exists", path=str(out))
+    full = out.parent / f".{out.name}.full-{uuid.uuid4().hex[:12]}"
+    try:
+        merged_result = merge(full)
+        started = time.perf_counter()
+        merged = open_model_folder(full)
+        base = open_model_folder(recipe.lora_base, base=recipe.base_model, config_base=True)
+        names = select_targets(((n, t.shape) for n, t in merged.tensors.items()),
+                               spec.target_modules)
+        with StagedOutput(out, overwrite=overwrite) as staged:
+            factors = _factor_all(_merge_deltas(merged, base, names), len(names), spec.rank,
+                                  best_device(device), progress, cancel)
+            report = write_adapter(staged, factors, spec.rank, recipe.lora_base,
+                                   base.config, _adapter_dtype(recipe))
+            report["untargeted_changed"] = _untargeted_changes(merged, base, set(names))
+            manifest = _publish(staged, report, recipe,
+                                merged_result.manifest.get("inputs", {}))
+            staged.commit()
+    finally:
+        shutil.rmtree(full, ignore_errors=True)
+    seconds = time.perf_counter() - started
+    summary = {k: v for k, v in report.items() if k != "modules"}
+    summary["modules"] = len(factors)
+    stages = {**merged_result.stage_seconds, "lora": seconds}
+    return MergeResult(out, manifest, len(factors), merged_result.seconds + seconds, stages,
+                       {**(merged_result.report or {}), "lora": summary})
+
+
+def _artifact_deltas(art: Artifact, names: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
+    """The ability vector's dense delta for each name (zero off its key neurons)."""
+    with RowReader() as reader:
+        for name in names:
+            t = art.tensors[name]
+            idx, values = art.read(name, reader)
+            dense = torch.zeros(t.shape, dtype=torch.float32)
+            if art.granularity == "element":
+                dense.view(-1)[idx] = values.reshape(-1)
+            else:
+                dense[idx] = values.reshape(len(idx), *t.shape[1:])
+            yield name, dense
+
+
+def export_artifact(
+    artifact_dir: Path,
+    out: Path,
+    rank: int,
+    *,
+    target_modules: list[str] | None = None,
+    base_ref: str | None = None,
+    device: str | None = None,
+    overwrite: bool = False,
+    progress: ProgressFn | None = None,
+) -> dict[str, Any]:
+    """Publish at ``out`` the adapter approximating a MAEC ability vector (the artifact's
+    sparse delta, weight 1); returns the report."""
+    art = load_artifact(artifact_dir)
+    names = select_targets(((n, t.shape) for n, t in art.tensors.items()), target_modules)
+    with StagedOutput(out, overwrite=overwrite) as staged:
+        factors = _factor_all(_artifact_deltas(art, names), len(names), rank,
+                              best_device(device), progress, None)
+        report = write_adapter(staged, factors, rank, base_ref, None, torch.float32)
+        report["artifact_key"] = art.key
+        _publish(staged, report, None, {"artifact": {"path": str(artifact_dir),
+                                                   "key": art.key}})
+        staged.commit()
+    return report

@@ -1,0 +1,1 @@
+"""Merging models whose vocabularies differ: output tokenizer, row remapping."""
