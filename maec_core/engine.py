@@ -267,6 +267,13 @@ def _stream_units(
             pool.shutdown(wait=True, cancel_futures=True)
 
 
+def _input_hasher(plan: MergePlan, hash_inputs: Mapping[str, Sequence[Path]] | None,
+                  hash_cache: Path | None) -> BackgroundHasher:
+    """Hashes the input files (by default every model's weight files) on a thread."""
+    files = hash_inputs or {key: m.weight_files for key, m in plan.models.items()}
+    return BackgroundHasher({k: list(v) for k, v in files.items()}, cache=hash_cache)
+
+
 def stream_merge(
     plan: MergePlan,
     recipe: Recipe,
@@ -312,18 +319,12 @@ def stream_merge(
     only for a ``compute`` that is safe to call concurrently.
     ``whole(t)`` True sends ``t`` whole to ``compute`` even in an element-wise merge (its
     inputs differ in rows: a vocabulary remap); ``tokenizer_files`` replace the copied ones.
-    ``options``: compute dtype, GPU budget and the finished-shard callback (defaults:
-    float32, 8 GiB, none).
+    ``options``: compute dtype, GPU budget, finished-shard callback (``EngineOptions``).
     """
     elementwise = elementwise or compute_at is not None
     options = options or EngineOptions()
     started = time.perf_counter()
-    hasher = BackgroundHasher(
-        {k: list(v) for k, v in (hash_inputs or {
-            key: m.weight_files for key, m in plan.models.items()
-        }).items()},
-        cache=hash_cache,
-    )
+    hasher = _input_hasher(plan, hash_inputs, hash_cache)
     target = torch_dtype(out_dtype)
     total = len(plan.tensors)
 
@@ -529,9 +530,7 @@ def run_method(
                            options=options)
     fn = spec.merge
     base_key, others = _model_keys(recipe)
-    named = dict(others)
-    if base_key:
-        named = {base_key: base_key, **named}
+    named = {**({base_key: base_key} if base_key else {}), **dict(others)}
     folders = open_models(named, recipe.base_model)
     reference = base_key or others[0][0]
     vocab = recipe_vocab(recipe, folders)

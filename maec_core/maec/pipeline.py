@@ -296,13 +296,12 @@ def _combine(
     t1 = time.perf_counter()
     result = merge(
         recorded, plan, artifacts, selection, mus, out_dir, language_key=LANG, remap=remap,
-        out_dtype=recipe.dtype or plan.input_dtype, device=best_device(device),
+        out_dtype=recipe.dtype or plan.input_dtype, device=best_device(device), options=options,
         base_models=[recipe.language_base, recipe.base_model,
                      *[ab.model for ab in recipe.abilities]],
         extra_json={REPORT_NAME: report}, card_summary=card_summary(report),
         manifest_extra={"maec": {"artifact_keys": report["artifact_keys"]}},
         progress=merge_progress, cancel=cancel, overwrite=overwrite, hash_cache=hash_cache,
-        options=options,
     )
     now = time.perf_counter()
     seconds = {"extract": extract_seconds, "select": select_seconds,

@@ -120,3 +120,14 @@ def test_each_shard_is_handed_over_complete_before_the_folder_exists(
     assert [name for name, _, _ in seen] == [f["path"] for f in shards]
     assert not any(published for _, published, _ in seen)
     assert [sha for _, _, sha in seen] == [f["sha256"] for f in shards]
+
+
+def test_a_lora_output_hands_over_no_shard_of_its_intermediate_merge(
+        zoo: dict[str, Path], tmp_path: Path) -> None:
+    seen: list[str] = []
+    r = recipe(zoo, "task_arithmetic", out_shard_size="16KB",
+               output={"format": "lora", "rank": 4})
+    result = run(parse_recipe(r), tmp_path / "out", device="cpu",
+                 options=EngineOptions(on_shard=lambda _p, w: seen.append(w.path)))
+    assert seen == []
+    assert any(f["path"].startswith("adapter") for f in result.manifest["files"])
