@@ -133,7 +133,19 @@ class LocalStorage:
         shutil.copyfile(self._path(key), dest)
 
     def delete_prefix(self, prefix: str) -> None:
-        shutil.rmtree(self._path(prefix.rstrip("/")), ignore_errors=True)
+        target = self._path(prefix.rstrip("/"))
+        shutil.rmtree(target, ignore_errors=True)
+        # As in S3, where a prefix exists only while objects do: folders left empty go too
+        # (an attempt's removed uploads leave no empty jobs/<id>/ behind).
+        for parent in target.parents:
+            # Top-level folders (jobs/, artifacts/) stay: another upload may be creating
+            # its folder inside one right now.
+            if parent.parent == self.root or not parent.is_relative_to(self.root):
+                break
+            try:
+                parent.rmdir()
+            except OSError:  # not empty (or already gone): stop here
+                break
 
     def presign(self, key: str, seconds: int) -> str | None:
         return None
