@@ -374,7 +374,7 @@ def _write_tensors(
     outputs = [OutputTensor(t.name, t.shape, st_dtype) for t in plan.tensors]
     writer = BackgroundWriter(
         ShardedWriter(staged.folder, outputs, recipe.shard_size_bytes(), parallel_io=True,
-                      on_shard=options.on_shard),
+                      on_shard=options.on_shard, on_shard_open=options.on_shard_open),
         # Whole tensors: one queued while one is written, so memory stays at a couple
         # of tensors; slices are small and recycled, a deeper queue is free.
         depth=WRITE_DEPTH if elementwise else 1,

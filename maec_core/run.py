@@ -48,7 +48,8 @@ def run(
     if recipe.output is not None and recipe.output.format == "lora":
         # The merged checkpoint is an intermediate here: its shards are not the output,
         # so no finished-shard callback sees them.
-        inner = dataclasses.replace(options, on_shard=None) if options else None
+        inner = (dataclasses.replace(options, on_shard=None, on_shard_open=None)
+                 if options else None)
         merge = functools.partial(_merge, recipe, artifact_store=artifact_store,
                                   progress=progress, cancel=cancel, device=device,
                                   overwrite=False, hash_cache=hash_cache, options=inner)

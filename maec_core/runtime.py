@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-    from maec_core.io.writer import ShardFn
+    from maec_core.io.writer import ShardFn, ShardOpenFn
 
 # progress(stage, done, total)
 ProgressFn = Callable[[str, int, int], None]
@@ -59,6 +59,8 @@ class EngineOptions:
     ``on_shard(path, written)``: called as each output shard is complete on disk, while
     the merge goes on (the worker uploads it meanwhile). ``path`` lies in the staging
     folder, which is renamed at the end: open it in the callback to read it later.
+    ``on_shard_open(path, name, size)``: called as each shard is created, with its final
+    size, so its bytes can be read (uploaded) as they are appended, before it is done.
 
     ``gpu_budget_bytes``: the GPU memory the merge is planned to fit in. The arithmetic,
     for inputs of ``k`` models, compute itemsize ``c`` (4 for float32) and stored
@@ -82,6 +84,7 @@ class EngineOptions:
 
     compute_dtype: str = "float32"
     on_shard: ShardFn | None = None
+    on_shard_open: ShardOpenFn | None = None
     gpu_budget_bytes: int = GPU_BUDGET_BYTES
 
     def __post_init__(self) -> None:

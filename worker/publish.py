@@ -1,18 +1,22 @@
 """Publishing a merge's files: shards uploaded while the merge goes on, manifest last.
 
-The engine calls :meth:`ShardUploads.on_shard` as each output shard is complete; the
-shard is opened there and then (the staging folder it lies in is renamed when the
-merge ends, an open file is not affected) and uploaded on a thread, checked against the
-digest the writer computed (``Storage.put_verified``). :func:`publish` then waits for
-those, uploads the remaining small files the same way, and writes ``manifest.json`` last,
-only once every other file is stored and verified. On any failure or cancellation the
-caller stops the uploads (:meth:`ShardUploads.stop`) before removing the staging prefix,
-so no upload can land after the clean-up.
+The engine calls :meth:`ShardUploads.on_shard_open` as each output shard is created: the
+shard is opened there and then (the staging folder it lies in is renamed when the merge
+ends; an open file is not affected) and uploaded on a thread as it grows, part by part
+once each part's bytes are written, so even a one-shard output is mostly uploaded by the
+time the merge ends. :meth:`ShardUploads.on_shard` (the shard complete) gives the digest
+the writer computed, which the upload is checked against (``Storage.put_verified``).
+:func:`publish` then waits for those, uploads the remaining small files the same way, and
+writes ``manifest.json`` last, only once every other file is stored and verified. On any
+failure or cancellation the caller stops the uploads (:meth:`ShardUploads.stop`) before
+removing the staging prefix, so no upload can land after the clean-up.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -20,7 +24,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from app.storage.base import Storage
+from app.storage.base import Digest, Storage, StorageError, WaitFn
 from maec_core.io.writer import WrittenFile
 
 log = logging.getLogger("maec.worker")
@@ -30,6 +34,42 @@ log = logging.getLogger("maec.worker")
 UPLOAD_WORKERS = 2
 # How often a wait for uploads checks for cancellation (seconds).
 POLL_S = 0.2
+# How often an upload following a growing shard looks at its size (seconds).
+GROW_POLL_S = 0.05
+
+
+class _Growing:
+    """A shard the writer is still appending to, followed by its upload."""
+
+    def __init__(self, name: str, size: int) -> None:
+        self.name = name
+        self.size = size
+        self.written: WrittenFile | None = None
+        self._ended = threading.Event()
+
+    def finish(self, written: WrittenFile) -> None:
+        self.written = written
+        self._ended.set()
+
+    def stop(self) -> None:
+        """The merge stopped: the shard will never be finished."""
+        self._ended.set()
+
+    def wait_for(self, fd: int, n: int) -> None:
+        """Until the first ``n`` bytes are written (an append-only file: bytes below its
+        size are final)."""
+        while (have := os.fstat(fd).st_size) < n:
+            if self._ended.is_set():
+                raise StorageError(f"{self.name}: ended at {have} of {n} bytes (the merge "
+                                   "stopped)", file=self.name)
+            self._ended.wait(GROW_POLL_S)
+
+    def sha256(self) -> str:
+        """The writer's digest, once the shard is finished."""
+        self._ended.wait()
+        if self.written is None or self.written.size != self.size:
+            raise StorageError(f"{self.name}: not finished as planned", file=self.name)
+        return self.written.sha256
 
 
 class ShardUploads:
@@ -40,31 +80,53 @@ class ShardUploads:
         self.prefix = prefix
         self._pool = ThreadPoolExecutor(UPLOAD_WORKERS, thread_name_prefix="maec-upload")
         self._futures: dict[str, Future[None]] = {}
+        self._growing: dict[str, _Growing] = {}
         self._lock = threading.Lock()
         self._stopped = False
 
-    def on_shard(self, path: Path, written: WrittenFile) -> None:
-        """The engine's finished-shard callback (called on the writer's thread). An
-        earlier upload's error is raised here, failing the merge now rather than at
-        publish time."""
+    def _raise_failed(self) -> None:
+        """An earlier upload's error, raised in the engine's callback: the merge fails
+        now rather than at publish time."""
         with self._lock:
             failed = [f for f in self._futures.values() if f.done() and f.exception()]
         if failed:
             failed[0].result()
-        self.submit(written.path, path, written.size, written.sha256)
 
-    def submit(self, name: str, path: Path, size: int, sha256: str) -> None:
+    def on_shard_open(self, path: Path, name: str, size: int) -> None:
+        """The engine's shard-created callback: upload it as it grows."""
+        self._raise_failed()
+        growing = _Growing(name, size)
+        with self._lock:
+            self._growing[name] = growing
+        self.submit(name, path, size, growing.sha256, grow=growing)
+
+    def on_shard(self, path: Path, written: WrittenFile) -> None:
+        """The engine's finished-shard callback (called on the writer's thread)."""
+        self._raise_failed()
+        with self._lock:
+            growing = self._growing.get(written.path)
+        if growing is not None:
+            growing.finish(written)
+        else:
+            self.submit(written.path, path, written.size, written.sha256)
+
+    def submit(self, name: str, path: Path, size: int, sha256: Digest, *,
+               grow: _Growing | None = None) -> None:
         f = open(path, "rb")  # noqa: SIM115 - closed by _upload
+        wait_for = None if grow is None else functools.partial(grow.wait_for, f.fileno())
         with self._lock:
             if self._stopped:
                 f.close()
                 return
-            self._futures[name] = self._pool.submit(self._upload, name, f, size, sha256)
+            self._futures[name] = self._pool.submit(self._upload, name, f, size, sha256,
+                                                    wait_for)
 
-    def _upload(self, name: str, f: BinaryIO, size: int, sha256: str) -> None:
+    def _upload(self, name: str, f: BinaryIO, size: int, sha256: Digest,
+                wait_for: WaitFn | None) -> None:
         started = time.monotonic()
         with f:
-            self.storage.put_verified(f"{self.prefix}/{name}", f, size, sha256)
+            self.storage.put_verified(f"{self.prefix}/{name}", f, size, sha256,
+                                      wait_for=wait_for)
         log.debug("uploaded %s (%d bytes) in %.2f s", name, size, time.monotonic() - started)
 
     @property
@@ -95,6 +157,9 @@ class ShardUploads:
         with self._lock:
             self._stopped = True
             futures = list(self._futures.values())
+            growing = list(self._growing.values())
+        for g in growing:
+            g.stop()  # an upload following an unfinished shard gives up
         for fut in futures:
             fut.cancel()
         self._pool.shutdown(wait=True, cancel_futures=True)

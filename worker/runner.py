@@ -368,7 +368,8 @@ class JobRunner:
         merged = run_merge(recipe, out, artifact_store=self.artifacts, progress=att.progress,
                            cancel=att.cancel_requested, device=self.settings.device,
                            hash_cache=self.settings.work_dir / "checksums",
-                           options=EngineOptions(on_shard=uploads.on_shard))
+                           options=EngineOptions(on_shard=uploads.on_shard,
+                                                 on_shard_open=uploads.on_shard_open))
         # Before the manifest can publish anything: a job over its owner's quota fails
         # here, and the shards it uploaded meanwhile are removed with its prefix.
         self._reserve(rec, att, merged.manifest, out)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Protocol
@@ -27,6 +27,16 @@ class ObjectInfo:
     sha256: str | None = None
 
 
+# A file's expected SHA-256 (hex), or a function giving it once the file is complete.
+Digest = str | Callable[[], str]
+# Blocks until the first ``n`` bytes of a file being written are final.
+WaitFn = Callable[[int], None]
+
+
+def expected_digest(sha256: Digest) -> str:
+    return sha256() if callable(sha256) else sha256
+
+
 def check_key(key: str) -> str:
     """Refuse keys that could escape a prefix (``..``, absolute, empty segments)."""
     parts = key.split("/")
@@ -48,10 +58,15 @@ class Storage(Protocol):
 
     def put_bytes(self, key: str, data: bytes) -> None: ...
 
-    def put_verified(self, key: str, f: BinaryIO, size: int, sha256: str) -> None:
+    def put_verified(self, key: str, f: BinaryIO, size: int, sha256: Digest, *,
+                     wait_for: WaitFn | None = None) -> None:
         """Store the first ``size`` bytes of the open file ``f`` under ``key``, checked:
         they must hash to ``sha256`` (hex) and the store must confirm what it received;
-        a mismatch is a ``StorageError`` and leaves no object at ``key``."""
+        a mismatch is a ``StorageError`` and leaves no object at ``key``.
+
+        For a file still being written: ``wait_for(n)`` returns once its first ``n``
+        bytes are final (called before each read), and ``sha256`` may be a function
+        giving the digest once the whole file is written."""
         ...
 
     def get_bytes(self, key: str) -> bytes: ...

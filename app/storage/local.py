@@ -14,7 +14,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from app.storage.base import ObjectInfo, Storage, StorageError, check_key
+from app.storage.base import (
+    Digest,
+    ObjectInfo,
+    Storage,
+    StorageError,
+    WaitFn,
+    check_key,
+    expected_digest,
+)
 
 CHUNK = 1024 * 1024
 
@@ -53,7 +61,8 @@ class LocalStorage:
             tmp.unlink(missing_ok=True)
             raise StorageError(f"cannot store {key}: {exc.strerror}", key=key) from None
 
-    def put_verified(self, key: str, f: BinaryIO, size: int, sha256: str) -> None:
+    def put_verified(self, key: str, f: BinaryIO, size: int, sha256: Digest, *,
+                     wait_for: WaitFn | None = None) -> None:
         dest, tmp = self._atomic(key)
         digest = hashlib.sha256()
         try:
@@ -61,13 +70,16 @@ class LocalStorage:
             with open(tmp, "wb") as out:
                 left = size
                 while left > 0:
-                    chunk = f.read(min(CHUNK * 8, left))
+                    n = min(CHUNK * 8, left)
+                    if wait_for is not None:
+                        wait_for(size - left + n)
+                    chunk = f.read(n)
                     if not chunk:
                         break
                     digest.update(chunk)
                     out.write(chunk)
                     left -= len(chunk)
-            if left or digest.hexdigest() != sha256:
+            if left or digest.hexdigest() != expected_digest(sha256):
                 raise StorageError(f"{key}: the bytes stored are not the ones hashed "
                                    f"({size - left} of {size} bytes read)", key=key)
             os.replace(tmp, dest)

@@ -27,7 +27,15 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from app.settings import Settings
-from app.storage.base import ObjectInfo, Storage, StorageError, check_key
+from app.storage.base import (
+    Digest,
+    ObjectInfo,
+    Storage,
+    StorageError,
+    WaitFn,
+    check_key,
+    expected_digest,
+)
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -132,19 +140,23 @@ class S3Storage:
             # neither a ClientError nor a BotoCoreError (seen with the store going down).
             raise _fail(f"uploading {key}", exc, key=key) from None
 
-    def put_verified(self, key: str, f: BinaryIO, size: int, sha256: str) -> None:
+    def put_verified(self, key: str, f: BinaryIO, size: int, sha256: Digest, *,
+                     wait_for: WaitFn | None = None) -> None:
         check_key(key)
         try:
             if size <= self.multipart_bytes:
+                if wait_for is not None:
+                    wait_for(size)
                 f.seek(0)
                 data = f.read(size)
-                if len(data) != size or hashlib.sha256(data).hexdigest() != sha256:
+                digest = expected_digest(sha256)
+                if len(data) != size or hashlib.sha256(data).hexdigest() != digest:
                     raise StorageError(f"{key}: the file is not the one hashed", key=key)
                 # The store checks the body against this checksum and refuses a mismatch.
                 self.client.put_object(Bucket=self.bucket, Key=key, Body=data,
-                                       ChecksumSHA256=_b64(bytes.fromhex(sha256)))
+                                       ChecksumSHA256=_b64(bytes.fromhex(digest)))
             else:
-                self._multipart(key, f, size, sha256)
+                self._multipart(key, f, size, sha256, wait_for)
             head = self.client.head_object(Bucket=self.bucket, Key=key)
         except (ClientError, BotoCoreError, OSError) as exc:
             raise _fail(f"uploading {key}", exc, key=key) from None
@@ -153,9 +165,11 @@ class S3Storage:
             raise StorageError(f"{key}: the store holds {head['ContentLength']} bytes, "
                                f"not {size}", key=key)
 
-    def _multipart(self, key: str, f: BinaryIO, size: int, sha256: str) -> None:
-        """Parts hashed as read and sent on a pool; completed only once the whole file
-        hashed to ``sha256`` and the store confirmed the parts' composite checksum."""
+    def _multipart(self, key: str, f: BinaryIO, size: int, sha256: Digest,
+                   wait_for: WaitFn | None) -> None:
+        """Parts hashed as read (each once final, for a file still being written) and
+        sent on a pool; completed only once the whole file hashed to ``sha256`` and the
+        store confirmed the parts' composite checksum."""
         upload = self.client.create_multipart_upload(
             Bucket=self.bucket, Key=key, ChecksumAlgorithm="SHA256")["UploadId"]
         whole = hashlib.sha256()
@@ -165,7 +179,13 @@ class S3Storage:
             with ThreadPoolExecutor(UPLOAD_THREADS, thread_name_prefix="s3-part") as pool:
                 f.seek(0)
                 for number, start in enumerate(range(0, size, self.multipart_bytes), 1):
-                    data = f.read(min(self.multipart_bytes, size - start))
+                    n = min(self.multipart_bytes, size - start)
+                    if wait_for is not None:
+                        wait_for(start + n)
+                    data = f.read(n)
+                    if len(data) != n:
+                        raise StorageError(f"{key}: the file ended at {start + len(data)} "
+                                           f"of {size} bytes", key=key)
                     whole.update(data)
                     digests.append(hashlib.sha256(data).digest())
                     # Bounded: at most UPLOAD_THREADS parts held in memory.
@@ -174,7 +194,7 @@ class S3Storage:
                     sent.append(pool.submit(self._part, key, upload, number, data,
                                             digests[-1]))
                 parts = [fut.result() for fut in sent]
-            if whole.hexdigest() != sha256:
+            if whole.hexdigest() != expected_digest(sha256):
                 raise StorageError(f"{key}: the file is not the one hashed", key=key)
             done = self.client.complete_multipart_upload(
                 Bucket=self.bucket, Key=key, UploadId=upload,

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import pytest
 
 from app.jobs.worker_store import WorkerJobStore
-from app.storage.base import StorageError
+from app.storage.base import Digest, StorageError, WaitFn
 from app.storage.local import LocalStorage
 from tests.api.conftest import Api
 from worker.runner import JobRunner
@@ -28,13 +29,17 @@ class Recording(LocalStorage):
         self.out = out
         self.fail_on = fail_on
         self.events: list[tuple[str, str, bool]] = []
+        self.grown: list[str] = []  # uploaded while the writer was still appending
 
-    def put_verified(self, key: str, f: BinaryIO, size: int, sha256: str) -> None:
+    def put_verified(self, key: str, f: BinaryIO, size: int, sha256: Digest, *,
+                     wait_for: WaitFn | None = None) -> None:
         name = key.rsplit("/", 1)[-1]
         self.events.append(("verified", name, not self.out.exists()))
         if self.fail_on is not None and len(self.events) == self.fail_on:
             raise StorageError(f"injected: the store refused {key}", key=key)
-        super().put_verified(key, f, size, sha256)
+        super().put_verified(key, f, size, sha256, wait_for=wait_for)
+        if wait_for is not None:
+            self.grown.append(name)
 
     def put_file(self, key: str, path: Path) -> None:
         self.events.append(("file", key.rsplit("/", 1)[-1], not self.out.exists()))
@@ -60,6 +65,7 @@ def test_shards_upload_while_merging_and_manifest_is_last(api: Api) -> None:
     assert len(shards) >= 3, shards
     during = [name for kind, name, merging in storage.events if merging]
     assert set(shards) <= set(during), "every shard went up before the merge ended"
+    assert sorted(storage.grown) == sorted(shards), "each followed as it was written"
     assert storage.events[-1] == ("file", "manifest.json", False)
     assert [e for e in storage.events if e[1] == "manifest.json"] == [storage.events[-1]]
     for f in job["result"]["files"]:
@@ -122,3 +128,39 @@ def test_an_attempt_taken_over_removes_the_shards_it_uploaded(api: Api) -> None:
     assert runner.run(jid) == "lost"
     assert any(merging for _, _, merging in storage.events), "shards went up mid-merge"
     assert storage.list(f"jobs/{jid}/") == []
+
+
+def test_a_one_shard_output_uploads_while_it_is_written(api: Api) -> None:
+    """The default shard size makes one shard of a small model: it still goes up part by
+    part during the merge, and the stored bytes are the published ones."""
+    jid = str(api.submit(api.named())["id"])
+    storage = Recording(api.settings.storage_dir,
+                        api.settings.work_dir / "jobs" / jid / "a1" / "out")
+    assert _run(api, storage, jid) == "succeeded"
+    assert storage.grown == ["model.safetensors"]
+    assert ("verified", "model.safetensors", True) in storage.events
+    f = {f["path"]: f for f in _job(api, jid)["result"]["files"]}["model.safetensors"]
+    stored = storage.get_bytes(f"jobs/{jid}/a1/model.safetensors")
+    assert hashlib.sha256(stored).hexdigest() == f["sha256"]
+
+
+def test_local_put_verified_follows_a_growing_file(tmp_path: Path) -> None:
+    """Bytes are read only once ``wait_for`` says they are written; the digest is asked
+    for at the end."""
+    store = LocalStorage(tmp_path / "store")
+    data = os.urandom(20 * 2**20)
+    path = tmp_path / "growing.bin"
+    path.write_bytes(b"")
+    asked: list[int] = []
+
+    def wait_for(n: int) -> None:
+        asked.append(n)
+        with open(path, "ab") as out:  # the "writer" appends just what is asked for
+            have = path.stat().st_size
+            out.write(data[have:n])
+
+    with open(path, "rb") as f:
+        store.put_verified("g/file.bin", f, len(data),
+                           lambda: hashlib.sha256(data).hexdigest(), wait_for=wait_for)
+    assert store.get_bytes("g/file.bin") == data
+    assert asked == sorted(asked) and asked[-1] == len(data) and len(asked) > 1

@@ -127,3 +127,24 @@ def test_put_verified_multipart_checked_and_a_mismatch_leaves_nothing(
     uploads = store.client.list_multipart_uploads(Bucket=S3_BUCKET, Prefix="t/verified/")
     assert not uploads.get("Uploads"), "the refused multipart upload was aborted"
     store.delete_prefix("t/verified/")
+
+
+def test_put_verified_follows_a_growing_file_part_by_part(s3_server: S3Server,
+                                                          tmp_path: Path) -> None:
+    store = S3Storage.from_settings(_settings(s3_server))
+    data = os.urandom(12 * 1024 * 1024)
+    path = tmp_path / "growing.bin"
+    path.write_bytes(b"")
+    asked: list[int] = []
+
+    def wait_for(n: int) -> None:
+        asked.append(n)
+        with open(path, "ab") as out:  # the "writer" appends just what is asked for
+            out.write(data[path.stat().st_size:n])
+
+    with open(path, "rb") as f:
+        store.put_verified("t/growing/big.bin", f, len(data),
+                           lambda: hashlib.sha256(data).hexdigest(), wait_for=wait_for)
+    assert asked == [5 * 2**20, 10 * 2**20, len(data)], "one wait per part, in order"
+    assert store.get_bytes("t/growing/big.bin") == data
+    store.delete_prefix("t/growing/")
