@@ -52,6 +52,13 @@ bench-api: setup
 bench-eval: setup
 	$(PY) -m bench.eval
 
+# A MAEC sweep (2 key_ratios x 3 mu, two eval sets) against the same six candidates run
+# as separate evaluated jobs. BENCH_SWEEP_ARGS=--importance delta --runs 3 ...
+BENCH_SWEEP_ARGS ?=
+.PHONY: bench-sweep
+bench-sweep: setup
+	$(PY) -m bench.sweep $(BENCH_SWEEP_ARGS)
+
 # Reliability suite: fault injection on real processes, schemathesis, hostile
 # inputs, security, load. Also part of `make test`. Ends with the RESULT line.
 test-faults: setup

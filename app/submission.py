@@ -7,23 +7,48 @@ source is then allow-listed, resolved and its headers compared (no weights are r
 
 from __future__ import annotations
 
+import tempfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 from app.settings import Settings
-from app.sources import Source, check_corpus, inspect_source, parse_source, pin_source
-from app.storage.base import Storage
+from app.sources import (
+    Source,
+    check_corpus,
+    inspect_source,
+    open_source,
+    parse_source,
+    pin_source,
+)
+from app.storage.base import Storage, StorageError
 from maec_contract import JobRequest as JobRequest  # the body model, shared with the client
-from maec_core.errors import RecipeError
+from maec_core.errors import (
+    EmptySelection,
+    EvalSetError,
+    EvalSetUnreadable,
+    RecipeError,
+    SourceNotFound,
+)
+from maec_core.eval.sets import SET_MAX_BYTES, load_set
 from maec_core.io.folder import ModelFolder
-from maec_core.methods import NamedForm, get_method
-from maec_core.plan import plan_recipe
+from maec_core.maec.params import maec_params
+from maec_core.methods import NamedForm, TensorMethod, get_method
+from maec_core.methods.maec import Maec
+from maec_core.methods.params import validated_params
+from maec_core.plan import MergePlan, plan_recipe
 from maec_core.recipe import Recipe, parse_recipe
+from maec_core.recipe_values import Condition, ParamValue
+from maec_core.sweep.grid import candidates
+from maec_core.sweep.inputs import eval_sources, with_eval_sources
 
 
 def build_recipe(req: JobRequest) -> Recipe:
     """The recipe the job runs (RecipeError on any problem a recipe can have)."""
     if req.recipe is not None:
-        data = dict(req.recipe)
+        data = _with_evaluation(dict(req.recipe), req)
         if req.name is not None and "name" not in data:
             data["name"] = req.name
         recipe = parse_recipe(data)
@@ -32,7 +57,26 @@ def build_recipe(req: JobRequest) -> Recipe:
     if recipe.artifact is not None:
         raise RecipeError("recipe.artifact is not accepted by the service: ability vectors "
                           "are cached and reused automatically by content", key="artifact")
+    if recipe.sweep is not None:
+        candidates(recipe)  # every candidate checked as a recipe, before queueing
     return recipe
+
+
+_EVALUATION_KEYS = ("evaluate", "evaluate_inputs", "sweep")
+
+
+def _with_evaluation(data: dict[str, Any], req: JobRequest) -> dict[str, Any]:
+    """The body's evaluate / evaluate_inputs / sweep, put into the recipe data (a recipe
+    may carry them itself, but not both)."""
+    for key in _EVALUATION_KEYS:
+        value = getattr(req, key)
+        if value is None:
+            continue
+        if key in data:
+            raise RecipeError(f"{key} is given both in the body and in the recipe",
+                              key=key)
+        data[key] = value
+    return data
 
 
 def _named_recipe(req: JobRequest) -> Recipe:
@@ -49,7 +93,7 @@ def _named_recipe(req: JobRequest) -> Recipe:
     data.update({"dtype": req.dtype, "name": req.name})
     if req.shard_size is not None:
         data["out_shard_size"] = req.shard_size
-    return parse_recipe(data)
+    return parse_recipe(_with_evaluation(data, req))
 
 
 def model_sources(recipe: Recipe) -> list[str]:
@@ -64,6 +108,26 @@ def model_sources(recipe: Recipe) -> list[str]:
 
 def corpus_sources(recipe: Recipe) -> list[str]:
     return sorted({s.ref for s in recipe.sources() if s.kind == "corpus"})
+
+
+def inspect_models(recipe: Recipe, parsed: dict[str, Source], storage: Storage
+                   ) -> dict[str, ModelFolder]:
+    """Header views of every checkpoint the recipe reads, the recipe's base first: a LoRA
+    adapter among the others applies to that base, its shapes checked against the base's
+    headers. The base an adapter's own config names is never followed (it may lie
+    outside every allowed root), so an adapter with no base in the recipe, or as the
+    base itself, is refused."""
+    # Tokenizer files are read only for a recipe that merges vocabularies.
+    tokenizer = recipe.vocab_source is not None
+    folders: dict[str, ModelFolder] = {}
+    base_ref = recipe.base_model
+    if base_ref is not None and base_ref in parsed:
+        folders[base_ref] = inspect_source(parsed[base_ref], storage, tokenizer)
+    base = folders.get(base_ref) if base_ref is not None else None
+    for uri in model_sources(recipe):
+        if uri not in folders:
+            folders[uri] = inspect_source(parsed[uri], storage, tokenizer, base=base)
+    return folders
 
 
 def check_sources(
@@ -83,15 +147,113 @@ def check_sources(
     parsed: dict[str, Source] = {}
     for uri in [*model_sources(recipe), *corpus_sources(recipe)]:
         parsed[uri] = parse_source(uri, settings)
-    # Tokenizer files are read only for a recipe that merges vocabularies.
-    tokenizer = recipe.vocab_source is not None
-    folders: dict[str, ModelFolder] = {
-        uri: inspect_source(parsed[uri], storage, tokenizer) for uri in model_sources(recipe)
-    }
-    plan_recipe(recipe, folders)
+    folders = inspect_models(recipe, parsed, storage)
+    check_against_plan(recipe, plan_recipe(recipe, folders))
     # Pinned after the checks: a file replaced in between is pinned as replaced, which
     # lets nothing unchecked through (the engine validates the folder it reads).
     pinned = {uri: pin_source(parsed[uri], storage) for uri in model_sources(recipe)}
     for uri in corpus_sources(recipe):
         pinned[uri] = check_corpus(parsed[uri], storage, settings.max_corpus_bytes)
+    pinned.update(check_eval_sets(recipe, settings, storage))
     return {uri: s.to_dict() for uri, s in pinned.items()}
+
+
+def check_eval_sets(recipe: Recipe, settings: Settings, storage: Storage
+                    ) -> dict[str, Source]:
+    """Allow-list every eval set (and few-shot file), pin it, and read it through its
+    source kind, checking caps and every line as the worker will (EvalSetError with the
+    file and line; EvalSetUnreadable when it cannot be read). Returns ``{uri: pinned}``."""
+    parsed = {uri: parse_source(uri, settings) for uri in eval_sources(recipe)}
+    pinned: dict[str, Source] = {}
+    if not parsed:
+        return pinned
+    with tempfile.TemporaryDirectory(prefix="maec-evalsets-") as tmp:
+        local: dict[str, str] = {}
+        for i, (uri, src) in enumerate(parsed.items()):
+            pinned[uri], path = _eval_file(src, storage, Path(tmp) / str(i))
+            local[uri] = str(path)
+        for spec in with_eval_sources(recipe, local).evaluate or []:
+            load_set(spec)
+    return pinned
+
+
+def _eval_file(source: Source, storage: Storage, dest: Path) -> tuple[Source, Path]:
+    """``source`` pinned to its one file, and a local copy of exactly that file."""
+    reader = open_source(source, storage)
+    try:
+        pinned = pin_source(source, storage, single=True)
+    except SourceNotFound as exc:
+        raise EvalSetUnreadable(f"eval set {source.uri}: {exc.message}",
+                                source=source.uri) from None
+    file = pinned.files[0]
+    if file.size > SET_MAX_BYTES:
+        raise EvalSetError(f"eval set {source.uri} is {file.size} bytes, above the "
+                           f"{SET_MAX_BYTES} byte cap", source=source.uri, bytes=file.size)
+    dest.mkdir(parents=True)
+    try:
+        reader.fetch(file, dest / file.name)
+    except StorageError as exc:
+        raise EvalSetUnreadable(f"eval set {source.uri}: {exc.message}",
+                                source=source.uri) from None
+    return pinned, dest / file.name
+
+
+def check_against_plan(recipe: Recipe, plan: MergePlan) -> None:
+    """What the worker will derive from the tensor names, derived now from the headers.
+
+    MAEC: every include pattern matches a tensor and the selection is not empty. Tensor
+    methods: every condition's filter matches a tensor, and the parameters resolved for
+    each tensor (conditions, layer gradients) pass the method's models, as the engine
+    will validate them. Raises EmptySelection or RecipeError.
+    """
+    method = get_method(recipe.merge_method)
+    if isinstance(method, Maec):
+        maec_params(recipe).check_selection((t.name, len(t.shape)) for t in plan.tensors)
+        return
+    if not isinstance(method, TensorMethod):
+        return
+    # Output names, and for a slices recipe the input names its sources are read under.
+    names = sorted({t.name for t in plan.tensors}
+                   | {i.name for t in plan.tensors for i in t.sources.values()})
+    for where, params in _parameter_blocks(recipe):
+        _check_filters(where, params, names)
+    if recipe.slices is not None:
+        return  # resolved per slice by maec_core.slices, which names its own failures
+    for name in (t.name for t in plan.tensors):
+        for where, model, params in _parameter_maps(recipe, method):
+            try:
+                validated_params(model, params, name, plan.num_layers)
+            except RecipeError as exc:
+                raise RecipeError(f"{where}: {exc.message}", **exc.details) from None
+
+
+def _parameter_blocks(recipe: Recipe) -> Iterator[tuple[str, Mapping[str, ParamValue]]]:
+    """Every parameter block of the recipe, with where it sits."""
+    yield "parameters", recipe.parameters
+    for i, entry in enumerate(recipe.models):
+        yield f"models[{i}].parameters", entry.parameters
+    for i, sl in enumerate(recipe.slices or []):
+        yield f"slices[{i}].parameters", sl.parameters
+        for j, src in enumerate(sl.sources):
+            yield f"slices[{i}].sources[{j}].parameters", src.parameters
+
+
+def _parameter_maps(recipe: Recipe, method: TensorMethod
+                    ) -> Iterator[tuple[str, type[BaseModel], Mapping[str, ParamValue]]]:
+    yield "parameters", method.params, recipe.parameters
+    for i, entry in enumerate(recipe.models):
+        if entry.model != recipe.base_model:  # the engine never resolves the base's
+            yield f"models[{i}].parameters", method.model_params, entry.parameters
+
+
+def _check_filters(where: str, params: Mapping[str, ParamValue], names: list[str]) -> None:
+    for key, value in params.items():
+        conditions = value if isinstance(value, list) else []
+        for cond in conditions:
+            if not isinstance(cond, Condition) or cond.filter in (None, "*"):
+                continue
+            if not any(cond.filter in name for name in names):
+                raise EmptySelection(
+                    f"{where}.{key}: filter {cond.filter!r} matches no tensor of the "
+                    "checkpoints", parameter=key, filter=cond.filter,
+                )

@@ -9,18 +9,22 @@ from maec_contract.jobs import (
     STATUSES,
     TERMINAL,
     ErrorBody,
+    EvalTable,
+    Evaluation,
     FileInfo,
     Job,
     JobPage,
     JobResult,
     JobStatus,
+    LeaderboardRow,
     Progress,
+    SweepSummary,
     WebhookDelivery,
 )
 from maec_contract.requests import JobRequest, NamedJob, RecipeJob
 
 __all__ = [
-    "STATUSES", "TERMINAL", "ErrorBody", "FileInfo", "Job", "JobPage",
-    "JobRequest", "JobResult", "JobStatus", "NamedJob", "Progress", "RecipeJob",
-    "WebhookDelivery",
+    "STATUSES", "TERMINAL", "ErrorBody", "EvalTable", "Evaluation", "FileInfo", "Job",
+    "JobPage", "JobRequest", "JobResult", "JobStatus", "LeaderboardRow", "NamedJob",
+    "Progress", "RecipeJob", "SweepSummary", "WebhookDelivery",
 ]

@@ -53,11 +53,66 @@ class FileInfo(_Answer):
     url: str = ""
 
 
+class EvalTable(_Answer):
+    """Rows models, columns eval sets; each cell the set's value (null: not scored)."""
+
+    columns: list[dict[str, Any]] = Field(default_factory=list)
+    rows: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class Evaluation(_Answer):
+    """A job's evaluation (``evaluate``): the table; every item is in ``report``."""
+
+    label: str = ""
+    report: str = "eval_report.json"
+    table: EvalTable = Field(default_factory=EvalTable)
+
+
+class LeaderboardRow(_Answer):
+    id: str
+    values: dict[str, float] = Field(default_factory=dict)
+    scores: dict[str, float] = Field(default_factory=dict)
+    objective: float = 0.0
+    feasible: bool = True
+    # 1 = the winner; null for candidates that broke the constraint.
+    rank: int | None = None
+    extracted: bool = False
+    seconds: float = 0.0
+
+
+class SweepSummary(_Answer):
+    """A sweep job's leaderboard: every candidate, the winner and why."""
+
+    winner: str | None = None
+    why: str = ""
+    knobs: list[str] = Field(default_factory=list)
+    objective: dict[str, Any] = Field(default_factory=dict)
+    constraint: dict[str, Any] | None = None
+    reference: dict[str, float] = Field(default_factory=dict)
+    rows: list[LeaderboardRow] = Field(default_factory=list)
+    extractions: int = 0
+    publish: str = "best"
+    # publish: all: each candidate's folder under the job's files ("candidates/c01/").
+    candidates: dict[str, str] = Field(default_factory=dict)
+
+
 class JobResult(_Answer):
     manifest: dict[str, Any] = Field(default_factory=dict)
     report: dict[str, Any] = Field(default_factory=dict)
     files: list[FileInfo] = Field(default_factory=list)
     core_seconds: float = 0.0
+
+    # ``evaluation`` and ``sweep`` are sent only by jobs that asked for them, so they are
+    # read from the answer's extra fields (an older answer parses unchanged).
+    @property
+    def evaluation(self) -> Evaluation | None:
+        doc = (self.model_extra or {}).get("evaluation")
+        return Evaluation.model_validate(doc) if doc is not None else None
+
+    @property
+    def sweep(self) -> SweepSummary | None:
+        doc = (self.model_extra or {}).get("sweep")
+        return SweepSummary.model_validate(doc) if doc is not None else None
 
 
 class WebhookDelivery(_Answer):

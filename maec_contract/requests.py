@@ -38,6 +38,14 @@ class JobRequest(BaseModel):
     callback_url: str | None = Field(default=None, min_length=1, max_length=2048)
     # Keep the job and its outputs past the retention period (until unpinned or deleted).
     pinned: bool | None = None
+    # Either form: eval sets scored after the merge (each {name, language, kind, path:
+    # a source, ...eval settings}), whether the inputs are scored too, and a parameter
+    # sweep ({grid, objective, constraint, publish}). In the recipe form they may also be
+    # top-level keys of the recipe (not both).
+    evaluate: list[dict[str, Any]] | None = Field(default=None, min_length=1,
+                                                   max_length=64)
+    evaluate_inputs: bool | None = None
+    sweep: dict[str, Any] | None = None
 
     @field_validator("ability_donor", mode="before")
     @classmethod

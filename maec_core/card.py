@@ -39,3 +39,39 @@ def model_card(recipe: Recipe, base_models: list[str], summary: str = "") -> str
         "",
     ]
     return "\n".join(lines)
+
+
+EVAL_HEADING = "## Evaluation"
+
+
+def evaluation_section(table_markdown: str, *, leaderboard_markdown: str = "",
+                       why: str = "", note: str = "") -> str:
+    """The card's evaluation section: the eval table (rows models, columns eval sets)
+    and, for a sweep, its leaderboard and why the published candidate won."""
+    lines = [EVAL_HEADING, ""]
+    if note:
+        lines += [note.rstrip(), ""]
+    lines += [table_markdown.rstrip(), "",
+              "Every item (prompts, outputs, per-document scores) is in `eval_report.json`.",
+              ""]
+    if leaderboard_markdown:
+        lines += ["### Parameter sweep", ""]
+        if why:
+            lines += [f"Published candidate: {why}.", ""]
+        lines += [leaderboard_markdown.rstrip(), "",
+                  "The full leaderboard is in `leaderboard.json`, the plot in `sweep.png`.", ""]
+    return "\n".join(lines)
+
+
+def with_evaluation(card: str, section: str) -> str:
+    """``card`` with its evaluation section replaced by ``section`` (or added before the
+    recipe, where a reader looks first)."""
+    start = card.find("\n" + EVAL_HEADING + "\n")
+    if start >= 0:
+        end = card.find("\n## ", start + len(EVAL_HEADING) + 2)
+        tail = card[end + 1:] if end >= 0 else ""
+        return card[: start + 1] + section.rstrip() + "\n\n" + tail
+    recipe_at = card.find("\n## Recipe\n")
+    if recipe_at < 0:
+        return card.rstrip() + "\n\n" + section.rstrip() + "\n"
+    return card[: recipe_at + 1] + section.rstrip() + "\n\n" + card[recipe_at + 1:]

@@ -53,7 +53,7 @@ from maec_core.io.reader import SAFETENSORS_NAMES, Prefetcher, TensorReader, Uni
 from maec_core.io.writer import BackgroundWriter, OutputTensor, ShardedWriter
 from maec_core.manifest import MANIFEST_NAME, build_manifest
 from maec_core.methods import TensorCall, TensorMethod, get_method
-from maec_core.methods.params import layer_index, resolve_params
+from maec_core.methods.params import layer_index, validated_params
 from maec_core.plan import MergePlan, PlannedTensor, build_plan, recipe_vocab, rows_of
 from maec_core.recipe import Recipe
 from maec_core.runtime import (
@@ -559,9 +559,9 @@ def run_method(
             if len(resolved) > 8:
                 resolved.clear()
             resolved[name] = (
-                [spec.model_params.model_validate(resolve_params(e.parameters, name, num_layers))
+                [validated_params(spec.model_params, e.parameters, name, num_layers)
                  for e in entries],
-                spec.params.model_validate(resolve_params(recipe.parameters, name, num_layers)),
+                validated_params(spec.params, recipe.parameters, name, num_layers),
             )
         return resolved[name]
 

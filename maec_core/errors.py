@@ -34,6 +34,13 @@ class RecipeError(MaecError):
     code = "invalid_recipe"
 
 
+class EmptySelection(RecipeError):
+    """A tensor filter (an include pattern, a per-tensor condition's filter) selects no
+    tensor of the checkpoints, or the selection as a whole is empty."""
+
+    code = "empty_selection"
+
+
 class SourceError(MaecError):
     """A checkpoint source cannot be resolved or is not allowed."""
 
@@ -133,3 +140,16 @@ class EvalSetUnreadable(EvalSetError):
     """An eval set file is missing, not a file, not UTF-8 or cannot be read."""
 
     code = "eval_set_unreadable"
+
+
+class SweepError(RecipeError):
+    """A parameter sweep is malformed: unknown knob, non-numeric value, too many
+    candidates, or an objective naming no eval set."""
+
+    code = "invalid_sweep"
+
+
+class NoFeasibleCandidate(MaecError):
+    """Every candidate of a sweep broke its constraint: nothing is published."""
+
+    code = "no_feasible_candidate"

@@ -14,8 +14,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from maec_core.errors import RecipeError
+from maec_core.errors import EvalSetError, MaecError, RecipeError, SweepError
+from maec_core.eval.sets import MAX_SETS, EvalSetSpec
 from maec_core.recipe_values import ParamValue
+from maec_core.sweep.spec import SweepSpec
 
 DType = Literal["float32", "float16", "bfloat16"]
 
@@ -208,6 +210,12 @@ class Recipe(BaseModel):
     abilities: list[AbilityEntry] = Field(default_factory=list)
     artifact: str | None = None
     output: OutputSpec | None = None
+    # Evaluation and sweeps: what the job does with the merged model (the merge itself
+    # ignores them). Eval set paths are sources, like the checkpoints'.
+    evaluate: list[EvalSetSpec] | None = Field(default=None, min_length=1,
+                                                max_length=MAX_SETS)
+    evaluate_inputs: bool | None = None
+    sweep: SweepSpec | None = None
 
     @field_validator("merge_method")
     @classmethod
@@ -239,6 +247,32 @@ class Recipe(BaseModel):
         if self.lora_base is None:
             raise ValueError("output format lora needs a base to take the delta from: "
                              "base_model (language_base for maec)")
+
+    @model_validator(mode="after")
+    def _evaluation(self) -> Recipe:
+        sets = {s.name: s for s in self.evaluate or []}
+        if len(sets) != len(self.evaluate or []):
+            raise ValueError("evaluate: two eval sets have the same name")
+        if self.evaluate_inputs and not sets:
+            raise ValueError("evaluate_inputs needs evaluate (the eval sets)")
+        if self.sweep is not None:
+            for use, target in (("objective", self.sweep.objective),
+                                ("constraint", self.sweep.constraint)):
+                if target is None:
+                    continue
+                found = sets.get(target.set)
+                if found is None:
+                    raise ValueError(f"sweep.{use}.set {target.set!r} is not one of the "
+                                     f"eval sets ({', '.join(sets) or 'evaluate is empty'})")
+                if found.kind != target.metric:
+                    raise ValueError(f"sweep.{use}: eval set {target.set!r} measures "
+                                     f"{found.kind}, not {target.metric}")
+        return self
+
+    def merge_only(self) -> Recipe:
+        """This recipe without evaluation and sweep: what one merge runs."""
+        return self.model_copy(update={"evaluate": None, "evaluate_inputs": None,
+                                       "sweep": None})
 
     @property
     def lora_base(self) -> str | None:
@@ -371,7 +405,7 @@ def parse_size(value: int | str) -> int:
     return size
 
 
-def _explain(exc: ValidationError) -> RecipeError:
+def _explain(exc: ValidationError) -> MaecError:
     problems = []
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"])
@@ -381,7 +415,18 @@ def _explain(exc: ValidationError) -> RecipeError:
             # A check on the whole recipe (models vs slices) has no field to name.
             msg = str(err["msg"]).removeprefix("Value error, ")
             problems.append(f"{where}: {msg}" if where else msg)
-    return RecipeError("invalid recipe: " + "; ".join(problems), problems=problems)
+    return _error_class(exc)("invalid recipe: " + "; ".join(problems), problems=problems)
+
+
+def _error_class(exc: ValidationError) -> type[MaecError]:
+    """A problem only in the sweep block is ``invalid_sweep``, only in the eval sets
+    ``invalid_eval_set``, so a caller can tell them from the merge's own (the checks of
+    ``Recipe._evaluation`` name the block first)."""
+    tops = {str(e["loc"][0]) if e["loc"] else str(e["msg"]).removeprefix("Value error, ")
+            .split(".")[0].split(":")[0] for e in exc.errors()}
+    if tops == {"sweep"}:
+        return SweepError
+    return EvalSetError if tops == {"evaluate"} else RecipeError
 
 
 def parse_recipe(source: Recipe | Mapping[str, Any] | str | Path) -> Recipe:

@@ -18,7 +18,7 @@ from maec_core.errors import RecipeError
 from maec_core.io.folder import open_model_folder
 from maec_core.io.headers import TensorInfo
 from maec_core.methods.base import TensorCall, TensorMethod, field_keys
-from maec_core.methods.params import layer_index, resolve_scopes
+from maec_core.methods.params import layer_index, resolve_scopes, validate_resolved
 from maec_core.plan import MergePlan, PlannedTensor, SliceCall, build_slice_plan
 from maec_core.recipe import Recipe
 
@@ -97,13 +97,13 @@ def _resolver(
             sl = slices[call.slice]
             offset = 1 if call.base is not None else 0
             model_params = [
-                spec.model_params.model_validate(resolve_scopes(
+                validate_resolved(spec.model_params, resolve_scopes(
                     [sl.sources[slot].parameters, sl.parameters, recipe.parameters], own,
-                    call.names[offset + i], call.frac))
+                    call.names[offset + i], call.frac), call.names[offset + i])
                 for i, slot in enumerate(call.slots)
             ]
-            params = spec.params.model_validate(resolve_scopes(
-                [sl.parameters, recipe.parameters], shared, name, call.frac))
+            params = validate_resolved(spec.params, resolve_scopes(
+                [sl.parameters, recipe.parameters], shared, name, call.frac), name)
             if len(cache) >= _CACHE:
                 cache.clear()
             cache[name] = (model_params, params)

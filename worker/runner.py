@@ -31,9 +31,11 @@ from app.storage.base import Storage, StorageError
 from maec_core.errors import Cancelled, MaecError
 from maec_core.manifest import MANIFEST_NAME
 from maec_core.recipe import Recipe, parse_recipe
-from maec_core.runtime import EngineOptions, MergeResult
-from worker.inputs import Hold, InputCache, fetch_source
+from maec_core.runtime import EngineOptions
+from maec_core.sweep.inputs import eval_sources, with_eval_sources
+from worker.inputs import Hold, InputCache, check_adapter_bases, fetch_source
 from worker.publish import ShardUploads, publish
+from worker.stages import produce, spans_for
 
 log = logging.getLogger("maec.worker")
 
@@ -72,6 +74,8 @@ class Attempt:
     attempt: int
     is_maec: bool
     stage: str = "fetch"
+    # Stage spans of a job that evaluates (None: STAGE_SPAN or STAGE_SPAN_NO_EXTRACT).
+    spans: dict[str, tuple[float, float]] | None = None
     cancelled: bool = False
     lost: bool = False
     _last_write: float = 0.0
@@ -90,9 +94,14 @@ class Attempt:
 
     def progress(self, stage: str, done: int, total: int) -> None:
         stage = STAGE_ALIASES.get(stage, stage)
-        spans = STAGE_SPAN if self.is_maec else STAGE_SPAN_NO_EXTRACT
+        spans = self.spans or (STAGE_SPAN if self.is_maec else STAGE_SPAN_NO_EXTRACT)
         lo, hi = spans.get(stage, (0.0, 1.0))
-        frac = lo + (hi - lo) * (done / total if total else 1.0)
+        self.report(stage, lo + (hi - lo) * (done / total if total else 1.0), done, total)
+
+    def report(self, stage: str, fraction: float, done: int, total: int,
+               **extra: Any) -> None:
+        """Write progress: ``fraction`` of the whole job, ``done``/``total`` of the stage
+        (``extra``: more progress fields, e.g. a sweep's candidate)."""
         changed = stage != self.stage
         self.stage = stage
         # Throttled: one Redis write per interval, but always on a stage change and at
@@ -101,7 +110,7 @@ class Attempt:
             time.monotonic() - self._last_write >= self.settings.progress_interval
         ):
             self.write({"stage": stage, "progress": {
-                "fraction": round(frac, 4), "done": done, "total": total}})
+                "fraction": round(fraction, 4), "done": done, "total": total, **extra}})
 
     def cancel_requested(self) -> bool:
         """The engine's cancel callback: the record's flag, read at most every interval."""
@@ -226,9 +235,11 @@ class JobRunner:
         except Exception as exc:
             self._cleanup(prefix)
             log.exception("job %s: unexpected error", rec.id)
+            # Running out of memory is the job's size, not a bug: say so.
+            oom = isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"
             return self._end(rec, att, "failed", {
-                "code": "internal_error", "message": f"{type(exc).__name__}: {exc}",
-                "details": {}}, started)
+                "code": "out_of_memory" if oom else "internal_error",
+                "message": f"{type(exc).__name__}: {exc}", "details": {}}, started)
         return self._end(rec, att, "succeeded", None, started, result=result)
 
     def _cleanup(self, prefix: str) -> None:
@@ -279,11 +290,16 @@ class JobRunner:
             log.warning("job %s: reservation not released: %s", rec.id, exc)
 
     def _reserve(self, rec: JobRecord, att: Attempt, manifest: dict[str, Any],
-                 out: Path) -> None:
-        """Count the outputs against the owner's storage quota before uploading them."""
-        nbytes = sum(int(f["size"]) for f in manifest["files"])
+                 out: Path, already: int = 0) -> None:
+        """Count the outputs (and ``already`` uploaded bytes: a sweep's candidates)
+        against the owner's storage quota before uploading them."""
+        nbytes = already + sum(int(f["size"]) for f in manifest["files"])
         nbytes += (out / MANIFEST_NAME).stat().st_size
         keys = tuple(str(k) for k in (manifest.get("maec") or {}).get("artifact_keys", []))
+        self._reserve_bytes(rec, att, nbytes, keys)
+
+    def _reserve_bytes(self, rec: JobRecord, att: Attempt, nbytes: int,
+                       keys: tuple[str, ...] = ()) -> None:
         quota = self.settings.storage_quota_bytes_per_key
         outcome, used = self.store.reserve(rec, att.attempt, nbytes, quota=quota,
                                            artifacts=keys)
@@ -300,8 +316,9 @@ class JobRunner:
         """Every source into the job's input folder, as pinned at submission (a changed
         one fails the job with ``source_changed``); returns ``{uri: local path}``."""
         local: dict[str, str] = {}
-        # One-file sources: ability corpora (and any other input that is one file).
+        # One-file sources: ability corpora and eval sets.
         single = {s.ref for s in recipe.sources() if s.kind == "corpus"}
+        single |= set(eval_sources(recipe))
         total = len(rec.sources)
         att.progress("fetch", 0, total)
         fetched = cached = 0
@@ -320,70 +337,80 @@ class JobRunner:
 
     def _execute(self, rec: JobRecord, att: Attempt, prefix: str, workdir: Path,
                  hold: Hold) -> dict[str, Any]:
-        # 1. fetch
+        # The recipe was parsed once from the job record; passed on typed.
         recipe = parse_recipe(rec.recipe)
+        att.spans = spans_for(recipe, att.is_maec)
         local = self._fetch(rec, recipe, att, workdir, hold)
-        # 2. merge: the recipe was parsed once from the job record; passed on typed.
-        recipe = recipe.with_sources(local)
+        # The recipe was parsed once from the job record; passed on typed.
+        recipe = with_eval_sources(recipe.with_sources(local), local)
+        check_adapter_bases(recipe)
         workdir.mkdir(parents=True, exist_ok=True)
         out = workdir / "out"
-        # Shards go up while the merge goes on; stopped before any clean-up of the
-        # prefix (the caller's), so nothing lands after it.
+        uploaded = [0]
+
+        def upload(key: str, path: Path) -> None:
+            # A sweep's candidate (publish: all), counted against the quota first.
+            if att.cancel_requested():
+                raise _CancelledHere
+            uploaded[0] += path.stat().st_size
+            self._reserve_bytes(rec, att, uploaded[0])
+            self.storage.put_file(f"{prefix}/{key}", path)
+
+        # The output's shards go up while the merge goes on; stopped before any clean-up
+        # of the prefix (the caller's), so nothing lands after it.
         uploads = ShardUploads(self.storage, prefix)
         try:
-            merged, files = self._merge_and_publish(rec, att, recipe, out, uploads)
+            made = produce(recipe, out, store=self.artifacts, progress=att.progress,
+                           cancel=att.cancel_requested, device=self.settings.device,
+                           hash_cache=self.settings.work_dir / "checksums", work_dir=workdir,
+                           reporter=att, upload=upload,
+                           options=EngineOptions(on_shard=uploads.on_shard,
+                                                 on_shard_open=uploads.on_shard_open))
+            # Before the manifest can publish anything: a job over its owner's quota
+            # fails here, and the shards it uploaded meanwhile go with its prefix.
+            self._reserve(rec, att, made.manifest, out, already=uploaded[0])
+            files = [*made.files, *self._publish(rec, att, out, made.manifest, uploads)]
         except BaseException:
             uploads.stop()
             raise
         uploads.close()
-        report = merged.report or {}
-        reused = [bool(a.get("artifact_reused")) for a in report.get("abilities", [])]
-        manifest_path = out / MANIFEST_NAME
-        from maec_core.checksums import sha256_file
-
-        files.append({"path": MANIFEST_NAME, "size": manifest_path.stat().st_size,
-                      "sha256": sha256_file(manifest_path, use_cache=False)})
         for f in files:
             f["url"] = f"/v1/jobs/{rec.id}/files/{f['path']}"
-        att.progress("publish", len(files), len(files))
         return {
             "result": {
-                "manifest": merged.manifest,
-                "report": _summary(report, merged.stage_seconds),
+                "manifest": made.manifest,
+                "report": _summary(made.report, made.stage_seconds),
                 "files": files,
-                "core_seconds": round(merged.seconds, 4),
+                "core_seconds": round(made.core_seconds, 4),
+                **made.result,
             },
             "result_prefix": prefix,
-            "artifact_reused": all(reused) if reused else None,
+            "artifact_reused": all(made.reused) if made.reused else None,
             "progress": {"fraction": 1.0, "done": len(files), "total": len(files)},
             "_bytes": sum(int(f["size"]) for f in files),
         }
 
-    def _merge_and_publish(self, rec: JobRecord, att: Attempt, recipe: Recipe, out: Path,
-                           uploads: ShardUploads) -> tuple[MergeResult, list[dict[str, Any]]]:
-        """The merge (shards uploaded as they finish), then the rest of the files and
-        manifest.json last (the commit marker); returns the merge result and files."""
-        from maec_core.run import run as run_merge
-
-        merged = run_merge(recipe, out, artifact_store=self.artifacts, progress=att.progress,
-                           cancel=att.cancel_requested, device=self.settings.device,
-                           hash_cache=self.settings.work_dir / "checksums",
-                           options=EngineOptions(on_shard=uploads.on_shard,
-                                                 on_shard_open=uploads.on_shard_open))
-        # Before the manifest can publish anything: a job over its owner's quota fails
-        # here, and the shards it uploaded meanwhile are removed with its prefix.
-        self._reserve(rec, att, merged.manifest, out)
+    def _publish(self, rec: JobRecord, att: Attempt, out: Path, manifest: dict[str, Any],
+                 uploads: ShardUploads) -> list[dict[str, Any]]:
+        """Every file not uploaded yet, then manifest.json last (the commit marker), once
+        every other file is stored and verified; the files' entries."""
         ok, _ = self.store.transition(rec.id, allowed=("running",), to="publishing",
                                       attempt=att.attempt)
         if not ok:
             raise LeaseLost(rec.id)
-        files = [dict(f) for f in merged.manifest["files"]]
+        files = [dict(f) for f in manifest["files"]]
         att.progress("publish", 0, len(files) + 1)
         if not publish(uploads, out, files, out / MANIFEST_NAME,
                        cancelled=att.cancel_requested,
                        progress=lambda n, total: att.progress("publish", n, total)):
             raise _CancelledHere
-        return merged, files
+        manifest_path = out / MANIFEST_NAME
+        from maec_core.checksums import sha256_file
+
+        files.append({"path": MANIFEST_NAME, "size": manifest_path.stat().st_size,
+                      "sha256": sha256_file(manifest_path, use_cache=False)})
+        att.progress("publish", len(files), len(files))
+        return files
 
 
 class _CancelledHere(Exception):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -12,6 +13,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app.api.job_body import describe_errors
 from maec_core.errors import MaecError
 
 log = logging.getLogger("maec.api")
@@ -40,7 +42,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "non_finite_output": 422,
     "artifact_mismatch": 422,
     "invalid_corpus": 422,
-    "invalid_eval_set": 422,
+    "invalid_eval_set": 422, "no_feasible_candidate": 422,
     "invalid_callback": 422,
     "output_exists": 409,
     "cancelled": 409,
@@ -71,15 +73,20 @@ async def _maec_error(_req: Request, exc: Exception) -> JSONResponse:
     return problem(http_status(exc), exc.code, exc.message, exc.details, headers)
 
 
+def validation_problems(errs: Sequence[Any]) -> tuple[str, str, list[str]]:
+    """``(code, message, problems)`` for pydantic errors of a job body, so every face of
+    the service (the REST API, the /ui form) words them alike. A parameter or recipe
+    problem is ``invalid_recipe``, as the methods' own checks call it; anything else the
+    schema refuses is ``invalid_request``."""
+    code, problems = describe_errors(errs)
+    what = "invalid recipe" if code == "invalid_recipe" else "invalid request"
+    return code, f"{what}: " + "; ".join(problems), problems
+
+
 async def _validation(_req: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    problems = []
-    for err in exc.errors():
-        where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
-        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
-        problems.append(f"{where}: {msg}" if where else msg)
-    return problem(422, "invalid_request", "invalid request: " + "; ".join(problems),
-                   {"problems": problems})
+    code, message, problems = validation_problems(exc.errors())
+    return problem(422, code, message, {"problems": problems})
 
 
 async def _http(_req: Request, exc: Exception) -> JSONResponse:

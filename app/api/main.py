@@ -16,6 +16,7 @@ from app.api.deps import Services
 from app.api.gc_tuning import tune_gc
 from app.api.limits import Limits
 from app.api.routes import files, health, jobs
+from app.api.ui import router as ui_router
 from app.jobs.api_store import ApiJobStore
 from app.queue import Enqueuer
 from app.settings import Settings, get_settings
@@ -140,5 +141,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(files.router)
     app.include_router(health.router)
     docs.install(app)
+    app.include_router(ui_router)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     return app

@@ -58,13 +58,16 @@ def open_source(source: Source, storage: Storage) -> SourceKind:
     return _BY_KIND[source.kind](source, storage)
 
 
-def inspect_source(source: Source, storage: Storage, tokenizer: bool = False) -> ModelFolder:
-    """Open ``source`` as a checkpoint folder from its configs and headers only.
+def inspect_source(source: Source, storage: Storage, tokenizer: bool = False,
+                   base: ModelFolder | None = None) -> ModelFolder:
+    """Open ``source`` as a checkpoint folder from its configs and headers only; a LoRA
+    adapter folder as the checkpoint it makes of ``base`` (the recipe's base, inspected
+    first), its shapes checked against the base's headers.
 
     For remote sources the returned folder's files are sparse stand-ins in a temporary
     directory that is gone on return: use it for planning, never for reading tensors.
     """
-    return open_source(source, storage).headers(tokenizer)
+    return open_source(source, storage).headers(tokenizer, base)
 
 
 def pin_source(source: Source, storage: Storage, *, single: bool = False) -> Source:

@@ -27,12 +27,15 @@ from app.storage.base import Storage, StorageError
 from maec_core.errors import CorruptCheckpoint, MaecError, SourceError
 from maec_core.io.folder import INDEX_FILE, TOKENIZER_FILES, ModelFolder, open_model_folder
 from maec_core.io.headers import MAX_HEADER_BYTES
+from maec_core.lora.adapter import ADAPTER_CONFIG
 from maec_core.vocab.tokens import keep_tokenizer
 
 Kind = Literal["s3", "local", "hf"]
-# Files a checkpoint folder may contribute (weights, configs, tokenizer); the rest of a
-# prefix or repo is never fetched.
-SMALL_FILES = ("config.json", INDEX_FILE, "generation_config.json", *TOKENIZER_FILES)
+# Files a checkpoint folder may contribute (weights, configs, tokenizer; a LoRA adapter
+# folder: its config beside adapter_model.safetensors); the rest of a prefix or repo is
+# never fetched.
+SMALL_FILES = ("config.json", INDEX_FILE, ADAPTER_CONFIG, "generation_config.json",
+               *TOKENIZER_FILES)
 
 
 def is_checkpoint_file(name: str) -> bool:
@@ -108,11 +111,14 @@ class SourceKind(ABC):
         resolving local symlinks."""
 
     @abstractmethod
-    def headers(self, tokenizer: bool = False) -> ModelFolder:
+    def headers(self, tokenizer: bool = False, base: ModelFolder | None = None
+                ) -> ModelFolder:
         """The checkpoint folder from its configs and headers only. For remote kinds its
         files are sparse stand-ins in a folder gone on return: plan with it, never read
         tensors from it. ``tokenizer``: its tokenizer files are read too (kept in the
-        folder object), for a recipe that merges vocabularies."""
+        folder object), for a recipe that merges vocabularies. A LoRA adapter folder
+        applies to ``base`` (the recipe's base, already opened); without one it is
+        refused (the base its config names is never followed)."""
 
     @abstractmethod
     def checkpoint_files(self) -> list[SourceFile]:
@@ -147,15 +153,16 @@ class SourceKind(ABC):
         the digest its ``content_key`` names); a wrong transfer is a ``StorageError``,
         a file that is no longer the version listed (pinned) a ``SourceChanged``."""
 
-    def remote_view(self, build: Callable[[Path], Path], tokenizer: bool = False
-                    ) -> ModelFolder:
-        """``open_model_folder`` on the folder ``build(tmp)`` makes of sparse stand-ins,
-        errors naming the source rather than the temporary folder; ``tokenizer``: the
-        tokenizer files (written whole by ``build``) are kept in the returned folder."""
+    def remote_view(self, build: Callable[[Path], Path], tokenizer: bool = False,
+                    base: ModelFolder | None = None) -> ModelFolder:
+        """``open_model_folder`` on the folder ``build(tmp)`` makes of sparse stand-ins
+        (an adapter on ``base``), errors naming the source rather than the temporary
+        folder; ``tokenizer``: the tokenizer files (written whole by ``build``) are kept
+        in the returned folder."""
         uri = self.source.uri
         with tempfile.TemporaryDirectory(prefix="maec-headers-") as tmp:
             try:
-                folder = open_model_folder(build(Path(tmp)))
+                folder = open_model_folder(build(Path(tmp)), base=base)
                 if tokenizer:
                     keep_tokenizer(folder)
                 return folder

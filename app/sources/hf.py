@@ -68,9 +68,10 @@ from maec_core.io.folder import (
     TOKENIZER_FILES,
     ModelFolder,
 )
+from maec_core.lora.adapter import ADAPTER_CONFIG
 
 # Read whole at submission (the plan needs their content); side files are only sniffed.
-WHOLE_FILES = ("config.json", INDEX_FILE)
+WHOLE_FILES = ("config.json", INDEX_FILE, ADAPTER_CONFIG)
 SIDE_FILES = (*TOKENIZER_FILES, "generation_config.json")
 # Read whole when the recipe merges vocabularies.
 TOKENIZER_WHOLE = ("tokenizer.json", "tokenizer_config.json")
@@ -286,8 +287,10 @@ class HubSource(SourceKind):
             )
         return Source("hf", text, repo=m.group("repo"), revision=rev)
 
-    def headers(self, tokenizer: bool = False) -> ModelFolder:
-        return self.remote_view(partial(hub_view, self.source, tokenizer=tokenizer), tokenizer)
+    def headers(self, tokenizer: bool = False, base: ModelFolder | None = None
+                ) -> ModelFolder:
+        return self.remote_view(partial(hub_view, self.source, tokenizer=tokenizer),
+                                tokenizer, base)
 
     def pin(self, *, single: bool = False) -> Source:
         # The 40-hex revision already pins every byte (each file is checked against its

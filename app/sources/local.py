@@ -112,13 +112,14 @@ class LocalSource(SourceKind):
             source=text, allowed_roots=[str(r) for r in settings.local_roots],
         )
 
-    def headers(self, tokenizer: bool = False) -> ModelFolder:
+    def headers(self, tokenizer: bool = False, base: ModelFolder | None = None
+                ) -> ModelFolder:
         # Read in place: the tokenizer files stay where the plan can read them.
         path = Path(self.source.path)
         if not path.is_dir():
             raise SourceNotFound(f"{self.source.uri}: no such checkpoint folder",
                                  source=self.source.uri)
-        return open_model_folder(path)
+        return open_model_folder(path, base=base)
 
     @property
     def _root(self) -> Path:

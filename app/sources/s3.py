@@ -70,9 +70,10 @@ class S3Source(SourceKind):
         # caller's error to word (submission: invalid_source; a job: storage_unavailable).
         return self.storage.for_bucket(self.source.bucket)
 
-    def headers(self, tokenizer: bool = False) -> ModelFolder:
+    def headers(self, tokenizer: bool = False, base: ModelFolder | None = None
+                ) -> ModelFolder:
         # The view holds every JSON side file whole, tokenizer files included.
-        return self.remote_view(self._view, tokenizer)
+        return self.remote_view(self._view, tokenizer, base)
 
     def _view(self, into: Path) -> Path:
         source, bucket = self.source, self._bucket()

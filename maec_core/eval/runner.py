@@ -93,6 +93,14 @@ def evaluate_many(models: Mapping[str, str | Path], spec: EvalSpec | str | Path,
                               for label, folder in models.items()])
 
 
+def evaluate_loaded(label: str, model_dir: str | Path, sets: list[LoadedSet],
+                    device: torch.device, progress: ProgressFn | None = None,
+                    cancel: CancelFn | None = None) -> ModelResult:
+    """Score one folder on sets already read (a sweep reads its sets once and scores
+    every candidate with them), freeing the model before returning."""
+    return _evaluate_one(label, model_dir, sets, device, progress, cancel)
+
+
 def _evaluate_one(label: str, model_dir: str | Path, sets: list[LoadedSet],
                   device: torch.device, progress: ProgressFn | None,
                   cancel: CancelFn | None) -> ModelResult:

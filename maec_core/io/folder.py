@@ -184,7 +184,8 @@ def is_adapter_folder(root: Path) -> bool:
         (root / SINGLE_FILE).is_file() or (root / INDEX_FILE).is_file())
 
 
-def _open_adapter(root: Path, base: str | Path | None, config_base: bool) -> ModelFolder:
+def _open_adapter(root: Path, base: str | Path | ModelFolder | None, config_base: bool
+                  ) -> ModelFolder:
     """A LoRA adapter as a checkpoint: ``base`` (else, with ``config_base``, the base its
     config names) with the adapter's low-rank deltas on the tensors it targets. Headers
     only."""
@@ -192,7 +193,7 @@ def _open_adapter(root: Path, base: str | Path | None, config_base: bool) -> Mod
     if not _inside(root, config_path):
         raise _escapes(root, ADAPTER_CONFIG, file=ADAPTER_CONFIG)
     spec = adapter_spec(load_json(config_path, what=ADAPTER_CONFIG))
-    if base is not None and Path(base).resolve() == root.resolve():
+    if isinstance(base, str | Path) and Path(base).resolve() == root.resolve():
         base = None  # the recipe's base is this adapter: its base is the one it names
     weights = root / ADAPTER_WEIGHTS
     if not weights.is_file():
@@ -208,7 +209,8 @@ def _open_adapter(root: Path, base: str | Path | None, config_base: bool) -> Mod
         raise _escapes(root, ADAPTER_WEIGHTS, file=ADAPTER_WEIGHTS)
     header = read_header(weights)
     pairs = adapter_pairs(header)  # the adapter is refused for what it is, whatever base
-    base_folder = open_model_folder(
+    # An already opened base: a service's header view, whose files may be gone.
+    base_folder = base if isinstance(base, ModelFolder) else open_model_folder(
         base if base is not None else base_path(spec, root, allowed=config_base))
     if base_folder.base is not None:
         raise CheckpointError(f"{root.name}: the adapter's base is itself an adapter",
@@ -220,14 +222,14 @@ def _open_adapter(root: Path, base: str | Path | None, config_base: bool) -> Mod
     )
 
 
-def open_model_folder(path: str | Path, *, base: str | Path | None = None,
+def open_model_folder(path: str | Path, *, base: str | Path | ModelFolder | None = None,
                       config_base: bool = False) -> ModelFolder:
     """Validate ``path`` as a safetensors checkpoint folder; read headers, no data.
 
     A PEFT LoRA adapter folder opens as the checkpoint it makes of its base: ``base``
-    when given (the recipe's base model), else, only with ``config_base``, the local
-    folder its config names. Off by default: a path inside an untrusted adapter must
-    not lead a service past its allow-listed roots.
+    when given (the recipe's base model: its path, or the folder already opened), else,
+    only with ``config_base``, the local folder its config names. Off by default: a path
+    inside an untrusted adapter must not lead a service past its allow-listed roots.
     """
     root = Path(path)
     if not root.is_dir():

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from maec_core.errors import Cancelled, RecipeError
+from maec_core.errors import Cancelled
 from maec_core.io.folder import ModelFolder
 from maec_core.io.output import StagedOutput
 from maec_core.io.reader import SAFETENSORS_NAMES, Prefetcher, TensorReader
@@ -60,13 +60,8 @@ class ExtractResult:
 
 
 def included_tensors(params: MaecParams, tensors: list[PlannedTensor]) -> list[PlannedTensor]:
-    chosen = [t for t in tensors if params.is_included(t.name, len(t.shape))]
-    if not chosen:
-        raise RecipeError(
-            "include/exclude select no tensor of the checkpoints: nothing to extract",
-            include=params.include_patterns(), exclude=params.exclude_patterns(),
-        )
-    return chosen
+    params.check_selection((t.name, len(t.shape)) for t in tensors)
+    return [t for t in tensors if params.is_included(t.name, len(t.shape))]
 
 
 def _rows2d(t: torch.Tensor) -> torch.Tensor:

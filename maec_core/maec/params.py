@@ -8,13 +8,15 @@ The API imports this module before anything is queued, so it must not import tor
 from __future__ import annotations
 
 import math
-import re
+from collections.abc import Iterable
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
+import regex
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from maec_core.errors import CorpusError, RecipeError
+from maec_core.errors import CorpusError, EmptySelection, RecipeError
+from maec_core.methods.base import Finite
 from maec_core.recipe_values import Condition
 
 if TYPE_CHECKING:
@@ -35,6 +37,14 @@ EXTRACTION_FIELDS = (
     "artifact_dtype",
 )
 GRADIENT_FIELDS = ("token_budget", "batch_size", "seq_len")
+# Patterns are user input run against every tensor name, so they are bounded: a length
+# cap, a count cap, and the ``regex`` engine with a per-search time limit (a tensor name is
+# under 200 characters; a search that takes longer than this is a pathological pattern).
+PATTERN_MAX_CHARS = 512
+PATTERNS_MAX = 32
+SEARCH_TIMEOUT_S = 0.05
+Pattern = Annotated[str, Field(max_length=PATTERN_MAX_CHARS)]
+Patterns = Pattern | Annotated[list[Pattern], Field(max_length=PATTERNS_MAX)]
 
 
 class MaecParams(BaseModel):
@@ -44,17 +54,17 @@ class MaecParams(BaseModel):
 
     importance: Literal["delta", "gradient"] = "delta"
     granularity: Literal["row", "element"] = "row"
-    key_ratio: float = Field(0.05, gt=0.0, le=1.0)
+    key_ratio: Finite = Field(0.05, gt=0.0, le=1.0)
     rank_scope: Literal["tensor", "global"] = "tensor"
     # Regular expressions searched in tensor names. ``include: null`` means the default
     # rule (2-D tensors whose name contains ``.layers.``); an explicit include selects
     # any float tensor it matches. A string or a list of strings (a recipe's parameter
     # values carry one string: join alternatives with ``|``).
-    include: str | list[str] | None = None
-    exclude: str | list[str] | None = None
+    include: Patterns | None = None
+    exclude: Patterns | None = None
     selection: Literal["ratio", "threshold"] = "ratio"
-    selection_ratio: float = Field(0.75, gt=0.0, le=1.0)
-    selection_threshold: float | None = Field(None, ge=0.0)
+    selection_ratio: Finite = Field(0.75, gt=0.0, le=1.0)
+    selection_threshold: Finite | None = Field(None, ge=0.0)
     # null: the checkpoints' dtype (artifact ≈ key_ratio × model size); float32 is exact.
     artifact_dtype: Literal["float32", "float16", "bfloat16"] | None = None
     # importance: gradient only. Tokens of the ability corpus used (a fixed budget, in
@@ -69,10 +79,7 @@ class MaecParams(BaseModel):
             raise ValueError("selection: threshold needs selection_threshold (a |cos| in [0, 1])")
         for fld in ("include", "exclude"):
             for pattern in _as_list(getattr(self, fld)):
-                try:
-                    re.compile(pattern)
-                except re.error as exc:
-                    raise ValueError(f"{fld} pattern {pattern!r} is not a regex: {exc}") from None
+                _compile(fld, pattern)
         return self
 
     def include_patterns(self) -> list[str]:
@@ -84,10 +91,27 @@ class MaecParams(BaseModel):
     def is_included(self, name: str, ndim: int) -> bool:
         """Whether tensor ``name`` (of ``ndim`` dimensions) takes part in extraction."""
         if self.include is None:
-            chosen = ndim == 2 and re.search(DEFAULT_INCLUDE, name) is not None
+            chosen = ndim == 2 and _search("include", DEFAULT_INCLUDE, name)
         else:
-            chosen = any(re.search(p, name) for p in self.include_patterns())
-        return chosen and not any(re.search(p, name) for p in self.exclude_patterns())
+            chosen = any(_search("include", p, name) for p in self.include_patterns())
+        return chosen and not any(_search("exclude", p, name) for p in self.exclude_patterns())
+
+    def check_selection(self, tensors: Iterable[tuple[str, int]]) -> None:
+        """Refuse (EmptySelection) an include pattern that matches none of ``tensors``
+        (``(name, ndim)`` pairs) or a selection that keeps none of them: the extraction
+        would have nothing to do, so this is checked before any weight is read."""
+        tensors = list(tensors)
+        for pattern in self.include_patterns():
+            if not any(_search("include", pattern, name) for name, _ in tensors):
+                raise EmptySelection(
+                    f"include pattern {pattern!r} matches no tensor of the checkpoints",
+                    parameter="include", pattern=pattern,
+                )
+        if not any(self.is_included(name, ndim) for name, ndim in tensors):
+            raise EmptySelection(
+                "include/exclude select no tensor of the checkpoints: nothing to extract",
+                include=self.include_patterns(), exclude=self.exclude_patterns(),
+            )
 
     def extraction_dict(self, checkpoint_dtype: str) -> dict[str, Any]:
         """The parameters that determine the artifact, canonical (defaults resolved)."""
@@ -98,6 +122,37 @@ class MaecParams(BaseModel):
         if self.importance == "gradient":
             out.update({k: getattr(self, k) for k in GRADIENT_FIELDS})
         return out
+
+
+def _compile(fld: str, pattern: str) -> regex.Pattern[str]:
+    try:
+        return regex.compile(pattern)
+    except regex.error as exc:
+        raise ValueError(f"{fld} pattern {pattern!r} is not a regex: {exc}") from None
+    except RecursionError:
+        raise ValueError(f"{fld} pattern {pattern!r} nests too deeply") from None
+
+
+def _search(fld: str, pattern: str, name: str) -> bool:
+    """``pattern`` found in ``name``, within the time limit (RecipeError past it)."""
+    try:
+        return _compile(fld, pattern).search(name, timeout=SEARCH_TIMEOUT_S) is not None
+    except ValueError as exc:
+        raise RecipeError(str(exc), parameter=fld, pattern=pattern) from None
+    except TimeoutError:
+        raise RecipeError(
+            f"{fld} pattern {pattern!r} took longer than {SEARCH_TIMEOUT_S} s on tensor "
+            f"name {name!r}; simplify it", parameter=fld, pattern=pattern,
+        ) from None
+
+
+class AbilityParams(BaseModel):
+    """Per-ability parameters: the named form gives one value for every donor, or a
+    list with one value per donor (``abilities[i].mu`` in a recipe)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mu: Finite = 1.0
 
 
 def _as_list(value: str | list[str] | None) -> list[str]:

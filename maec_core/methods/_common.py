@@ -11,18 +11,18 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field
 
-from maec_core.methods.base import Params
+from maec_core.methods.base import Finite, Params
 
 if TYPE_CHECKING:
     import torch
 
 
 class WeightParams(Params):
-    weight: float = 1.0
+    weight: Finite = 1.0
 
 
 class DensityParams(WeightParams):
-    density: float = Field(1.0, gt=0.0, le=1.0)
+    density: Finite = Field(1.0, gt=0.0, le=1.0)
 
 
 def weighted_sum(tensors: Sequence[torch.Tensor], coeffs: Sequence[float]) -> torch.Tensor:

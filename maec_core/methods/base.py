@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import AfterValidator, AllowInfNan, BaseModel, ConfigDict, ValidationError
 
 from maec_core.errors import RecipeError
 from maec_core.methods.params import candidate_values
@@ -23,6 +23,28 @@ if TYPE_CHECKING:
     import torch
 
     from maec_core.recipe import Recipe
+
+
+# The largest magnitude a float parameter may have: every real recipe value is far
+# inside it, and anything outside would overflow float16 outputs or only ever be a typo.
+FINITE_MAX = 1e6
+
+
+def _within_max(value: float) -> float:
+    # A validator, not ge/le: a field's own ``Field(le=1.0)`` must not be widened back
+    # to the alias's bound (pydantic lets the alias's constraints win over the field's).
+    if abs(value) > FINITE_MAX:
+        raise ValueError(f"must be within ±{FINITE_MAX:g}")
+    return value
+
+
+Finite = Annotated[float, AllowInfNan(False), AfterValidator(_within_max)]
+"""A float parameter: no inf or NaN (JSON job records would store them as null), and
+at most ``FINITE_MAX`` in magnitude.
+
+Use it for every float field of a method's ``params``/``model_params``; a field's own
+``Field(ge=..., le=...)`` narrows the range further (``x: Finite = Field(0.5, le=1.0)``).
+"""
 
 
 class Params(BaseModel):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from maec_core.errors import RecipeError
-from maec_core.maec.params import MaecParams, validate_maec_recipe
+from maec_core.maec.params import AbilityParams, MaecParams, validate_maec_recipe
 from maec_core.methods.base import MergeMethod, NamedForm, per_model
 
 if TYPE_CHECKING:
@@ -22,6 +22,8 @@ class Maec(MergeMethod):
     paper = ("Chen et al. 2025, Extracting and Combining Abilities for Multi-lingual "
              "Ability-enhanced LLMs (EMNLP 2025)")
     params = MaecParams
+    # Per ability (donor): the named form's ``mu``.
+    model_params = AbilityParams
     min_models = 0
     max_models = 0
 

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection, Mapping, Sequence
+from typing import Any
 
+from pydantic import BaseModel, ValidationError
+
+from maec_core.errors import RecipeError
 from maec_core.recipe_values import Condition, ParamValue, Scalar
 
 _LAYER = re.compile(r"\.layers\.(\d+)\.")
@@ -85,6 +89,26 @@ def resolve_params(
         if v is not None:
             out[key] = v
     return out
+
+
+def validated_params(model: type[BaseModel], params: Mapping[str, ParamValue], name: str,
+                     num_layers: int) -> Any:
+    """``params`` resolved for tensor ``name`` and validated by ``model`` (the engine's
+    per-tensor parameters; the API runs the same over the planned tensors first)."""
+    return validate_resolved(model, resolve_params(params, name, num_layers), name)
+
+
+def validate_resolved(model: type[BaseModel], resolved: Mapping[str, Scalar], name: str
+                      ) -> Any:
+    """Parameters resolved for tensor ``name``, validated by ``model`` (RecipeError)."""
+    try:
+        return model.model_validate(resolved)
+    except ValidationError as exc:
+        # A condition that leaves a required value unset for this tensor, or a gradient
+        # point a field refuses: the recipe's fault, named as such.
+        problems = [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
+        raise RecipeError(f"parameters for tensor {name!r} resolve to {dict(resolved)}: "
+                          + "; ".join(problems), tensor=name, problems=problems) from None
 
 
 def candidate_values(value: ParamValue) -> list[Scalar]:

@@ -33,8 +33,9 @@ class SceParams(Params):
 def select_mask(deltas: list[torch.Tensor], fraction: float) -> torch.Tensor:
     """Entries whose variance over the models is among the ``fraction`` highest.
 
-    ``int(fraction · #non-zero variances)`` entries are selected; entries tied with the
-    last selected variance are selected with it (a threshold, not an index set).
+    ``int(fraction · #non-zero variances)`` entries are selected. A variance threshold
+    decides when it selects exactly that many; when variances tied with it make it
+    select more, the entries are those mergekit's top-k picks (:func:`mergekit_topk`).
     """
     import torch
 
@@ -51,7 +52,23 @@ def select_mask(deltas: list[torch.Tensor], fraction: float) -> torch.Tensor:
         return torch.zeros_like(var, dtype=torch.bool)
     flat = var.reshape(-1)
     threshold = torch.kthvalue(flat, flat.numel() - k + 1).values
-    return var >= threshold
+    mask = var >= threshold
+    if int(mask.sum()) == k:
+        return mask
+    keep = torch.zeros(flat.numel(), dtype=torch.bool, device=var.device)
+    keep[mergekit_topk(flat, k)] = True
+    return keep.reshape(var.shape)
+
+
+def mergekit_topk(values: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the ``k`` largest of a flat tensor, ties broken as mergekit 0.1.5's
+    ``torch.topk`` breaks them on the CPU (not by position: as with its sorts, the
+    choice among tied values depends on the whole tensor), computed on the CPU in
+    float32 so every device gets the same set."""
+    import torch
+
+    key = values.detach().to(device="cpu", dtype=torch.float32)
+    return torch.topk(key, k, largest=True).indices.to(values.device)
 
 
 def model_weights(deltas: list[torch.Tensor]) -> list[float]:

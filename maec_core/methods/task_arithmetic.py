@@ -27,11 +27,17 @@ class TaskArithmeticParams(Params):
     rescale: bool = False
 
 
+class TaskArithmeticModelParams(WeightParams):
+    # Accepted, with mergekit's default, and ignored as there: task arithmetic keeps
+    # every entry, so a recipe written for the sparsifying methods runs unchanged.
+    density: float = 1.0
+
+
 class TaskArithmetic(TensorMethod):
     name = "task_arithmetic"
     paper = "Ilharco et al. 2023, Editing models with task arithmetic (arXiv:2212.04089)"
     params = TaskArithmeticParams
-    model_params = WeightParams
+    model_params = TaskArithmeticModelParams
     elementwise = True
 
     def merge(self, call: TensorCall) -> torch.Tensor:

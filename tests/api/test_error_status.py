@@ -13,15 +13,15 @@ from maec_core import errors
 LIBRARY_ERRORS = [c for _, c in inspect.getmembers(errors, inspect.isclass)
                   if issubclass(c, errors.MaecError)]
 EXPECTED = {
-    errors.MaecError: 400, errors.RecipeError: 422, errors.SourceError: 422,
-    errors.SourceNotFound: 422, errors.SourceChanged: 422,
+    errors.MaecError: 400, errors.RecipeError: 422, errors.EmptySelection: 422,
+    errors.SourceError: 422, errors.SourceNotFound: 422, errors.SourceChanged: 422,
     errors.CheckpointError: 422, errors.PickleRefused: 422,
     errors.CorruptCheckpoint: 422, errors.UnsupportedDtype: 422,
     errors.IncompatibleCheckpoints: 422, errors.NonFiniteOutput: 422,
     errors.ArtifactMismatch: 422, errors.CorpusError: 422, errors.OutputExists: 409,
     errors.Cancelled: 409, StorageError: 503,
     errors.EvalSetError: 422, errors.EvalSetUnreadable: 422, errors.TokenizerError: 422,
-    errors.UnsupportedAdapter: 422,
+    errors.UnsupportedAdapter: 422, errors.SweepError: 422, errors.NoFeasibleCandidate: 422,
 }
 
 

@@ -1,6 +1,7 @@
 """LoRA through the service: a recipe's ``output: {format: lora}`` is checked at
 submission and published by the worker as a PEFT adapter; an adapter source is refused
-before queueing while its base would only be named inside the adapter."""
+before queueing when the recipe names no base (its base would only be named inside the
+adapter)."""
 
 from __future__ import annotations
 
@@ -57,8 +58,11 @@ def test_an_adapter_source_with_its_base_named_only_inside_is_refused(
         "peft_type": "LORA", "r": 2, "lora_alpha": 2, "target_modules": ["q_proj"],
         "base_model_name_or_path": str(tmp_path / "elsewhere")}))
     write_lora_file(adapter, [2, 32], [32, 2])
-    r = api.client.post("/v1/jobs", json=api.named(ability_donor=[str(adapter)]),
-                        headers=api.auth())
+    # linear takes no base_model: nothing in the recipe says what the adapter applies to.
+    body = {"recipe": {"merge_method": "linear", "models": [
+        {"model": str(adapter), "parameters": {"weight": 0.5}},
+        {"model": str(api.models.donor), "parameters": {"weight": 0.5}}]}}
+    r = api.client.post("/v1/jobs", json=body, headers=api.auth())
     assert r.status_code == 422, r.text
     assert r.json()["code"] == "invalid_checkpoint"
     assert "name its base in the recipe" in r.json()["message"]

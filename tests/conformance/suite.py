@@ -32,13 +32,7 @@ LAYERS = 6
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2.0**-9, torch.bfloat16: 2.0**-6}
 # Recipes whose outputs are known to differ, and why. Not hidden: the test expects them
 # to fail (strictly) and the benchmark counts them as not passed.
-KNOWN_DIFFERENCES = {
-    "breadcrumbs": (
-        "ties in magnitude at the pruning thresholds: ours keeps every entry tied with a "
-        "threshold (device- and sort-independent), mergekit keeps the ones its sort puts "
-        "first; the tiny float32 models have one such tie (1 entry of 1024 in one tensor)"
-    ),
-}
+KNOWN_DIFFERENCES: dict[str, str] = {}
 
 
 def recipe_files() -> list[Path]:

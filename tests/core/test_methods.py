@@ -93,11 +93,11 @@ def test_ties_weights_count_in_election() -> None:
     close(got, [0.0])
 
 
-def test_ties_keeps_threshold_ties_and_at_least_one() -> None:
+def test_ties_keeps_exactly_k_and_at_least_one() -> None:
     base = [0.0] * 4
     got = call("ties", base, [[1.0, 1.0, 1.0, 0.5]], [{"density": 0.25}])
-    # k = 1, but the three tied magnitudes at the threshold all survive.
-    close(got, [1.0, 1.0, 1.0, 0.0])
+    # k = 1: of the three tied magnitudes only the one mergekit's sort puts first stays.
+    close(got, [1.0, 0.0, 0.0, 0.0])
     got = call("ties", base, [[0.1, 0.2, 0.9, 0.3]], [{"density": 0.01}])
     close(got, [0.0, 0.0, 0.9, 0.0])
 

@@ -41,13 +41,16 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     line = (
         f"RESULT reliability faults_passed={len(passed - bad)}/{total} "
         f"fuzz_requests={c['fuzz_requests']} fuzz_5xx={c['fuzz_5xx']} "
+        f"property_bodies={c['property_bodies']} property_5xx={c['property_5xx']} "
         f"hostile_inputs={c['hostile_inputs']} lost_jobs={c['lost_jobs']} "
         f"duplicate_runs={c['duplicate_runs']} "
         f"webhooks_signed={c['webhooks_verified']}/{c['webhooks_expected']} "
         f"toctou_refused={c['toctou_refused']}/{c['toctou_cases']} "
         f"adapters_refused={c['adapters_refused']} "
         f"corrupt_downloads={c['corrupt_downloads']}/{c['deletes_mid_download']} "
-        f"hostile_tokenizers={c['hostile_tokenizers']}"
+        f"hostile_tokenizers={c['hostile_tokenizers']} "
+        f"hostile_eval_sets={c['hostile_eval_sets']} "
+        f"secrets_echoed={c['secrets_echoed']}/{c['secret_cases']}"
     )
     _outcome["line"] = line
     out = ROOT / "var" / "reliability"

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import threading
 
-KEYS = ("fuzz_requests", "fuzz_5xx", "hostile_inputs", "lost_jobs", "duplicate_runs",
-        "webhooks_expected", "webhooks_verified", "toctou_refused", "toctou_cases",
-        "adapters_refused", "deletes_mid_download", "corrupt_downloads",
-        "hostile_tokenizers")
+KEYS = ("fuzz_requests", "fuzz_5xx", "property_bodies", "property_5xx", "hostile_inputs",
+        "lost_jobs", "duplicate_runs", "webhooks_expected", "webhooks_verified",
+        "toctou_refused", "toctou_cases", "adapters_refused", "deletes_mid_download",
+        "corrupt_downloads", "hostile_tokenizers", "hostile_eval_sets", "secrets_echoed",
+        "secret_cases")
 
 _lock = threading.Lock()
 COUNTERS: dict[str, int] = dict.fromkeys(KEYS, 0)

@@ -154,8 +154,8 @@ def test_too_many_donors(st: Stack, tiny: dict[str, Path], model_root: Path) -> 
     resp = _post(st, {"method": "linear", "ability_donor": donors,
                       "language_base": str(tiny["base"])})
     assert (resp.status_code, resp.json()["code"]) == (422, "invalid_request"), resp.text
-    # The recipe form has no schema bound; the service's cap (MAEC_MAX_MODELS_PER_JOB)
-    # refuses it before any source is opened.
+    # The recipe form's schema bound (256 models) is far above the service's cap
+    # (MAEC_MAX_MODELS_PER_JOB), which refuses it before any source is opened.
     models = [{"model": f"{model_root}/m-{i}", "parameters": {"weight": 1.0}}
               for i in range(25)]
     resp = _post(st, {"recipe": {"merge_method": "linear", "models": models}})

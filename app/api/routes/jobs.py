@@ -12,11 +12,11 @@ from fastapi.responses import JSONResponse, Response
 from app.api.bounds import MAX_ID_CHARS, bounded_sizes, shown
 from app.api.deps import Auth, Caller, identify
 from app.api.errors import ApiError
-from app.api.schemas import PROBLEMS, JobList, JobOut
+from app.api.schemas import LIST_LINKS, PROBLEMS, SUBMIT_LINKS, JobBody, JobList, JobOut, to_request
 from app.jobs.calls import job_storage_prefix
 from app.jobs.record import STATUSES, JobRecord, new_job_id, now_iso
 from app.storage.base import StorageError
-from app.submission import JobRequest, build_recipe, check_sources
+from app.submission import build_recipe, check_sources
 from app.webhooks.delivery import accept_callback
 
 log = logging.getLogger("maec.api")
@@ -57,11 +57,14 @@ async def get_job(job_id: str, request: Request) -> Response:
     return Response(body, media_type="application/json")
 
 
-@router.post("", status_code=202, response_model=JobOut,
-             responses={200: {"model": JobOut, "description": "idempotent replay"}})
-async def submit(body: JobRequest, auth: Auth) -> JSONResponse:
+@router.post("", status_code=202, response_model=JobOut, responses={
+    200: {"model": JobOut, "description": "idempotent replay", "links": SUBMIT_LINKS},
+    202: {"links": SUBMIT_LINKS},
+})
+async def submit(typed: JobBody, auth: Auth) -> JSONResponse:
     """Validate (schema, parameters, sources, headers) and queue a merge job."""
     owner, svc = auth.owner, auth.svc
+    body = to_request(typed)
     if body.idempotency_key:
         # A replay answers with the job even if its sources changed since.
         earlier = await svc.store.idempotent_job(owner, body.idempotency_key)
@@ -108,7 +111,7 @@ async def submit(body: JobRequest, auth: Auth) -> JSONResponse:
     return _job(record, 202, {"Location": f"/v1/jobs/{job_id}"})
 
 
-@router.get("", response_model=JobList)
+@router.get("", response_model=JobList, responses={200: {"links": LIST_LINKS}})
 async def list_jobs(
     auth: Auth,
     status: Annotated[str | None, Query(max_length=32)] = None,

@@ -1,0 +1,84 @@
+"""Add files to a published checkpoint folder and keep its manifest true (torch-free).
+
+A merged folder's ``manifest.json`` lists every file with its size and sha256; evaluation
+adds ``eval_report.json`` (and a sweep ``leaderboard.json`` and ``sweep.png``) and
+rewrites the model card, so each change goes through :func:`amend`, which rewrites the
+manifest's entries last, as the merge wrote it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from maec_core.card import evaluation_section, with_evaluation
+from maec_core.eval.report import EvalReport
+from maec_core.manifest import MANIFEST_NAME
+from maec_core.sweep.board import LEADERBOARD_NAME, Leaderboard
+
+EVAL_REPORT_NAME = "eval_report.json"
+PLOT_NAME = "sweep.png"
+CARD_NAME = "README.md"
+
+
+def read_manifest(folder: Path) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads((folder / MANIFEST_NAME).read_text())
+    return doc
+
+
+def amend(folder: Path, files: Mapping[str, bytes], extra: Mapping[str, Any] | None = None
+          ) -> dict[str, Any]:
+    """Write ``files`` (name -> bytes) into ``folder`` and update its manifest (entries,
+    total size, ``extra`` keys); returns the new manifest."""
+    manifest = read_manifest(folder)
+    entries = {f["path"]: f for f in manifest["files"]}
+    for name, data in files.items():
+        tmp = folder / f".{name}.partial"
+        tmp.write_bytes(data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, folder / name)
+        entries[name] = {"path": name, "size": len(data),
+                         "sha256": hashlib.sha256(data).hexdigest()}
+    manifest["files"] = [entries[k] for k in sorted(entries)]
+    manifest["total_size"] = sum(int(f["size"]) for f in manifest["files"])
+    manifest.update(extra or {})
+    tmp = folder / f".{MANIFEST_NAME}.partial"
+    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, folder / MANIFEST_NAME)
+    return manifest
+
+
+def report_bytes(report: EvalReport) -> bytes:
+    return (json.dumps(report.model_dump(mode="json"), indent=1, ensure_ascii=False)
+            + "\n").encode()
+
+
+def attach_evaluation(folder: Path, report: EvalReport, *, label: str,
+                      board: Leaderboard | None = None, plot: bytes | None = None
+                      ) -> dict[str, Any]:
+    """Publish ``report`` (and a sweep's board and plot) in ``folder``: the files, the
+    card's evaluation section, and the manifest. ``label`` is this folder's row."""
+    files: dict[str, bytes] = {EVAL_REPORT_NAME: report_bytes(report)}
+    note = f"This checkpoint is the row `{label}`."
+    section = evaluation_section(report.markdown_table(), note=note)
+    if board is not None:
+        files[LEADERBOARD_NAME] = (json.dumps(board.model_dump(mode="json"), indent=1)
+                                   + "\n").encode()
+        section = evaluation_section(report.markdown_table(), note=note,
+                                     leaderboard_markdown=board.markdown(), why=board.why)
+    if plot is not None:
+        files[PLOT_NAME] = plot
+    card = folder / CARD_NAME
+    if card.is_file():
+        files[CARD_NAME] = with_evaluation(card.read_text(), section).encode()
+    extra: dict[str, Any] = {"evaluation": {
+        "report": EVAL_REPORT_NAME, "label": label,
+        "sets": [c.name for c in report.columns]}}
+    if board is not None:
+        extra["sweep"] = {"leaderboard": LEADERBOARD_NAME, "winner": board.winner,
+                          "candidate": label}
+    return amend(folder, files, extra)

@@ -1,0 +1,131 @@
+"""The leaderboard: every candidate with its parameters and scores, the winner and why.
+
+Torch-free: built from the eval report's values, written as ``leaderboard.json`` and read
+back by anyone (:func:`read_leaderboard`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from maec_core.errors import NoFeasibleCandidate
+from maec_core.eval.report import EvalReport
+from maec_core.sweep.spec import SweepSpec
+
+LEADERBOARD_NAME = "leaderboard.json"
+LEADERBOARD_VERSION = 1
+
+
+class Row(BaseModel):
+    """One candidate: knob values, every eval set's value, and how it fared."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    values: dict[str, int | float]
+    scores: dict[str, float]
+    objective: float
+    feasible: bool = True
+    rank: int | None = None
+    extracted: bool = False
+    seconds: float = 0.0
+
+
+class Leaderboard(BaseModel):
+    version: int = LEADERBOARD_VERSION
+    knobs: list[str]
+    objective: dict[str, Any]
+    constraint: dict[str, Any] | None = None
+    # The reference inputs' values on the constraint set (e.g. language_base).
+    reference: dict[str, float] = Field(default_factory=dict)
+    rows: list[Row]
+    winner: str | None
+    why: str
+    extractions: int = 0
+    publish: Literal["best", "all"] = "best"
+
+    def row(self, cid: str) -> Row:
+        return next(r for r in self.rows if r.id == cid)
+
+    def markdown(self) -> str:
+        """A markdown table of the candidates, best first, the winner in bold."""
+        sets = list(self.rows[0].scores) if self.rows else []
+        header = ["rank", "candidate", *self.knobs, *sets, "meets constraint"]
+        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        for r in sorted(self.rows, key=lambda r: (r.rank is None, r.rank or 0, r.id)):
+            cid = f"**{r.id}**" if r.id == self.winner else r.id
+            cells = [str(r.rank) if r.rank is not None else "-", cid,
+                     *(f"{r.values[k]:g}" for k in self.knobs),
+                     *(f"{r.scores[s]:.4g}" for s in sets),
+                     "yes" if r.feasible else "no"]
+            lines.append("| " + " | ".join(cells) + " |")
+        return "\n".join(lines) + "\n"
+
+
+def score_rows(report: EvalReport, ids: list[str], values: dict[str, dict[str, Any]],
+               spec: SweepSpec, reference: dict[str, float]) -> list[Row]:
+    """Rows for the candidates ``ids`` (labels in ``report``), constraint applied."""
+    rows = []
+    for cid in ids:
+        model = next(m for m in report.models if m.label == cid)
+        scores = {s.name: s.value for s in model.sets}
+        rows.append(Row(id=cid, values=values[cid], scores=scores,
+                        objective=scores[spec.objective.set],
+                        feasible=_meets(spec, scores, reference), seconds=model.seconds))
+    return rows
+
+
+def _meets(spec: SweepSpec, scores: dict[str, float], reference: dict[str, float]) -> bool:
+    c = spec.constraint
+    if c is None:
+        return True
+    value = scores[c.set]
+    sense, bound = c.limit(reference.get(c.set))
+    if math.isnan(value):
+        return False
+    return value <= bound if sense == "max" else value >= bound
+
+
+def rank(rows: list[Row], spec: SweepSpec, reference: dict[str, float]) -> tuple[str, str]:
+    """Rank the feasible rows in place (1 = best; ties keep grid order); the winner's id
+    and why it won. NoFeasibleCandidate when the constraint leaves none."""
+    goal = spec.objective.direction
+    sign = -1.0 if goal == "max" else 1.0
+    feasible = [r for r in rows if r.feasible and not math.isnan(r.objective)]
+    c = spec.constraint
+    bound = c.describe(reference.get(c.set)) if c is not None else ""
+    if not feasible:
+        raise NoFeasibleCandidate(
+            f"no candidate of the sweep meets the constraint {bound}",
+            constraint=bound, candidates={r.id: r.scores for r in rows})
+    ordered = sorted(feasible, key=lambda r: (sign * r.objective, rows.index(r)))
+    for i, r in enumerate(ordered, 1):
+        r.rank = i
+    best = ordered[0]
+    obj = spec.objective
+    why = ("highest" if goal == "max" else "lowest") + (
+        f" {obj.metric} on {obj.set} ({best.objective:.4g}) of {len(feasible)} candidate(s)")
+    if c is not None:
+        excluded = len(rows) - len(feasible)
+        why += f" meeting {bound}; {excluded} excluded by the constraint"
+    if len(ordered) > 1:
+        why += f"; runner-up {ordered[1].id} ({ordered[1].objective:.4g})"
+    return best.id, why
+
+
+def write_leaderboard(board: Leaderboard, path: str | Path) -> Path:
+    out = Path(path)
+    tmp = out.with_name(out.name + ".partial")
+    tmp.write_text(json.dumps(board.model_dump(mode="json"), indent=1) + "\n")
+    os.replace(tmp, out)
+    return out
+
+
+def read_leaderboard(path: str | Path) -> Leaderboard:
+    return Leaderboard.model_validate_json(Path(path).read_bytes())

@@ -1,0 +1,267 @@
+"""Running a sweep: every candidate merged, scored, and all but the best thrown away.
+
+Cost discipline (the point of a sweep over separate jobs):
+- the inputs are read where they are; the eval sets are read once;
+- for MAEC each distinct extraction (per donor and extraction parameters) runs once and
+  is kept in the artifact store; the other candidates of its group only combine, from
+  the stored ability vectors, never opening the donor again;
+- one candidate model is loaded at a time, and on disk only the best so far is kept
+  besides the one being scored (``publish: all`` hands each candidate to ``keep`` first);
+- every temporary folder is removed, on success, failure or cancel.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from maec_core.errors import Cancelled, OutputExists
+from maec_core.eval.report import EvalReport, ModelResult
+from maec_core.eval.sets import LoadedSet, load_sets
+from maec_core.maec.store import ArtifactStore, LocalArtifactStore
+from maec_core.recipe import Recipe
+from maec_core.runtime import CancelFn, ProgressFn, best_device
+from maec_core.sweep.attach import attach_evaluation
+from maec_core.sweep.board import Leaderboard, Row, rank, score_rows
+from maec_core.sweep.grid import Candidate, candidates
+from maec_core.sweep.inputs import LANGUAGE_BASE, MERGED, eval_spec, input_models
+
+if TYPE_CHECKING:
+    from maec_core.sweep.scoring import ModelSlot
+
+# keep(candidate, folder, manifest): publish one candidate (``publish: all``) before its
+# folder is removed.
+KeepFn = Callable[[Candidate, Path, dict[str, Any]], None]
+# announce(index, total): candidate ``index`` of ``total`` starts (index == total: done).
+AnnounceFn = Callable[[int, int], None]
+
+
+@dataclass
+class SweepResult:
+    out_dir: Path
+    board: Leaderboard
+    report: EvalReport
+    manifest: dict[str, Any]
+    extractions: int
+    seconds: float
+
+
+@dataclass
+class _State:
+    rows: list[Row] = field(default_factory=list)
+    results: list[ModelResult] = field(default_factory=list)
+    best: tuple[tuple[float, int], Path] | None = None
+    # Stored ability vectors of each extraction group, once extracted.
+    groups: dict[Any, list[Path]] = field(default_factory=dict)
+    extractions: int = 0
+
+
+def evaluate_folder(recipe: Recipe, folder: Path, *, device: str | None = None,
+                    progress: ProgressFn | None = None, cancel: CancelFn | None = None,
+                    label: str = MERGED) -> EvalReport:
+    """Score a merged ``folder`` (and with ``evaluate_inputs`` the language base and the
+    donors) on the recipe's eval sets, and publish the report in the folder (files, card,
+    manifest). The recipe's eval set paths must be local."""
+    from maec_core.eval.runner import evaluate_loaded
+
+    sets = load_sets(eval_spec(recipe))
+    dev = best_device(device)
+    step = _eval_progress(progress)
+    models = {label: str(folder)}
+    if recipe.evaluate_inputs:
+        models.update(input_models(recipe))
+    report = EvalReport(models=[evaluate_loaded(name, path, sets, dev, step, cancel)
+                                for name, path in models.items()])
+    attach_evaluation(folder, report, label=label)
+    return report
+
+
+def _eval_progress(progress: ProgressFn | None) -> ProgressFn | None:
+    if progress is None:
+        return None
+    report = progress
+
+    def step(_where: str, done: int, total: int) -> None:
+        report("evaluate", done, total)
+
+    return step
+
+
+def run_sweep(
+    recipe: Recipe,
+    out: Path,
+    *,
+    artifact_store: ArtifactStore | None = None,
+    work_dir: Path | None = None,
+    progress: ProgressFn | None = None,
+    cancel: CancelFn | None = None,
+    device: str | None = None,
+    hash_cache: Path | None = None,
+    keep: KeepFn | None = None,
+    announce: AnnounceFn | None = None,
+) -> SweepResult:
+    """Run every candidate of ``recipe.sweep`` and publish the winner in ``out`` with
+    ``eval_report.json`` (every model, every item), ``leaderboard.json`` and
+    ``sweep.png``. ``keep`` receives each candidate when ``publish: all``.
+
+    Without ``artifact_store`` ability vectors are kept in a temporary store for the
+    sweep's duration. Raises NoFeasibleCandidate when the constraint leaves none.
+    """
+    started = time.perf_counter()
+    out = Path(out)
+    if out.exists():
+        raise OutputExists(f"output folder {out} already exists", path=str(out))
+    cands = candidates(recipe)
+    parent = Path(work_dir) if work_dir is not None else out.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.sweep-", dir=parent))
+    try:
+        sweep = _Sweep(recipe, cands, tmp, artifact_store or LocalArtifactStore(tmp / "art"),
+                       device=device, progress=progress, cancel=cancel,
+                       hash_cache=hash_cache, keep=keep)
+        board, report, folder = sweep.run(announce)
+        from maec_core.sweep.plot import plot_png
+
+        manifest = attach_evaluation(folder, report, label=board.winner or "",
+                                     board=board, plot=plot_png(board))
+        folder.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return SweepResult(out, board, report, manifest, sweep.state.extractions,
+                       time.perf_counter() - started)
+
+
+class _Sweep:
+    """One sweep's run: the candidates in grid order, the best so far kept on disk."""
+
+    def __init__(self, recipe: Recipe, cands: list[Candidate], tmp: Path,
+                 store: ArtifactStore, *, device: str | None, progress: ProgressFn | None,
+                 cancel: CancelFn | None, hash_cache: Path | None, keep: KeepFn | None
+                 ) -> None:
+        assert recipe.sweep is not None
+        self.recipe, self.spec, self.cands, self.tmp = recipe, recipe.sweep, cands, tmp
+        self.store, self.device, self.progress = store, device, progress
+        self.cancel, self.hash_cache = cancel, hash_cache
+        self.keep = keep if recipe.sweep.publish == "all" else None
+        self.state = _State()
+
+    def _check_cancel(self) -> None:
+        if self.cancel is not None and self.cancel():
+            raise Cancelled("the sweep was cancelled")
+
+    def run(self, announce: AnnounceFn | None) -> tuple[Leaderboard, EvalReport, Path]:
+        """Score the references, then each candidate; returns the board, the full
+        report and the winner's folder."""
+        from maec_core.eval.runner import evaluate_loaded
+        from maec_core.sweep.scoring import ModelSlot
+
+        sets = load_sets(eval_spec(self.recipe))
+        dev = best_device(self.device)
+        step = _eval_progress(self.progress)
+        refs = self._references()
+        inputs = [evaluate_loaded(label, path, sets, dev, step, self.cancel)
+                  for label, path in refs.items()]
+        reference = {s.name: s.value for m in inputs if m.label == LANGUAGE_BASE
+                     for s in m.sets}
+        slot = ModelSlot(dev)
+        try:
+            for cand in self.cands:
+                self._check_cancel()
+                if announce is not None:
+                    announce(cand.index, len(self.cands))
+                self._candidate(cand, sets, slot, inputs, reference)
+        finally:
+            slot.close()
+        if announce is not None:
+            announce(len(self.cands), len(self.cands))
+        winner, why = rank(self.state.rows, self.spec, reference)
+        assert self.state.best is not None
+        board = self._board(winner, why, reference)
+        report = EvalReport(models=[*inputs, *self.state.results])
+        return board, report, self.state.best[1]
+
+    def _references(self) -> dict[str, str]:
+        """The inputs scored once: all of them with evaluate_inputs, else the language
+        base when a ratio constraint compares against it."""
+        models = input_models(self.recipe)
+        if self.recipe.evaluate_inputs:
+            return models
+        c = self.spec.constraint
+        if c is not None and c.reference == LANGUAGE_BASE and LANGUAGE_BASE in models:
+            return {LANGUAGE_BASE: models[LANGUAGE_BASE]}
+        return {}
+
+    def _candidate(self, cand: Candidate, sets: list[LoadedSet], slot: ModelSlot,
+                   inputs: list[ModelResult], reference: dict[str, float]) -> None:
+        folder = self.tmp / cand.id
+        t0 = time.perf_counter()
+        extracted = self._merge(cand, folder)
+        self._check_cancel()
+        result = slot.score(cand.id, folder, sets, _eval_progress(self.progress),
+                            self.cancel)
+        self.state.results.append(result)
+        report = EvalReport(models=[result])
+        row = score_rows(report, [cand.id], {cand.id: cand.values}, self.spec, reference)[0]
+        row.extracted = extracted
+        row.seconds = time.perf_counter() - t0
+        self.state.rows.append(row)
+        if self.keep is not None:
+            manifest = attach_evaluation(folder, EvalReport(models=[*inputs, result]),
+                                         label=cand.id)
+            self.keep(cand, folder, manifest)
+        self._keep_if_best(cand, row, folder)
+
+    def _keep_if_best(self, cand: Candidate, row: Row, folder: Path) -> None:
+        """Keep ``folder`` when it beats the best so far (the ranking's order: objective,
+        then grid order); remove the loser."""
+        sign = -1.0 if self.spec.objective.direction == "max" else 1.0
+        score = (sign * row.objective, cand.index)
+        best = self.state.best
+        if row.feasible and row.objective == row.objective and (best is None
+                                                                 or score < best[0]):
+            if best is not None:
+                shutil.rmtree(best[1], ignore_errors=True)
+            self.state.best = (score, folder)
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def _merge(self, cand: Candidate, folder: Path) -> bool:
+        """Merge one candidate into ``folder``; whether an ability vector was extracted."""
+        from maec_core.maec.pipeline import combine
+        from maec_core.run import run
+
+        stored = self.state.groups.get(cand.group) if cand.group is not None else None
+        kw: dict[str, Any] = {"progress": self.progress, "cancel": self.cancel,
+                              "device": self.device, "hash_cache": self.hash_cache}
+        if stored is not None:
+            combine(cand.recipe, stored, folder, **kw)
+            return False
+        result = run(cand.recipe, folder, artifact_store=self.store, **kw)
+        if cand.group is None:
+            return False
+        report = result.report or {}
+        dirs = [self.store.get(k) for k in report.get("artifact_keys", [])]
+        if all(d is not None for d in dirs):
+            self.state.groups[cand.group] = [d for d in dirs if d is not None]
+        extracted = not all(a.get("artifact_reused") for a in report.get("abilities", []))
+        self.state.extractions += int(extracted)
+        return extracted
+
+    def _board(self, winner: str, why: str, reference: dict[str, float]) -> Leaderboard:
+        c = self.spec.constraint
+        constraint = None
+        if c is not None:
+            _sense, bound = c.limit(reference.get(c.set))
+            constraint = {**c.model_dump(mode="json", exclude_none=True), "bound": bound,
+                          "text": c.describe(reference.get(c.set))}
+        obj = self.spec.objective
+        return Leaderboard(
+            knobs=list(self.spec.grid), rows=self.state.rows, winner=winner, why=why,
+            objective={"set": obj.set, "metric": obj.metric, "goal": obj.direction},
+            constraint=constraint, reference=reference,
+            extractions=self.state.extractions, publish=self.spec.publish)

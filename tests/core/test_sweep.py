@@ -1,0 +1,293 @@
+"""Sweeps on tiny models whose best setting is known by construction.
+
+The donor is the base with its transformer-block weights trained to memorise the eval
+texts; the language base is the base plus a little noise. Adding the donor's whole task
+vector (MAEC key_ratio 1, mu 1; task arithmetic weight 1) gives back the memoriser, so
+that candidate has the lowest perplexity on the memorised texts, and mu 0 the highest.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+from click.testing import CliRunner
+
+from maec_core.errors import Cancelled, NoFeasibleCandidate, SweepError
+from maec_core.eval.report import read_report
+from maec_core.maec.store import LocalArtifactStore
+from maec_core.recipe import parse_recipe
+from maec_core.runtime import torch_threads
+from maec_core.sweep.board import read_leaderboard
+from maec_core.sweep.grid import candidates
+from maec_core.sweep.runner import evaluate_folder, run_sweep
+from tests.factories import make_llama, tiny_tokenizer
+
+TEXTS = [
+    "w1 w7 w3 w9 w4 w12 w30 w2 w8 w11 w5 w19 w22 w6 w13 w27 w10 w31 w0 w14",
+    "w20 w3 w17 w25 w2 w33 w9 w1 w16 w28 w4 w35 w12 w7 w38 w21 w5 w26 w11 w36",
+]
+
+
+def _memorise(base: Path, path: Path) -> Path:
+    """``base`` with only its block weights trained on TEXTS (embeddings, norms and
+    lm_head untouched, so the whole difference is what MAEC extracts by default)."""
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(base, dtype=torch.float32)
+    tok = tiny_tokenizer()
+    ids = torch.tensor([tok(t)["input_ids"] for t in TEXTS])
+    params = [p for n, p in model.named_parameters() if ".layers." in n and p.ndim == 2]
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for p in params:
+        p.requires_grad_(True)
+    opt = torch.optim.Adam(params, lr=1e-2)
+    torch.manual_seed(0)
+    for _ in range(150):
+        loss = model(input_ids=ids, labels=ids).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("sweep")
+    with torch_threads(1):
+        base = make_llama(root / "base", 0)
+        donor = _memorise(base, root / "donor")
+        lang = make_llama(root / "lang", 1, like=base, noise=0.001)
+    (root / "texts.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
+    (root / "other.txt").write_text("w40 w41 w42 w43 w44 w45 w46 w47\n\nw50 w51 w52 w53\n")
+    return {"root": root, "base": base, "donor": donor, "lang": lang}
+
+
+def _sets(world: dict[str, Path]) -> list[dict[str, Any]]:
+    return [{"name": "memorised", "language": "en", "kind": "perplexity",
+             "path": str(world["root"] / "texts.jsonl")},
+            {"name": "other", "language": "sw", "kind": "perplexity",
+             "path": str(world["root"] / "other.txt")}]
+
+
+def _maec(world: dict[str, Path], sweep: dict[str, Any], **extra: Any) -> Any:
+    return parse_recipe({
+        "merge_method": "maec", "base_model": str(world["base"]),
+        "language_base": str(world["lang"]), "abilities": [{"model": str(world["donor"])}],
+        "parameters": {"selection_ratio": 1.0}, "evaluate": _sets(world), "sweep": sweep,
+        "name": "swept", **extra})
+
+
+GRID = {"key_ratio": [0.25, 1.0], "mu": [0.0, 1.0]}
+OBJ = {"set": "memorised", "metric": "perplexity"}
+
+
+def test_maec_sweep_finds_the_constructed_best(world: dict[str, Path], tmp_path: Path
+                                               ) -> None:
+    recipe = _maec(world, {"grid": GRID, "objective": OBJ})
+    store = LocalArtifactStore(tmp_path / "store")
+    seen: list[tuple[int, int]] = []
+    with torch_threads(1):
+        result = run_sweep(recipe, tmp_path / "out", artifact_store=store, device="cpu",
+                           announce=lambda i, n: seen.append((i, n)))
+    board = result.board
+    assert [r.id for r in board.rows] == ["c00", "c01", "c02", "c03"]
+    assert board.winner == "c03" and board.row("c03").values == {"key_ratio": 1.0,
+                                                                   "mu": 1.0}
+    assert board.row("c03").rank == 1
+    # mu 0 adds nothing: both such candidates are the language base, the worst.
+    worst = {r.id for r in board.rows if r.rank in (3, 4)}
+    assert worst == {"c00", "c02"}
+    assert "lowest perplexity on memorised" in board.why
+    # One extraction per key_ratio; the mu-only candidates reused it.
+    assert result.extractions == 2
+    assert [r.extracted for r in board.rows] == [True, False, True, False]
+    assert seen == [(0, 4), (1, 4), (2, 4), (3, 4), (4, 4)]
+    out = tmp_path / "out"
+    names = {p.name for p in out.iterdir()}
+    assert {"eval_report.json", "leaderboard.json", "sweep.png", "README.md",
+            "manifest.json", "recipe.yaml"} <= names
+    assert (out / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    manifest = json.loads((out / "manifest.json").read_text())
+    listed = {f["path"] for f in manifest["files"]}
+    assert {"eval_report.json", "leaderboard.json", "sweep.png"} <= listed
+    import hashlib
+    for f in manifest["files"]:
+        assert hashlib.sha256((out / f["path"]).read_bytes()).hexdigest() == f["sha256"]
+    report = read_report(out / "eval_report.json")
+    assert [m.label for m in report.models] == ["c00", "c01", "c02", "c03"]
+    assert read_leaderboard(out / "leaderboard.json").winner == "c03"
+    card = (out / "README.md").read_text()
+    assert "## Evaluation" in card and "**c03**" in card and card.index(
+        "## Evaluation") < card.index("## Recipe")
+    # The published recipe is the winner's, concrete: no sweep, its parameters set.
+    published = yaml.safe_load((out / "recipe.yaml").read_text())
+    assert "sweep" not in published and published["parameters"]["key_ratio"] == 1.0
+    assert published["abilities"][0]["mu"] == 1.0
+    # Nothing else is left beside the output.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "store"]
+
+
+def test_constraint_against_language_base(world: dict[str, Path], tmp_path: Path) -> None:
+    # The memoriser forgets nothing about "other" it never knew... so bound "other"
+    # tightly: only candidates within 0.1% of the language base there may win.
+    sweep = {"grid": {"mu": [0.0, 1.0]}, "objective": OBJ,
+             "constraint": {"set": "other", "metric": "perplexity",
+                            "max_ratio_to": "language_base", "value": 1.001}}
+    recipe = _maec(world, sweep, parameters={"key_ratio": 1.0, "selection_ratio": 1.0})
+    with torch_threads(1):
+        result = run_sweep(recipe, tmp_path / "out", device="cpu")
+    board = result.board
+    ref = board.reference["other"]
+    for r in board.rows:
+        assert r.feasible == (r.scores["other"] <= 1.001 * ref)
+    assert board.row("c00").feasible  # mu 0 is the language base itself
+    if board.row("c01").feasible:
+        assert board.winner == "c01"
+    else:
+        assert board.winner == "c00" and "1 excluded by the constraint" in board.why
+    report = read_report(tmp_path / "out" / "eval_report.json")
+    assert report.models[0].label == "language_base"
+
+
+def test_no_feasible_candidate_leaves_nothing(world: dict[str, Path], tmp_path: Path
+                                              ) -> None:
+    sweep = {"grid": {"mu": [0.0, 1.0]}, "objective": OBJ,
+             "constraint": {"set": "other", "metric": "perplexity", "max": 1.0}}
+    with torch_threads(1), pytest.raises(NoFeasibleCandidate) as err:
+        run_sweep(_maec(world, sweep), tmp_path / "out", device="cpu")
+    assert err.value.code == "no_feasible_candidate"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cancelled_sweep_leaves_nothing(world: dict[str, Path], tmp_path: Path) -> None:
+    started: list[int] = []
+    with torch_threads(1), pytest.raises(Cancelled):
+        run_sweep(_maec(world, {"grid": GRID, "objective": OBJ}), tmp_path / "out",
+                  device="cpu", work_dir=tmp_path / "work",
+                  announce=lambda i, n: started.append(i), cancel=lambda: len(started) >= 2)
+    assert started == [0, 1]
+    assert list((tmp_path / "work").iterdir()) == []
+    assert not (tmp_path / "out").exists()
+
+
+def test_task_arithmetic_sweep_and_publish_all(world: dict[str, Path], tmp_path: Path
+                                               ) -> None:
+    recipe_file = tmp_path / "recipe.yaml"
+    recipe_file.write_text(yaml.safe_dump({
+        "merge_method": "task_arithmetic", "base_model": str(world["base"]),
+        "models": [{"model": str(world["donor"]), "parameters": {"weight": 1.0}},
+                   {"model": str(world["lang"]), "parameters": {"weight": 0.0}}]}))
+    sweep_file = tmp_path / "sweep.yaml"
+    (tmp_path / "sets").mkdir()
+    (tmp_path / "sets" / "t.jsonl").write_text(
+        "".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
+    sweep_file.write_text(yaml.safe_dump({
+        "evaluate": [{"name": "memorised", "language": "en", "kind": "perplexity",
+                      "path": "sets/t.jsonl"}],
+        "evaluate_inputs": True,
+        "grid": {"models[0].weight": [0.0, 0.5, 1.0]}, "objective": OBJ,
+        "publish": "all"}))
+    from maec_core.sweep.cli import sweep_command
+
+    with torch_threads(1):
+        res = CliRunner().invoke(sweep_command, [str(recipe_file), str(sweep_file),
+                                                 str(tmp_path / "out"), "--device", "cpu",
+                                                 "--cache-dir", str(tmp_path / "cache")])
+    assert res.exit_code == 0, res.output
+    out = tmp_path / "out"
+    board = read_leaderboard(out / "leaderboard.json")
+    assert board.winner == "c02" and board.extractions == 0
+    assert sorted(p.name for p in (out / "candidates").iterdir()) == ["c00", "c01", "c02"]
+    c01 = json.loads((out / "candidates" / "c01" / "manifest.json").read_text())
+    assert c01["evaluation"]["label"] == "c01"
+    labels = [m.label for m in read_report(out / "eval_report.json").models]
+    assert labels == ["language_base", "donor", "c00", "c01", "c02"]
+    # Weight 1 on the donor is the donor: the same perplexity.
+    rows = read_report(out / "eval_report.json").models
+    assert rows[-1].sets[0].value == pytest.approx(rows[1].sets[0].value, rel=1e-4)
+    # Candidates are scored with one model whose weights are swapped: the same scores
+    # as a fresh load of each candidate's folder.
+    from maec_core.eval.runner import evaluate
+    from maec_core.eval.sets import load_spec
+
+    spec_file = tmp_path / "sets" / "spec.yaml"
+    spec_file.write_text(yaml.safe_dump([{"name": "memorised", "language": "en",
+                                          "kind": "perplexity", "path": "t.jsonl"}]))
+    for cid in ("c00", "c01"):
+        with torch_threads(1):
+            fresh = evaluate(out / "candidates" / cid, load_spec(spec_file), device="cpu")
+        assert fresh.models[0].sets[0].value == board.row(cid).scores["memorised"]
+
+
+def test_evaluate_folder_attaches_report(world: dict[str, Path], tmp_path: Path) -> None:
+    from maec_core.run import run
+
+    recipe = parse_recipe({
+        "merge_method": "linear",
+        "models": [{"model": str(world["donor"]), "parameters": {"weight": 1.0}},
+                   {"model": str(world["lang"]), "parameters": {"weight": 1.0}}],
+        "evaluate": _sets(world), "evaluate_inputs": True})
+    with torch_threads(1):
+        run(recipe.merge_only(), tmp_path / "m", device="cpu")
+        report = evaluate_folder(recipe, tmp_path / "m", device="cpu")
+    assert [m.label for m in report.models] == ["merged", "language_base", "donor"]
+    card = (tmp_path / "m" / "README.md").read_text()
+    assert "| merged |" in card and "memorised [en]" in card
+    manifest = json.loads((tmp_path / "m" / "manifest.json").read_text())
+    assert "eval_report.json" in {f["path"] for f in manifest["files"]}
+
+
+@pytest.mark.parametrize(("sweep", "code", "words"), [
+    ({"grid": {"nope": [1]}, "objective": OBJ}, "invalid_sweep", "not a parameter"),
+    ({"grid": {"selection": [1]}, "objective": OBJ}, "invalid_sweep", "not a numeric"),
+    ({"grid": {"key_ratio": [2.0]}, "objective": OBJ}, "invalid_sweep", "candidate c00"),
+    ({"grid": {"key_ratio": [True]}, "objective": OBJ}, "invalid_sweep", "not a number"),
+    ({"grid": {"a": list(range(9)), "mu": list(range(8))}, "objective": OBJ},
+     "invalid_sweep", "at most 64"),
+    ({"grid": {"mu": [1]}, "objective": {"set": "nope", "metric": "perplexity"}},
+     "invalid_sweep", "not one of the eval sets"),
+    ({"grid": {"mu": [1]}, "objective": {"set": "memorised", "metric": "accuracy"}},
+     "invalid_sweep", "measures perplexity"),
+    ({"grid": {"models[0].weight": [1]}, "objective": OBJ}, "invalid_sweep",
+     "0 entries"),
+])
+def test_bad_sweeps_are_refused(world: dict[str, Path], sweep: dict[str, Any], code: str,
+                                words: str) -> None:
+    with pytest.raises(SweepError) as err:
+        candidates(_maec(world, sweep))
+    assert err.value.code == code and words in err.value.message, err.value.message
+
+
+@pytest.mark.parametrize(("method", "grid", "where"), [
+    ("ties", {"density": [0.3, 0.7]}, lambda r: [m.parameters["density"] for m in r.models]),
+    ("task_arithmetic", {"lambda": [0.5, 2.0]}, lambda r: [r.parameters["lambda"]]),
+    ("layer_swap", {"bottom_k": [0, 1], "top_k": [1]},
+     lambda r: [r.parameters["bottom_k"], r.parameters["top_k"]]),
+])
+def test_baseline_knobs(world: dict[str, Path], method: str, grid: dict[str, list[Any]],
+                        where: Any) -> None:
+    models = [{"model": str(world["donor"])}, {"model": str(world["lang"])}]
+    if method == "layer_swap":
+        models[0]["parameters"] = {"role": "ability"}
+        models[1]["parameters"] = {"role": "language"}
+    recipe = parse_recipe({
+        "merge_method": method, "models": models,
+        **({} if method == "layer_swap" else {"base_model": str(world["base"])}),
+        "evaluate": _sets(world), "sweep": {"grid": grid, "objective": OBJ}})
+    cands = candidates(recipe)
+    first = next(iter(grid.values()))
+    assert len(cands) == len(first) and all(c.group is None for c in cands)
+    for cand, value in zip(cands, first, strict=True):
+        assert where(cand.recipe)[0] == value
+        assert cand.recipe.sweep is None and cand.recipe.evaluate is None
+    if method == "layer_swap":
+        # Integer knobs stay integers in the candidate recipes.
+        assert isinstance(cands[1].recipe.parameters["bottom_k"], int)
