@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup run test lint demo test-faults soak bench-engine bench-maec bench-api bench-conformance experiment experiment-smoke
+.PHONY: setup run test lint demo test-faults soak bench-engine bench-maec bench-api bench-conformance bench-gpu experiment experiment-smoke
 
 setup:
 	@bash scripts/setup.sh
@@ -28,6 +28,11 @@ bench-engine: setup
 
 bench-maec: setup
 	$(PY) -m bench.maec
+
+# On a CUDA machine: our engine on the GPU against `mergekit-yaml --cuda` and the I/O
+# floor, ~3.4B-parameter checkpoints built locally; says so and exits 0 without a GPU.
+bench-gpu: setup
+	$(PY) -m bench.gpu
 
 # Our copies of mergekit-style recipes through our engine and mergekit, tensor by tensor.
 bench-conformance: setup

@@ -13,6 +13,11 @@ into a recycled output buffer, and a writer thread hashes and writes it (sha256 
 file write themselves overlap). Nothing is allocated per tensor, so memory is a few
 buffers, and the arithmetic runs in the CPU cache instead of streaming each pass
 through RAM (on CPU that path measured 3-6x faster than whole-tensor passes).
+
+On a CUDA device both paths run in ``maec_core.cuda_loops`` instead (pinned reads,
+copies on their own stream, one wait per unit or tensor, when the writer needs it).
+How a merge runs (compute dtype, GPU budget, a callback per finished shard) is an
+``EngineOptions``.
 """
 
 from __future__ import annotations
@@ -33,7 +38,14 @@ import torch
 
 from maec_core.card import model_card
 from maec_core.checksums import BackgroundHasher
-from maec_core.errors import Cancelled, NonFiniteOutput
+from maec_core.cuda_loops import (
+    ComputeFn,
+    OffsetComputeFn,
+    non_finite,
+    stream_units_cuda,
+    whole_tensors_cuda,
+)
+from maec_core.errors import Cancelled
 from maec_core.io.folder import ModelFolder, open_model_folder
 from maec_core.io.headers import TensorInfo
 from maec_core.io.output import StagedOutput, output_config
@@ -46,6 +58,7 @@ from maec_core.plan import MergePlan, PlannedTensor, build_plan, recipe_vocab, r
 from maec_core.recipe import Recipe
 from maec_core.runtime import (
     CancelFn,
+    EngineOptions,
     MergeResult,
     ProgressFn,
     best_device,
@@ -56,16 +69,13 @@ from maec_core.slices import prepare_slices
 from maec_core.vocab.build import is_vocab_tensor
 from maec_core.vocab.rows import RowAligner
 
-ComputeFn = Callable[[PlannedTensor, list[torch.Tensor]], torch.Tensor]
-# An element-wise compute also told the flat offset of its slice in the tensor, for
-# sparse updates (MAEC adds stored key rows to the language base's slices).
-OffsetComputeFn = Callable[[PlannedTensor, list[torch.Tensor], int], torch.Tensor]
+__all__ = ["ComputeFn", "OffsetComputeFn", "run_method", "stream_merge"]
+
 # Element-wise streaming: elements per read/write unit and per compute slice. A slice of
 # 256K float32 (1 MB per input) keeps a method's few passes inside the CPU cache; units
-# of 4M elements keep syscalls and thread hand-offs rare. On CUDA one slice is a unit.
+# of 4M elements keep syscalls and thread hand-offs rare.
 UNIT_CPU = 1 << 22
 CHUNK_CPU = 1 << 18
-UNIT_CUDA = 1 << 24
 # Whole-tensor merges on CPU use torch's thread team only from this size up.
 THREADED_MIN_NUMEL = 1 << 22
 # CPU threads computing element-wise slices side by side (the registered methods are
@@ -97,14 +107,6 @@ def all_finite(t: torch.Tensor) -> bool:
     return bool(torch.isfinite(t).all())
 
 
-def _non_finite(name: str) -> NonFiniteOutput:
-    return NonFiniteOutput(
-        f"merged tensor {name!r} contains NaN or inf; nothing was written "
-        "(check the inputs and parameters)",
-        tensor=name,
-    )
-
-
 def _whole_tensors(
     plan: MergePlan,
     steps: list[list[TensorInfo]],
@@ -113,6 +115,7 @@ def _whole_tensors(
     device: torch.device,
     target: torch.dtype,
     tick: Callable[[int], None],
+    cdtype: torch.dtype = torch.float32,
 ) -> None:
     """One tensor at a time: for methods that need the whole tensor (TIES, SLERP, ...)."""
     with TensorReader() as reader, torch_threads() as threads:
@@ -125,14 +128,14 @@ def _whole_tensors(
                     # and on a busy machine a descheduled member stalls each one
                     # (TIES on many small tensors measured 30x slower on 2 shared cores).
                     threads.use(threads.saved if planned.numel >= THREADED_MIN_NUMEL else 1)
-                inputs = [r.to(device=device, dtype=torch.float32) for r in raw]
+                inputs = [r.to(device=device, dtype=cdtype) for r in raw]
                 del raw
                 merged = compute(planned, inputs).to(device="cpu", dtype=target)
                 del inputs
                 # Checked after the cast: a float32 value beyond float16's range only
                 # becomes inf there, and the cast tensor is the smaller one to scan.
                 if not all_finite(merged):
-                    raise _non_finite(planned.name)
+                    raise non_finite(planned.name)
                 # Fresh tensors per step, so the writer thread may hold this one safely.
                 writer.write(planned.name, merged)
                 del merged
@@ -150,6 +153,7 @@ def _elementwise(
     tick: Callable[[int], None],
     compute_at: OffsetComputeFn | None = None,
     compute_threads: int = 1,
+    cdtype: torch.dtype = torch.float32,
 ) -> None:
     """Stream fixed-size runs of elements through ``compute``, all buffers recycled.
 
@@ -159,27 +163,25 @@ def _elementwise(
     tensor), every buffer is allocated once, and reading, computing and hashing/writing
     run on three threads.
     """
-    cuda = device.type == "cuda"
-    unit = UNIT_CUDA if cuda else UNIT_CPU
-    chunk = unit if cuda else CHUNK_CPU
     # One compute thread: the slices are too small to split, and on a busy machine an
     # OpenMP team waiting at a barrier for a descheduled member stalls every op (measured
     # 20x slower on 2 shared cores). Reading and writing run on their own threads.
-    with torch_threads(None if cuda else 1):
-        _stream_units(plan, steps, writer, compute, device, target, tick, unit, chunk,
-                      compute_at, workers=1 if cuda else compute_threads)
+    with torch_threads(1):
+        _stream_units(plan, steps, writer, compute, device, target, tick, UNIT_CPU,
+                      CHUNK_CPU, compute_at, workers=compute_threads, cdtype=cdtype)
 
 
 def _unit_buffers(
     plan: MergePlan, steps: list[list[TensorInfo]], device: torch.device, tsize: int,
-    unit: int, chunk: int, workers: int, outputs: int,
+    unit: int, chunk: int, workers: int, outputs: int, cdtype: torch.dtype,
 ) -> tuple[queue.Queue[list[torch.Tensor]], queue.Queue[torch.Tensor]]:
     """The recycled buffers of ``_stream_units``, allocated once per merge: per compute
-    worker one float32 slice per input, and ``outputs`` byte buffers of one unit each."""
+    worker one compute-dtype slice per input, and ``outputs`` byte buffers of one unit
+    each."""
     slots = max((len(s) for s in steps), default=0)
     scratch: queue.Queue[list[torch.Tensor]] = queue.Queue()
     for _ in range(workers):
-        scratch.put([torch.empty(min(chunk, unit), dtype=torch.float32, device=device)
+        scratch.put([torch.empty(min(chunk, unit), dtype=cdtype, device=device)
                      for _ in range(slots)])
     biggest = max((t.numel for t in plan.tensors), default=0)
     out_free: queue.Queue[torch.Tensor] = queue.Queue()
@@ -200,6 +202,7 @@ def _stream_units(
     chunk: int,
     compute_at: OffsetComputeFn | None = None,
     workers: int = 1,
+    cdtype: torch.dtype = torch.float32,
 ) -> None:
     st_dtype = SAFETENSORS_NAMES[target]
     tsize = torch.empty((), dtype=target).element_size()
@@ -207,7 +210,7 @@ def _stream_units(
     # unit queued even when this thread is slow to be scheduled on a busy machine.
     in_flight = 2 * workers if workers > 1 else 1
     scratch, out_free = _unit_buffers(plan, steps, device, tsize, unit, chunk, workers,
-                                      WRITE_DEPTH + 1 + in_flight)
+                                      WRITE_DEPTH + 1 + in_flight, cdtype)
 
     def work(planned: PlannedTensor, u: Unit, buf: torch.Tensor) -> None:
         """Compute unit ``u`` into ``buf`` (on a worker when ``workers`` > 1)."""
@@ -222,7 +225,7 @@ def _stream_units(
                 part.copy_(compute(planned, ins) if compute_at is None
                            else compute_at(planned, ins, u.lo + c0))
                 if not all_finite(part):
-                    raise _non_finite(planned.name)
+                    raise non_finite(planned.name)
         finally:
             scratch.put(mine)
 
@@ -264,6 +267,13 @@ def _stream_units(
             pool.shutdown(wait=True, cancel_futures=True)
 
 
+def _input_hasher(plan: MergePlan, hash_inputs: Mapping[str, Sequence[Path]] | None,
+                  hash_cache: Path | None) -> BackgroundHasher:
+    """Hashes the input files (by default every model's weight files) on a thread."""
+    files = hash_inputs or {key: m.weight_files for key, m in plan.models.items()}
+    return BackgroundHasher({k: list(v) for k, v in files.items()}, cache=hash_cache)
+
+
 def stream_merge(
     plan: MergePlan,
     recipe: Recipe,
@@ -287,6 +297,7 @@ def stream_merge(
     elementwise: bool = False,
     compute_at: OffsetComputeFn | None = None,
     compute_threads: int = 1,
+    options: EngineOptions | None = None,
     whole: Callable[[PlannedTensor], bool] | None = None,
     tokenizer_files: Mapping[str, bytes] | None = None,
 ) -> MergeResult:
@@ -308,15 +319,12 @@ def stream_merge(
     only for a ``compute`` that is safe to call concurrently.
     ``whole(t)`` True sends ``t`` whole to ``compute`` even in an element-wise merge (its
     inputs differ in rows: a vocabulary remap); ``tokenizer_files`` replace the copied ones.
+    ``options``: compute dtype, GPU budget, finished-shard callback (``EngineOptions``).
     """
     elementwise = elementwise or compute_at is not None
+    options = options or EngineOptions()
     started = time.perf_counter()
-    hasher = BackgroundHasher(
-        {k: list(v) for k, v in (hash_inputs or {
-            key: m.weight_files for key, m in plan.models.items()
-        }).items()},
-        cache=hash_cache,
-    )
+    hasher = _input_hasher(plan, hash_inputs, hash_cache)
     target = torch_dtype(out_dtype)
     total = len(plan.tensors)
 
@@ -330,7 +338,7 @@ def stream_merge(
     with StagedOutput(out_dir, overwrite=overwrite) as staged:
         try:
             _write_tensors(staged, plan, recipe, read, compute, compute_at, device, target,
-                           tick, elementwise, compute_threads, whole)
+                           tick, elementwise, compute_threads, options, whole)
         except BaseException:
             hasher.stop()
             raise
@@ -358,27 +366,38 @@ def _write_tensors(
     tick: Callable[[int], None],
     elementwise: bool,
     compute_threads: int,
+    options: EngineOptions,
     whole: Callable[[PlannedTensor], bool] | None = None,
 ) -> None:
     """Merge every planned tensor into the staged folder's shards (and their index)."""
     st_dtype = SAFETENSORS_NAMES[target]
     outputs = [OutputTensor(t.name, t.shape, st_dtype) for t in plan.tensors]
     writer = BackgroundWriter(
-        ShardedWriter(staged.folder, outputs, recipe.shard_size_bytes(), parallel_io=True),
+        ShardedWriter(staged.folder, outputs, recipe.shard_size_bytes(), parallel_io=True,
+                      on_shard=options.on_shard, on_shard_open=options.on_shard_open),
         # Whole tensors: one queued while one is written, so memory stays at a couple
         # of tensors; slices are small and recycled, a deeper queue is free.
         depth=WRITE_DEPTH if elementwise else 1,
     )
     steps = [read(t) for t in plan.tensors]
+    cdtype = torch_dtype(options.compute_dtype)
+    cuda = device.type == "cuda"
     try:
         for lo, hi, alone in _runs(plan, elementwise, whole):
             part = dataclasses.replace(plan, tensors=plan.tensors[lo:hi])
             at = functools.partial(_shifted, tick, lo)
-            if alone:
-                _whole_tensors(part, steps[lo:hi], writer, compute, device, target, at)
+            if alone and cuda:
+                whole_tensors_cuda(part, steps[lo:hi], writer, compute, device, target, at,
+                                   options)
+            elif alone:
+                _whole_tensors(part, steps[lo:hi], writer, compute, device, target, at,
+                               cdtype)
+            elif cuda:
+                stream_units_cuda(part, steps[lo:hi], writer, compute, device, target, at,
+                                  compute_at, options)
             else:
                 _elementwise(part, steps[lo:hi], writer, compute, device, target, at,
-                             compute_at, compute_threads)
+                             compute_at, compute_threads, cdtype)
         staged.add(writer.close())
     except BaseException:
         writer.abort()
@@ -479,6 +498,7 @@ def _run_slices(
     device: str | None,
     overwrite: bool,
     hash_cache: Path | None,
+    options: EngineOptions | None,
 ) -> MergeResult:
     """A slices recipe: its plan, reads and per-tensor calls come from maec_core.slices."""
     job = prepare_slices(recipe, spec)
@@ -487,7 +507,7 @@ def _run_slices(
         out_dtype=job.out_dtype, tokenizer_from=job.tokenizer_from,
         base_models=job.base_models, device=best_device(device), progress=progress,
         cancel=cancel, overwrite=overwrite, elementwise=spec.elementwise,
-        compute_threads=COMPUTE_THREADS, hash_cache=hash_cache,
+        compute_threads=COMPUTE_THREADS, hash_cache=hash_cache, options=options,
     )
 
 
@@ -500,17 +520,17 @@ def run_method(
     device: str | None = None,
     overwrite: bool = False,
     hash_cache: Path | None = None,
+    options: EngineOptions | None = None,
 ) -> MergeResult:
     """Run one registered (non-MAEC) method of a parsed ``recipe`` into ``out_dir``."""
     spec = get_method(recipe.merge_method, TensorMethod)
     if recipe.slices is not None:
         return _run_slices(recipe, spec, Path(out_dir), progress=progress, cancel=cancel,
-                           device=device, overwrite=overwrite, hash_cache=hash_cache)
+                           device=device, overwrite=overwrite, hash_cache=hash_cache,
+                           options=options)
     fn = spec.merge
     base_key, others = _model_keys(recipe)
-    named = dict(others)
-    if base_key:
-        named = {base_key: base_key, **named}
+    named = {**({base_key: base_key} if base_key else {}), **dict(others)}
     folders = open_models(named, recipe.base_model)
     reference = base_key or others[0][0]
     vocab = recipe_vocab(recipe, folders)
@@ -569,5 +589,6 @@ def run_method(
         overwrite=overwrite, hash_cache=hash_cache, elementwise=spec.elementwise,
         compute_threads=COMPUTE_THREADS, tokenizer_files=vocab.files if vocab else None,
         whole=None if aligner is None else lambda t: is_vocab_tensor(t.name),
+        options=options,
     )
 

@@ -7,6 +7,7 @@ recipe once (``maec_core.recipe.parse_recipe``) and pass it on typed.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from maec_core.lora.export import export_merge
 from maec_core.maec.pipeline import run_maec
 from maec_core.maec.store import ArtifactStore
 from maec_core.recipe import Recipe
-from maec_core.runtime import CancelFn, MergeResult, ProgressFn
+from maec_core.runtime import CancelFn, EngineOptions, MergeResult, ProgressFn
 
 __all__ = ["run"]
 
@@ -30,6 +31,7 @@ def run(
     device: str | None = None,
     overwrite: bool = False,
     hash_cache: Path | None = None,
+    options: EngineOptions | None = None,
 ) -> MergeResult:
     """Merge ``recipe`` into the folder ``out`` (published complete, or not at all).
 
@@ -38,18 +40,24 @@ def run(
     total)`` is called as tensors finish; ``cancel()`` returning True stops the run with
     ``Cancelled``. ``device`` defaults to CUDA when present. ``hash_cache`` is a folder
     keeping input-file digests between processes (None: this process only).
+    ``options``: compute dtype, GPU memory budget, a callback per finished output shard.
 
     ``output: {format: lora}`` publishes a LoRA adapter of the merge's change to its base
     instead of the merged checkpoint (``maec_core.lora.export``).
     """
     if recipe.output is not None and recipe.output.format == "lora":
+        # The merged checkpoint is an intermediate here: its shards are not the output,
+        # so no finished-shard callback sees them.
+        inner = (dataclasses.replace(options, on_shard=None, on_shard_open=None)
+                 if options else None)
         merge = functools.partial(_merge, recipe, artifact_store=artifact_store,
                                   progress=progress, cancel=cancel, device=device,
-                                  overwrite=False, hash_cache=hash_cache)
+                                  overwrite=False, hash_cache=hash_cache, options=inner)
         return export_merge(recipe, Path(out), merge, progress=progress, cancel=cancel,
                             device=device, overwrite=overwrite)
     return _merge(recipe, Path(out), artifact_store=artifact_store, progress=progress,
-                  cancel=cancel, device=device, overwrite=overwrite, hash_cache=hash_cache)
+                  cancel=cancel, device=device, overwrite=overwrite, hash_cache=hash_cache,
+                  options=options)
 
 
 def _merge(
@@ -62,11 +70,12 @@ def _merge(
     device: str | None,
     overwrite: bool,
     hash_cache: Path | None,
+    options: EngineOptions | None,
 ) -> MergeResult:
     """The merged checkpoint itself, by the recipe's method."""
     if recipe.merge_method == "maec":
         return run_maec(recipe, out, progress=progress, cancel=cancel, device=device,
                         overwrite=overwrite, artifact_store=artifact_store,
-                        hash_cache=hash_cache)
+                        hash_cache=hash_cache, options=options)
     return run_method(recipe, Path(out), progress=progress, cancel=cancel, device=device,
-                      overwrite=overwrite, hash_cache=hash_cache)
+                      overwrite=overwrite, hash_cache=hash_cache, options=options)

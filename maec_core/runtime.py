@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
+    from maec_core.io.writer import ShardFn, ShardOpenFn
+
 # progress(stage, done, total)
 ProgressFn = Callable[[str, int, int], None]
 # True when the caller wants the run to stop (checked between tensors).
@@ -36,6 +38,67 @@ class MergeResult:
     seconds: float
     stage_seconds: dict[str, float] = field(default_factory=dict)
     report: dict[str, Any] | None = None
+
+
+# Compute dtypes a merge may run its arithmetic in.
+COMPUTE_DTYPES = ("float32", "bfloat16")
+# GPU memory the engine plans to hold at most (see EngineOptions).
+GPU_BUDGET_BYTES = 8 << 30
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """How the engine runs a merge (never what it computes, except ``compute_dtype``).
+
+    ``compute_dtype``: the dtype the arithmetic runs in. ``float32`` (the default) is the
+    reference and the same on every device; ``bfloat16`` halves the GPU memory and
+    traffic of the compute at the cost of precision (bf16 keeps 8 significant bits, so a
+    sum of small task vectors into a large weight loses most of them): opt in only where
+    the output is checked.
+
+    ``on_shard(path, written)``: called as each output shard is complete on disk, while
+    the merge goes on (the worker uploads it meanwhile). ``path`` lies in the staging
+    folder, which is renamed at the end: open it in the callback to read it later.
+    ``on_shard_open(path, name, size)``: called as each shard is created, with its final
+    size, so its bytes can be read (uploaded) as they are appended, before it is done.
+
+    ``gpu_budget_bytes``: the GPU memory the merge is planned to fit in. The arithmetic,
+    for inputs of ``k`` models, compute itemsize ``c`` (4 for float32) and stored
+    itemsize ``s`` (2 for bf16):
+
+    - element-wise methods stream units of ``U = 2**24`` elements. Per unit in flight the
+      GPU holds the raw inputs (``k*U*s``), their compute-dtype copies (``k*U*c``) and
+      the result before and after the cast (``U*(c+s)``); two units are in flight (one
+      copying in while one computes). For ``k = 3``, bf16 in, float32 compute:
+      ``2 * (3*32 + 3*64 + 64 + 32) MB = 768 MB`` whatever the model's size, so a 70B
+      merge needs no more than a 1B one.
+    - whole-tensor methods (TIES, SLERP, ...) hold one tensor of ``n`` elements: ``k*n*c``
+      for the inputs, about as much again for the method's temporaries and ``n*c`` for
+      the result, so about ``(2k+1)*n*c`` (:func:`whole_tensor_bytes`). For a 70B Llama
+      and ``k = 3`` in float32, an MLP matrix (28672 x 8192 = 2.35e8 elements) needs
+      6.6 GB and the embedding or output head (128256 x 8192 = 1.05e9) 29 GB. A tensor
+      over the budget is computed on the CPU instead (same float32 arithmetic), so with
+      the 8 GiB default every layer of a 70B merge runs on the GPU and the two vocabulary
+      matrices on the CPU, and the GPU never holds more than 8 GiB.
+    """
+
+    compute_dtype: str = "float32"
+    on_shard: ShardFn | None = None
+    on_shard_open: ShardOpenFn | None = None
+    gpu_budget_bytes: int = GPU_BUDGET_BYTES
+
+    def __post_init__(self) -> None:
+        if self.compute_dtype not in COMPUTE_DTYPES:
+            from maec_core.errors import RecipeError
+
+            raise RecipeError(f"compute_dtype must be one of {list(COMPUTE_DTYPES)}, "
+                              f"not {self.compute_dtype!r}", compute_dtype=self.compute_dtype)
+
+
+def whole_tensor_bytes(numel: int, inputs: int, compute_itemsize: int) -> int:
+    """GPU bytes a whole-tensor merge of ``inputs`` tensors of ``numel`` elements needs
+    (the ``(2k+1)*n*c`` of :class:`EngineOptions`)."""
+    return (2 * inputs + 1) * numel * compute_itemsize
 
 
 def best_device(requested: str | None = None) -> torch.device:

@@ -8,12 +8,16 @@
   local_roots=[...])`` returning a started :class:`tests.stack.Stack`; everything they
   start is stopped when the fixture's scope ends. Use ``own_redis=True`` to restart or
   kill Redis without disturbing other tests.
+- ``test_device`` (session): the device the core's device-dependent tests merge on,
+  ``MAEC_TEST_DEVICE`` (``cpu`` by default; ``cuda`` runs them on the GPU and skips
+  them where there is none).
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +28,17 @@ import pytest
 from tests.stack import RedisServer, S3Server, Stack, stack_context
 
 _DBS = itertools.cycle(range(1, 16))
+
+
+@pytest.fixture(scope="session")
+def test_device() -> str:
+    device = os.environ.get("MAEC_TEST_DEVICE", "cpu")
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            pytest.skip("MAEC_TEST_DEVICE=cuda and no CUDA device here")
+    return device
 
 
 @pytest.fixture(scope="session")

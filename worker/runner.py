@@ -31,8 +31,10 @@ from app.storage.base import Storage, StorageError
 from maec_core.errors import Cancelled, MaecError
 from maec_core.manifest import MANIFEST_NAME
 from maec_core.recipe import Recipe, parse_recipe
+from maec_core.runtime import EngineOptions
 from maec_core.sweep.inputs import eval_sources, with_eval_sources
 from worker.inputs import Hold, InputCache, check_adapter_bases, fetch_source
+from worker.publish import ShardUploads, publish
 from worker.stages import produce, spans_for
 
 log = logging.getLogger("maec.worker")
@@ -177,6 +179,9 @@ class JobRunner:
         if claim.outcome != "claimed":
             log.info("job %s: not run (%s)", job_id, claim.outcome)
             if claim.outcome in ENDED_BY_CLAIM:
+                # A dead attempt may have uploaded shards during its merge (never a
+                # manifest: that is written last); the job ended without a result.
+                self._cleanup(f"jobs/{job_id}")
                 ended = self.store.get(job_id)
                 self._finished(job_id, ended.callback_url if ended else None)
             return claim.outcome
@@ -197,6 +202,9 @@ class JobRunner:
         except LeaseLost:
             log.warning("job %s attempt %d: stopped, the job was taken over",
                         job_id, claim.attempt)
+            # This attempt's own prefix: shards it uploaded during the merge (the new
+            # owner writes under its own, and removes this one when it starts).
+            self._cleanup(prefix)
             return "lost"
         finally:
             att.stop_lease()
@@ -348,12 +356,24 @@ class JobRunner:
             self._reserve_bytes(rec, att, uploaded[0])
             self.storage.put_file(f"{prefix}/{key}", path)
 
-        made = produce(recipe, out, store=self.artifacts, progress=att.progress,
-                       cancel=att.cancel_requested, device=self.settings.device,
-                       hash_cache=self.settings.work_dir / "checksums", work_dir=workdir,
-                       reporter=att, upload=upload)
-        self._reserve(rec, att, made.manifest, out, already=uploaded[0])
-        files = [*made.files, *self._publish(rec, att, prefix, out, made.manifest)]
+        # The output's shards go up while the merge goes on; stopped before any clean-up
+        # of the prefix (the caller's), so nothing lands after it.
+        uploads = ShardUploads(self.storage, prefix)
+        try:
+            made = produce(recipe, out, store=self.artifacts, progress=att.progress,
+                           cancel=att.cancel_requested, device=self.settings.device,
+                           hash_cache=self.settings.work_dir / "checksums", work_dir=workdir,
+                           reporter=att, upload=upload,
+                           options=EngineOptions(on_shard=uploads.on_shard,
+                                                 on_shard_open=uploads.on_shard_open))
+            # Before the manifest can publish anything: a job over its owner's quota
+            # fails here, and the shards it uploaded meanwhile go with its prefix.
+            self._reserve(rec, att, made.manifest, out, already=uploaded[0])
+            files = [*made.files, *self._publish(rec, att, out, made.manifest, uploads)]
+        except BaseException:
+            uploads.stop()
+            raise
+        uploads.close()
         for f in files:
             f["url"] = f"/v1/jobs/{rec.id}/files/{f['path']}"
         return {
@@ -370,24 +390,21 @@ class JobRunner:
             "_bytes": sum(int(f["size"]) for f in files),
         }
 
-    def _publish(self, rec: JobRecord, att: Attempt, prefix: str, out: Path,
-                 manifest: dict[str, Any]) -> list[dict[str, Any]]:
-        """Every file, then manifest.json last (the commit marker); the files' entries."""
+    def _publish(self, rec: JobRecord, att: Attempt, out: Path, manifest: dict[str, Any],
+                 uploads: ShardUploads) -> list[dict[str, Any]]:
+        """Every file not uploaded yet, then manifest.json last (the commit marker), once
+        every other file is stored and verified; the files' entries."""
         ok, _ = self.store.transition(rec.id, allowed=("running",), to="publishing",
                                       attempt=att.attempt)
         if not ok:
             raise LeaseLost(rec.id)
         files = [dict(f) for f in manifest["files"]]
         att.progress("publish", 0, len(files) + 1)
-        for i, f in enumerate(files):
-            if att.cancel_requested():
-                raise _CancelledHere
-            self.storage.put_file(f"{prefix}/{f['path']}", out / f["path"])
-            att.progress("publish", i + 1, len(files) + 1)
-        if att.cancel_requested():
+        if not publish(uploads, out, files, out / MANIFEST_NAME,
+                       cancelled=att.cancel_requested,
+                       progress=lambda n, total: att.progress("publish", n, total)):
             raise _CancelledHere
         manifest_path = out / MANIFEST_NAME
-        self.storage.put_file(f"{prefix}/{MANIFEST_NAME}", manifest_path)
         from maec_core.checksums import sha256_file
 
         files.append({"path": MANIFEST_NAME, "size": manifest_path.stat().st_size,

@@ -19,7 +19,7 @@ from maec_core.eval.report import EvalReport
 from maec_core.maec.store import ArtifactStore
 from maec_core.manifest import MANIFEST_NAME
 from maec_core.recipe import Recipe
-from maec_core.runtime import CancelFn, ProgressFn
+from maec_core.runtime import CancelFn, EngineOptions, ProgressFn
 
 # Fraction of the whole job each stage covers, for a job that evaluates.
 EVAL_SPAN = {"fetch": (0.0, 0.05), "extract": (0.05, 0.45), "combine": (0.45, 0.8),
@@ -66,8 +66,11 @@ def evaluation_result(report: EvalReport, label: str) -> dict[str, Any]:
 
 def produce(recipe: Recipe, out: Path, *, store: ArtifactStore, progress: ProgressFn,
             cancel: CancelFn, device: str | None, hash_cache: Path, work_dir: Path,
-            reporter: Reporter, upload: Upload) -> Produced:
-    """Merge (and evaluate, or sweep) ``recipe`` into ``out``."""
+            reporter: Reporter, upload: Upload,
+            options: EngineOptions | None = None) -> Produced:
+    """Merge (and evaluate, or sweep) ``recipe`` into ``out``. ``options`` (the output's
+    finished-shard callbacks) apply to a plain merge only: a sweep's candidates are not
+    the output."""
     if recipe.sweep is not None:
         return _sweep(recipe, out, store=store, cancel=cancel, device=device,
                       hash_cache=hash_cache, work_dir=work_dir, reporter=reporter,
@@ -76,7 +79,7 @@ def produce(recipe: Recipe, out: Path, *, store: ArtifactStore, progress: Progre
     from maec_core.sweep.runner import evaluate_folder
 
     merged = run(recipe.merge_only(), out, artifact_store=store, progress=progress,
-                 cancel=cancel, device=device, hash_cache=hash_cache)
+                 cancel=cancel, device=device, hash_cache=hash_cache, options=options)
     report = merged.report or {}
     produced = Produced(merged.manifest, report, merged.stage_seconds, merged.seconds,
                         [bool(a.get("artifact_reused")) for a in report.get("abilities", [])])

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import BinaryIO, Protocol
 
 from maec_core.errors import MaecError
 
@@ -25,6 +25,16 @@ class ObjectInfo:
     # The whole object's SHA-256 (hex) when the store keeps one: an S3 object uploaded
     # with a SHA-256 checksum in one part (``head`` only; listings do not carry it).
     sha256: str | None = None
+
+
+# A file's expected SHA-256 (hex), or a function giving it once the file is complete.
+Digest = str | Callable[[], str]
+# Blocks until the first ``n`` bytes of a file being written are final.
+WaitFn = Callable[[int], None]
+
+
+def expected_digest(sha256: Digest) -> str:
+    return sha256() if callable(sha256) else sha256
 
 
 def check_key(key: str) -> str:
@@ -47,6 +57,17 @@ class Storage(Protocol):
     def put_file(self, key: str, path: Path) -> None: ...
 
     def put_bytes(self, key: str, data: bytes) -> None: ...
+
+    def put_verified(self, key: str, f: BinaryIO, size: int, sha256: Digest, *,
+                     wait_for: WaitFn | None = None) -> None:
+        """Store the first ``size`` bytes of the open file ``f`` under ``key``, checked:
+        they must hash to ``sha256`` (hex) and the store must confirm what it received;
+        a mismatch is a ``StorageError`` and leaves no object at ``key``.
+
+        For a file still being written: ``wait_for(n)`` returns once its first ``n``
+        bytes are final (called before each read), and ``sha256`` may be a function
+        giving the digest once the whole file is written."""
+        ...
 
     def get_bytes(self, key: str) -> bytes: ...
 

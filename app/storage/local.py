@@ -6,13 +6,23 @@ or none, as with S3.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
-from app.storage.base import ObjectInfo, Storage, StorageError, check_key
+from app.storage.base import (
+    Digest,
+    ObjectInfo,
+    Storage,
+    StorageError,
+    WaitFn,
+    check_key,
+    expected_digest,
+)
 
 CHUNK = 1024 * 1024
 
@@ -50,6 +60,33 @@ class LocalStorage:
         except OSError as exc:
             tmp.unlink(missing_ok=True)
             raise StorageError(f"cannot store {key}: {exc.strerror}", key=key) from None
+
+    def put_verified(self, key: str, f: BinaryIO, size: int, sha256: Digest, *,
+                     wait_for: WaitFn | None = None) -> None:
+        dest, tmp = self._atomic(key)
+        digest = hashlib.sha256()
+        try:
+            f.seek(0)
+            with open(tmp, "wb") as out:
+                left = size
+                while left > 0:
+                    n = min(CHUNK * 8, left)
+                    if wait_for is not None:
+                        wait_for(size - left + n)
+                    chunk = f.read(n)
+                    if not chunk:
+                        break
+                    digest.update(chunk)
+                    out.write(chunk)
+                    left -= len(chunk)
+            if left or digest.hexdigest() != expected_digest(sha256):
+                raise StorageError(f"{key}: the bytes stored are not the ones hashed "
+                                   f"({size - left} of {size} bytes read)", key=key)
+            os.replace(tmp, dest)
+        except OSError as exc:
+            raise StorageError(f"cannot store {key}: {exc.strerror}", key=key) from None
+        finally:
+            tmp.unlink(missing_ok=True)
 
     def put_bytes(self, key: str, data: bytes) -> None:
         dest, tmp = self._atomic(key)
@@ -108,7 +145,19 @@ class LocalStorage:
         shutil.copyfile(self._path(key), dest)
 
     def delete_prefix(self, prefix: str) -> None:
-        shutil.rmtree(self._path(prefix.rstrip("/")), ignore_errors=True)
+        target = self._path(prefix.rstrip("/"))
+        shutil.rmtree(target, ignore_errors=True)
+        # As in S3, where a prefix exists only while objects do: folders left empty go too
+        # (an attempt's removed uploads leave no empty jobs/<id>/ behind).
+        for parent in target.parents:
+            # Top-level folders (jobs/, artifacts/) stay: another upload may be creating
+            # its folder inside one right now.
+            if parent.parent == self.root or not parent.is_relative_to(self.root):
+                break
+            try:
+                parent.rmdir()
+            except OSError:  # not empty (or already gone): stop here
+                break
 
     def presign(self, key: str, seconds: int) -> str | None:
         return None

@@ -1,14 +1,24 @@
 """S3-compatible storage through boto3: multipart uploads with SHA-256 checksums per part,
 ranged GETs, presigned URLs.
+
+``put_verified`` (how the worker publishes a merge's files) runs its own multipart
+upload rather than boto3's transfer manager: it reads each part once, hashes it for the
+part's checksum (which the store checks on receipt) and for the whole file's SHA-256
+(checked against the digest the writer computed), and sends up to ``UPLOAD_THREADS``
+parts at once. A file whose bytes do not match is never completed: the upload is
+aborted and nothing appears at the key.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
+import hashlib
 from collections.abc import Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import boto3
 from boto3.exceptions import Boto3Error
@@ -17,12 +27,32 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from app.settings import Settings
-from app.storage.base import ObjectInfo, Storage, StorageError, check_key
+from app.storage.base import (
+    Digest,
+    ObjectInfo,
+    Storage,
+    StorageError,
+    WaitFn,
+    check_key,
+    expected_digest,
+)
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
 CHUNK = 1024 * 1024
+# Parts of one file in flight at once (each holds a part in memory: 4 x 64 MB default).
+UPLOAD_THREADS = 4
+
+
+def _b64(digest: bytes) -> str:
+    return base64.b64encode(digest).decode()
+
+
+def composite_sha256(part_digests: list[bytes]) -> str:
+    """S3's checksum of a multipart object: SHA-256 of the parts' SHA-256 digests,
+    base64, then ``-<parts>``."""
+    return f"{_b64(hashlib.sha256(b''.join(part_digests)).digest())}-{len(part_digests)}"
 
 
 def _fail(what: str, exc: Exception, **details: Any) -> StorageError:
@@ -109,6 +139,85 @@ class S3Storage:
             # Boto3Error: upload_file wraps failures in S3UploadFailedError, which is
             # neither a ClientError nor a BotoCoreError (seen with the store going down).
             raise _fail(f"uploading {key}", exc, key=key) from None
+
+    def put_verified(self, key: str, f: BinaryIO, size: int, sha256: Digest, *,
+                     wait_for: WaitFn | None = None) -> None:
+        check_key(key)
+        try:
+            if size <= self.multipart_bytes:
+                if wait_for is not None:
+                    wait_for(size)
+                f.seek(0)
+                data = f.read(size)
+                digest = expected_digest(sha256)
+                if len(data) != size or hashlib.sha256(data).hexdigest() != digest:
+                    raise StorageError(f"{key}: the file is not the one hashed", key=key)
+                # The store checks the body against this checksum and refuses a mismatch.
+                self.client.put_object(Bucket=self.bucket, Key=key, Body=data,
+                                       ChecksumSHA256=_b64(bytes.fromhex(digest)))
+            else:
+                self._multipart(key, f, size, sha256, wait_for)
+            head = self.client.head_object(Bucket=self.bucket, Key=key)
+        except (ClientError, BotoCoreError, OSError) as exc:
+            raise _fail(f"uploading {key}", exc, key=key) from None
+        if int(head["ContentLength"]) != size:
+            self.client.delete_object(Bucket=self.bucket, Key=key)
+            raise StorageError(f"{key}: the store holds {head['ContentLength']} bytes, "
+                               f"not {size}", key=key)
+
+    def _multipart(self, key: str, f: BinaryIO, size: int, sha256: Digest,
+                   wait_for: WaitFn | None) -> None:
+        """Parts hashed as read (each once final, for a file still being written) and
+        sent on a pool; completed only once the whole file hashed to ``sha256`` and the
+        store confirmed the parts' composite checksum."""
+        upload = self.client.create_multipart_upload(
+            Bucket=self.bucket, Key=key, ChecksumAlgorithm="SHA256")["UploadId"]
+        whole = hashlib.sha256()
+        digests: list[bytes] = []
+        sent: list[Future[dict[str, Any]]] = []
+        try:
+            with ThreadPoolExecutor(UPLOAD_THREADS, thread_name_prefix="s3-part") as pool:
+                f.seek(0)
+                for number, start in enumerate(range(0, size, self.multipart_bytes), 1):
+                    n = min(self.multipart_bytes, size - start)
+                    if wait_for is not None:
+                        wait_for(start + n)
+                    data = f.read(n)
+                    if len(data) != n:
+                        raise StorageError(f"{key}: the file ended at {start + len(data)} "
+                                           f"of {size} bytes", key=key)
+                    whole.update(data)
+                    digests.append(hashlib.sha256(data).digest())
+                    # Bounded: at most UPLOAD_THREADS parts held in memory.
+                    if len(sent) >= UPLOAD_THREADS:
+                        sent[len(sent) - UPLOAD_THREADS].result()
+                    sent.append(pool.submit(self._part, key, upload, number, data,
+                                            digests[-1]))
+                parts = [fut.result() for fut in sent]
+            if whole.hexdigest() != expected_digest(sha256):
+                raise StorageError(f"{key}: the file is not the one hashed", key=key)
+            done = self.client.complete_multipart_upload(
+                Bucket=self.bucket, Key=key, UploadId=upload,
+                MultipartUpload={"Parts": parts})  # type: ignore[typeddict-item]
+        except BaseException:
+            # Best effort: the original error is the one to report; a store that is down
+            # expires the upload by its own lifecycle rules.
+            with contextlib.suppress(ClientError, BotoCoreError):
+                self.client.abort_multipart_upload(Bucket=self.bucket, Key=key,
+                                                   UploadId=upload)
+            raise
+        stored = done.get("ChecksumSHA256")
+        # Stores that report the composite checksum must report ours.
+        if stored and stored != composite_sha256(digests):
+            self.client.delete_object(Bucket=self.bucket, Key=key)
+            raise StorageError(f"{key}: the store's checksum {stored} is not ours", key=key)
+
+    def _part(self, key: str, upload: str, number: int, data: bytes, digest: bytes
+              ) -> dict[str, Any]:
+        resp = self.client.upload_part(
+            Bucket=self.bucket, Key=key, UploadId=upload, PartNumber=number, Body=data,
+            ChecksumSHA256=_b64(digest))
+        return {"PartNumber": number, "ETag": resp["ETag"], "ChecksumSHA256": _b64(digest)}
 
     def put_bytes(self, key: str, data: bytes) -> None:
         try:

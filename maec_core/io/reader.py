@@ -5,7 +5,9 @@ that have been touched count towards the process's resident set until unmapped, 
 mmap reader's peak RSS grows with model size (that is most of mergekit's footprint).
 A plain read holds exactly the tensors in hand. ``TensorReader`` reads whole tensors
 into fresh buffers (the whole-tensor path); ``UnitReader`` streams runs of elements into
-a few buffers recycled for the whole merge (the element-wise path).
+a few buffers recycled for the whole merge (the element-wise path). For a CUDA merge
+both read into pinned (page-locked) host memory, so host->device copies run
+asynchronously (``non_blocking=True``) instead of through a staging copy.
 """
 
 from __future__ import annotations
@@ -45,10 +47,13 @@ class TensorReader:
     """Reads tensors by ``TensorInfo``; keeps one open handle per file.
 
     Thread-safe: a seek and read pair runs under a per-file lock, so a prefetch thread
-    and the main thread can share one reader.
+    and the main thread can share one reader. ``pin=True`` reads into pinned memory (for
+    a CUDA merge; torch's host allocator caches those blocks, so this is no slower per
+    tensor once warm).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, pin: bool = False) -> None:
+        self._pin = pin
         self._files: dict[Path, io.BufferedReader] = {}
         self._locks: dict[Path, threading.Lock] = {}
         self._guard = threading.Lock()
@@ -66,7 +71,7 @@ class TensorReader:
         return stored if info.delta is None else with_delta(info, stored, self._read_stored)
 
     def _read_stored(self, info: TensorInfo) -> torch.Tensor:
-        buf = torch.empty(info.nbytes, dtype=torch.uint8)
+        buf = torch.empty(info.nbytes, dtype=torch.uint8, pin_memory=self._pin)
         f, lock = self._handle(info.file)
         with lock:
             f.seek(info.start)
@@ -176,9 +181,11 @@ class UnitReader:
     while the previous one is computed. Units land in ``depth + 1`` buffer sets allocated
     once and recycled, so memory stays at a few units however large the model is, and
     no fresh allocation (each a storm of page faults on first touch) happens per tensor.
+    ``pin=True`` allocates them pinned, for asynchronous copies to a GPU.
     """
 
-    def __init__(self, steps: list[list[TensorInfo]], unit: int, depth: int = 2) -> None:
+    def __init__(self, steps: list[list[TensorInfo]], unit: int, depth: int = 2, *,
+                 pin: bool = False) -> None:
         self._steps = steps
         self._unit = unit
         slots = max((len(s) for s in steps), default=0)
@@ -187,7 +194,8 @@ class UnitReader:
         size = max(1, min(unit, biggest)) * itemsize
         self._free: queue.Queue[list[torch.Tensor]] = queue.Queue()
         for _ in range(depth + 1):
-            self._free.put([torch.empty(size, dtype=torch.uint8) for _ in range(slots)])
+            self._free.put([torch.empty(size, dtype=torch.uint8, pin_memory=pin)
+                            for _ in range(slots)])
         self._ready: queue.Queue[Unit | BaseException | None] = queue.Queue()
         self._fds: dict[Path, int] = {}
         self._stop = threading.Event()

@@ -57,6 +57,16 @@ class WrittenFile:
     sha256: str
 
 
+# Called with each shard as soon as it is complete on disk (closed, hashed), from the
+# writer's thread, while later tensors are still being merged: how the worker uploads
+# shards during the merge. It must not block for long (hand the work to a thread).
+ShardFn = Callable[[Path, WrittenFile], None]
+# Called as a shard is created (its header written) with its path, name and final size,
+# so a reader may follow it as it grows: a shard is only ever appended to, so every byte
+# below the file's current size is final. Same thread and rules as ``ShardFn``.
+ShardOpenFn = Callable[[Path, str, int], None]
+
+
 def shard_layout(tensors: list[OutputTensor], shard_size: int) -> list[list[OutputTensor]]:
     """Greedy split in order; a tensor larger than ``shard_size`` gets a shard to itself."""
     shards: list[list[OutputTensor]] = [[]]
@@ -93,8 +103,11 @@ class ShardedWriter:
     """Write ``tensors`` (in this exact order) into ``folder`` as HF-named shards."""
 
     def __init__(self, folder: Path, tensors: list[OutputTensor], shard_size: int, *,
-                 parallel_io: bool = False) -> None:
+                 parallel_io: bool = False, on_shard: ShardFn | None = None,
+                 on_shard_open: ShardOpenFn | None = None) -> None:
         self.folder = folder
+        self.on_shard = on_shard
+        self.on_shard_open = on_shard_open
         # With parallel_io, each append writes the file on a helper thread while this one
         # hashes the same bytes (both release the GIL): hashing is the slowest step of
         # producing the output, and it no longer adds to the write.
@@ -129,6 +142,9 @@ class ShardedWriter:
             shard.sha.update(shard.header)
             shard.size = len(shard.header)
             self._current, self._current_index = f, si
+            if self.on_shard_open is not None:
+                self.on_shard_open(self.folder / shard.file_name, shard.file_name,
+                                   len(shard.header) + sum(t.nbytes for t in shard.tensors))
         assert self._current is not None
         return self._current
 
@@ -137,8 +153,11 @@ class ShardedWriter:
             return
         self._current.close()
         shard = self._shards[self._current_index]
-        self.files.append(WrittenFile(shard.file_name, shard.size, shard.sha.hexdigest()))
+        written = WrittenFile(shard.file_name, shard.size, shard.sha.hexdigest())
+        self.files.append(written)
         self._current = None
+        if self.on_shard is not None:
+            self.on_shard(self.folder / shard.file_name, written)
 
     def begin(self, name: str, shape: tuple[int, ...], dtype: str | None) -> None:
         """Start the next tensor; it must match the declared name, shape and dtype."""

@@ -30,7 +30,13 @@ from maec_core.maec.rowio import RowReader
 from maec_core.maec.select import select_tensors
 from maec_core.plan import MergePlan, PlannedTensor
 from maec_core.recipe import Recipe
-from maec_core.runtime import CancelFn, MergeResult, ProgressFn, cpu_single_thread
+from maec_core.runtime import (
+    CancelFn,
+    EngineOptions,
+    MergeResult,
+    ProgressFn,
+    cpu_single_thread,
+)
 from maec_core.vocab.build import is_vocab_tensor
 from maec_core.vocab.maec import TokenMap
 
@@ -148,6 +154,7 @@ def merge(
     overwrite: bool,
     hash_cache: Path | None = None,
     remap: RowRemap | None = None,
+    options: EngineOptions | None = None,
 ) -> MergeResult:
     # Which abilities add to each tensor, in ability order (the float32 sums are ordered).
     adds: dict[str, list[int]] = {}
@@ -174,7 +181,7 @@ def merge(
             out_dtype=out_dtype, tokenizer_from=language_key, base_models=base_models,
             device=device, progress=progress, cancel=cancel, stage="combine",
             extra_json=extra_json, card_summary=card_summary, manifest_extra=manifest_extra,
-            overwrite=overwrite, hash_cache=hash_cache,
+            overwrite=overwrite, hash_cache=hash_cache, options=options,
         )
     finally:
         reader.close()

@@ -150,17 +150,24 @@ def gradient_scores(
             batches[-1].append(b)
         else:
             batches.append([b])
-    losses: list[float] = []
+    # Losses stay on the device until the end: reading one per batch (float()) would
+    # make the host wait for every batch's backward before queueing the next batch.
+    losses: list[torch.Tensor] = []
+    pin = device.type == "cuda"
     for batch in batches:
         if cancel is not None and cancel():
             raise Cancelled("extraction cancelled")
-        x = torch.tensor(batch, dtype=torch.long, device=device)
+        x = torch.tensor(batch, dtype=torch.long)
+        # Pinned, so the copy is queued behind the previous batch instead of waiting.
+        x = (x.pin_memory() if pin else x).to(device, non_blocking=pin)
         loss = model(input_ids=x, labels=x).loss
         loss.backward()
-        losses.append(float(loss.detach()))
+        losses.append(loss.detach())
         for n, p in found.items():
             assert p.grad is not None
-            acc[n].add_(p.grad.float())
+            # In place with promotion: a bf16 gradient is added into the float32
+            # accumulator without a float32 copy of it (on CPU the grads are float32).
+            acc[n].add_(p.grad)
             p.grad = None
     scores: dict[str, torch.Tensor] = {}
     for n, g in acc.items():
@@ -172,6 +179,6 @@ def gradient_scores(
         "tokens": sum(len(b) for bt in batches for b in bt),
         "batches": len(batches),
         "sequences": sum(len(bt) for bt in batches),
-        "mean_loss": sum(losses) / len(losses),
+        "mean_loss": sum(float(x) for x in losses) / len(losses),
     }
     return scores, stats

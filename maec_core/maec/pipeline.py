@@ -40,7 +40,7 @@ from maec_core.maec.params import MaecParams, validate_maec_recipe
 from maec_core.maec.store import ArtifactStore, LocalArtifactStore
 from maec_core.plan import MergePlan, build_plan
 from maec_core.recipe import Recipe
-from maec_core.runtime import CancelFn, MergeResult, ProgressFn, best_device
+from maec_core.runtime import CancelFn, EngineOptions, MergeResult, ProgressFn, best_device
 from maec_core.vocab.maec import maec_token_map
 
 __all__ = ["ArtifactStore", "LocalArtifactStore", "artifact_key", "combine", "extract",
@@ -147,6 +147,7 @@ def run_maec(
     overwrite: bool = False,
     artifact_store: ArtifactStore | None = None,
     hash_cache: Path | None = None,
+    options: EngineOptions | None = None,
 ) -> MergeResult:
     """The full MAEC merge: extraction (or artifact reuse) then combination.
 
@@ -163,7 +164,8 @@ def run_maec(
     if recipe.artifact is not None:
         return _combine(recipe, params, [Path(recipe.artifact)], out, reused=[True],
                         extract_seconds=0.0, progress=progress, cancel=cancel,
-                        device=device, overwrite=overwrite, hash_cache=hash_cache)
+                        device=device, overwrite=overwrite, hash_cache=hash_cache,
+                        options=options)
     tmp: Path | None = None
     try:
         dirs, reused, tmp = _abilities(recipe, params, out, artifact_store, progress=progress,
@@ -172,7 +174,7 @@ def run_maec(
         return _combine(recipe, params, dirs, out, reused=reused,
                         extract_seconds=extract_seconds, progress=progress, cancel=cancel,
                         device=device, overwrite=overwrite, hash_cache=hash_cache,
-                        started=started)
+                        started=started, options=options)
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -246,6 +248,7 @@ def _combine(
     overwrite: bool,
     hash_cache: Path | None = None,
     started: float | None = None,
+    options: EngineOptions | None = None,
 ) -> MergeResult:
     t0 = time.perf_counter()
     started = started if started is not None else t0
@@ -293,7 +296,7 @@ def _combine(
     t1 = time.perf_counter()
     result = merge(
         recorded, plan, artifacts, selection, mus, out_dir, language_key=LANG, remap=remap,
-        out_dtype=recipe.dtype or plan.input_dtype, device=best_device(device),
+        out_dtype=recipe.dtype or plan.input_dtype, device=best_device(device), options=options,
         base_models=[recipe.language_base, recipe.base_model,
                      *[ab.model for ab in recipe.abilities]],
         extra_json={REPORT_NAME: report}, card_summary=card_summary(report),

@@ -101,3 +101,50 @@ def test_s3_sources_are_checked_from_headers_only(s3_server: S3Server,
     assert all(k.endswith(".json") for k in CountingStorage.whole_reads)
     assert len(folder.tensors) > 10
     assert folder.config["hidden_size"] == 256
+
+
+def test_put_verified_multipart_checked_and_a_mismatch_leaves_nothing(
+        s3_server: S3Server, tmp_path: Path) -> None:
+    import io
+
+    from app.storage.base import StorageError
+
+    store = S3Storage.from_settings(_settings(s3_server))
+    data = os.urandom(12 * 1024 * 1024)  # three 5 MiB parts
+    sha = hashlib.sha256(data).hexdigest()
+    store.put_verified("t/verified/big.bin", io.BytesIO(data), len(data), sha)
+    head = store.client.head_object(Bucket=S3_BUCKET, Key="t/verified/big.bin")
+    assert head["ETag"].strip('"').endswith("-3"), "uploaded as a 3-part multipart upload"
+    assert store.get_bytes("t/verified/big.bin") == data
+    store.put_verified("t/verified/small.bin", io.BytesIO(data[:1000]), 1000,
+                       hashlib.sha256(data[:1000]).hexdigest())
+    info = store.head("t/verified/small.bin")
+    assert info is not None and info.sha256 == hashlib.sha256(data[:1000]).hexdigest()
+    for size, body in ((len(data), data[:-1] + b"X"), (1000, data[:999] + b"X")):
+        with pytest.raises(StorageError):
+            store.put_verified("t/verified/bad.bin", io.BytesIO(body), size, sha)
+        assert store.head("t/verified/bad.bin") is None
+    uploads = store.client.list_multipart_uploads(Bucket=S3_BUCKET, Prefix="t/verified/")
+    assert not uploads.get("Uploads"), "the refused multipart upload was aborted"
+    store.delete_prefix("t/verified/")
+
+
+def test_put_verified_follows_a_growing_file_part_by_part(s3_server: S3Server,
+                                                          tmp_path: Path) -> None:
+    store = S3Storage.from_settings(_settings(s3_server))
+    data = os.urandom(12 * 1024 * 1024)
+    path = tmp_path / "growing.bin"
+    path.write_bytes(b"")
+    asked: list[int] = []
+
+    def wait_for(n: int) -> None:
+        asked.append(n)
+        with open(path, "ab") as out:  # the "writer" appends just what is asked for
+            out.write(data[path.stat().st_size:n])
+
+    with open(path, "rb") as f:
+        store.put_verified("t/growing/big.bin", f, len(data),
+                           lambda: hashlib.sha256(data).hexdigest(), wait_for=wait_for)
+    assert asked == [5 * 2**20, 10 * 2**20, len(data)], "one wait per part, in order"
+    assert store.get_bytes("t/growing/big.bin") == data
+    store.delete_prefix("t/growing/")

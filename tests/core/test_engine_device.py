@@ -1,0 +1,147 @@
+"""The engine on the test device (``MAEC_TEST_DEVICE``, CPU by default) against the CPU,
+its options (compute dtype, GPU budget) and the finished-shard callback."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from maec_core.errors import RecipeError
+from maec_core.io.writer import WrittenFile
+from maec_core.recipe import parse_recipe
+from maec_core.run import run
+from maec_core.runtime import EngineOptions
+
+
+def tensors(folder: Path) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        out.update(load_file(f))
+    return out
+
+
+def recipe(zoo: dict[str, Path], method: str, **extra: Any) -> dict[str, Any]:
+    donor: dict[str, Any] = {"weight": 0.6}
+    if method in ("ties", "dare_ties"):
+        donor["density"] = 0.5
+    params: dict[str, Any] = {"t": 0.3} if method == "slerp" else {}
+    models = [{"model": str(zoo[k]), "parameters": donor} for k in ("a", "b")]
+    if method == "slerp":
+        models = [{"model": str(zoo["a"]), "parameters": {}}]
+    return {"merge_method": method, "base_model": str(zoo["base"]), "models": models,
+            "parameters": params, **extra}
+
+
+def assert_same_or_close(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor],
+                         exact: bool) -> None:
+    assert got.keys() == want.keys()
+    for name, w in want.items():
+        if exact:
+            assert torch.equal(got[name], w), name
+        else:
+            # Another device's kernels may fuse or reorder float32 operations, and a
+            # magnitude cut (TIES) may break a tie between equal values the other way.
+            close = torch.isclose(got[name].float(), w.float(), rtol=1e-5, atol=1e-6)
+            assert float(close.float().mean()) >= 0.999, name
+
+
+@pytest.mark.parametrize("method", ["task_arithmetic", "linear", "ties", "slerp"])
+def test_test_device_matches_the_cpu(zoo: dict[str, Path], tmp_path: Path, test_device: str,
+                                     method: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import maec_core.cuda_loops as cuda_loops
+
+    # Units that split every tensor at odd places, so a GPU run crosses unit edges.
+    monkeypatch.setattr(cuda_loops, "UNIT_CUDA", 1000)
+    r = parse_recipe(recipe(zoo, method))
+    run(r, tmp_path / "cpu", device="cpu")
+    run(r, tmp_path / "dev", device=test_device)
+    assert_same_or_close(tensors(tmp_path / "dev"), tensors(tmp_path / "cpu"),
+                         exact=test_device == "cpu")
+
+
+def test_tensors_over_the_gpu_budget_compute_on_the_cpu(zoo: dict[str, Path], tmp_path: Path,
+                                                        test_device: str) -> None:
+    """With no GPU budget every whole tensor is computed on the CPU: the CPU's bytes."""
+    r = parse_recipe(recipe(zoo, "ties"))
+    run(r, tmp_path / "cpu", device="cpu")
+    run(r, tmp_path / "dev", device=test_device, options=EngineOptions(gpu_budget_bytes=0))
+    assert_same_or_close(tensors(tmp_path / "dev"), tensors(tmp_path / "cpu"), exact=True)
+
+
+def test_bfloat16_compute_is_close_to_float32(zoo: dict[str, Path], tmp_path: Path,
+                                              test_device: str) -> None:
+    r = parse_recipe(recipe(zoo, "task_arithmetic"))
+    run(r, tmp_path / "f32", device=test_device)
+    run(r, tmp_path / "bf16", device=test_device,
+        options=EngineOptions(compute_dtype="bfloat16"))
+    f32, bf16 = tensors(tmp_path / "f32"), tensors(tmp_path / "bf16")
+    differ = 0
+    for name, want in f32.items():
+        assert bf16[name].dtype == want.dtype
+        # bf16 keeps 8 significant bits: within a couple of its ulps of the float32 result.
+        torch.testing.assert_close(bf16[name], want, rtol=2 ** -6, atol=1e-3, msg=name)
+        differ += int(not torch.equal(bf16[name], want))
+    assert differ, "bf16 arithmetic changed nothing: the option was not applied"
+
+
+def test_default_options_give_the_same_bytes(zoo: dict[str, Path], tmp_path: Path) -> None:
+    r = parse_recipe(recipe(zoo, "ties"))
+    run(r, tmp_path / "plain", device="cpu")
+    run(r, tmp_path / "opts", device="cpu", options=EngineOptions(compute_dtype="float32"))
+    for f in sorted((tmp_path / "plain").glob("*.safetensors")):
+        assert f.read_bytes() == (tmp_path / "opts" / f.name).read_bytes()
+
+
+def test_unknown_compute_dtype_is_a_recipe_error() -> None:
+    with pytest.raises(RecipeError) as err:
+        EngineOptions(compute_dtype="float16")
+    assert err.value.code == "invalid_recipe"
+
+
+@pytest.mark.parametrize("method", ["task_arithmetic", "ties"])
+def test_each_shard_is_handed_over_complete_before_the_folder_exists(
+        zoo: dict[str, Path], tmp_path: Path, method: str) -> None:
+    out = tmp_path / "out"
+    seen: list[tuple[str, bool, str]] = []
+
+    def on_shard(path: Path, written: WrittenFile) -> None:
+        data = path.read_bytes()
+        assert len(data) == written.size
+        seen.append((written.path, out.exists(), hashlib.sha256(data).hexdigest()))
+        assert written.sha256 == seen[-1][2]
+
+    result = run(parse_recipe(recipe(zoo, method, out_shard_size="16KB")), out,
+                 device="cpu", options=EngineOptions(on_shard=on_shard))
+    shards = [f for f in result.manifest["files"] if f["path"].endswith(".safetensors")]
+    assert len(shards) >= 3
+    assert [name for name, _, _ in seen] == [f["path"] for f in shards]
+    assert not any(published for _, published, _ in seen)
+    assert [sha for _, _, sha in seen] == [f["sha256"] for f in shards]
+
+
+def test_a_lora_output_hands_over_no_shard_of_its_intermediate_merge(
+        zoo: dict[str, Path], tmp_path: Path) -> None:
+    seen: list[str] = []
+    r = recipe(zoo, "task_arithmetic", out_shard_size="16KB",
+               output={"format": "lora", "rank": 4})
+    result = run(parse_recipe(r), tmp_path / "out", device="cpu",
+                 options=EngineOptions(on_shard=lambda _p, w: seen.append(w.path)))
+    assert seen == []
+    assert any(f["path"].startswith("adapter") for f in result.manifest["files"])
+
+
+def test_maec_on_the_test_device_matches_the_cpu(zoo: dict[str, Path], tmp_path: Path,
+                                                 test_device: str) -> None:
+    r = parse_recipe({
+        "merge_method": "maec", "base_model": str(zoo["base"]),
+        "language_base": str(zoo["b"]), "abilities": [{"model": str(zoo["a"]), "name": "a"}],
+        "parameters": {"key_ratio": 0.1, "importance": "delta"}})
+    run(r, tmp_path / "cpu", device="cpu")
+    run(r, tmp_path / "dev", device=test_device)
+    assert_same_or_close(tensors(tmp_path / "dev"), tensors(tmp_path / "cpu"),
+                         exact=test_device == "cpu")
