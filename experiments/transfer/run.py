@@ -422,6 +422,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="where PNGs go (default docs/experiments for --full, none for smoke)")
     args = ap.parse_args(argv)
     cfg = FULL if args.full else SMOKE if args.smoke else DEBUG
+    from transformers.utils import logging as hf_logging
+
+    # Hundreds of model loads: one progress bar each would drown the log.
+    hf_logging.disable_progress_bar()
     with torch_threads(args.threads or cfg.threads):
         return _main(args, cfg)
 
