@@ -84,7 +84,10 @@ class Config:
     # relexified language stayed at chance for the donor (docs/experiments.md).
     aligned_init: bool = True
     sweep: Sweep = field(default_factory=Sweep)
-    threads: int = 2
+    # One torch thread per process: on a shared 2-core machine two threads per process
+    # spin against each other (a smoke θ0 made < 500 steps in 20 minutes with 2 threads,
+    # 700 in 7 minutes with 1); `make experiment` runs seeds as parallel processes instead.
+    threads: int = 1
     gradient_tokens: int = 16384
 
     def stage_key(self, stage: str, seed: int) -> str:

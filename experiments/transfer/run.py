@@ -115,7 +115,8 @@ def trained(cfg: Config, stage: str, seed: int, make: Callable[[], LlamaForCausa
     return path
 
 
-def checkpoints(cfg: Config, seed: int, data: SeedData) -> Checkpoints:
+def checkpoints_base(cfg: Config, seed: int) -> Path:
+    """θ0 for ``seed`` (the first seed's, shared, unless ``base_per_seed``)."""
     base_seed = seed if cfg.base_per_seed else cfg.seeds[0]
 
     def fresh() -> LlamaForCausalLM:
@@ -124,7 +125,11 @@ def checkpoints(cfg: Config, seed: int, data: SeedData) -> Checkpoints:
             M.copy_rows(model, [(lang.word(c, "R"), lang.word(c, "S")) for c in lang.LEXICON])
         return model
 
-    theta0 = trained(cfg, "theta0", seed, fresh, cfg.base, base_sampler(cfg), base_seed)
+    return trained(cfg, "theta0", seed, fresh, cfg.base, base_sampler(cfg), base_seed)
+
+
+def checkpoints(cfg: Config, seed: int, data: SeedData) -> Checkpoints:
+    theta0 = checkpoints_base(cfg, seed)
 
     def from_base() -> LlamaForCausalLM:
         return M.load(theta0)
@@ -416,6 +421,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--seeds", type=int, nargs="*", default=None,
                     help="only fill the cache for these seeds (for parallel runs), no report")
+    ap.add_argument("--base-only", action="store_true",
+                    help="only train θ0 (shared by every seed), then stop")
     ap.add_argument("--out", type=Path, default=None,
                     help="results folder (default experiments/transfer/results/<name>)")
     ap.add_argument("--plots", type=Path, default=None,
@@ -432,6 +439,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(args: argparse.Namespace, cfg: Config) -> int:
     started = time.perf_counter()
+    if args.base_only:
+        checkpoints_base(cfg, cfg.seeds[0])
+        return 0
     if args.seeds is not None:
         for s in args.seeds:
             run_seed(cfg, s)
