@@ -71,7 +71,13 @@ soak: setup
 
 # The transfer experiment: data, training (cached under experiments/transfer/cache),
 # merges through our engine, sweep, docs/experiments.md figures.
+# θ0 first (shared by the seeds), then one process per seed (one thread each), then the
+# report from the cache.
 experiment: setup
+	$(PY) -m experiments.transfer.run --full --base-only
+	$(PY) -m experiments.transfer.run --full --seeds 1 & p1=$$!; \
+	$(PY) -m experiments.transfer.run --full --seeds 2 & p2=$$!; \
+	$(PY) -m experiments.transfer.run --full --seeds 0 && wait $$p1 && wait $$p2
 	$(PY) -m experiments.transfer.run --full
 
 # One seed, small budget; the test asserts the stable facts, the second line prints the

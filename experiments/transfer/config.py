@@ -22,6 +22,9 @@ class BaseMix:
     t_gloss: float = 0.05
     translation: float = 0.05
     arithmetic: float = 0.35
+    # T' (S relexified, the positive control): as low-resource as T, glossed like T.
+    r_text: float = 0.08
+    r_gloss: float = 0.05
     # Word-level code-switching was tried and did not raise the donor's T accuracy
     # (docs/experiments.md); kept as a knob, off.
     code_switch: float = 0.0
@@ -76,8 +79,15 @@ class Config:
     # over half the training compute, so the 45-minute budget shares it; seeds vary the
     # problem splits, the fine-tuning data order and the fine-tunes' initial RNG.
     base_per_seed: bool = False
+    # θ0's T' rows of the embedding and the LM head start as copies of their S
+    # counterparts (vocabulary extension as done in practice, WECHSEL-style); without it a
+    # relexified language stayed at chance for the donor (docs/experiments.md).
+    aligned_init: bool = True
     sweep: Sweep = field(default_factory=Sweep)
-    threads: int = 2
+    # One torch thread per process: on a shared 2-core machine two threads per process
+    # spin against each other (a smoke θ0 made < 500 steps in 20 minutes with 2 threads,
+    # 700 in 7 minutes with 1); `make experiment` runs seeds as parallel processes instead.
+    threads: int = 1
     gradient_tokens: int = 16384
 
     def stage_key(self, stage: str, seed: int) -> str:
@@ -85,10 +95,11 @@ class Config:
         parts: dict[str, object] = {"size": asdict(self.size), "seq_len": self.seq_len,
                                     "mix": asdict(self.mix), "base": self.base.as_dict(),
                                     "base_seed": seed if self.base_per_seed else self.seeds[0],
-                                    "n_train": self.n_train, "code": CODE_VERSION}
+                                    "n_train": self.n_train, "code": CODE_VERSION,
+                                    "aligned_init": self.aligned_init}
         if stage != "theta0":
             spec = {"thetaA": self.ability, "thetaS": self.control,
-                    "thetaL": self.language}[stage]
+                    "thetaL": self.language, "thetaLR": self.language}[stage]
             parts.update(stage=stage, spec=spec.as_dict(), seed=seed)
         blob = json.dumps(parts, sort_keys=True).encode()
         return f"{stage}-{hashlib.sha256(blob).hexdigest()[:12]}"
@@ -101,9 +112,9 @@ class Config:
 
 
 # Bump when data generation or training code changes, so stale checkpoints are not reused.
-CODE_VERSION = 2
+CODE_VERSION = 3
 # Bump when evaluation or merge code changes (invalidates cached results, not checkpoints).
-EVAL_VERSION = 1
+EVAL_VERSION = 2
 
 FULL = Config(name="full", seeds=(0, 1, 2))
 

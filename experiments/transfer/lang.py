@@ -5,6 +5,12 @@ low-resource target) is verb-object-subject (as Malagasy) with adjectives after 
 every word of T differs from every word of S. Only numbers and punctuation are shared,
 as real languages share numerals and punctuation.
 
+T' (code ``R``, the positive control) is S *relexified*: S's grammar word for word, every
+word replaced by a new one, numerals shared. A donor trained on S must be able to answer
+T' zero-shot when the base maps T' words onto their S counterparts (the base's T' rows
+start as copies of the S rows, see ``model.copy_rows``); if it cannot, the harness is
+suspect.
+
 Why VOS for T: in an arithmetic word problem the quantity must be read together with its
 verb ("gets 4" vs "loses 4"). Under SOV the number comes before its verb, and under VSO
 the subject separates them, so a donor trained on S would have to solve a different
@@ -92,12 +98,36 @@ LEXICON: dict[str, tuple[str, str]] = {
     **NAMES, **OBJECTS, **VERBS, **QVERBS, **ADJS, **FUNCS
 }
 LANGS = ("S", "T")
+# Languages with S's clause order (SVO, adjective before noun): S and its relexification.
+SVO_LANGS = ("S", "R")
+
+
+def _relexicon() -> dict[str, str]:
+    """concept -> T' word: new CVCVC words, disjoint from S, T and each other, drawn from a
+    fixed RNG so token ids are stable across runs."""
+    rng = random.Random(4242)
+    taken = {w for pair in LEXICON.values() for w in pair}
+    out: dict[str, str] = {}
+    for concept in LEXICON:
+        while True:
+            w = "".join(rng.choice(c) for c in ("bdgkmnprstvz", "aeiou", "lmnrstv",
+                                                    "aeiou", "knrsx"))
+            if w not in taken:
+                taken.add(w)
+                out[concept] = w
+                break
+    return out
+
+
+RELEX: dict[str, str] = _relexicon()
 # T's clause order; "VSO" reproduces the earlier design that showed no transfer.
 T_ORDER: Literal["VOS", "VSO"] = "VOS"
 
 
 def word(concept: str, lang: str) -> str:
     """The surface word of a concept in one language."""
+    if lang == "R":
+        return RELEX[concept]
     return LEXICON[concept][0 if lang == "S" else 1]
 
 
@@ -113,7 +143,8 @@ def vocabulary() -> list[str]:
     s_words = [w[0] for w in LEXICON.values()]
     t_words = [w[1] for w in LEXICON.values()]
     concepts = [concept_token(c) for c in LEXICON]
-    vocab = SPECIALS + NUMBERS + SYMBOLS + s_words + t_words + concepts
+    r_words = [RELEX[c] for c in LEXICON]
+    vocab = SPECIALS + NUMBERS + SYMBOLS + s_words + t_words + concepts + r_words
     assert len(vocab) == len(set(vocab)), "S, T, concept and shared tokens must be disjoint"
     return vocab
 
@@ -159,12 +190,12 @@ class Clause:
             noun = word(self.obj, lang)
             if self.adj is None:
                 np.append(noun)
-            elif lang == "S":
+            elif lang in SVO_LANGS:
                 np += [word(self.adj, lang), noun]
             else:
                 np += [noun, word(self.adj, lang)]
         neg = [word("not", lang)] if self.neg else []
-        if lang == "S":
+        if lang in SVO_LANGS:
             w += [word(self.subj, lang), *neg, word(self.verb, lang), *np]
         elif T_ORDER == "VOS":
             w += [word(self.verb, lang), *neg, *np, word(self.subj, lang)]
@@ -208,7 +239,7 @@ def embedded_question(rng: random.Random, lang: str) -> list[str]:
     (in both languages) without ever pairing a question with an answer."""
     asker, subj = rng.sample(list(NAMES), 2)
     obj = rng.choice(list(OBJECTS))
-    if lang == "S":
+    if lang in SVO_LANGS:
         return [word(asker, lang), word("ask", lang), word("how", lang), word("many", lang),
                 word(obj, lang), word(subj, lang), word("have", lang), "."]
     if T_ORDER == "VOS":
@@ -296,7 +327,7 @@ class Problem:
         toks = Clause("have", self.subj, self.obj, count=self.start).realise(lang)
         for verb, n in self.steps:
             toks += Clause(verb, self.subj, self.obj, count=n).realise(lang)
-        if lang == "S":
+        if lang in SVO_LANGS:
             q = [word("how", lang), word("many", lang), word(self.obj, lang),
                  word("have", lang), word(self.subj, lang)]
         elif T_ORDER == "VOS":

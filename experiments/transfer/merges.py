@@ -16,6 +16,7 @@ class Checkpoints:
     thetaA: Path
     thetaS: Path
     thetaL: Path
+    thetaLR: Path  # θL′: θ0 + T′ text, the positive control's language base
     corpus: Path  # S ability text (JSONL) for importance: gradient
 
 
@@ -32,13 +33,14 @@ def _model(path: Path, **params: Any) -> dict[str, Any]:
     return {"model": str(path), "parameters": params}
 
 
-def candidates(cfg: Config, ck: Checkpoints, seed: int) -> list[Candidate]:
+def candidates(cfg: Config, ck: Checkpoints, seed: int, language: Path) -> list[Candidate]:
+    """Every method's sweep with ``language`` (θL for T, θL′ for T′) as the language side."""
     sw = cfg.sweep
     out: list[Candidate] = []
     for w in sw.ta_weight:
         out.append(Candidate("task_arithmetic", {"ability_weight": w}, {
             "merge_method": "task_arithmetic", "base_model": str(ck.theta0),
-            "models": [_model(ck.thetaA, weight=w), _model(ck.thetaL, weight=1.0)],
+            "models": [_model(ck.thetaA, weight=w), _model(language, weight=1.0)],
             "dtype": "float32"}))
     for method in ("ties", "dare_ties"):
         for d in sw.ties_density:
@@ -49,12 +51,12 @@ def candidates(cfg: Config, ck: Checkpoints, seed: int) -> list[Candidate]:
                 out.append(Candidate(method, {"density": d, "ability_weight": w}, {
                     "merge_method": method, "base_model": str(ck.theta0),
                     "models": [_model(ck.thetaA, weight=w, density=d),
-                               _model(ck.thetaL, weight=1.0, density=d)],
+                               _model(language, weight=1.0, density=d)],
                     "parameters": params, "dtype": "float32"}))
     for bottom, top in sw.swap:
         out.append(Candidate("layer_swap", {"bottom_k": bottom, "top_k": top}, {
             "merge_method": "layer_swap",
-            "models": [_model(ck.thetaA, role="ability"), _model(ck.thetaL, role="language")],
+            "models": [_model(ck.thetaA, role="ability"), _model(language, role="language")],
             "parameters": {"bottom_k": bottom, "top_k": top, "transition": 0},
             "dtype": "float32"}))
     for vi, (importance, control) in enumerate(sw.maec_variants):
@@ -78,7 +80,7 @@ def candidates(cfg: Config, ck: Checkpoints, seed: int) -> list[Candidate]:
                     out.append(Candidate(method, {"key_ratio": kr, "mu": mu,
                                                   "selection_ratio": sr}, {
                         "merge_method": "maec", "base_model": str(ck.theta0),
-                        "language_base": str(ck.thetaL), "abilities": [ability],
+                        "language_base": str(language), "abilities": [ability],
                         "parameters": params, "dtype": "float32"}))
     return out
 

@@ -1,4 +1,7 @@
-"""The tiny Llama, its word-level tokenizer, training, saving and evaluation."""
+"""The tiny Llama, its word-level tokenizer, training, saving and diagnostics.
+
+Accuracy and perplexity are measured by the project's evaluation library
+(``maec_core.eval``) on eval-set files, see ``experiments.transfer.evalsets``."""
 
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ from tokenizers.processors import TemplateProcessing
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from experiments.transfer import lang
-from experiments.transfer.lang import BOS, EOS, PAD, UNK, Problem, Sampler
+from experiments.transfer.lang import BOS, EOS, PAD, UNK, Sampler
 
 
 @dataclass(frozen=True)
@@ -194,47 +197,15 @@ def train(model: LlamaForCausalLM, sampler: Sampler, spec: TrainSpec, seed: int,
 
 
 @torch.no_grad()
-def next_tokens(model: LlamaForCausalLM, seqs: Sequence[Sequence[int]]) -> list[int]:
-    """Greedy next token after each (right-padded) sequence."""
-    ids, att, _ = batch_tensors(seqs, 10_000)
-    logits = model(input_ids=ids, attention_mask=att).logits
-    last = att.sum(dim=1) - 1
-    picked: list[int] = logits[torch.arange(len(seqs)), last].argmax(dim=-1).tolist()
-    return picked
-
-
-@torch.no_grad()
-def accuracy(model: LlamaForCausalLM, problems: Sequence[Problem], language: str,
-             batch: int = 256) -> float:
-    """Exact match under greedy decoding: the first generated token must be the answer
-    and the second must end the sequence (answers are single tokens)."""
-    correct = 0
-    for i in range(0, len(problems), batch):
-        chunk = problems[i: i + batch]
-        prompts = [[VOCAB.bos, *VOCAB.encode(p.prompt(language))] for p in chunk]
-        first = next_tokens(model, prompts)
-        second = next_tokens(model, [[*s, f] for s, f in zip(prompts, first, strict=True)])
-        for p, f, s in zip(chunk, first, second, strict=True):
-            correct += int(f == VOCAB.ids[str(p.answer)] and s == VOCAB.eos)
-    return correct / len(problems)
-
-
-@torch.no_grad()
-def perplexity(model: LlamaForCausalLM, docs: Sequence[Sequence[str]], max_len: int,
-               batch: int = 128) -> float:
-    """Token-level perplexity (the BOS->first-token prediction included, EOS included)."""
-    total, count = 0.0, 0
-    for i in range(0, len(docs), batch):
-        seqs = [example_ids(d) for d in docs[i: i + batch]]
-        ids, att, labels = batch_tensors(seqs, max_len)
-        logits = model(input_ids=ids, attention_mask=att).logits[:, :-1]
-        tgt = labels[:, 1:]
-        nll = torch.nn.functional.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1), ignore_index=-100,
-            reduction="sum")
-        total += float(nll)
-        count += int((tgt != -100).sum())
-    return math.exp(total / count)
+def copy_rows(model: LlamaForCausalLM, pairs: Sequence[tuple[str, str]]) -> None:
+    """Start each ``(new, old)`` token's embedding and LM-head rows as copies of ``old``'s:
+    how a vocabulary is extended in practice (WECHSEL-style initialisation), so the new
+    words begin where their counterparts are and training moves them from there."""
+    emb = model.model.embed_tokens.weight
+    head = model.lm_head.weight
+    for new, old in pairs:
+        emb[VOCAB.ids[new]] = emb[VOCAB.ids[old]]
+        head[VOCAB.ids[new]] = head[VOCAB.ids[old]]
 
 
 @torch.no_grad()

@@ -21,11 +21,13 @@ from typing import Any
 import torch
 from transformers import LlamaForCausalLM
 
+from experiments.transfer import evalsets as E
 from experiments.transfer import lang
 from experiments.transfer import model as M
 from experiments.transfer.config import DEBUG, FULL, SMOKE, Config
 from experiments.transfer.lang import Problem, ProblemSplits
 from experiments.transfer.merges import Candidate, Checkpoints, candidates, merge
+from maec_core.eval import EvalReport, EvalSpec
 from maec_core.runtime import torch_threads
 
 HERE = Path(__file__).resolve().parent
@@ -34,7 +36,6 @@ CACHE = HERE / "cache"
 MAEC_CACHE = Path(os.environ.get("MAEC_CACHE_DIR") or CACHE / "maec")
 ROOT = HERE.parent.parent
 
-SINGLE = ("theta0", "thetaL", "thetaA", "thetaS")
 
 
 def log(msg: str) -> None:
@@ -49,9 +50,10 @@ def log(msg: str) -> None:
 @dataclass
 class SeedData:
     problems: ProblemSplits
-    t_docs_val: list[list[str]]
-    t_docs_test: list[list[str]]
+    # Held-out general text per target language ("T", "R"): (validation, test).
+    docs: dict[str, tuple[list[list[str]], list[list[str]]]]
     align_pairs: list[tuple[list[str], list[str]]]
+    align_pairs_r: list[tuple[list[str], list[str]]]
 
 
 def seed_data(cfg: Config, seed: int) -> SeedData:
@@ -59,14 +61,16 @@ def seed_data(cfg: Config, seed: int) -> SeedData:
     # Held-out T text from its own RNG stream; training draws from random.Random(seed+...)
     # streams, and with a 6×6×8×16-sized sentence space some overlap is unavoidable and
     # the same for every compared model.
-    rng = random.Random(10_000 + seed)
-    docs = [lang.general_document(rng, "T", cfg.seq_len - 2) for _ in range(2 * cfg.n_ppl_docs)]
+    docs = {}
+    for offset, target in ((10_000, "T"), (30_000, "R")):
+        rng = random.Random(offset + seed)
+        d = [lang.general_document(rng, target, cfg.seq_len - 2)
+             for _ in range(2 * cfg.n_ppl_docs)]
+        docs[target] = (d[: cfg.n_ppl_docs], d[cfg.n_ppl_docs:])
     prng = random.Random(20_000 + seed)
-    pairs = []
-    for _ in range(cfg.n_align_pairs):
-        c = lang.random_clause(prng)
-        pairs.append((c.realise("S"), c.realise("T")))
-    return SeedData(probs, docs[: cfg.n_ppl_docs], docs[cfg.n_ppl_docs:], pairs)
+    clauses = [lang.random_clause(prng) for _ in range(cfg.n_align_pairs)]
+    return SeedData(probs, docs, [(c.realise("S"), c.realise("T")) for c in clauses],
+                    [(c.realise("S"), c.realise("R")) for c in clauses])
 
 
 def base_sampler(cfg: Config) -> lang.Sampler:
@@ -76,6 +80,8 @@ def base_sampler(cfg: Config) -> lang.Sampler:
         (m.t_text, lambda r: lang.general_document(r, "T", n)),
         (m.s_gloss, lambda r: lang.gloss_example(r, "S")),
         (m.t_gloss, lambda r: lang.gloss_example(r, "T")),
+        (m.r_text, lambda r: lang.general_document(r, "R", n)),
+        (m.r_gloss, lambda r: lang.gloss_example(r, "R")),
         (m.translation, lambda r: lang.translation_example(r, r.choice(lang.LANGS))),
         (m.arithmetic, lang.arithmetic_example),
         (m.code_switch, lambda r: lang.code_switched_example(r, r.choice(lang.LANGS))),
@@ -109,10 +115,21 @@ def trained(cfg: Config, stage: str, seed: int, make: Callable[[], LlamaForCausa
     return path
 
 
-def checkpoints(cfg: Config, seed: int, data: SeedData) -> Checkpoints:
+def checkpoints_base(cfg: Config, seed: int) -> Path:
+    """θ0 for ``seed`` (the first seed's, shared, unless ``base_per_seed``)."""
     base_seed = seed if cfg.base_per_seed else cfg.seeds[0]
-    theta0 = trained(cfg, "theta0", seed, lambda: M.new_model(cfg.size, base_seed), cfg.base,
-                     base_sampler(cfg), base_seed)
+
+    def fresh() -> LlamaForCausalLM:
+        model = M.new_model(cfg.size, base_seed)
+        if cfg.aligned_init:
+            M.copy_rows(model, [(lang.word(c, "R"), lang.word(c, "S")) for c in lang.LEXICON])
+        return model
+
+    return trained(cfg, "theta0", seed, fresh, cfg.base, base_sampler(cfg), base_seed)
+
+
+def checkpoints(cfg: Config, seed: int, data: SeedData) -> Checkpoints:
+    theta0 = checkpoints_base(cfg, seed)
 
     def from_base() -> LlamaForCausalLM:
         return M.load(theta0)
@@ -124,12 +141,14 @@ def checkpoints(cfg: Config, seed: int, data: SeedData) -> Checkpoints:
                      lambda r: lang.general_document(r, "S", n), 200 + seed)
     thetaL = trained(cfg, "thetaL", seed, from_base, cfg.language,
                      lambda r: lang.general_document(r, "T", n), 300 + seed)
+    thetaLR = trained(cfg, "thetaLR", seed, from_base, cfg.language,
+                      lambda r: lang.general_document(r, "R", n), 400 + seed)
     corpus = CACHE / "corpus" / f"ability-S-seed{seed}-n{cfg.n_train}.jsonl"
     corpus.parent.mkdir(parents=True, exist_ok=True)
     with open(corpus, "w", encoding="utf-8") as f:
         for p in data.problems.train:
             f.write(json.dumps({"text": " ".join(p.text("S"))}) + "\n")
-    return Checkpoints(theta0, thetaA, thetaS, thetaL, corpus)
+    return Checkpoints(theta0, thetaA, thetaS, thetaL, thetaLR, corpus)
 
 
 # ---------------------------------------------------------------------------------------
@@ -137,20 +156,71 @@ def checkpoints(cfg: Config, seed: int, data: SeedData) -> Checkpoints:
 # ---------------------------------------------------------------------------------------
 
 
-def evaluate(model: LlamaForCausalLM, data: SeedData, split: str, seq_len: int,
-             source: bool = True) -> dict[str, float]:
-    """T accuracy, T perplexity and (unless source=False, to save time in sweeps) S accuracy."""
-    problems = data.problems.val if split == "val" else data.problems.test
-    docs = data.t_docs_val if split == "val" else data.t_docs_test
-    out = {"T_acc": M.accuracy(model, problems, "T"), "T_ppl": M.perplexity(model, docs, seq_len)}
-    if source:
-        out["S_acc"] = M.accuracy(model, problems, "S")
-    return out
+# The two targets: T (the hard case, VOS) and T′ (code "R", S relexified: the positive
+# control), each with its own language base.
+TARGETS = {"T": "thetaL", "R": "thetaLR"}
+
+
+@dataclass(frozen=True)
+class EvalFiles:
+    """Per target and split, the eval specs (files written once per seed)."""
+
+    specs: dict[tuple[str, str, bool], EvalSpec]
+
+    def get(self, target: str, split: str, source: bool = True) -> EvalSpec:
+        return self.specs[(target, split, source)]
+
+
+def eval_files(cfg: Config, seed: int, data: SeedData) -> EvalFiles:
+    """Write the seed's eval sets and build the specs: target accuracy and perplexity,
+    plus (``source``) S accuracy on the same items, the retained ability."""
+    root = CACHE / "evalsets" / cfg.name / f"seed{seed}"
+    specs: dict[tuple[str, str, bool], EvalSpec] = {}
+    for split in ("val", "test"):
+        problems = data.problems.val if split == "val" else data.problems.test
+        answers = [p.answer for p in problems]
+        src = E.accuracy_set("S_acc", "S", E.problems_file(
+            root / f"{split}-S-problems.jsonl", [p.prompt("S") for p in problems], answers))
+        for target in TARGETS:
+            acc = E.accuracy_set("target_acc", target, E.problems_file(
+                root / f"{split}-{target}-problems.jsonl",
+                [p.prompt(target) for p in problems], answers))
+            docs = data.docs[target][0 if split == "val" else 1]
+            ppl = E.perplexity_set("target_ppl", target,
+                                   E.docs_file(root / f"{split}-{target}-docs.jsonl", docs))
+            specs[(target, split, False)] = E.spec(acc, ppl)
+            specs[(target, split, True)] = E.spec(acc, ppl, src)
+    return EvalFiles(specs)
+
+
+def scores(report: EvalReport) -> dict[str, dict[str, float]]:
+    """{model label: {set name: value}} from the library's report."""
+    return {m.label: {s.name: s.value for s in m.sets} for m in report.models}
+
+
+def evaluate_folders(folders: dict[str, Path], spec: EvalSpec) -> dict[str, dict[str, float]]:
+    from maec_core.eval.runner import evaluate_many
+
+    return scores(evaluate_many({k: str(v) for k, v in folders.items()}, spec, device="cpu"))
+
+
+def evaluate_folder(folder: Path, spec: EvalSpec) -> dict[str, float]:
+    return evaluate_folders({"model": folder}, spec)["model"]
 
 
 def selection_key(m: dict[str, float]) -> tuple[float, float]:
-    """Validation criterion: target-language accuracy (the goal), then lower T perplexity."""
-    return (m["T_acc"], -m["T_ppl"])
+    """Validation criterion: target-language accuracy (the goal), then lower perplexity."""
+    return (m["target_acc"], -m["target_ppl"])
+
+
+Row = tuple[Candidate, dict[str, float], dict[str, Any] | None]
+
+
+def choose(rows: list[Row]) -> Row:
+    """The selection step of a sweep: the best validation row. Kept separate from the loop
+    that scores candidates so a sweep library can take over either without touching the
+    other."""
+    return max(rows, key=lambda r: selection_key(r[1]))
 
 
 @dataclass
@@ -182,43 +252,56 @@ def _run_seed(cfg: Config, seed: int) -> dict[str, Any]:
     log(f"seed {seed}: data")
     data = seed_data(cfg, seed)
     ck = checkpoints(cfg, seed, data)
-    out: dict[str, Any] = {"seed": seed, "methods": {}}
+    files = eval_files(cfg, seed, data)
+    out: dict[str, Any] = {"seed": seed, "targets": {}}
     theta0 = M.load(ck.theta0)
     out["alignment_theta0"] = M.hidden_alignment(theta0, data.align_pairs)
-    out["alignment_words_theta0"] = word_alignment(theta0)
-    for name in SINGLE:
-        model = M.load(getattr(ck, name))
-        out["methods"][name] = asdict(MethodResult(
-            {}, evaluate(model, data, "val", cfg.seq_len), evaluate(model, data, "test",
-                                                                     cfg.seq_len)))
-        out.setdefault("delta_norm", {})[name] = relative_delta(theta0, model)
-    log(f"seed {seed}: singles " + ", ".join(
-        f"{k} T={v['test']['T_acc']:.3f} S={v['test']['S_acc']:.3f}"
-        for k, v in out["methods"].items()))
-    work = CACHE / "merges" / cfg.name / f"seed{seed}"
-    by_method: dict[str, list[tuple[Candidate, dict[str, float], dict[str, Any] | None]]] = {}
+    out["alignment_theta0_R"] = M.hidden_alignment(theta0, data.align_pairs_r)
+    out["alignment_words_theta0"] = word_alignment(theta0, "T")
+    out["alignment_words_theta0_R"] = word_alignment(theta0, "R")
+    out["delta_norm"] = {name: relative_delta(theta0, M.load(getattr(ck, name)))
+                         for name in ("thetaA", "thetaS", "thetaL", "thetaLR")}
+    for target in TARGETS:
+        out["targets"][target] = run_target(cfg, seed, ck, files, target)
+    return out
+
+
+def run_target(cfg: Config, seed: int, ck: Checkpoints, files: EvalFiles,
+               target: str) -> dict[str, Any]:
+    """Single checkpoints and every method's sweep for one target language. The language
+    base is θL for T and θL′ for T′; in both it is reported as ``thetaL``."""
+    language = getattr(ck, TARGETS[target])
+    singles = {"theta0": ck.theta0, "thetaL": language, "thetaA": ck.thetaA,
+               "thetaS": ck.thetaS}
+    val = evaluate_folders(singles, files.get(target, "val"))
+    test = evaluate_folders(singles, files.get(target, "test"))
+    methods: dict[str, Any] = {k: asdict(MethodResult({}, val[k], test[k])) for k in singles}
+    log(f"seed {seed} {target}: singles " + ", ".join(
+        f"{k} {target}={v['test']['target_acc']:.3f} S={v['test']['S_acc']:.3f}"
+        for k, v in methods.items()))
+    dest = CACHE / "merges" / cfg.name / f"seed{seed}" / "current"
+    by_method: dict[str, list[Row]] = {}
     t0 = time.perf_counter()
-    cands = candidates(cfg, ck, seed)
+    cands = candidates(cfg, ck, seed, language)
     for i, cand in enumerate(cands):
-        dest = work / "current"
         report = merge(cand.recipe, dest, MAEC_CACHE)
-        model = M.load(dest)
-        val = evaluate(model, data, "val", cfg.seq_len, source=False)
-        by_method.setdefault(cand.method, []).append((cand, val, report))
+        scored = evaluate_folder(dest, files.get(target, "val", source=False))
+        by_method.setdefault(cand.method, []).append((cand, scored, report))
         if (i + 1) % 25 == 0:
-            log(f"seed {seed}: {i + 1}/{len(cands)} merges, {time.perf_counter() - t0:.0f}s")
+            log(f"seed {seed} {target}: {i + 1}/{len(cands)} merges, "
+                f"{time.perf_counter() - t0:.0f}s")
     for method, rows in by_method.items():
-        best_cand, best_val, best_report = max(rows, key=lambda r: selection_key(r[1]))
-        dest = work / "current"
+        best_cand, best_val, best_report = choose(rows)
         merge(best_cand.recipe, dest, MAEC_CACHE)
-        test = evaluate(M.load(dest), data, "test", cfg.seq_len)
-        out["methods"][method] = asdict(MethodResult(
-            best_cand.knobs, best_val, test,
+        result = evaluate_folder(dest, files.get(target, "test"))
+        methods[method] = asdict(MethodResult(
+            best_cand.knobs, best_val, result,
             sweep=[{"knobs": c.knobs, "val": v} for c, v, _ in rows],
             report=summarise_report(best_report)))
-        log(f"seed {seed}: {method} chose {best_cand.knobs}: val T={best_val['T_acc']:.3f} "
-            f"test T={test['T_acc']:.3f} S={test['S_acc']:.3f} ppl={test['T_ppl']:.2f}")
-    return out
+        log(f"seed {seed} {target}: {method} chose {best_cand.knobs}: "
+            f"val={best_val['target_acc']:.3f} test={result['target_acc']:.3f} "
+            f"S={result['S_acc']:.3f} ppl={result['target_ppl']:.2f}")
+    return {"seed": seed, "target": target, "methods": methods}
 
 
 def summarise_report(report: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -245,15 +328,15 @@ def relative_delta(base: LlamaForCausalLM, model: LlamaForCausalLM) -> float:
 
 
 @torch.no_grad()
-def word_alignment(model: LlamaForCausalLM) -> dict[str, float]:
-    """Input-embedding cosine of each concept's S word and T word, against S/T pairs of
-    different concepts: whether the base's lexicon itself is aligned."""
+def word_alignment(model: LlamaForCausalLM, other: str) -> dict[str, float]:
+    """Input-embedding cosine of each concept's S word and its word in ``other``, against
+    pairs of different concepts: whether the base's lexicon itself is aligned."""
     emb = model.model.embed_tokens.weight
-    s = torch.stack([emb[M.VOCAB.ids[v[0]]] for v in lang.LEXICON.values()])
-    t = torch.stack([emb[M.VOCAB.ids[v[1]]] for v in lang.LEXICON.values()])
+    s = torch.stack([emb[M.VOCAB.ids[lang.word(c, "S")]] for c in lang.LEXICON])
+    t = torch.stack([emb[M.VOCAB.ids[lang.word(c, other)]] for c in lang.LEXICON])
     same = torch.nn.functional.cosine_similarity(s, t).mean()
-    other = torch.nn.functional.cosine_similarity(s, t.roll(1, dims=0)).mean()
-    return {"same_concept": float(same), "other_concept": float(other)}
+    mismatched = torch.nn.functional.cosine_similarity(s, t.roll(1, dims=0)).mean()
+    return {"same_concept": float(same), "other_concept": float(mismatched)}
 
 
 # ---------------------------------------------------------------------------------------
@@ -271,26 +354,30 @@ def aggregate(seeds: list[dict[str, Any]]) -> dict[str, dict[str, tuple[float, f
         if method not in seeds[0]["methods"]:
             continue
         row = {}
-        for metric in ("T_acc", "S_acc", "T_ppl"):
+        for metric in ("target_acc", "S_acc", "target_ppl"):
             xs = [s["methods"][method]["test"][metric] for s in seeds]
             row[metric] = (statistics.fmean(xs), statistics.stdev(xs) if len(xs) > 1 else 0.0)
         table[method] = row
     return table
 
 
+TARGET_NAME = {"T": "T", "R": "T′"}
+
+
 def markdown_table(table: dict[str, dict[str, tuple[float, float]]], chance: tuple[float, float],
                    seeds: list[dict[str, Any]]) -> str:
+    t = TARGET_NAME[seeds[0]["target"]]
     lines = [
-        "| model / method | T accuracy (goal) | S accuracy (retained) | T perplexity | "
+        f"| model / method | {t} accuracy (goal) | S accuracy (retained) | {t} perplexity | "
         "chosen on validation (seed " + str(seeds[0]["seed"]) + ") |",
         "|---|---|---|---|---|",
     ]
     for method, row in table.items():
         knobs = seeds[0]["methods"][method]["knobs"]
         lines.append(
-            f"| {method} | {row['T_acc'][0]:.3f} ± {row['T_acc'][1]:.3f} | "
+            f"| {method} | {row['target_acc'][0]:.3f} ± {row['target_acc'][1]:.3f} | "
             f"{row['S_acc'][0]:.3f} ± {row['S_acc'][1]:.3f} | "
-            f"{row['T_ppl'][0]:.2f} ± {row['T_ppl'][1]:.2f} | "
+            f"{row['target_ppl'][0]:.2f} ± {row['target_ppl'][1]:.2f} | "
             f"{', '.join(f'{k}={v}' for k, v in knobs.items()) or '—'} |")
     lines.append(f"| chance (uniform over 0–{lang.MAX_NUM} / most frequent answer) | "
                  f"{chance[0]:.3f} / {chance[1]:.3f} | {chance[0]:.3f} / {chance[1]:.3f} | "
@@ -302,17 +389,25 @@ def diagnostics(seeds: list[dict[str, Any]]) -> str:
     """Alignment of θ0 and the size of each fine-tuning delta, per seed."""
     lines = ["| seed | θ0 hidden cosine, parallel / mismatched S-T sentences, per layer "
              "(0 = embeddings) | centred parallel | S-T word embedding cosine, same / other "
-             "concept | ‖θ−θ0‖/‖θ0‖ on the layers: θA, θS, θL |", "|---|---|---|---|---|"]
+             "concept | S-T′ word cosine, same / other | S-T′ hidden cosine, parallel / "
+             "mismatched, per layer | ‖θ−θ0‖/‖θ0‖ on the layers: θA, θS, θL, θL′ |",
+             "|---|---|---|---|---|---|---|"]
     for s in seeds:
         a = s["alignment_theta0"]
         w = s["alignment_words_theta0"]
+        wr = s["alignment_words_theta0_R"]
+        ar = s["alignment_theta0_R"]
         d = s["delta_norm"]
+        pairs_r = ", ".join(f"{p:.2f}/{m:.2f}" for p, m in zip(ar["parallel"],
+                                                               ar["mismatched"], strict=True))
         pairs = ", ".join(f"{p:.2f}/{m:.2f}" for p, m in zip(a["parallel"], a["mismatched"],
                                                              strict=True))
         lines.append(f"| {s['seed']} | {pairs} | "
                      f"{', '.join(f'{c:.2f}' for c in a['centred_parallel'])} | "
                      f"{w['same_concept']:.2f} / {w['other_concept']:.2f} | "
-                     f"{d['thetaA']:.3f}, {d['thetaS']:.3f}, {d['thetaL']:.3f} |")
+                     f"{wr['same_concept']:.2f} / {wr['other_concept']:.2f} | {pairs_r} | "
+                     f"{d['thetaA']:.3f}, {d['thetaS']:.3f}, {d['thetaL']:.3f}, "
+                     f"{d['thetaLR']:.3f} |")
     return "\n".join(lines)
 
 
@@ -326,18 +421,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--seeds", type=int, nargs="*", default=None,
                     help="only fill the cache for these seeds (for parallel runs), no report")
+    ap.add_argument("--base-only", action="store_true",
+                    help="only train θ0 (shared by every seed), then stop")
     ap.add_argument("--out", type=Path, default=None,
                     help="results folder (default experiments/transfer/results/<name>)")
     ap.add_argument("--plots", type=Path, default=None,
                     help="where PNGs go (default docs/experiments for --full, none for smoke)")
     args = ap.parse_args(argv)
     cfg = FULL if args.full else SMOKE if args.smoke else DEBUG
+    from transformers.utils import logging as hf_logging
+
+    # Hundreds of model loads: one progress bar each would drown the log.
+    hf_logging.disable_progress_bar()
     with torch_threads(args.threads or cfg.threads):
         return _main(args, cfg)
 
 
 def _main(args: argparse.Namespace, cfg: Config) -> int:
     started = time.perf_counter()
+    if args.base_only:
+        checkpoints_base(cfg, cfg.seeds[0])
+        return 0
     if args.seeds is not None:
         for s in args.seeds:
             run_seed(cfg, s)
@@ -345,14 +449,20 @@ def _main(args: argparse.Namespace, cfg: Config) -> int:
     seeds = [run_seed(cfg, s) for s in cfg.seeds]
     elapsed = time.perf_counter() - started
     data0 = seed_data(cfg, cfg.seeds[0])
+    # Every target renders the same items, so one chance level serves both.
     chance = lang.chance_levels(data0.problems.test)
-    table = aggregate(seeds)
+    per_target = {t: [s["targets"][t] for s in seeds] for t in TARGETS}
+    tables = {t: aggregate(rows) for t, rows in per_target.items()}
     out_dir = args.out or (CACHE / "debug" if cfg is DEBUG else HERE / "results" / cfg.name)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "results.json").write_text(json.dumps(
         {"config": repr(cfg), "seconds": elapsed, "chance": chance, "seeds": seeds,
-         "table": table}, indent=1, default=str))
-    md = markdown_table(table, chance, seeds) + "\n\n" + diagnostics(seeds)
+         "tables": tables}, indent=1, default=str))
+    md = "\n\n".join([f"T (VOS, the hard case)\n\n"
+                       f"{markdown_table(tables['T'], chance, per_target['T'])}",
+                       f"T′ (S relexified, the positive control)\n\n"
+                       f"{markdown_table(tables['R'], chance, per_target['R'])}",
+                       diagnostics(seeds)])
     (out_dir / "table.md").write_text(md + "\n")
     print(md)
     plots = args.plots if args.plots is not None else (
@@ -362,12 +472,23 @@ def _main(args: argparse.Namespace, cfg: Config) -> int:
 
         make_plots(cfg, seeds, chance, plots)
     log(f"done in {elapsed:.0f}s")
-    maec = best_maec(table)
-    print(f"RESULT transfer maec_target_acc={table[maec]['T_acc'][0]:.3f} "
-          f"langbase_target_acc={table['thetaL']['T_acc'][0]:.3f} "
-          f"ta_target_acc={table['task_arithmetic']['T_acc'][0]:.3f} "
-          f"layerswap_target_acc={table['layer_swap']['T_acc'][0]:.3f}", flush=True)
+    print(result_line(tables), flush=True)
     return 0
+
+
+def result_line(tables: dict[str, dict[str, dict[str, tuple[float, float]]]]) -> str:
+    t, r = tables["T"], tables["R"]
+
+    def acc(table: dict[str, dict[str, tuple[float, float]]], method: str) -> str:
+        return f"{table[method]['target_acc'][0]:.3f}"
+
+    return (f"RESULT transfer maec_target_acc={acc(t, best_maec(t))} "
+            f"langbase_target_acc={acc(t, 'thetaL')} "
+            f"ta_target_acc={acc(t, 'task_arithmetic')} "
+            f"layerswap_target_acc={acc(t, 'layer_swap')} "
+            f"control_donor_target_acc={acc(r, 'thetaA')} "
+            f"control_maec_target_acc={acc(r, best_maec(r))} "
+            f"control_langbase_target_acc={acc(r, 'thetaL')}")
 
 
 def best_maec(table: dict[str, dict[str, tuple[float, float]]]) -> str:
