@@ -88,6 +88,7 @@ class _Tally:
         self.statuses: Counter[int] = Counter()
         self.server_errors: list[str] = []
         self.nonconforming: list[str] = []
+        self.stateful_cut_short = 0
 
     def seen(self, label: str, case: Any, resp: Any) -> None:
         from schemathesis.specs.openapi.checks import (
@@ -110,7 +111,8 @@ class _Tally:
 
     def to_dict(self) -> dict[str, Any]:
         return {"per_operation": dict(self.per_operation), "statuses": dict(self.statuses),
-                "server_errors": self.server_errors, "nonconforming": self.nonconforming}
+                "server_errors": self.server_errors, "nonconforming": self.nonconforming,
+                "stateful_cut_short": self.stateful_cut_short}
 
 
 def _settings(n: int, **kw: Any) -> hypothesis.settings:
@@ -178,7 +180,17 @@ def _stateful(base: str, job_id: str, scenarios: int, tally: _Tally) -> None:
         def validate_response(self, response: Any, case: Any, *args: Any, **kw: Any) -> None:
             tally.seen(f"stateful {case.operation.label}", case, response)
 
-    Machine.run(settings=_settings(scenarios, stateful_step_count=6))
+    import hypothesis.errors
+
+    try:
+        Machine.run(settings=_settings(scenarios, stateful_step_count=6))
+    except hypothesis.errors.FlakyStrategyDefinition:
+        # Hypothesis re-drew a scenario against a server whose state had moved on (a job an
+        # earlier scenario cancelled, pinned or deleted answers differently the second
+        # time), which it reports as inconsistent generation: the fuzzer's limit, not a
+        # service failure. Every call made until then was checked and counts; the test
+        # still requires that links were followed.
+        tally.stateful_cut_short += 1
     session.close()
 
 
@@ -234,6 +246,7 @@ def test_schemathesis_all_operations(fuzz_stack: Stack, finished_job: str) -> No
     results.figure("fuzz_seconds_per_process", [p["seconds"] for p in parts])
     results.figure("fuzz_status_counts", dict(sorted(statuses.items())))
     results.figure("fuzz_per_operation", dict(sorted(per_operation.items())))
+    results.figure("fuzz_stateful_cut_short", sum(p["stateful_cut_short"] for p in parts))
     assert server_errors == [], "\n".join(server_errors[:20])
     assert nonconforming == [], "\n".join(nonconforming[:20])
     planned = sum(n for part in (heavy, light) for _, _, n in part)
