@@ -63,9 +63,12 @@ PROPERTY_BODIES = 1000
 def fuzz_stack(tmp_path_factory: pytest.TempPathFactory, tiny: dict[str, Path],
                model_root: Path) -> Iterator[Stack]:
     # One worker, so some fuzzed jobs on the real sources run; rate limits high enough
-    # not to turn the fuzz run into a 429 test.
+    # not to turn the fuzz run into a 429 test (negative cases send malformed keys, which
+    # would otherwise block this address as a key guesser; tests/reliability/test_security
+    # covers that limit).
     env = {"MAEC_RATE_LIMIT_PER_MINUTE": "1000000", "MAEC_RATE_LIMIT_BURST": "100000",
-           "MAEC_MAX_ACTIVE_JOBS_PER_KEY": "100000", "MAEC_SUBMISSIONS_PER_MINUTE": "100000"}
+           "MAEC_MAX_ACTIVE_JOBS_PER_KEY": "100000", "MAEC_SUBMISSIONS_PER_MINUTE": "100000",
+           "MAEC_AUTH_FAILURES_PER_MINUTE": "1000000", "MAEC_AUTH_FAILURE_BURST": "100000"}
     with stack_context(tmp_path_factory.mktemp("fuzz"), None, workers=1,
                        local_roots=[model_root], env=env) as st:
         yield st
