@@ -36,9 +36,6 @@ UPLOAD_WORKERS = 2
 POLL_S = 0.2
 # How often an upload following a growing shard looks at its size (seconds).
 GROW_POLL_S = 0.05
-# How long a finished shard's bytes may take to become readable through the upload's
-# own descriptor before the upload gives up (seconds).
-FINISH_SETTLE_S = 5.0
 
 
 class _Growing:
@@ -61,22 +58,16 @@ class _Growing:
     def wait_for(self, fd: int, n: int) -> None:
         """Until the first ``n`` bytes are written (an append-only file: bytes below its
         size are final)."""
-        settle_until: float | None = None
-        while (have := os.fstat(fd).st_size) < n:
+        while os.fstat(fd).st_size < n:
             if self._ended.is_set():
-                if self.written is None or self.written.size < n:
-                    raise StorageError(f"{self.name}: ended at {have} of {n} bytes (the "
-                                       "merge stopped)", file=self.name)
-                # Finished with enough bytes, yet this descriptor sees fewer: give the
-                # file system a moment before calling the shard short (seen once, on a
-                # heavily loaded machine).
-                settle_until = settle_until or time.monotonic() + FINISH_SETTLE_S
-                if time.monotonic() > settle_until:
-                    raise StorageError(f"{self.name}: finished at {self.written.size} "
-                                       f"bytes but only {have} are readable",
-                                       file=self.name)
-                time.sleep(GROW_POLL_S)
-                continue
+                # The size read above may predate the writer's last append: the shard can
+                # be finished between that read and this check. Only a size read after
+                # the end was seen is the shard's last word.
+                have = os.fstat(fd).st_size
+                if have >= n:
+                    return
+                raise StorageError(f"{self.name}: ended at {have} of {n} bytes (the merge "
+                                   "stopped)", file=self.name)
             self._ended.wait(GROW_POLL_S)
 
     def sha256(self) -> str:

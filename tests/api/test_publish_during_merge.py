@@ -14,6 +14,7 @@ import pytest
 from app.jobs.worker_store import WorkerJobStore
 from app.storage.base import Digest, StorageError, WaitFn
 from app.storage.local import LocalStorage
+from maec_core.io.writer import WrittenFile
 from tests.api.conftest import Api
 from worker.runner import JobRunner
 
@@ -164,3 +165,46 @@ def test_local_put_verified_follows_a_growing_file(tmp_path: Path) -> None:
                            lambda: hashlib.sha256(data).hexdigest(), wait_for=wait_for)
     assert store.get_bytes("g/file.bin") == data
     assert asked == sorted(asked) and asked[-1] == len(data) and len(asked) > 1
+
+
+def test_a_shard_finished_between_size_check_and_end_check_is_not_short(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The upload reads the shard's size, then sees the shard ended. When the writer's
+    last append and the end both land between the two reads, the size it holds is stale;
+    the upload must look again rather than call a complete shard short."""
+    from worker import publish
+
+    path = tmp_path / "shard.safetensors"
+    head, tail = b"h" * 100, b"t" * 28
+    path.write_bytes(head)
+    growing = publish._Growing("shard.safetensors", len(head) + len(tail))
+    real_fstat = os.fstat
+    calls = 0
+
+    def fstat_then_finish(fd: int) -> os.stat_result:
+        nonlocal calls
+        calls += 1
+        seen = real_fstat(fd)
+        if calls == 1:
+            # The writer's last append and its finish land right after this read.
+            with open(path, "ab") as f:
+                f.write(tail)
+            growing.finish(WrittenFile("shard.safetensors", len(head) + len(tail),
+                                       hashlib.sha256(head + tail).hexdigest()))
+        return seen
+
+    monkeypatch.setattr(publish.os, "fstat", fstat_then_finish)
+    with open(path, "rb") as f:
+        growing.wait_for(f.fileno(), len(head) + len(tail))
+    assert calls >= 2
+
+
+def test_a_shard_that_really_ended_short_is_refused(tmp_path: Path) -> None:
+    from worker import publish
+
+    path = tmp_path / "shard.safetensors"
+    path.write_bytes(b"h" * 100)
+    growing = publish._Growing("shard.safetensors", 128)
+    growing.stop()
+    with open(path, "rb") as f, pytest.raises(StorageError, match="ended at 100 of 128"):
+        growing.wait_for(f.fileno(), 128)
