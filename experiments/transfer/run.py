@@ -239,6 +239,7 @@ def run_seed(cfg: Config, seed: int) -> dict[str, Any]:
 
 
 def _run_seed(cfg: Config, seed: int) -> dict[str, Any]:
+    started = time.perf_counter()
     log(f"seed {seed}: data")
     data = seed_data(cfg, seed)
     ck = checkpoints(cfg, seed, data)
@@ -253,6 +254,8 @@ def _run_seed(cfg: Config, seed: int) -> dict[str, Any]:
                          for name in ("thetaA", "thetaS", "thetaL", "thetaLR")}
     for target in TARGETS:
         out["targets"][target] = run_target(cfg, seed, ck, files, target)
+    # This seed's wall time, training of its cached checkpoints included when it ran here.
+    out["seconds"] = time.perf_counter() - started
     return out
 
 
