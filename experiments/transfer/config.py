@@ -41,7 +41,10 @@ class Sweep:
     ta_weight: tuple[float, ...] = (0.5, 1.0, 1.5, 2.0)
     ties_density: tuple[float, ...] = (0.1, 0.3, 0.5)
     ties_weight: tuple[float, ...] = (1.0, 2.0)
-    swap: tuple[tuple[int, int], ...] = ((1, 0), (0, 1), (1, 1), (2, 1), (1, 2))
+    # Layer swapping: blocks taken from the language base at the bottom and the top (4
+    # blocks in all; 2 + 2 is the language base's layers under the donor's embeddings).
+    swap_bottom: tuple[int, ...] = (0, 1, 2)
+    swap_top: tuple[int, ...] = (0, 1, 2)
     # MAEC variants: (importance, with θS control). The first gets the full grid above;
     # the others, to fit the time budget, the coarser grid below.
     maec_variants: tuple[tuple[str, bool], ...] = (
@@ -114,7 +117,7 @@ class Config:
 # Bump when data generation or training code changes, so stale checkpoints are not reused.
 CODE_VERSION = 3
 # Bump when evaluation or merge code changes (invalidates cached results, not checkpoints).
-EVAL_VERSION = 2
+EVAL_VERSION = 3
 
 FULL = Config(name="full", seeds=(0, 1, 2))
 
@@ -130,7 +133,8 @@ SMOKE = Config(
     n_ppl_docs=100,
     n_align_pairs=100,
     sweep=Sweep(key_ratio=(0.2, 1.0), mu=(1.0, 2.0), selection_ratio=(1.0,),
-                ta_weight=(1.0,), ties_density=(0.3,), ties_weight=(1.0,), swap=((1, 1),),
+                ta_weight=(1.0,), ties_density=(0.3,), ties_weight=(1.0,), swap_bottom=(1,),
+                swap_top=(1,),
                 maec_variants=(("delta", False),)),
     gradient_tokens=4096,
 )
@@ -145,7 +149,8 @@ DEBUG = Config(
     language=TrainSpec(steps=10, lr=5e-4, warmup=2, freeze=FREEZE_IO),
     n_train=100, n_val=20, n_test=20, n_ppl_docs=10, n_align_pairs=10,
     sweep=Sweep(key_ratio=(0.2, 1.0), mu=(1.0,), selection_ratio=(1.0,), ta_weight=(1.0,),
-                ties_density=(0.3,), ties_weight=(1.0,), swap=((1, 1),), coarse_mu=(1.0,),
+                ties_density=(0.3,), ties_weight=(1.0,), swap_bottom=(1,), swap_top=(1,),
+                coarse_mu=(1.0,),
                 coarse_selection_ratio=(1.0,)),
     gradient_tokens=512,
 )

@@ -1,4 +1,11 @@
-"""Recipes for every compared method, all executed by the project's engine (maec_core)."""
+"""Every compared method as one sweep recipe, run by the project's sweep library.
+
+Each method's grid is a ``sweep:`` block on an ordinary recipe, scored on the validation
+split's eval sets and run by :func:`maec_core.sweep.runner.run_sweep`, the same code a
+sweep job runs: each MAEC extraction once per key_ratio (its candidates of other ``mu``
+and ``selection_ratio`` only combine), one candidate model in memory at a time, the
+winner published with its leaderboard and ``sweep.png``.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.transfer.config import Config
+from maec_core.eval import EvalSpec
 
 
 @dataclass(frozen=True)
@@ -20,68 +28,66 @@ class Checkpoints:
     corpus: Path  # S ability text (JSONL) for importance: gradient
 
 
-@dataclass(frozen=True)
-class Candidate:
-    """One point of one method's sweep: a recipe plus the knob values it stands for."""
-
-    method: str
-    knobs: dict[str, Any]
-    recipe: dict[str, Any]
+# What a sweep maximises: target-language accuracy on the validation split (ties keep
+# grid order, the library's rule).
+OBJECTIVE = {"set": "target_acc", "metric": "accuracy"}
 
 
 def _model(path: Path, **params: Any) -> dict[str, Any]:
     return {"model": str(path), "parameters": params}
 
 
-def candidates(cfg: Config, ck: Checkpoints, seed: int, language: Path) -> list[Candidate]:
-    """Every method's sweep with ``language`` (θL for T, θL′ for T′) as the language side."""
+def _swept(recipe: dict[str, Any], grid: dict[str, list[float]], val: EvalSpec
+           ) -> dict[str, Any]:
+    return {**recipe, "dtype": "float32",
+            "evaluate": [s.model_dump(exclude_none=True) for s in val.sets],
+            "sweep": {"grid": grid, "objective": OBJECTIVE, "publish": "best"}}
+
+
+def sweep_recipes(cfg: Config, ck: Checkpoints, seed: int, language: Path, val: EvalSpec
+                  ) -> dict[str, dict[str, Any]]:
+    """Every method's sweep recipe with ``language`` (θL for T, θL′ for T′) as the
+    language side, scored on ``val``."""
     sw = cfg.sweep
-    out: list[Candidate] = []
-    for w in sw.ta_weight:
-        out.append(Candidate("task_arithmetic", {"ability_weight": w}, {
-            "merge_method": "task_arithmetic", "base_model": str(ck.theta0),
-            "models": [_model(ck.thetaA, weight=w), _model(language, weight=1.0)],
-            "dtype": "float32"}))
+    out: dict[str, dict[str, Any]] = {}
+    out["task_arithmetic"] = _swept({
+        "merge_method": "task_arithmetic", "base_model": str(ck.theta0),
+        "models": [_model(ck.thetaA, weight=1.0), _model(language, weight=1.0)]},
+        {"models[0].weight": list(sw.ta_weight)}, val)
     for method in ("ties", "dare_ties"):
-        for d in sw.ties_density:
-            for w in sw.ties_weight:
-                params: dict[str, Any] = {}
-                if method == "dare_ties":
-                    params["random_seed"] = seed
-                out.append(Candidate(method, {"density": d, "ability_weight": w}, {
-                    "merge_method": method, "base_model": str(ck.theta0),
-                    "models": [_model(ck.thetaA, weight=w, density=d),
-                               _model(language, weight=1.0, density=d)],
-                    "parameters": params, "dtype": "float32"}))
-    for bottom, top in sw.swap:
-        out.append(Candidate("layer_swap", {"bottom_k": bottom, "top_k": top}, {
-            "merge_method": "layer_swap",
-            "models": [_model(ck.thetaA, role="ability"), _model(language, role="language")],
-            "parameters": {"bottom_k": bottom, "top_k": top, "transition": 0},
-            "dtype": "float32"}))
+        params: dict[str, Any] = {"random_seed": seed} if method == "dare_ties" else {}
+        out[method] = _swept({
+            "merge_method": method, "base_model": str(ck.theta0),
+            "models": [_model(ck.thetaA, weight=1.0, density=0.5),
+                       _model(language, weight=1.0, density=0.5)],
+            "parameters": params},
+            {"density": list(sw.ties_density), "models[0].weight": list(sw.ties_weight)}, val)
+    out["layer_swap"] = _swept({
+        "merge_method": "layer_swap",
+        "models": [_model(ck.thetaA, role="ability"), _model(language, role="language")],
+        "parameters": {"bottom_k": 1, "top_k": 1, "transition": 0}},
+        {"bottom_k": list(sw.swap_bottom), "top_k": list(sw.swap_top)}, val)
     for vi, (importance, control) in enumerate(sw.maec_variants):
-        method = maec_name(importance, control)
-        mus = sw.mu if vi == 0 else sw.coarse_mu
-        ratios = sw.selection_ratio if vi == 0 else sw.coarse_selection_ratio
-        for kr in sw.key_ratio:
-            for mu in mus:
-                for sr in ratios:
-                    ability: dict[str, Any] = {"model": str(ck.thetaA), "mu": mu}
-                    if control:
-                        ability["control"] = str(ck.thetaS)
-                    params = {"importance": importance, "granularity": "row",
-                              "key_ratio": kr, "rank_scope": "tensor", "selection": "ratio",
-                              "selection_ratio": sr, "artifact_dtype": "float32"}
-                    if importance == "gradient":
-                        ability["corpus"] = str(ck.corpus)
-                        # The tiny model's context is cfg.seq_len tokens, not 512.
-                        params.update(token_budget=cfg.gradient_tokens, batch_size=16,
-                                      seq_len=cfg.seq_len)
-                    out.append(Candidate(method, {"key_ratio": kr, "mu": mu,
-                                                  "selection_ratio": sr}, {
-                        "merge_method": "maec", "base_model": str(ck.theta0),
-                        "language_base": str(language), "abilities": [ability],
-                        "parameters": params, "dtype": "float32"}))
+        ability: dict[str, Any] = {"model": str(ck.thetaA), "mu": 1.0}
+        if control:
+            ability["control"] = str(ck.thetaS)
+        params = {"importance": importance, "granularity": "row", "key_ratio": 0.1,
+                  "rank_scope": "tensor", "selection": "ratio", "selection_ratio": 1.0,
+                  "artifact_dtype": "float32"}
+        if importance == "gradient":
+            ability["corpus"] = str(ck.corpus)
+            # The tiny model's context is cfg.seq_len tokens, not 512.
+            params.update(token_budget=cfg.gradient_tokens, batch_size=16,
+                          seq_len=cfg.seq_len)
+        # The first variant gets the full grid; the others, to fit the time budget, a
+        # coarser one.
+        out[maec_name(importance, control)] = _swept({
+            "merge_method": "maec", "base_model": str(ck.theta0),
+            "language_base": str(language), "abilities": [ability], "parameters": params},
+            {"key_ratio": list(sw.key_ratio),
+             "mu": list(sw.mu if vi == 0 else sw.coarse_mu),
+             "selection_ratio": list(sw.selection_ratio if vi == 0
+                                     else sw.coarse_selection_ratio)}, val)
     return out
 
 
@@ -89,19 +95,30 @@ def maec_name(importance: str, control: bool) -> str:
     return f"maec_{importance}" + ("_ctrl" if control else "")
 
 
-def merge(recipe: dict[str, Any], out_dir: Path, cache: Path) -> dict[str, Any] | None:
-    """Run one recipe through ``maec_core.run``; returns the MAEC report (or None).
+@dataclass
+class SweepOutcome:
+    """One method's sweep: the winner's folder, the leaderboard, the extraction count."""
 
-    ``cache`` keeps input digests and extracted ability artifacts, so a sweep extracts
-    each donor once and every other candidate only combines.
+    folder: Path
+    board: dict[str, Any]
+    extractions: int
+    seconds: float
+
+
+def sweep(recipe: dict[str, Any], out_dir: Path, cache: Path) -> SweepOutcome:
+    """Run one sweep recipe through ``maec_core.sweep.runner.run_sweep`` into ``out_dir``.
+
+    ``cache`` keeps input digests and extracted ability artifacts across sweeps and runs,
+    so a rerun reuses every extraction and only combines.
     """
     from maec_core.maec.store import LocalArtifactStore
     from maec_core.recipe import parse_recipe
-    from maec_core.run import run
+    from maec_core.sweep.runner import run_sweep
 
     if out_dir.exists():
         shutil.rmtree(out_dir)
-    result = run(parse_recipe(recipe), out_dir, device="cpu",
-                 artifact_store=LocalArtifactStore(cache / "artifacts"),
-                 hash_cache=cache / "sha256")
-    return result.report
+    result = run_sweep(parse_recipe(recipe), out_dir, device="cpu",
+                       artifact_store=LocalArtifactStore(cache / "artifacts"),
+                       hash_cache=cache / "sha256")
+    return SweepOutcome(out_dir, result.board.model_dump(mode="json"), result.extractions,
+                        result.seconds)

@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import statistics
 import sys
 import time
@@ -26,7 +27,7 @@ from experiments.transfer import lang
 from experiments.transfer import model as M
 from experiments.transfer.config import DEBUG, FULL, SMOKE, Config
 from experiments.transfer.lang import Problem, ProblemSplits
-from experiments.transfer.merges import Candidate, Checkpoints, candidates, merge
+from experiments.transfer.merges import Checkpoints, sweep, sweep_recipes
 from maec_core.eval import EvalReport, EvalSpec
 from maec_core.runtime import torch_threads
 
@@ -208,21 +209,6 @@ def evaluate_folder(folder: Path, spec: EvalSpec) -> dict[str, float]:
     return evaluate_folders({"model": folder}, spec)["model"]
 
 
-def selection_key(m: dict[str, float]) -> tuple[float, float]:
-    """Validation criterion: target-language accuracy (the goal), then lower perplexity."""
-    return (m["target_acc"], -m["target_ppl"])
-
-
-Row = tuple[Candidate, dict[str, float], dict[str, Any] | None]
-
-
-def choose(rows: list[Row]) -> Row:
-    """The selection step of a sweep: the best validation row. Kept separate from the loop
-    that scores candidates so a sweep library can take over either without touching the
-    other."""
-    return max(rows, key=lambda r: selection_key(r[1]))
-
-
 @dataclass
 class MethodResult:
     knobs: dict[str, Any]
@@ -230,6 +216,10 @@ class MethodResult:
     test: dict[str, float]
     sweep: list[dict[str, Any]] = field(default_factory=list)
     report: dict[str, Any] | None = None
+    # The sweep library's account of the choice, and how many ability vectors it extracted.
+    why: str = ""
+    extractions: int = 0
+    sweep_dir: str | None = None
 
 
 def run_seed(cfg: Config, seed: int) -> dict[str, Any]:
@@ -249,6 +239,7 @@ def run_seed(cfg: Config, seed: int) -> dict[str, Any]:
 
 
 def _run_seed(cfg: Config, seed: int) -> dict[str, Any]:
+    started = time.perf_counter()
     log(f"seed {seed}: data")
     data = seed_data(cfg, seed)
     ck = checkpoints(cfg, seed, data)
@@ -263,6 +254,8 @@ def _run_seed(cfg: Config, seed: int) -> dict[str, Any]:
                          for name in ("thetaA", "thetaS", "thetaL", "thetaLR")}
     for target in TARGETS:
         out["targets"][target] = run_target(cfg, seed, ck, files, target)
+    # This seed's wall time, training of its cached checkpoints included when it ran here.
+    out["seconds"] = time.perf_counter() - started
     return out
 
 
@@ -279,29 +272,41 @@ def run_target(cfg: Config, seed: int, ck: Checkpoints, files: EvalFiles,
     log(f"seed {seed} {target}: singles " + ", ".join(
         f"{k} {target}={v['test']['target_acc']:.3f} S={v['test']['S_acc']:.3f}"
         for k, v in methods.items()))
-    dest = CACHE / "merges" / cfg.name / f"seed{seed}" / "current"
-    by_method: dict[str, list[Row]] = {}
-    t0 = time.perf_counter()
-    cands = candidates(cfg, ck, seed, language)
-    for i, cand in enumerate(cands):
-        report = merge(cand.recipe, dest, MAEC_CACHE)
-        scored = evaluate_folder(dest, files.get(target, "val", source=False))
-        by_method.setdefault(cand.method, []).append((cand, scored, report))
-        if (i + 1) % 25 == 0:
-            log(f"seed {seed} {target}: {i + 1}/{len(cands)} merges, "
-                f"{time.perf_counter() - t0:.0f}s")
-    for method, rows in by_method.items():
-        best_cand, best_val, best_report = choose(rows)
-        merge(best_cand.recipe, dest, MAEC_CACHE)
-        result = evaluate_folder(dest, files.get(target, "test"))
-        methods[method] = asdict(MethodResult(
-            best_cand.knobs, best_val, result,
-            sweep=[{"knobs": c.knobs, "val": v} for c, v, _ in rows],
-            report=summarise_report(best_report)))
-        log(f"seed {seed} {target}: {method} chose {best_cand.knobs}: "
-            f"val={best_val['target_acc']:.3f} test={result['target_acc']:.3f} "
-            f"S={result['S_acc']:.3f} ppl={result['target_ppl']:.2f}")
+    work = CACHE / "merges" / cfg.name / f"seed{seed}" / target
+    recipes = sweep_recipes(cfg, ck, seed, language, files.get(target, "val", source=False))
+    for method, recipe in recipes.items():
+        methods[method] = run_method(cfg, seed, target, method, recipe, work,
+                                     files.get(target, "test"))
     return {"seed": seed, "target": target, "methods": methods}
+
+
+def run_method(cfg: Config, seed: int, target: str, method: str, recipe: dict[str, Any],
+               work: Path, test_spec: EvalSpec) -> dict[str, Any]:
+    """One method's sweep on the validation split, then its winner on the test split.
+
+    The winner's leaderboard and ``sweep.png`` are kept under the results' sweep folder;
+    the merged folder itself is removed once scored."""
+    outcome = sweep(recipe, work / method, MAEC_CACHE)
+    board = outcome.board
+    winner = next(r for r in board["rows"] if r["id"] == board["winner"])
+    result = evaluate_folder(outcome.folder, test_spec)
+    kept = CACHE / "sweeps" / cfg.name / f"seed{seed}-{target}-{method}"
+    kept.mkdir(parents=True, exist_ok=True)
+    for name in ("leaderboard.json", "sweep.png"):
+        shutil.copyfile(outcome.folder / name, kept / name)
+    maec_report = outcome.folder / "maec_report.json"
+    report = json.loads(maec_report.read_text()) if maec_report.exists() else None
+    shutil.rmtree(outcome.folder)
+    log(f"seed {seed} {target}: {method} chose {winner['values']} "
+        f"({len(board['rows'])} candidates, {outcome.extractions} extraction(s), "
+        f"{outcome.seconds:.0f}s): val={winner['scores']['target_acc']:.3f} "
+        f"test={result['target_acc']:.3f} S={result['S_acc']:.3f} "
+        f"ppl={result['target_ppl']:.2f}")
+    return asdict(MethodResult(
+        winner["values"], winner["scores"], result,
+        sweep=[{"knobs": r["values"], "val": r["scores"]} for r in board["rows"]],
+        report=summarise_report(report), why=board["why"],
+        extractions=outcome.extractions, sweep_dir=str(kept)))
 
 
 def summarise_report(report: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -362,6 +367,8 @@ def aggregate(seeds: list[dict[str, Any]]) -> dict[str, dict[str, tuple[float, f
 
 
 TARGET_NAME = {"T": "T", "R": "T′"}
+# File names of the per-method sweep plots: T keeps plain names, T′ gets a prefix.
+FILE_PREFIX = {"T": "", "R": "control_"}
 
 
 def markdown_table(table: dict[str, dict[str, tuple[float, float]]], chance: tuple[float, float],
@@ -471,9 +478,21 @@ def _main(args: argparse.Namespace, cfg: Config) -> int:
         from experiments.transfer.plots import make_plots
 
         make_plots(cfg, seeds, chance, plots)
+        copy_sweep_plots(seeds[0], plots / "sweeps")
     log(f"done in {elapsed:.0f}s")
     print(result_line(tables), flush=True)
     return 0
+
+
+def copy_sweep_plots(seed: dict[str, Any], out: Path) -> None:
+    """The sweep library's own plot of every method's sweep (one seed), as published
+    beside a sweep job's winner."""
+    out.mkdir(parents=True, exist_ok=True)
+    for target, rows in seed["targets"].items():
+        for method, res in rows["methods"].items():
+            if res.get("sweep_dir"):
+                shutil.copyfile(Path(res["sweep_dir"]) / "sweep.png",
+                                out / f"{FILE_PREFIX[target]}{method}.png")
 
 
 def result_line(tables: dict[str, dict[str, dict[str, tuple[float, float]]]]) -> str:
