@@ -31,14 +31,12 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
-from maec_client.errors import ClientError
+# ConfigError lives with the other exceptions (the CLI's exit-code table needs it without
+# importing pydantic-settings); it is importable from here as before.
+from maec_client.errors import ConfigError as ConfigError
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 DEFAULT_TIMEOUT = 30.0
-
-
-class ConfigError(ClientError):
-    code = "invalid_config"
 
 
 @dataclass(frozen=True)

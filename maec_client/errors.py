@@ -26,6 +26,12 @@ class ClientError(Exception):
         return f"[{self.code}] {self.message}"
 
 
+class ConfigError(ClientError):
+    """The client's configuration (flags, environment, config file) is invalid."""
+
+    code = "invalid_config"
+
+
 class ApiError(ClientError):
     """The service answered with an error body ``{code, message, details}``.
 

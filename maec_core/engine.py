@@ -26,6 +26,7 @@ import collections
 import dataclasses
 import functools
 import json
+import math
 import queue
 import threading
 import time
@@ -98,13 +99,16 @@ def open_models(named: Mapping[str, str], base: str | None = None) -> dict[str, 
 def all_finite(t: torch.Tensor) -> bool:
     """Whether every entry of ``t`` is finite.
 
-    A float32 sum is NaN or ±inf whenever any entry is, so a finite sum proves the
-    tensor finite at the cost of one fast reduction; ``torch.isfinite`` (some 20 times
-    slower on CPU) only runs to rule out a false alarm from a sum that overflowed.
+    torch's min and max propagate NaN, and every other entry lies between them, so both
+    extremes are finite exactly when all entries are. One ``aminmax`` pass costs half a
+    float32 sum of a bfloat16 slice (the sum converts every entry first) and some 20
+    times less than ``torch.isfinite(t).all()`` on CPU; it is on the per-slice path of
+    every element-wise merge.
     """
-    if bool(torch.isfinite(t.sum(dtype=torch.float32))):
+    if t.numel() == 0:
         return True
-    return bool(torch.isfinite(t).all())
+    lo, hi = torch.aminmax(t)
+    return math.isfinite(float(lo)) and math.isfinite(float(hi))
 
 
 def _whole_tensors(

@@ -165,6 +165,19 @@ def test_merge_command_still_present_and_cli_is_torch_free():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_script_start_imports_no_http_stack():
+    # `maec merge` goes through this script: the HTTP client, its settings and the
+    # contract models are for `maec jobs` only and load when a jobs command runs.
+    code = ("import sys; from maec_client.cli import main;"
+            "import maec_client;"
+            "heavy = sorted(m for m in ('httpx', 'pydantic_settings', 'maec_contract',"
+            " 'maec_client.client', 'maec_client.models') if m in sys.modules);"
+            "assert not heavy, heavy;"
+            "assert maec_client.Client.__module__ == 'maec_client.client';"
+            "assert 'httpx' in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 def test_delete_pin_and_unpin(run, fake):
     queued = fake.add_job()
     done = fake.add_job("succeeded")

@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoTokenizer, LlamaForCausalLM
 
+from maec_core.engine import all_finite
 from maec_core.errors import Cancelled, IncompatibleCheckpoints
 from maec_core.methods import get_method
 from maec_core.recipe import parse_recipe
@@ -254,3 +255,32 @@ def test_sliced_streaming_equals_whole_tensors(
     run(parse_recipe(recipe), tmp_path / "whole")
     assert ((tmp_path / "sliced" / "model.safetensors").read_bytes()
             == (tmp_path / "whole" / "model.safetensors").read_bytes())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("size", [1, 7, 16, 33, 4099, 1 << 18])
+def test_finiteness_check_agrees_with_isfinite(dtype: torch.dtype, size: int) -> None:
+    # The engine's fast check (the extremes of each slice) must flag exactly what
+    # torch.isfinite flags, wherever the bad entry sits in the vectorised loops.
+    gen = torch.Generator().manual_seed(size)
+    clean = torch.randn(size, generator=gen).mul_(0.02).to(dtype)
+    assert all_finite(clean)
+    positions = {0, size - 1, size // 2,
+                 *torch.randint(size, (5,), generator=gen).tolist()}
+    for pos in positions:
+        for bad in (float("nan"), float("inf"), float("-inf")):
+            t = clean.clone()
+            t[pos] = bad
+            assert all_finite(t) is bool(torch.isfinite(t).all()) is False, (pos, bad)
+    assert all_finite(torch.full((size,), float("nan"), dtype=dtype)) is False
+    # Finite extremes of the type itself are finite.
+    assert all_finite(torch.tensor([torch.finfo(dtype).min, torch.finfo(dtype).max],
+                                   dtype=dtype))
+
+
+def test_finiteness_check_of_whole_and_empty_tensors() -> None:
+    t = torch.randn(64, 48).to(torch.bfloat16)
+    assert all_finite(t) and all_finite(t.t())  # any layout
+    t[17, 5] = float("nan")
+    assert not all_finite(t) and not all_finite(t.t())
+    assert all_finite(torch.empty(0, 8, dtype=torch.bfloat16))
