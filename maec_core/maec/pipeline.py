@@ -123,6 +123,7 @@ def combine(
     device: str | None = None,
     overwrite: bool = False,
     hash_cache: Path | None = None,
+    options: EngineOptions | None = None,
 ) -> MergeResult:
     """Combine stored artifacts (one per ability, in recipe order) into θL."""
     params = _params(recipe)
@@ -134,7 +135,7 @@ def combine(
     return _combine(recipe, params, [Path(d) for d in artifact_dirs], Path(out_dir),
                     reused=[True] * len(artifact_dirs), extract_seconds=0.0,
                     progress=progress, cancel=cancel, device=device, overwrite=overwrite,
-                    hash_cache=hash_cache)
+                    hash_cache=hash_cache, options=options)
 
 
 def run_maec(
