@@ -4,7 +4,8 @@ Cost discipline (the point of a sweep over separate jobs):
 - the inputs are read where they are; the eval sets are read once;
 - for MAEC each distinct extraction (per donor and extraction parameters) runs once and
   is kept in the artifact store; the other candidates of its group only combine, from
-  the stored ability vectors, never opening the donor again;
+  the stored ability vectors and the c_t the first combination computed, never opening
+  the donor again nor re-reading the key rows;
 - one candidate model is in memory at a time. With ``publish: best`` a candidate is
   merged straight into that model's weights (the engine's tensor sink), never written
   to disk and read back: only the first one is written, to build the model from, and
@@ -74,8 +75,10 @@ class _State:
     rows: list[Row] = field(default_factory=list)
     results: list[ModelResult] = field(default_factory=list)
     best: _Best | None = None
-    # Stored ability vectors of each extraction group, once extracted.
-    groups: dict[Any, list[Path]] = field(default_factory=dict)
+    # Stored ability vectors of each extraction group, once extracted, and their c_t
+    # against the language base (the same for every candidate of the group).
+    groups: dict[Any, tuple[list[Path], dict[str, dict[str, float]]]] = field(
+        default_factory=dict)
     extractions: int = 0
 
 
@@ -266,7 +269,7 @@ class _Sweep:
     def _merge(self, cand: Candidate, folder: Path, sink: SinkFn | None = None) -> bool:
         """Merge one candidate into ``folder``, or into ``sink`` when given (nothing is
         written then); whether an ability vector was extracted."""
-        from maec_core.maec.pipeline import combine
+        from maec_core.maec.pipeline import combine, report_cosines
         from maec_core.run import run
 
         stored = self.state.groups.get(cand.group) if cand.group is not None else None
@@ -274,7 +277,7 @@ class _Sweep:
                               "device": self.device, "hash_cache": self.hash_cache,
                               "options": EngineOptions(sink=sink) if sink else None}
         if stored is not None:
-            combine(cand.recipe, stored, folder, **kw)
+            combine(cand.recipe, stored[0], folder, cosines=stored[1], **kw)
             return False
         result = run(cand.recipe, folder, artifact_store=self.store, **kw)
         if cand.group is None:
@@ -282,7 +285,8 @@ class _Sweep:
         report = result.report or {}
         dirs = [self.store.get(k) for k in report.get("artifact_keys", [])]
         if all(d is not None for d in dirs):
-            self.state.groups[cand.group] = [d for d in dirs if d is not None]
+            self.state.groups[cand.group] = ([d for d in dirs if d is not None],
+                                             report_cosines(report))
         return not all(a.get("artifact_reused") for a in report.get("abilities", []))
 
     def _board(self, winner: str, why: str, reference: dict[str, float]) -> Leaderboard:

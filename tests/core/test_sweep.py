@@ -357,9 +357,11 @@ def test_candidates_scored_from_memory_equal_separate_jobs(
     assert {"config.json", "model.safetensors", "maec_report.json", "recipe.yaml",
             "README.md", "eval_report.json", "leaderboard.json", "sweep.png",
             "tokenizer.json"} <= {p.name for p in out.iterdir()}
-    # The published winner holds the very tensors a separate merge of it gives.
-    assert (out / "model.safetensors").read_bytes() == (
-        tmp_path / "separate" / "c03" / "model.safetensors").read_bytes()
+    # The published winner holds the very tensors a separate merge of it gives, and the
+    # same report (every c_t, reused from its group's first combination).
+    for name in ("model.safetensors", "maec_report.json"):
+        assert (out / name).read_bytes() == (
+            tmp_path / "separate" / "c03" / name).read_bytes(), name
     assert list((tmp_path / "work").iterdir()) == []
 
 
