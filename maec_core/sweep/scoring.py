@@ -69,9 +69,13 @@ class ModelSink:
             raise CheckpointError(f"the candidate lacks tensors the model has: {missing[:3]}")
         for t in outputs:
             dst = state.get(t.name)
-            if dst is not None and (tuple(dst.shape) != t.shape or not dst.is_contiguous()):
+            if dst is not None and tuple(dst.shape) != t.shape:
                 raise CheckpointError(f"tensor {t.name}: the candidate's shape {list(t.shape)} "
                                       f"is not the model's {list(dst.shape)}")
+            if dst is not None and not dst.is_contiguous():
+                # Parts are copied into a flat view of the weight, which needs one.
+                raise CheckpointError(f"tensor {t.name}: the model's weight is not "
+                                      "contiguous")
         self._state = state
         self._on_abort = on_abort
         self._flat: torch.Tensor | None = None  # the current tensor's weight, flat
