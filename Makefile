@@ -53,7 +53,8 @@ bench-eval: setup
 	$(PY) -m bench.eval
 
 # A MAEC sweep (2 key_ratios x 3 mu, two eval sets) against the same six candidates run
-# as separate evaluated jobs. BENCH_SWEEP_ARGS=--importance delta --runs 3 ...
+# as separate evaluated jobs, with MAEC's default importance (delta).
+# BENCH_SWEEP_ARGS=--importance both --runs 3 ... (both: gradient too, about 4x longer)
 BENCH_SWEEP_ARGS ?=
 .PHONY: bench-sweep
 bench-sweep: setup

@@ -9,9 +9,14 @@ merged folder. Both sides run in this process, on the same threads, interleaved 
 ``--runs`` rounds; the ratio is of medians. Both sides must agree on every candidate's
 scores (checked).
 
-    .venv/bin/python -m bench.sweep [--runs 1] [--threads 1]
+MAEC's importance is the method's default (``delta``: extraction reads weights only, so
+evaluation dominates both sides) unless ``--importance`` says otherwise; ``both`` also
+measures ``gradient`` (a corpus pass per extraction, which six separate jobs repeat six
+times), about four times as long, and reports it on the line before the RESULT.
 
-Ends with exactly one line:
+    .venv/bin/python -m bench.sweep [--runs 1] [--threads 1] [--importance both]
+
+Ends with exactly one line, for the default importance (or the one asked for):
 RESULT sweep candidates=6 extractions=<n> wall_ratio_vs_separate_jobs=<sweep/separate>
 """
 
@@ -145,40 +150,58 @@ def run_separate_once(data: dict[str, Any], work: Path) -> tuple[float, dict[str
 
 
 def main() -> None:
+    from maec_core.maec.params import MaecParams
+
+    default = str(MaecParams.model_fields["importance"].default)
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--importance", choices=["gradient", "delta"], default="gradient",
-                        help="MAEC's importance: gradient (a corpus pass per extraction) "
-                             "or delta (weights only; extraction is cheap)")
+    parser.add_argument("--importance", choices=["gradient", "delta", "both"],
+                        default=default,
+                        help=f"MAEC's importance (default: the method's, {default}): "
+                             "gradient (a corpus pass per extraction), delta (weights "
+                             f"only; extraction is cheap), or both (RESULT for {default})")
     args = parser.parse_args()
     from maec_core.runtime import torch_threads
 
     inputs = ensure_inputs()
-    data = recipe_data(inputs, args.importance)
+    asked = args.importance
+    # The RESULT line's importance goes last.
+    modes = [m for m in ("gradient", "delta") if m != default] + [default] \
+        if asked == "both" else [asked]
+    with torch_threads(args.threads):
+        for mode in modes:
+            ratio, candidates, extractions = measure(recipe_data(inputs, mode), inputs,
+                                                     args.runs)
+    print(f"RESULT sweep candidates={candidates} extractions={extractions} "
+          f"wall_ratio_vs_separate_jobs={ratio:.3f}")
 
+
+def measure(data: dict[str, Any], inputs: dict[str, Path], runs: int
+            ) -> tuple[float, int, int]:
+    """Both sides ``runs`` times, interleaved: (ratio of medians, candidates,
+    extractions of the sweep)."""
     sweep_walls: list[float] = []
     separate_walls: list[float] = []
     extractions = 0
-    with torch_threads(args.threads):
-        warm_up(data, inputs)
-        for i in range(args.runs):
-            order = ["sweep", "separate"] if i % 2 == 0 else ["separate", "sweep"]
-            for side in order:
-                with tempfile.TemporaryDirectory(prefix="maec-bench-sweep-") as tmp:
-                    if side == "sweep":
-                        wall, extractions, ours = run_sweep_once(data, Path(tmp))
-                        sweep_walls.append(wall)
-                    else:
-                        wall, theirs = run_separate_once(data, Path(tmp))
-                        separate_walls.append(wall)
-                print(f"run {i + 1} {side:8s} wall {wall:6.2f} s", flush=True)
-            _same_scores(ours, theirs)
+    warm_up(data, inputs)
+    for i in range(runs):
+        order = ["sweep", "separate"] if i % 2 == 0 else ["separate", "sweep"]
+        for side in order:
+            with tempfile.TemporaryDirectory(prefix="maec-bench-sweep-") as tmp:
+                if side == "sweep":
+                    wall, extractions, ours = run_sweep_once(data, Path(tmp))
+                    sweep_walls.append(wall)
+                else:
+                    wall, theirs = run_separate_once(data, Path(tmp))
+                    separate_walls.append(wall)
+            print(f"run {i + 1} {side:8s} wall {wall:6.2f} s", flush=True)
+        _same_scores(ours, theirs)
     ratio = median(sweep_walls) / median(separate_walls)
-    print(f"importance {args.importance}: sweep {median(sweep_walls):.2f} s, separate jobs "
-          f"{median(separate_walls):.2f} s (medians of {args.runs})")
-    print(f"RESULT sweep candidates={len(ours)} extractions={extractions} "
-          f"wall_ratio_vs_separate_jobs={ratio:.3f}")
+    print(f"importance {data['parameters']['importance']}: sweep {median(sweep_walls):.2f} s, "
+          f"separate jobs {median(separate_walls):.2f} s (medians of {runs}), "
+          f"ratio {ratio:.3f}", flush=True)
+    return ratio, len(ours), extractions
 
 
 def warm_up(data: dict[str, Any], inputs: dict[str, Path]) -> None:

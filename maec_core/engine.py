@@ -16,8 +16,8 @@ through RAM (on CPU that path measured 3-6x faster than whole-tensor passes).
 
 On a CUDA device both paths run in ``maec_core.cuda_loops`` instead (pinned reads,
 copies on their own stream, one wait per unit or tensor, when the writer needs it).
-How a merge runs (compute dtype, GPU budget, a callback per finished shard) is an
-``EngineOptions``.
+How a merge runs (compute dtype, GPU budget, a callback per finished shard, a sink
+taking the tensors instead of a folder) is an ``EngineOptions``.
 """
 
 from __future__ import annotations
@@ -51,7 +51,13 @@ from maec_core.io.folder import ModelFolder, open_model_folder
 from maec_core.io.headers import TensorInfo
 from maec_core.io.output import StagedOutput, output_config
 from maec_core.io.reader import SAFETENSORS_NAMES, Prefetcher, TensorReader, Unit, UnitReader
-from maec_core.io.writer import BackgroundWriter, OutputTensor, ShardedWriter
+from maec_core.io.writer import (
+    BackgroundWriter,
+    OutputTensor,
+    ShardedWriter,
+    TensorSink,
+    WrittenFile,
+)
 from maec_core.manifest import MANIFEST_NAME, build_manifest
 from maec_core.methods import TensorCall, TensorMethod, get_method
 from maec_core.methods.params import layer_index, validated_params
@@ -305,7 +311,8 @@ def stream_merge(
     whole: Callable[[PlannedTensor], bool] | None = None,
     tokenizer_files: Mapping[str, bytes] | None = None,
 ) -> MergeResult:
-    """Run ``compute`` over every planned tensor and publish a complete output folder.
+    """Run ``compute`` over every planned tensor and publish a complete output folder
+    (or, with ``options.sink``, hand the tensors to that sink and write nothing).
 
     ``read(t)`` names the stored tensors to load for ``t``; ``compute`` receives them as
     float32 on ``device`` and returns the merged float32 tensor. Nothing appears at
@@ -323,15 +330,44 @@ def stream_merge(
     only for a ``compute`` that is safe to call concurrently.
     ``whole(t)`` True sends ``t`` whole to ``compute`` even in an element-wise merge (its
     inputs differ in rows: a vocabulary remap); ``tokenizer_files`` replace the copied ones.
-    ``options``: compute dtype, GPU budget, finished-shard callback (``EngineOptions``).
+    ``options``: compute dtype, GPU budget, finished-shard callback, a sink taking the
+    tensors instead of the folder (``EngineOptions``).
     """
     elementwise = elementwise or compute_at is not None
     options = options or EngineOptions()
     started = time.perf_counter()
-    hasher = _input_hasher(plan, hash_inputs, hash_cache)
     target = torch_dtype(out_dtype)
     total = len(plan.tensors)
+    outputs = [OutputTensor(t.name, t.shape, SAFETENSORS_NAMES[target]) for t in plan.tensors]
+    tick = _ticker(progress, cancel, stage, total)
 
+    def write(sink: TensorSink, background: bool = True) -> list[WrittenFile]:
+        files = _write_tensors(sink, background, plan, read, compute, compute_at, device,
+                               target, tick, elementwise, compute_threads, options, whole)
+        if progress is not None and total:
+            progress(stage, total, total)
+        return files
+
+    manifest: dict[str, Any] = {}
+    if options.sink is not None:
+        # The caller takes the tensors as they come: no folder, so no manifest and no
+        # input digests for one. On this thread: a sink keeps them in memory, a copy
+        # cheaper than handing each part to a writer thread.
+        write(options.sink(outputs), background=False)
+    else:
+        finish = functools.partial(
+            _finish_folder, plan=plan, recipe=recipe, out_dtype=out_dtype,
+            tokenizer_from=tokenizer_from, base_models=base_models, extra_json=extra_json,
+            card_summary=card_summary, manifest_extra=manifest_extra,
+            tokenizer_files=tokenizer_files)
+        manifest = _to_folder(write, outputs, recipe, out_dir, overwrite, options,
+                              _input_hasher(plan, hash_inputs, hash_cache), finish)
+    seconds = time.perf_counter() - started
+    return MergeResult(out_dir, manifest, total, seconds, {stage: seconds})
+
+
+def _ticker(progress: ProgressFn | None, cancel: CancelFn | None, stage: str, total: int
+            ) -> Callable[[int], None]:
     def tick(i: int) -> None:
         """Called as tensor ``i`` starts: report the ``i`` finished, honour cancel."""
         if progress is not None and i > 0:
@@ -339,29 +375,38 @@ def stream_merge(
         if cancel is not None and cancel():
             raise Cancelled("merge cancelled")
 
+    return tick
+
+
+def _to_folder(
+    write: Callable[[TensorSink], list[WrittenFile]],
+    outputs: list[OutputTensor],
+    recipe: Recipe,
+    out_dir: Path,
+    overwrite: bool,
+    options: EngineOptions,
+    hasher: BackgroundHasher,
+    finish: Callable[..., dict[str, Any]],
+) -> dict[str, Any]:
+    """The merge's tensors written as shards of a staged folder, ``finish`` adding the
+    other files and the manifest, then the folder renamed into place; its manifest."""
     with StagedOutput(out_dir, overwrite=overwrite) as staged:
         try:
-            _write_tensors(staged, plan, recipe, read, compute, compute_at, device, target,
-                           tick, elementwise, compute_threads, options, whole)
+            staged.add(write(ShardedWriter(
+                staged.folder, outputs, recipe.shard_size_bytes(), parallel_io=True,
+                on_shard=options.on_shard, on_shard_open=options.on_shard_open)))
         except BaseException:
             hasher.stop()
             raise
-        if progress is not None and total:
-            progress(stage, total, total)
-        manifest = _finish_folder(
-            staged, plan, recipe, hasher, out_dtype=out_dtype, tokenizer_from=tokenizer_from,
-            base_models=base_models, extra_json=extra_json, card_summary=card_summary,
-            manifest_extra=manifest_extra, tokenizer_files=tokenizer_files,
-        )
+        manifest = finish(staged, hasher=hasher)
         staged.commit()
-    seconds = time.perf_counter() - started
-    return MergeResult(out_dir, manifest, total, seconds, {stage: seconds})
+    return manifest
 
 
 def _write_tensors(
-    staged: StagedOutput,
+    sink: TensorSink,
+    background: bool,
     plan: MergePlan,
-    recipe: Recipe,
     read: Callable[[PlannedTensor], list[TensorInfo]],
     compute: ComputeFn,
     compute_at: OffsetComputeFn | None,
@@ -372,16 +417,15 @@ def _write_tensors(
     compute_threads: int,
     options: EngineOptions,
     whole: Callable[[PlannedTensor], bool] | None = None,
-) -> None:
-    """Merge every planned tensor into the staged folder's shards (and their index)."""
-    st_dtype = SAFETENSORS_NAMES[target]
-    outputs = [OutputTensor(t.name, t.shape, st_dtype) for t in plan.tensors]
+) -> list[WrittenFile]:
+    """Merge every planned tensor into ``sink`` (a staged folder's shards and their
+    index, or the caller's sink; on a thread of its own when ``background``); returns
+    the files it wrote."""
     writer = BackgroundWriter(
-        ShardedWriter(staged.folder, outputs, recipe.shard_size_bytes(), parallel_io=True,
-                      on_shard=options.on_shard, on_shard_open=options.on_shard_open),
+        sink,
         # Whole tensors: one queued while one is written, so memory stays at a couple
         # of tensors; slices are small and recycled, a deeper queue is free.
-        depth=WRITE_DEPTH if elementwise else 1,
+        depth=0 if not background else WRITE_DEPTH if elementwise else 1,
     )
     steps = [read(t) for t in plan.tensors]
     cdtype = torch_dtype(options.compute_dtype)
@@ -402,7 +446,7 @@ def _write_tensors(
             else:
                 _elementwise(part, steps[lo:hi], writer, compute, device, target, at,
                              compute_at, compute_threads, cdtype)
-        staged.add(writer.close())
+        return writer.close()
     except BaseException:
         writer.abort()
         raise

@@ -12,6 +12,7 @@ import functools
 from pathlib import Path
 
 from maec_core.engine import run_method
+from maec_core.errors import MaecError
 from maec_core.lora.export import export_merge
 from maec_core.maec.pipeline import run_maec
 from maec_core.maec.store import ArtifactStore
@@ -40,12 +41,17 @@ def run(
     total)`` is called as tensors finish; ``cancel()`` returning True stops the run with
     ``Cancelled``. ``device`` defaults to CUDA when present. ``hash_cache`` is a folder
     keeping input-file digests between processes (None: this process only).
-    ``options``: compute dtype, GPU memory budget, a callback per finished output shard.
+    ``options``: compute dtype, GPU memory budget, a callback per finished output shard,
+    or a sink that takes the merged tensors instead of the folder (nothing is written at
+    ``out`` then).
 
     ``output: {format: lora}`` publishes a LoRA adapter of the merge's change to its base
     instead of the merged checkpoint (``maec_core.lora.export``).
     """
     if recipe.output is not None and recipe.output.format == "lora":
+        if options is not None and options.sink is not None:
+            raise MaecError("output format lora publishes an adapter, not the merged "
+                            "tensors a sink takes: merge without the sink")
         # The merged checkpoint is an intermediate here: its shards are not the output,
         # so no finished-shard callback sees them.
         inner = (dataclasses.replace(options, on_shard=None, on_shard_open=None)

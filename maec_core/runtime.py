@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-    from maec_core.io.writer import ShardFn, ShardOpenFn
+    from maec_core.io.writer import ShardFn, ShardOpenFn, SinkFn
 
 # progress(stage, done, total)
 ProgressFn = Callable[[str, int, int], None]
@@ -62,6 +62,12 @@ class EngineOptions:
     ``on_shard_open(path, name, size)``: called as each shard is created, with its final
     size, so its bytes can be read (uploaded) as they are appended, before it is done.
 
+    ``sink(tensors)``: where the merged tensors go instead of a checkpoint folder (a
+    sweep puts each candidate straight into the model that scores it). With a sink
+    nothing is written at the output path (no shards, config, card or manifest, and the
+    inputs are not hashed), so the shard callbacks are not called; the arithmetic and
+    the bytes the sink receives are those the folder's shards would hold.
+
     ``gpu_budget_bytes``: the GPU memory the merge is planned to fit in. The arithmetic,
     for inputs of ``k`` models, compute itemsize ``c`` (4 for float32) and stored
     itemsize ``s`` (2 for bf16):
@@ -86,6 +92,7 @@ class EngineOptions:
     on_shard: ShardFn | None = None
     on_shard_open: ShardOpenFn | None = None
     gpu_budget_bytes: int = GPU_BUDGET_BYTES
+    sink: SinkFn | None = None
 
     def __post_init__(self) -> None:
         if self.compute_dtype not in COMPUTE_DTYPES:

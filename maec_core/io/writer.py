@@ -17,7 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 import torch
 
@@ -65,6 +65,37 @@ ShardFn = Callable[[Path, WrittenFile], None]
 # so a reader may follow it as it grows: a shard is only ever appended to, so every byte
 # below the file's current size is final. Same thread and rules as ``ShardFn``.
 ShardOpenFn = Callable[[Path, str, int], None]
+
+
+class TensorSink(Protocol):
+    """Where a merge's output tensors go, in the declared order: a folder's shards
+    (:class:`ShardedWriter`) or anything else taking the same calls, such as a loaded
+    model's weights (a sweep scores its candidates without writing them)."""
+
+    def begin(self, name: str, shape: tuple[int, ...], dtype: str | None) -> None:
+        """Start the next tensor (safetensors dtype name)."""
+        ...
+
+    def append(self, data: memoryview | bytes) -> None:
+        """The next bytes of the current tensor."""
+        ...
+
+    def end(self) -> None:
+        """The current tensor is complete."""
+        ...
+
+    def close(self) -> list[WrittenFile]:
+        """Every tensor has been given; the files written (none for a sink that writes
+        no file)."""
+        ...
+
+    def abort(self) -> None:
+        """The merge failed: release what the sink holds."""
+        ...
+
+
+# Makes the sink for a merge, given the tensors it will receive in order.
+SinkFn = Callable[[list[OutputTensor]], TensorSink]
 
 
 def shard_layout(tensors: list[OutputTensor], shard_size: int) -> list[list[OutputTensor]]:
@@ -251,20 +282,36 @@ class _Part:
 
 
 class BackgroundWriter:
-    """Runs a ``ShardedWriter`` on its own thread, so hashing and writing overlap compute.
+    """Runs a ``TensorSink`` (a ``ShardedWriter``) on its own thread, so hashing and
+    writing overlap compute.
 
     ``sha256.update`` and ``file.write`` release the GIL, so on a CPU merge the output's
     hashing costs no wall time beside the math. Parts are queued (bounded, so memory stays
     at ``depth`` parts); ``done`` runs after a part is written, which is how callers
     recycle buffers. An error on the thread is raised on the next call from the caller.
+
+    ``depth=0`` runs no thread: each part goes to the sink in the caller's ``put``. That
+    is for a sink cheaper than a hand-off between threads (a copy into memory).
     """
 
-    def __init__(self, writer: ShardedWriter, depth: int = 4) -> None:
+    def __init__(self, writer: TensorSink, depth: int = 4) -> None:
         self.writer = writer
         self._queue: queue.Queue[_Part | None] = queue.Queue(maxsize=depth)
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="maec-write", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        if depth > 0:
+            self._thread = threading.Thread(target=self._run, name="maec-write",
+                                            daemon=True)
+            self._thread.start()
+
+    def _write(self, part: _Part) -> None:
+        if part.first:
+            self.writer.begin(part.name, part.shape, part.dtype)
+        self.writer.append(part.data)
+        if part.last:
+            self.writer.end()
+        if part.done is not None:
+            part.done()
 
     def _run(self) -> None:
         while True:
@@ -274,13 +321,7 @@ class BackgroundWriter:
             if self._error is not None:
                 continue  # drain without writing after a failure
             try:
-                if part.first:
-                    self.writer.begin(part.name, part.shape, part.dtype)
-                self.writer.append(part.data)
-                if part.last:
-                    self.writer.end()
-                if part.done is not None:
-                    part.done()
+                self._write(part)
             except BaseException as exc:  # re-raised in the caller's thread
                 self._error = exc
 
@@ -293,18 +334,25 @@ class BackgroundWriter:
             done: Callable[[], None] | None = None) -> None:
         """Queue the bytes ``data`` of tensor ``name`` (a whole tensor or one part)."""
         self._check()
-        self._queue.put(_Part(name, tuple(shape), dtype, data, first, last, done))
+        part = _Part(name, tuple(shape), dtype, data, first, last, done)
+        if self._thread is None:
+            self._write(part)
+        else:
+            self._queue.put(part)
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
         """Queue a whole tensor (kept alive by the queue until written)."""
         self.put(name, tuple(tensor.shape), SAFETENSORS_NAMES[tensor.dtype],
                  tensor_bytes(tensor))
 
-    def join(self) -> None:
-        """Wait until everything queued is written; raise the thread's error if any."""
-        if self._thread.is_alive():
+    def _stop(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
             self._queue.put(None)
             self._thread.join()
+
+    def join(self) -> None:
+        """Wait until everything queued is written; raise the thread's error if any."""
+        self._stop()
         self._check()
 
     def close(self) -> list[WrittenFile]:
@@ -314,7 +362,5 @@ class BackgroundWriter:
     def abort(self) -> None:
         if self._error is None:
             self._error = MaecError("writer aborted")
-        if self._thread.is_alive():
-            self._queue.put(None)
-            self._thread.join()
+        self._stop()
         self.writer.abort()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -104,7 +104,12 @@ def select(
     step: StepFn | None = None,
     cancel: CancelFn | None = None,
     remap: RowRemap | None = None,
+    known: Mapping[str, Mapping[str, float]] | None = None,
 ) -> Selection:
+    """c_t of every tensor each artifact carries, and the tensors kept by the selection
+    parameters. ``known`` (artifact key -> tensor -> c_t, from an earlier combination of
+    the same inputs) spares reading the key rows again: c_t depends on the artifact and
+    the two checkpoints only, not on μ or the selection parameters."""
     by_name = {t.name: t for t in plan.tensors}
     total = sum(len(a.tensors) for a in artifacts)
     done = 0
@@ -113,7 +118,11 @@ def select(
     with RowReader() as io, cpu_single_thread(torch.device("cpu")):
         for art in artifacts:
             cs: dict[str, float] = {}
+            given = (known or {}).get(art.key)
             for name in art.tensors:
+                if given is not None:
+                    cs[name] = given[name]
+                    continue
                 if cancel is not None and cancel():
                     raise Cancelled("combination cancelled")
                 t = by_name[name]

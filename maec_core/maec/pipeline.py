@@ -6,6 +6,8 @@ Public entry points (``maec_core.run`` and the CLI call them, with a parsed reci
 - ``extract(recipe, ability_index, artifact_dir, ...)``: stage 1 alone.
 - ``combine(recipe, artifact_dirs, out_dir, ...)``: stage 2 alone, from artifacts.
 - ``artifact_key(recipe, ability_index)`` (from ``keys``): the key an artifact is stored under.
+- ``report_cosines(report)``: the c_t a combination computed, for the next ``combine`` of
+  the same checkpoints to reuse.
 
 The report file (``maec_report.json``) holds only what the inputs determine, so a
 one-run merge and extract-then-combine publish identical folders; run facts (seconds,
@@ -20,7 +22,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +46,7 @@ from maec_core.runtime import CancelFn, EngineOptions, MergeResult, ProgressFn, 
 from maec_core.vocab.maec import maec_token_map
 
 __all__ = ["ArtifactStore", "LocalArtifactStore", "artifact_key", "combine", "extract",
-           "run_maec"]
+           "report_cosines", "run_maec"]
 
 BASE, LANG = "base_model", "language_base"
 REPORT_NAME = "maec_report.json"
@@ -123,8 +125,14 @@ def combine(
     device: str | None = None,
     overwrite: bool = False,
     hash_cache: Path | None = None,
+    options: EngineOptions | None = None,
+    cosines: Mapping[str, Mapping[str, float]] | None = None,
 ) -> MergeResult:
-    """Combine stored artifacts (one per ability, in recipe order) into θL."""
+    """Combine stored artifacts (one per ability, in recipe order) into θL.
+
+    ``cosines`` (artifact key -> tensor -> c_t; :func:`report_cosines` of an earlier
+    combination of the same checkpoints) spares computing c_t again: a sweep over μ or
+    the selection parameters computes them once."""
     params = _params(recipe)
     if len(artifact_dirs) != len(recipe.abilities):
         raise CheckpointError(
@@ -134,7 +142,7 @@ def combine(
     return _combine(recipe, params, [Path(d) for d in artifact_dirs], Path(out_dir),
                     reused=[True] * len(artifact_dirs), extract_seconds=0.0,
                     progress=progress, cancel=cancel, device=device, overwrite=overwrite,
-                    hash_cache=hash_cache)
+                    hash_cache=hash_cache, options=options, cosines=cosines)
 
 
 def run_maec(
@@ -249,6 +257,7 @@ def _combine(
     hash_cache: Path | None = None,
     started: float | None = None,
     options: EngineOptions | None = None,
+    cosines: Mapping[str, Mapping[str, float]] | None = None,
 ) -> MergeResult:
     t0 = time.perf_counter()
     started = started if started is not None else t0
@@ -257,18 +266,9 @@ def _combine(
     lang = open_model_folder(recipe.language_base, base=recipe.base_model)
     tmap = maec_token_map(recipe, base, lang, [])
     plan = build_plan({BASE: base, LANG: lang}, LANG, tmap.lang_rows if tmap else None)
-    base_sums = folder_checksums(base, hash_cache)
-    ckpt_dtype = checkpoint_dtype(base)
     # Artifacts are in θ0's coordinates (its vocabulary rows): checked against θ0's shapes.
-    by_name = {t.name: t for t in (build_plan({BASE: base}, BASE) if tmap else plan).tensors}
-    # A store's or a caller's artifact is hashed against its metadata; one this run just
-    # wrote (not reused) was hashed as it was written.
-    artifacts = [load_artifact(d, verify=reused[i], hash_cache=hash_cache)
-                 for i, d in enumerate(artifact_dirs)]
-    for i, art in enumerate(artifacts):
-        check_compatible(art, base_checksums=base_sums, params=params,
-                         checkpoint_dtype=ckpt_dtype, tensors=by_name,
-                         label=f"abilities[{i}]")
+    artifacts = _checked_artifacts(params, base, build_plan({BASE: base}, BASE) if tmap
+                                   else plan, artifact_dirs, reused, hash_cache)
     n_sel = sum(len(a.tensors) for a in artifacts)
     total = n_sel + len(plan.tensors)
 
@@ -278,7 +278,7 @@ def _combine(
 
     remap = RowRemap(tmap) if tmap else None
     selection = select(params, plan, artifacts, base_key=BASE, language_key=LANG,
-                       step=sel_step, cancel=cancel, remap=remap)
+                       step=sel_step, cancel=cancel, remap=remap, known=cosines)
     select_seconds = time.perf_counter() - t0
     report = build_report(recipe, params, plan, artifacts, selection)
     if tmap is not None:
@@ -314,6 +314,25 @@ def _combine(
     result.stage_seconds = {"extract": extract_seconds, "combine": now - t0}
     result.seconds = now - started
     return result
+
+
+def _checked_artifacts(params: MaecParams, base: ModelFolder, base_plan: MergePlan,
+                       artifact_dirs: list[Path], reused: list[bool],
+                       hash_cache: Path | None) -> list[Artifact]:
+    """The artifacts, each checked against θ0 (checksums, dtype, shapes in
+    ``base_plan``) and the parameters."""
+    base_sums = folder_checksums(base, hash_cache)
+    ckpt_dtype = checkpoint_dtype(base)
+    by_name = {t.name: t for t in base_plan.tensors}
+    # A store's or a caller's artifact is hashed against its metadata; one this run just
+    # wrote (not reused) was hashed as it was written.
+    artifacts = [load_artifact(d, verify=reused[i], hash_cache=hash_cache)
+                 for i, d in enumerate(artifact_dirs)]
+    for i, art in enumerate(artifacts):
+        check_compatible(art, base_checksums=base_sums, params=params,
+                         checkpoint_dtype=ckpt_dtype, tensors=by_name,
+                         label=f"abilities[{i}]")
+    return artifacts
 
 
 def build_report(recipe: Recipe, params: MaecParams, plan: MergePlan,
@@ -373,6 +392,17 @@ def build_report(recipe: Recipe, params: MaecParams, plan: MergePlan,
             "weights": sum(t.numel for t in plan.tensors),
         },
     }
+
+
+def report_cosines(report: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+    """c_t by artifact key and tensor, read back from a combination's report (what
+    :func:`combine` takes as ``cosines``)."""
+    keys = [a["artifact_key"] for a in report["abilities"]]
+    out: dict[str, dict[str, float]] = {k: {} for k in keys}
+    for t in report["tensors"]:
+        for e in t["abilities"]:
+            out[keys[e["ability"]]][t["name"]] = e["c_t"]
+    return out
 
 
 def card_summary(report: dict[str, Any]) -> str:

@@ -10,6 +10,10 @@ import math
 
 from maec_core.sweep.board import Leaderboard
 
+# Inches: one panel per knob, and the margins around and between them.
+PANEL_WIDTH, PANEL_HEIGHT = 4.2, 3.4
+LEFT, RIGHT, BOTTOM, TOP, GAP, PANEL_TITLE = 0.85, 0.15, 0.55, 0.4, 0.85, 0.25
+
 
 def plot_png(board: Leaderboard) -> bytes:
     """One panel per knob: every candidate's objective at its knob value; candidates
@@ -21,7 +25,16 @@ def plot_png(board: Leaderboard) -> bytes:
     from matplotlib.figure import Figure
 
     knobs = board.knobs or ["candidate"]
-    fig = Figure(figsize=(4.2 * len(knobs), 3.4), dpi=100, layout="constrained")
+    width, height = PANEL_WIDTH * len(knobs), PANEL_HEIGHT
+    fig = Figure(figsize=(width, height), dpi=100)
+    # Fixed margins in inches, room for tick labels, axis labels, the title and (with a
+    # constraint) a panel title: a layout engine measuring every text costs more than
+    # the drawing itself (about half of this function's time).
+    top = TOP + (PANEL_TITLE if _titled(board) else 0.0)
+    fig.subplots_adjust(left=LEFT / width, right=1 - RIGHT / width, bottom=BOTTOM / height,
+                        top=1 - top / height,
+                        wspace=GAP / ((width - LEFT - RIGHT - GAP * (len(knobs) - 1))
+                                      / len(knobs)))
     axes = fig.subplots(1, len(knobs), squeeze=False)[0]
     obj = board.objective
     for ax, knob in zip(axes, knobs, strict=True):
@@ -41,7 +54,8 @@ def plot_png(board: Leaderboard) -> bytes:
         ax.set_ylabel(f"{obj['metric']} on {obj['set']}")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize="small")
-    fig.suptitle(f"sweep: {obj['metric']} ({obj.get('goal') or ''}) on {obj['set']}")
+    fig.suptitle(f"sweep: {obj['metric']} ({obj.get('goal') or ''}) on {obj['set']}",
+                 y=1 - 0.08 / height, va="top")
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     return buf.getvalue()
@@ -55,10 +69,16 @@ def _y(v: float) -> float:
     return v if math.isfinite(v) else float("nan")
 
 
+def _titled(board: Leaderboard) -> bool:
+    """Whether the panels name the constraint in a title (it is not a line on them)."""
+    c = board.constraint
+    return c is not None and (c.get("set") != board.objective["set"] or "bound" not in c)
+
+
 def _bound(ax: object, board: Leaderboard) -> None:
     """The constraint's bound as a dashed line, when it is on the objective's metric."""
     c = board.constraint
-    if c is None or c.get("set") != board.objective["set"] or "bound" not in c:
+    if c is None or _titled(board):
         if c is not None:
             ax.set_title(f"constraint: {c.get('text', '')}", fontsize="small")  # type: ignore[attr-defined]
         return

@@ -4,9 +4,17 @@ Cost discipline (the point of a sweep over separate jobs):
 - the inputs are read where they are; the eval sets are read once;
 - for MAEC each distinct extraction (per donor and extraction parameters) runs once and
   is kept in the artifact store; the other candidates of its group only combine, from
-  the stored ability vectors, never opening the donor again;
-- one candidate model is loaded at a time, and on disk only the best so far is kept
-  besides the one being scored (``publish: all`` hands each candidate to ``keep`` first);
+  the stored ability vectors and the c_t the first combination computed, never opening
+  the donor again nor re-reading the key rows;
+- one candidate model is in memory at a time. With ``publish: best`` a candidate is
+  merged straight into that model's weights (the engine's tensor sink), never written
+  to disk and read back: only the first one is written, to build the model from, and
+  kept while it is the best; the winner, unless it is that one, is merged once more at
+  the end into the published folder. Merges are deterministic (the same inputs,
+  parameters and seeds give the same bytes), so that folder holds what was scored, and
+  one more merge costs less than writing every candidate that improves on the best so
+  far. ``publish: all`` writes every candidate's folder (``keep`` publishes it) and
+  scores it from there, keeping the best so far on disk;
 - every temporary folder is removed, on success, failure or cancel.
 """
 
@@ -25,13 +33,14 @@ from maec_core.eval.report import EvalReport, ModelResult
 from maec_core.eval.sets import LoadedSet, load_sets
 from maec_core.maec.store import ArtifactStore, LocalArtifactStore
 from maec_core.recipe import Recipe
-from maec_core.runtime import CancelFn, ProgressFn, best_device
+from maec_core.runtime import CancelFn, EngineOptions, ProgressFn, best_device
 from maec_core.sweep.attach import attach_evaluation
 from maec_core.sweep.board import Leaderboard, Row, rank, score_rows
 from maec_core.sweep.grid import Candidate, candidates
 from maec_core.sweep.inputs import LANGUAGE_BASE, MERGED, eval_spec, input_models
 
 if TYPE_CHECKING:
+    from maec_core.io.writer import SinkFn
     from maec_core.sweep.scoring import ModelSlot
 
 # keep(candidate, folder, manifest): publish one candidate (``publish: all``) before its
@@ -52,12 +61,24 @@ class SweepResult:
 
 
 @dataclass
+class _Best:
+    """The best candidate so far: its ranking key, and its folder when it has one (a
+    candidate scored from memory has none until the winner is merged again)."""
+
+    key: tuple[float, int]
+    cand: Candidate
+    folder: Path | None
+
+
+@dataclass
 class _State:
     rows: list[Row] = field(default_factory=list)
     results: list[ModelResult] = field(default_factory=list)
-    best: tuple[tuple[float, int], Path] | None = None
-    # Stored ability vectors of each extraction group, once extracted.
-    groups: dict[Any, list[Path]] = field(default_factory=dict)
+    best: _Best | None = None
+    # Stored ability vectors of each extraction group, once extracted, and their c_t
+    # against the language base (the same for every candidate of the group).
+    groups: dict[Any, tuple[list[Path], dict[str, dict[str, float]]]] = field(
+        default_factory=dict)
     extractions: int = 0
 
 
@@ -148,6 +169,9 @@ class _Sweep:
         self.store, self.device, self.progress = store, device, progress
         self.cancel, self.hash_cache = cancel, hash_cache
         self.keep = keep if recipe.sweep.publish == "all" else None
+        # A LoRA output is an adapter of the merge, not the merge a sink receives.
+        lora = recipe.output is not None and recipe.output.format == "lora"
+        self.in_memory = self.keep is None and recipe.sweep.publish == "best" and not lora
         self.state = _State()
 
     def _check_cancel(self) -> None:
@@ -180,10 +204,14 @@ class _Sweep:
         if announce is not None:
             announce(len(self.cands), len(self.cands))
         winner, why = rank(self.state.rows, self.spec, reference)
-        assert self.state.best is not None
+        best = self.state.best
+        assert best is not None and best.cand.id == winner
         board = self._board(winner, why, reference)
         report = EvalReport(models=[*inputs, *self.state.results])
-        return board, report, self.state.best[1]
+        if best.folder is None:
+            best.folder = self.tmp / best.cand.id
+            self._merge(best.cand, best.folder)
+        return board, report, best.folder
 
     def _references(self) -> dict[str, str]:
         """The inputs scored once: all of them with evaluate_inputs, else the language
@@ -200,9 +228,16 @@ class _Sweep:
                    inputs: list[ModelResult], reference: dict[str, float]) -> None:
         folder = self.tmp / cand.id
         t0 = time.perf_counter()
-        extracted = self._merge(cand, folder)
+        written = not self.in_memory or slot.loaded is None
+        if written:
+            extracted = self._merge(cand, folder)
+            slot.load(folder)
+        else:
+            extracted = self._merge(cand, folder, sink=slot.sink)
+        self.state.extractions += int(extracted)
         self._check_cancel()
-        result = slot.score(cand.id, folder, sets, _eval_progress(self.progress),
+        # ``folder`` names the candidate in the report even when it was never written.
+        result = slot.score(cand.id, str(folder), sets, _eval_progress(self.progress),
                             self.cancel)
         self.state.results.append(result)
         report = EvalReport(models=[result])
@@ -214,32 +249,35 @@ class _Sweep:
             manifest = attach_evaluation(folder, EvalReport(models=[*inputs, result]),
                                          label=cand.id)
             self.keep(cand, folder, manifest)
-        self._keep_if_best(cand, row, folder)
+        self._keep_if_best(cand, row, folder if written else None)
 
-    def _keep_if_best(self, cand: Candidate, row: Row, folder: Path) -> None:
-        """Keep ``folder`` when it beats the best so far (the ranking's order: objective,
-        then grid order); remove the loser."""
+    def _keep_if_best(self, cand: Candidate, row: Row, folder: Path | None) -> None:
+        """Remember ``cand`` (and its ``folder``, if written) when it beats the best so
+        far (the ranking's order: objective, then grid order); remove the loser's
+        folder."""
         sign = -1.0 if self.spec.objective.direction == "max" else 1.0
         score = (sign * row.objective, cand.index)
         best = self.state.best
         if row.feasible and row.objective == row.objective and (best is None
-                                                                 or score < best[0]):
-            if best is not None:
-                shutil.rmtree(best[1], ignore_errors=True)
-            self.state.best = (score, folder)
-        else:
+                                                                 or score < best.key):
+            if best is not None and best.folder is not None:
+                shutil.rmtree(best.folder, ignore_errors=True)
+            self.state.best = _Best(score, cand, folder)
+        elif folder is not None:
             shutil.rmtree(folder, ignore_errors=True)
 
-    def _merge(self, cand: Candidate, folder: Path) -> bool:
-        """Merge one candidate into ``folder``; whether an ability vector was extracted."""
-        from maec_core.maec.pipeline import combine
+    def _merge(self, cand: Candidate, folder: Path, sink: SinkFn | None = None) -> bool:
+        """Merge one candidate into ``folder``, or into ``sink`` when given (nothing is
+        written then); whether an ability vector was extracted."""
+        from maec_core.maec.pipeline import combine, report_cosines
         from maec_core.run import run
 
         stored = self.state.groups.get(cand.group) if cand.group is not None else None
         kw: dict[str, Any] = {"progress": self.progress, "cancel": self.cancel,
-                              "device": self.device, "hash_cache": self.hash_cache}
+                              "device": self.device, "hash_cache": self.hash_cache,
+                              "options": EngineOptions(sink=sink) if sink else None}
         if stored is not None:
-            combine(cand.recipe, stored, folder, **kw)
+            combine(cand.recipe, stored[0], folder, cosines=stored[1], **kw)
             return False
         result = run(cand.recipe, folder, artifact_store=self.store, **kw)
         if cand.group is None:
@@ -247,10 +285,9 @@ class _Sweep:
         report = result.report or {}
         dirs = [self.store.get(k) for k in report.get("artifact_keys", [])]
         if all(d is not None for d in dirs):
-            self.state.groups[cand.group] = [d for d in dirs if d is not None]
-        extracted = not all(a.get("artifact_reused") for a in report.get("abilities", []))
-        self.state.extractions += int(extracted)
-        return extracted
+            self.state.groups[cand.group] = ([d for d in dirs if d is not None],
+                                             report_cosines(report))
+        return not all(a.get("artifact_reused") for a in report.get("abilities", []))
 
     def _board(self, winner: str, why: str, reference: dict[str, float]) -> Leaderboard:
         c = self.spec.constraint

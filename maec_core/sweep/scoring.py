@@ -1,10 +1,15 @@
-"""Scoring a sweep's candidates with one model object, its weights swapped per candidate.
+"""Scoring a sweep's candidates with one model object, its weights replaced per candidate.
 
 Every candidate of a sweep has the same architecture, config and tokenizer (they are
-merges of the same inputs), so the model is built once (``load_model``, as a one-off
-evaluation builds it) and each later candidate's tensors are copied into it: one model
-in memory at a time, and no per-candidate model construction. The scores are those a
-fresh load gives (the bench checks it against separate evaluations).
+merges of the same inputs with other numbers), so the model is built once, from the
+first candidate's folder (``load_model``, as a one-off evaluation builds it), and each
+later candidate is merged straight into its weights (:meth:`ModelSlot.sink`, the
+engine's tensor sink): one model in memory at a time, no per-candidate model
+construction, and no candidate written to disk and read back. A candidate that has a
+folder anyway (``publish: all``) is read from it (:meth:`ModelSlot.load`). Either way the
+weights hold the bytes the candidate's checkpoint holds, converted as a fresh load
+converts them, so the scores are those of a separate evaluation (the tests and the
+bench check it).
 """
 
 from __future__ import annotations
@@ -12,28 +17,117 @@ from __future__ import annotations
 import gc
 import json
 import time
+import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from maec_core.errors import CheckpointError
+from maec_core.errors import CheckpointError, MaecError
 from maec_core.eval.report import ModelResult
 from maec_core.eval.runner import LoadedModel, evaluate_set, load_model
 from maec_core.eval.sets import LoadedSet
 from maec_core.io.folder import open_model_folder
+from maec_core.io.reader import TORCH_DTYPES
+from maec_core.io.writer import OutputTensor, WrittenFile
 from maec_core.runtime import CancelFn, ProgressFn
 
 
+def _targets(model: Any) -> tuple[dict[str, torch.Tensor], set[str], set[str]]:
+    """The model's stored tensors by checkpoint name (views sharing the weights'
+    memory), the names a candidate must give (every parameter once), and the second
+    names of tied weights (``lm_head`` sharing the embeddings), whose values a fresh
+    load ignores in favour of the first name's."""
+    params = dict(model.named_parameters())  # a shared parameter once, by its first name
+    tied = {name for name, _ in model.named_parameters(remove_duplicate=False)
+            if name not in params}
+    state = {k: v for k, v in model.state_dict().items() if k not in tied}
+    return state, set(params), tied
+
+
+class ModelSink:
+    """A :class:`~maec_core.io.writer.TensorSink` copying each merged tensor, as the
+    engine streams it, into the loaded model's weight of the same name.
+
+    The bytes arrive in the checkpoint's dtype and are converted by ``copy_`` as a load
+    converts them. Every name and shape is checked before the merge starts, so a
+    mismatch costs no merge; a merge that fails half way leaves the weights mixed, so
+    ``abort`` drops the model (``on_abort``).
+    """
+
+    def __init__(self, model: Any, outputs: list[OutputTensor],
+                 on_abort: Callable[[], None]) -> None:
+        state, required, tied = _targets(model)
+        unknown = [t.name for t in outputs if t.name not in state and t.name not in tied]
+        if unknown:
+            raise CheckpointError(f"the candidate has tensors the model does not have: "
+                                  f"{unknown[:3]}")
+        given = {t.name for t in outputs}
+        missing = sorted(required - given)
+        if missing:
+            raise CheckpointError(f"the candidate lacks tensors the model has: {missing[:3]}")
+        for t in outputs:
+            dst = state.get(t.name)
+            if dst is not None and tuple(dst.shape) != t.shape:
+                raise CheckpointError(f"tensor {t.name}: the candidate's shape {list(t.shape)} "
+                                      f"is not the model's {list(dst.shape)}")
+            if dst is not None and not dst.is_contiguous():
+                # Parts are copied into a flat view of the weight, which needs one.
+                raise CheckpointError(f"tensor {t.name}: the model's weight is not "
+                                      "contiguous")
+        self._state = state
+        self._on_abort = on_abort
+        self._flat: torch.Tensor | None = None  # the current tensor's weight, flat
+        self._dtype = torch.float32
+        self._at = 0  # elements of the current tensor copied so far
+        self._skip = False
+
+    def begin(self, name: str, shape: tuple[int, ...], dtype: str | None) -> None:
+        if dtype not in TORCH_DTYPES:
+            raise MaecError(f"tensor {name}: dtype {dtype} cannot be loaded")
+        dst = self._state.get(name)
+        # A tied weight's second name: a fresh load keeps the first name's values.
+        self._skip = dst is None
+        self._flat = None if dst is None else dst.view(-1)
+        self._dtype = TORCH_DTYPES[dtype]
+        self._at = 0
+
+    def append(self, data: memoryview | bytes) -> None:
+        if self._skip or not memoryview(data).nbytes:
+            return
+        assert self._flat is not None
+        src = torch.frombuffer(bytearray(data) if isinstance(data, bytes) else data,
+                               dtype=torch.uint8).view(self._dtype)
+        with torch.no_grad():
+            self._flat[self._at: self._at + src.numel()].copy_(src)
+        self._at += src.numel()
+
+    def end(self) -> None:
+        if self._flat is not None and self._at != self._flat.numel():
+            raise MaecError(f"model sink: {self._at} of {self._flat.numel()} elements given")
+        self._flat = None
+
+    def close(self) -> list[WrittenFile]:
+        return []
+
+    def abort(self) -> None:
+        self._flat = None
+        self._on_abort()
+
+
 class ModelSlot:
-    """Holds at most one loaded model; ``score`` puts a candidate folder's weights in it."""
+    """Holds at most one loaded model: a candidate's weights go into it from a folder
+    (``load``) or from the merge itself (``sink``), then ``score`` evaluates it."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.loaded: LoadedModel | None = None
         self._config: dict[str, Any] | None = None
 
-    def _load(self, folder: Path) -> LoadedModel:
+    def load(self, folder: Path) -> LoadedModel:
+        """Put the checkpoint in ``folder`` in the slot: built from it when the slot is
+        empty or holds another architecture, else its tensors copied into the model."""
         config = json.loads((folder / "config.json").read_text())
         config.pop("dtype", None)
         config.pop("torch_dtype", None)
@@ -64,20 +158,36 @@ class ModelSlot:
                                   path=str(folder))
         return self.loaded
 
-    def score(self, label: str, folder: Path, sets: list[LoadedSet],
+    def sink(self, outputs: list[OutputTensor]) -> ModelSink:
+        """A sink that puts a merge's tensors into the loaded model (the engine's
+        ``EngineOptions.sink``); the slot must hold a model of the candidates' kind."""
+        if self.loaded is None:
+            raise MaecError("the model slot is empty: load a candidate's folder first")
+        return ModelSink(self.loaded.model, outputs, self.close)
+
+    def score(self, label: str, model_dir: str, sets: list[LoadedSet],
               progress: ProgressFn | None, cancel: CancelFn | None) -> ModelResult:
+        """Evaluate the model in the slot on ``sets`` as the row ``label``."""
+        if self.loaded is None:
+            raise MaecError("the model slot is empty: nothing to score")
         t0 = time.perf_counter()
-        loaded = self._load(folder)
+        loaded = self.loaded
         results = [evaluate_set(loaded, s, progress=progress, cancel=cancel, stage=label)
                    for s in sets]
-        return ModelResult(label=label, model_dir=str(folder), device=str(self.device),
+        return ModelResult(label=label, model_dir=model_dir, device=str(self.device),
                            dtype=loaded.dtype, seconds=time.perf_counter() - t0,
                            sets=results)
 
     def close(self) -> None:
         """Drop the model (before the next different one loads, and at the end)."""
         if self.loaded is not None:
-            self.loaded = None
-            gc.collect()
+            model = self.loaded.model
+            alive = [weakref.ref(model), *(weakref.ref(p) for p in model.parameters())]
+            self.loaded, self._config, model = None, None, None
+            # Dropping the last reference frees the weights at once; a full collection
+            # (a fifth of a second in a process that imported transformers) is only
+            # needed when a reference cycle still holds them.
+            if any(ref() is not None for ref in alive):
+                gc.collect()
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()

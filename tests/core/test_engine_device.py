@@ -11,8 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from maec_core.errors import RecipeError
-from maec_core.io.writer import WrittenFile
+from maec_core.errors import MaecError, RecipeError
+from maec_core.io.writer import OutputTensor, WrittenFile
 from maec_core.recipe import parse_recipe
 from maec_core.run import run
 from maec_core.runtime import EngineOptions
@@ -145,3 +145,68 @@ def test_maec_on_the_test_device_matches_the_cpu(zoo: dict[str, Path], tmp_path:
     run(r, tmp_path / "dev", device=test_device)
     assert_same_or_close(tensors(tmp_path / "dev"), tensors(tmp_path / "cpu"),
                          exact=test_device == "cpu")
+
+
+class _Collect:
+    """A tensor sink that keeps every tensor's bytes, in the order given."""
+
+    def __init__(self, outputs: list[OutputTensor]) -> None:
+        self.declared = [(t.name, t.shape, t.dtype) for t in outputs]
+        self.seen: list[tuple[str, tuple[int, ...], str | None]] = []
+        self.data: dict[str, bytearray] = {}
+        self.closed = False
+
+    def begin(self, name: str, shape: tuple[int, ...], dtype: str | None) -> None:
+        self.seen.append((name, tuple(shape), dtype))
+        self.data[name] = bytearray()
+
+    def append(self, data: memoryview | bytes) -> None:
+        self.data[self.seen[-1][0]] += bytes(data)
+
+    def end(self) -> None:
+        pass
+
+    def close(self) -> list[WrittenFile]:
+        self.closed = True
+        return []
+
+    def abort(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("method", ["task_arithmetic", "ties", "maec"])
+def test_a_sink_gets_the_bytes_the_shards_hold_and_nothing_is_written(
+        zoo: dict[str, Path], tmp_path: Path, test_device: str, method: str) -> None:
+    if method == "maec":
+        data: dict[str, Any] = {
+            "merge_method": "maec", "base_model": str(zoo["base"]),
+            "language_base": str(zoo["b"]), "abilities": [{"model": str(zoo["a"])}],
+            "parameters": {"key_ratio": 0.1}}
+    else:
+        data = recipe(zoo, method, out_shard_size="16KB", dtype="bfloat16")
+    r = parse_recipe(data)
+    made: list[_Collect] = []
+
+    def sink(outputs: list[OutputTensor]) -> _Collect:
+        made.append(_Collect(outputs))
+        return made[-1]
+
+    result = run(r, tmp_path / "sunk", device=test_device, options=EngineOptions(sink=sink))
+    run(r, tmp_path / "folder", device=test_device)
+    assert not (tmp_path / "sunk").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder"]
+    assert result.manifest == {}
+    [got] = made
+    assert got.closed and got.seen == got.declared
+    want = tensors(tmp_path / "folder")
+    assert set(got.data) == set(want)
+    for name, t in want.items():
+        assert bytes(got.data[name]) == t.contiguous().view(torch.uint8).numpy().tobytes(), name
+
+
+def test_a_sink_is_refused_for_a_lora_output(zoo: dict[str, Path], tmp_path: Path) -> None:
+    r = recipe(zoo, "task_arithmetic", output={"format": "lora", "rank": 4})
+    with pytest.raises(MaecError, match="lora"):
+        run(parse_recipe(r), tmp_path / "out", device="cpu",
+            options=EngineOptions(sink=_Collect))
+    assert not (tmp_path / "out").exists()

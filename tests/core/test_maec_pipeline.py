@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ from safetensors.torch import load_file
 
 from maec_core.errors import ArtifactMismatch, CorruptCheckpoint, IncompatibleCheckpoints
 from maec_core.maec.keys import artifact_key
-from maec_core.maec.pipeline import combine, extract
+from maec_core.maec.pipeline import combine, extract, report_cosines
 from maec_core.maec.store import LocalArtifactStore
 from maec_core.run import run
 from tests.core.test_maec_common import (
@@ -176,6 +177,42 @@ def test_extract_store_combine_equals_one_run(tmp_path: Path) -> None:
     again = run(r, tmp_path / "three", artifact_store=LocalArtifactStore(tmp_path / "s1"))
     assert again.report is not None and again.report["abilities"][0]["artifact_reused"] is True
     _same_folder(tmp_path / "one", tmp_path / "three")
+
+
+def test_combine_reuses_known_cosines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                      ) -> None:
+    # The c_t of a first combination, handed to the next one, give the same folder
+    # (tensors and report) without reading the key rows again; they are what decides
+    # the selection, so other values would keep other tensors.
+    base, ability, lang = planted(tmp_path, torch.float32)
+    r = maec_recipe(base, lang, [{"model": str(ability)}], key_ratio=KEY_RATIO,
+                    selection_ratio=0.5)
+    first = run(r, tmp_path / "one", artifact_store=LocalArtifactStore(tmp_path / "s"))
+    assert first.report is not None
+    art = LocalArtifactStore(tmp_path / "s").get(first.report["artifact_keys"][0])
+    assert art is not None
+    known = report_cosines(first.report)
+    assert set(known) == set(first.report["artifact_keys"])
+    reads: list[str] = []
+    import maec_core.maec.combine as combine_module
+
+    real = combine_module._key_values
+
+    def counted(io: Any, art: Any, info: Any, idx: torch.Tensor) -> torch.Tensor:
+        reads.append(info.name)
+        return real(io, art, info, idx)
+
+    monkeypatch.setattr(combine_module, "_key_values", counted)
+    combine(r, [art], tmp_path / "two", cosines=known)
+    assert reads == []
+    combine(r, [art], tmp_path / "three")
+    assert reads
+    _same_folder(tmp_path / "two", tmp_path / "three")
+    kept = {t["name"] for t in first.report["tensors"] if t["abilities"][0]["kept"]}
+    flipped = {k: {n: (0.0 if n not in kept else 1.0) for n in v} for k, v in known.items()}
+    other = combine(r, [art], tmp_path / "four", cosines=flipped)
+    assert other.report is not None
+    assert {t["name"] for t in other.report["tensors"] if t["abilities"][0]["kept"]} != kept
 
 
 def test_engine_routes_maec_and_artifact_field(tmp_path: Path) -> None:

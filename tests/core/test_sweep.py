@@ -17,7 +17,7 @@ import torch
 import yaml
 from click.testing import CliRunner
 
-from maec_core.errors import Cancelled, NoFeasibleCandidate, SweepError
+from maec_core.errors import Cancelled, CheckpointError, NoFeasibleCandidate, SweepError
 from maec_core.eval.report import read_report
 from maec_core.maec.store import LocalArtifactStore
 from maec_core.recipe import parse_recipe
@@ -291,3 +291,159 @@ def test_baseline_knobs(world: dict[str, Path], method: str, grid: dict[str, lis
     if method == "layer_swap":
         # Integer knobs stay integers in the candidate recipes.
         assert isinstance(cands[1].recipe.parameters["bottom_k"], int)
+
+
+@pytest.fixture
+def shard_folders(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The candidates the merge engine writes checkpoint shards for, in order (read off
+    the staging folders' names, ``.<candidate>.staging-...``)."""
+    import maec_core.engine as engine
+
+    seen: list[str] = []
+
+    class Spy(engine.ShardedWriter):
+        def __init__(self, folder: Path, *args: Any, **kw: Any) -> None:
+            seen.append(folder.name.split(".")[1])
+            super().__init__(folder, *args, **kw)
+
+    monkeypatch.setattr(engine, "ShardedWriter", Spy)
+    return seen
+
+
+def _separately(recipe: Any, root: Path) -> dict[str, dict[str, float]]:
+    """Each candidate as a separate job: merged into its own folder, then evaluated
+    afresh from it; scores by candidate id."""
+    from maec_core.eval.runner import evaluate
+    from maec_core.run import run
+    from maec_core.sweep.inputs import eval_spec
+
+    root.mkdir()
+    scores = {}
+    for cand in candidates(recipe):
+        with torch_threads(1):
+            run(cand.recipe, root / cand.id, device="cpu")
+            report = evaluate(root / cand.id, eval_spec(recipe), device="cpu")
+        scores[cand.id] = {s.name: s.value for s in report.models[0].sets}
+    return scores
+
+
+def _verifies(folder: Path) -> None:
+    """Every file of ``folder`` but the manifest is listed in it, with its sha256."""
+    import hashlib
+
+    manifest = json.loads((folder / "manifest.json").read_text())
+    listed = {f["path"]: f["sha256"] for f in manifest["files"]}
+    assert set(listed) == {p.name for p in folder.iterdir()} - {"manifest.json"}
+    for name, digest in listed.items():
+        assert hashlib.sha256((folder / name).read_bytes()).hexdigest() == digest, name
+
+
+def test_candidates_scored_from_memory_equal_separate_jobs(
+        world: dict[str, Path], tmp_path: Path, shard_folders: list[str]) -> None:
+    recipe = _maec(world, {"grid": GRID, "objective": OBJ})
+    with torch_threads(1):
+        result = run_sweep(recipe, tmp_path / "out", device="cpu",
+                           work_dir=tmp_path / "work")
+    board = result.board
+    assert board.winner == "c03"
+    # Only the first candidate (the model is built from its folder) and the winner
+    # (merged again to be published) were written; c01 and c02 went straight into the
+    # model that scored them.
+    assert shard_folders == ["c00", "c03"]
+    separate = _separately(recipe, tmp_path / "separate")
+    assert {r.id: r.scores for r in board.rows} == separate
+    out = tmp_path / "out"
+    _verifies(out)
+    assert {"config.json", "model.safetensors", "maec_report.json", "recipe.yaml",
+            "README.md", "eval_report.json", "leaderboard.json", "sweep.png",
+            "tokenizer.json"} <= {p.name for p in out.iterdir()}
+    # The published winner holds the very tensors a separate merge of it gives, and the
+    # same report (every c_t, reused from its group's first combination).
+    for name in ("model.safetensors", "maec_report.json"):
+        assert (out / name).read_bytes() == (
+            tmp_path / "separate" / "c03" / name).read_bytes(), name
+    assert list((tmp_path / "work").iterdir()) == []
+
+
+def test_whole_tensor_method_in_memory_with_output_cast(
+        world: dict[str, Path], tmp_path: Path, shard_folders: list[str]) -> None:
+    # DARE-TIES takes whole tensors (the engine's other loop) and draws seeded masks;
+    # a bfloat16 output reaches the float32 model as bfloat16 bytes, converted as a
+    # load converts them.
+    recipe = parse_recipe({
+        "merge_method": "dare_ties", "base_model": str(world["base"]),
+        "models": [{"model": str(world["donor"]), "parameters": {"weight": 1.0}},
+                   {"model": str(world["lang"]), "parameters": {"weight": 0.5}}],
+        "parameters": {"random_seed": 7}, "dtype": "bfloat16",
+        "evaluate": _sets(world),
+        "sweep": {"grid": {"density": [0.9, 0.5, 0.2]}, "objective": OBJ}})
+    with torch_threads(1):
+        result = run_sweep(recipe, tmp_path / "out", device="cpu")
+    board = result.board
+    assert board.rows[0].scores != board.rows[1].scores  # the candidates differ
+    assert shard_folders in (["c00"], ["c00", board.winner])
+    separate = _separately(recipe, tmp_path / "separate")
+    assert {r.id: r.scores for r in board.rows} == separate
+    _verifies(tmp_path / "out")
+    assert board.winner is not None
+    assert (tmp_path / "out" / "model.safetensors").read_bytes() == (
+        tmp_path / "separate" / board.winner / "model.safetensors").read_bytes()
+
+
+def test_cancel_during_an_in_memory_merge(world: dict[str, Path], tmp_path: Path) -> None:
+    started: list[int] = []
+    stages: list[str] = []
+
+    def progress(stage: str, _done: int, _total: int) -> None:
+        if started and started[-1] >= 1:
+            stages.append(stage)
+
+    with torch_threads(1), pytest.raises(Cancelled):
+        run_sweep(_maec(world, {"grid": GRID, "objective": OBJ}), tmp_path / "out",
+                  device="cpu", work_dir=tmp_path / "work", progress=progress,
+                  announce=lambda i, n: started.append(i),
+                  cancel=lambda: "combine" in stages)
+    # Candidate c01 was being merged into the model when the cancel came.
+    assert started == [0, 1] and "combine" in stages
+    assert list((tmp_path / "work").iterdir()) == []
+    assert not (tmp_path / "out").exists()
+
+
+def test_model_sink_checks_names_and_shapes_and_skips_tied_copies(tmp_path: Path) -> None:
+    from maec_core.eval.runner import load_model
+    from maec_core.io.writer import OutputTensor
+    from maec_core.sweep.scoring import ModelSink
+
+    folder = make_llama(tmp_path / "tied", 3, tie_word_embeddings=True)
+    loaded = load_model(folder, torch.device("cpu"))
+    state = loaded.model.state_dict()
+    outs = [OutputTensor(k, tuple(v.shape), "F32") for k, v in state.items()]
+    dropped: list[bool] = []
+    sink = ModelSink(loaded.model, outs, lambda: dropped.append(True))
+    embed = loaded.model.get_input_embeddings().weight
+    values = {k: torch.full(v.shape, float(i), dtype=torch.float32)
+              for i, (k, v) in enumerate(state.items())}
+    for t in outs:
+        sink.begin(t.name, t.shape, t.dtype)
+        data = values[t.name].reshape(-1).view(torch.uint8).numpy().data.cast("B")
+        half = len(data) // 2 // 4 * 4  # two parts, as the engine streams slices
+        sink.append(data[:half])
+        sink.append(data[half:])
+        sink.end()
+    assert sink.close() == []
+    for name, param in loaded.model.named_parameters():
+        assert torch.equal(param, values[name]), name
+    # lm_head shares the embeddings: a fresh load keeps the embeddings' values.
+    assert torch.equal(loaded.model.lm_head.weight, embed)
+    assert torch.equal(embed, values["model.embed_tokens.weight"])
+    with pytest.raises(CheckpointError, match="does not have"):
+        ModelSink(loaded.model, [*outs, OutputTensor("extra.weight", (2,), "F32")],
+                  lambda: None)
+    with pytest.raises(CheckpointError, match="lacks"):
+        ModelSink(loaded.model, outs[1:], lambda: None)
+    wrong = [OutputTensor(t.name, (1, *t.shape), t.dtype) if i == 1 else t
+             for i, t in enumerate(outs)]
+    with pytest.raises(CheckpointError, match="shape"):
+        ModelSink(loaded.model, wrong, lambda: None)
+    sink.abort()
+    assert dropped == [True]
