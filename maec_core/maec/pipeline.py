@@ -218,6 +218,9 @@ def _abilities(
     todo = {keys[i] for i, f in enumerate(found) if f is None}
     total = _passes(params) * len(included_tensors(params, plan.tensors)) * len(todo)
     tick = _counter(progress, "extract", total)
+    if todo:
+        # The scratch folder sits beside the output, whose parents may not exist yet.
+        out.parent.mkdir(parents=True, exist_ok=True)
     tmp = (Path(tempfile.mkdtemp(prefix=f".{out.name}.extract-", dir=out.parent))
            if todo else None)
     dirs: list[Path] = []

@@ -458,3 +458,14 @@ def test_existing_output_is_refused_before_extraction(tmp_path: Path) -> None:
     assert steps == []
     run(r, tmp_path / "out", overwrite=True)
     assert (tmp_path / "out" / "maec_report.json").is_file()
+
+
+def test_output_under_folders_not_yet_made(tmp_path: Path) -> None:
+    """A MAEC merge into a path whose parents do not exist makes them, as every other
+    method's output does (extraction's scratch folder sits beside the output)."""
+    base, ability, lang = planted(tmp_path)
+    r = maec_recipe(base, lang, [{"model": str(ability)}], key_ratio=KEY_RATIO)
+    out = tmp_path / "not" / "yet" / "out"
+    run(r, out)
+    assert (out / "maec_report.json").is_file()
+    assert sorted(p.name for p in out.parent.iterdir()) == ["out"]
