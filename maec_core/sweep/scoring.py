@@ -14,10 +14,8 @@ bench check it).
 
 from __future__ import annotations
 
-import gc
 import json
 import time
-import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,7 +24,7 @@ import torch
 
 from maec_core.errors import CheckpointError, MaecError
 from maec_core.eval.report import ModelResult
-from maec_core.eval.runner import LoadedModel, evaluate_set, load_model
+from maec_core.eval.runner import LoadedModel, evaluate_set, load_model, release
 from maec_core.eval.sets import LoadedSet
 from maec_core.io.folder import open_model_folder
 from maec_core.io.reader import TORCH_DTYPES
@@ -181,13 +179,6 @@ class ModelSlot:
     def close(self) -> None:
         """Drop the model (before the next different one loads, and at the end)."""
         if self.loaded is not None:
-            model = self.loaded.model
-            alive = [weakref.ref(model), *(weakref.ref(p) for p in model.parameters())]
-            self.loaded, self._config, model = None, None, None
-            # Dropping the last reference frees the weights at once; a full collection
-            # (a fifth of a second in a process that imported transformers) is only
-            # needed when a reference cycle still holds them.
-            if any(ref() is not None for ref in alive):
-                gc.collect()
-            if self.device.type == "cuda":
-                torch.cuda.empty_cache()
+            alive = self.loaded.references()
+            self.loaded, self._config = None, None
+            release(alive, self.device)
