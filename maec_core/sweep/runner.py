@@ -171,7 +171,7 @@ class _Sweep:
         self.keep = keep if recipe.sweep.publish == "all" else None
         # A LoRA output is an adapter of the merge, not the merge a sink receives.
         lora = recipe.output is not None and recipe.output.format == "lora"
-        self.in_memory = self.keep is None and recipe.sweep.publish == "best" and not lora
+        self.in_memory = recipe.sweep.publish == "best" and not lora
         self.state = _State()
 
     def _check_cancel(self) -> None:

@@ -32,16 +32,30 @@ from maec_core.io.writer import OutputTensor, WrittenFile
 from maec_core.runtime import CancelFn, ProgressFn
 
 
-def _targets(model: Any) -> tuple[dict[str, torch.Tensor], set[str], set[str]]:
+def _targets(model: Any) -> tuple[dict[str, torch.Tensor], set[str]]:
     """The model's stored tensors by checkpoint name (views sharing the weights'
-    memory), the names a candidate must give (every parameter once), and the second
-    names of tied weights (``lm_head`` sharing the embeddings), whose values a fresh
-    load ignores in favour of the first name's."""
+    memory), less the second names of tied weights (``lm_head`` sharing the
+    embeddings), whose values a fresh load ignores in favour of the first name's; and
+    those second names."""
     params = dict(model.named_parameters())  # a shared parameter once, by its first name
     tied = {name for name, _ in model.named_parameters(remove_duplicate=False)
             if name not in params}
     state = {k: v for k, v in model.state_dict().items() if k not in tied}
-    return state, set(params), tied
+    return state, tied
+
+
+def check_names(model: Any, given: set[str], where: str) -> None:
+    """A candidate giving the tensors ``given`` fits ``model``: nothing the model lacks,
+    and every parameter given (a tied weight's second name may be absent, as a
+    checkpoint stores it once, or present, and is then ignored). One check for both
+    ways in (a merge's sink, a folder's load), run before any weight is touched."""
+    state, tied = _targets(model)
+    unknown = sorted(given - set(state) - tied)
+    if unknown:
+        raise CheckpointError(f"{where} has tensors the model does not have: {unknown[:3]}")
+    missing = sorted(set(dict(model.named_parameters())) - given)
+    if missing:
+        raise CheckpointError(f"{where} lacks tensors the model has: {missing[:3]}")
 
 
 class ModelSink:
@@ -56,15 +70,8 @@ class ModelSink:
 
     def __init__(self, model: Any, outputs: list[OutputTensor],
                  on_abort: Callable[[], None]) -> None:
-        state, required, tied = _targets(model)
-        unknown = [t.name for t in outputs if t.name not in state and t.name not in tied]
-        if unknown:
-            raise CheckpointError(f"the candidate has tensors the model does not have: "
-                                  f"{unknown[:3]}")
-        given = {t.name for t in outputs}
-        missing = sorted(required - given)
-        if missing:
-            raise CheckpointError(f"the candidate lacks tensors the model has: {missing[:3]}")
+        check_names(model, {t.name for t in outputs}, "the candidate")
+        state, _tied = _targets(model)
         for t in outputs:
             dst = state.get(t.name)
             if dst is not None and tuple(dst.shape) != t.shape:
@@ -136,24 +143,17 @@ class ModelSlot:
         from safetensors.torch import load_file
 
         model = self.loaded.model
-        expected = set(model.state_dict())
-        seen: set[str] = set()
+        folder_info = open_model_folder(folder)
+        check_names(model, set(folder_info.tensors), str(folder))
+        _state, tied = _targets(model)
         with torch.no_grad():
-            for path in open_model_folder(folder).weight_files:
+            for path in folder_info.weight_files:
                 tensors = load_file(str(path), device=str(self.device))
-                unknown = set(tensors) - expected
-                if unknown:
-                    raise CheckpointError(f"{folder}: tensors the model does not have: "
-                                          f"{sorted(unknown)[:3]}", path=str(folder))
-                model.load_state_dict(tensors, strict=False)
-                seen |= set(tensors)
+                # A tied weight's second name, if stored, is ignored as a fresh load
+                # (and the sink) ignore it: the first name's values stand.
+                model.load_state_dict({k: v for k, v in tensors.items() if k not in tied},
+                                      strict=False)
                 del tensors
-        # Tied weights (lm_head = embeddings) are stored once; nothing else may be absent.
-        missing = {k for k in expected - seen
-                   if not k.endswith("lm_head.weight") and "rotary" not in k}
-        if missing:
-            raise CheckpointError(f"{folder}: tensors missing: {sorted(missing)[:3]}",
-                                  path=str(folder))
         return self.loaded
 
     def sink(self, outputs: list[OutputTensor]) -> ModelSink:

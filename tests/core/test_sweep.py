@@ -9,6 +9,7 @@ that candidate has the lowest perplexity on the memorised texts, and mu 0 the hi
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -447,3 +448,45 @@ def test_model_sink_checks_names_and_shapes_and_skips_tied_copies(tmp_path: Path
         ModelSink(loaded.model, wrong, lambda: None)
     sink.abort()
     assert dropped == [True]
+
+
+def test_model_slot_load_checks_names_as_the_sink_does(tmp_path: Path) -> None:
+    """A candidate folder read into the slot passes the sink's check: an untied model's
+    missing output head is refused before any weight changes, and a tied model's stored
+    second name is ignored, as a fresh load ignores it."""
+    from safetensors.torch import load_file, save_file
+
+    from maec_core.sweep.scoring import ModelSlot
+
+    untied = make_llama(tmp_path / "untied", 1)
+    other = make_llama(tmp_path / "other", 2)
+    headless = tmp_path / "headless"
+    shutil.copytree(other, headless)
+    weights = headless / "model.safetensors"
+    tensors = load_file(str(weights))
+    del tensors["lm_head.weight"]
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    slot = ModelSlot(torch.device("cpu"))
+    model = slot.load(untied).model
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(CheckpointError, match=r"lacks tensors.*lm_head"):
+        slot.load(headless)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert slot.load(other).model is model
+    assert torch.equal(model.lm_head.weight, load_file(str(other / "model.safetensors"))[
+        "lm_head.weight"])
+
+    tied = make_llama(tmp_path / "tied", 3, tie_word_embeddings=True)
+    both = tmp_path / "both"
+    make_llama(both, 4, tie_word_embeddings=True)
+    stored = load_file(str(both / "model.safetensors"))
+    embed = stored["model.embed_tokens.weight"]
+    # A writer that stored the tied head anyway, with other values.
+    save_file({**stored, "lm_head.weight": embed + 1.0}, str(both / "model.safetensors"),
+              metadata={"format": "pt"})
+    slot.close()
+    model = slot.load(tied).model
+    slot.load(both)
+    assert torch.equal(model.get_input_embeddings().weight, embed)
+    assert torch.equal(model.lm_head.weight, embed)
+    slot.close()
