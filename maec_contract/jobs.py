@@ -88,6 +88,8 @@ class SweepSummary(_Answer):
     knobs: list[str] = Field(default_factory=list)
     objective: dict[str, Any] = Field(default_factory=dict)
     constraint: dict[str, Any] | None = None
+    # Decides between candidates with equal objective values (then grid order).
+    tie_break: dict[str, Any] | None = None
     reference: dict[str, float] = Field(default_factory=dict)
     rows: list[LeaderboardRow] = Field(default_factory=list)
     extractions: int = 0

@@ -40,7 +40,7 @@ class JobRequest(BaseModel):
     pinned: bool | None = None
     # Either form: eval sets scored after the merge (each {name, language, kind, path:
     # a source, ...eval settings}), whether the inputs are scored too, and a parameter
-    # sweep ({grid, objective, constraint, publish}). In the recipe form they may also be
+    # sweep ({grid, objective, constraint, tie_break, publish}). In the recipe form they may also be
     # top-level keys of the recipe (not both).
     evaluate: list[dict[str, Any]] | None = Field(default=None, min_length=1,
                                                    max_length=64)

@@ -257,7 +257,8 @@ class Recipe(BaseModel):
             raise ValueError("evaluate_inputs needs evaluate (the eval sets)")
         if self.sweep is not None:
             for use, target in (("objective", self.sweep.objective),
-                                ("constraint", self.sweep.constraint)):
+                                ("constraint", self.sweep.constraint),
+                                ("tie_break", self.sweep.tie_break)):
                 if target is None:
                     continue
                 found = sets.get(target.set)

@@ -42,6 +42,7 @@ class Leaderboard(BaseModel):
     knobs: list[str]
     objective: dict[str, Any]
     constraint: dict[str, Any] | None = None
+    tie_break: dict[str, Any] | None = None
     # The reference inputs' values on the constraint set (e.g. language_base).
     reference: dict[str, float] = Field(default_factory=dict)
     rows: list[Row]
@@ -92,11 +93,28 @@ def _meets(spec: SweepSpec, scores: dict[str, float], reference: dict[str, float
     return value <= bound if sense == "max" else value >= bound
 
 
+def _signed(value: float, goal: Literal["max", "min"]) -> float:
+    """``value`` as a cost (lower is better); a NaN ranks last."""
+    if math.isnan(value):
+        return math.inf
+    return -value if goal == "max" else value
+
+
+def sort_key(row: Row, spec: SweepSpec, index: int) -> tuple[float, float, int]:
+    """A feasible row's place in the ranking (lower is better): the objective, then the
+    tie-break metric when the spec gives one, then ``index``, its grid order."""
+    second = 0.0
+    tb = spec.tie_break
+    if tb is not None:
+        second = _signed(row.scores.get(tb.set, math.nan), tb.direction)
+    return _signed(row.objective, spec.objective.direction), second, index
+
+
 def rank(rows: list[Row], spec: SweepSpec, reference: dict[str, float]) -> tuple[str, str]:
-    """Rank the feasible rows in place (1 = best; ties keep grid order); the winner's id
-    and why it won. NoFeasibleCandidate when the constraint leaves none."""
+    """Rank the feasible rows in place (1 = best; ties go to ``tie_break``, then grid
+    order); the winner's id and why it won. NoFeasibleCandidate when the constraint
+    leaves none."""
     goal = spec.objective.direction
-    sign = -1.0 if goal == "max" else 1.0
     feasible = [r for r in rows if r.feasible and not math.isnan(r.objective)]
     c = spec.constraint
     bound = c.describe(reference.get(c.set)) if c is not None else ""
@@ -104,7 +122,7 @@ def rank(rows: list[Row], spec: SweepSpec, reference: dict[str, float]) -> tuple
         raise NoFeasibleCandidate(
             f"no candidate of the sweep meets the constraint {bound}",
             constraint=bound, candidates={r.id: r.scores for r in rows})
-    ordered = sorted(feasible, key=lambda r: (sign * r.objective, rows.index(r)))
+    ordered = sorted(feasible, key=lambda r: sort_key(r, spec, rows.index(r)))
     for i, r in enumerate(ordered, 1):
         r.rank = i
     best = ordered[0]
@@ -114,6 +132,14 @@ def rank(rows: list[Row], spec: SweepSpec, reference: dict[str, float]) -> tuple
     if c is not None:
         excluded = len(rows) - len(feasible)
         why += f" meeting {bound}; {excluded} excluded by the constraint"
+    tied = [r for r in ordered[1:] if r.objective == best.objective]
+    tb = spec.tie_break
+    if tied:
+        how = "grid order"
+        if tb is not None and sort_key(tied[0], spec, 0)[1] != sort_key(best, spec, 0)[1]:
+            how = (f"{tb.metric} on {tb.set} ({best.scores[tb.set]:.4g} against "
+                   f"{tied[0].scores[tb.set]:.4g})")
+        why += f"; tied with {len(tied)} candidate(s), decided by {how}"
     if len(ordered) > 1:
         why += f"; runner-up {ordered[1].id} ({ordered[1].objective:.4g})"
     return best.id, why

@@ -20,6 +20,7 @@ Cost discipline (the point of a sweep over separate jobs):
 
 from __future__ import annotations
 
+import math
 import shutil
 import tempfile
 import time
@@ -35,7 +36,7 @@ from maec_core.maec.store import ArtifactStore, LocalArtifactStore
 from maec_core.recipe import Recipe
 from maec_core.runtime import CancelFn, EngineOptions, ProgressFn, best_device
 from maec_core.sweep.attach import attach_evaluation
-from maec_core.sweep.board import Leaderboard, Row, rank, score_rows
+from maec_core.sweep.board import Leaderboard, Row, rank, score_rows, sort_key
 from maec_core.sweep.grid import Candidate, candidates
 from maec_core.sweep.inputs import LANGUAGE_BASE, MERGED, eval_spec, input_models
 
@@ -65,7 +66,7 @@ class _Best:
     """The best candidate so far: its ranking key, and its folder when it has one (a
     candidate scored from memory has none until the winner is merged again)."""
 
-    key: tuple[float, int]
+    key: tuple[float, float, int]
     cand: Candidate
     folder: Path | None
 
@@ -253,13 +254,11 @@ class _Sweep:
 
     def _keep_if_best(self, cand: Candidate, row: Row, folder: Path | None) -> None:
         """Remember ``cand`` (and its ``folder``, if written) when it beats the best so
-        far (the ranking's order: objective, then grid order); remove the loser's
-        folder."""
-        sign = -1.0 if self.spec.objective.direction == "max" else 1.0
-        score = (sign * row.objective, cand.index)
+        far (the ranking's order, :func:`sort_key`); remove the loser's folder."""
+        score = sort_key(row, self.spec, cand.index)
         best = self.state.best
-        if row.feasible and row.objective == row.objective and (best is None
-                                                                 or score < best.key):
+        if row.feasible and not math.isnan(row.objective) and (best is None
+                                                                or score < best.key):
             if best is not None and best.folder is not None:
                 shutil.rmtree(best.folder, ignore_errors=True)
             self.state.best = _Best(score, cand, folder)
@@ -301,4 +300,7 @@ class _Sweep:
             knobs=list(self.spec.grid), rows=self.state.rows, winner=winner, why=why,
             objective={"set": obj.set, "metric": obj.metric, "goal": obj.direction},
             constraint=constraint, reference=reference,
+            tie_break=None if self.spec.tie_break is None else {
+                "set": self.spec.tie_break.set, "metric": self.spec.tie_break.metric,
+                "goal": self.spec.tie_break.direction},
             extractions=self.state.extractions, publish=self.spec.publish)

@@ -5,6 +5,7 @@ sweep:
   grid: {key_ratio: [0.05, 0.1], mu: [0.5, 1.0, 1.5]}
   objective: {set: mgsm-sw, metric: accuracy, goal: max}
   constraint: {set: wiki-sw, metric: perplexity, max_ratio_to: language_base, value: 1.1}
+  tie_break: {set: wiki-sw, metric: perplexity}
   publish: best
 ```
 
@@ -13,6 +14,10 @@ A knob is a numeric parameter of the recipe's method: a global one (``key_ratio`
 (``weight``, ``density``), MAEC's ``mu`` set on every ability, or one entry's only:
 ``models[1].weight``, ``abilities[0].mu``. Every combination of the grid's values is one
 candidate, in grid order (the last knob varies fastest).
+
+Candidates are ranked by the objective; among those with the same objective value (an
+accuracy on a few hundred items ties often), by ``tie_break`` when given (another
+metric, in its own sense), then in grid order.
 """
 
 from __future__ import annotations
@@ -120,6 +125,8 @@ class SweepSpec(BaseModel):
     grid: dict[str, list[int | float]] = Field(min_length=1, max_length=MAX_KNOBS)
     objective: Objective
     constraint: Constraint | None = None
+    # Decides between candidates whose objective values are equal; grid order after it.
+    tie_break: Objective | None = None
     # best: the winner is the job's output; all: every candidate is also published
     # under its own prefix (candidates/<id>/).
     publish: Literal["best", "all"] = "best"
@@ -163,6 +170,7 @@ class SweepSpec(BaseModel):
 
     def sets_used(self) -> list[str]:
         names = [self.objective.set]
-        if self.constraint is not None and self.constraint.set not in names:
-            names.append(self.constraint.set)
+        for other in (self.constraint, self.tie_break):
+            if other is not None and other.set not in names:
+                names.append(other.set)
         return names

@@ -259,6 +259,9 @@ def test_evaluate_folder_attaches_report(world: dict[str, Path], tmp_path: Path)
      "invalid_sweep", "measures perplexity"),
     ({"grid": {"models[0].weight": [1]}, "objective": OBJ}, "invalid_sweep",
      "0 entries"),
+    ({"grid": {"mu": [1]}, "objective": OBJ,
+      "tie_break": {"set": "nope", "metric": "perplexity"}},
+     "invalid_sweep", "sweep.tie_break.set 'nope' is not one of the eval sets"),
 ])
 def test_bad_sweeps_are_refused(world: dict[str, Path], sweep: dict[str, Any], code: str,
                                 words: str) -> None:
@@ -490,3 +493,36 @@ def test_model_slot_load_checks_names_as_the_sink_does(tmp_path: Path) -> None:
     assert torch.equal(model.get_input_embeddings().weight, embed)
     assert torch.equal(model.lm_head.weight, embed)
     slot.close()
+
+
+def test_tie_break_decides_between_equal_objectives(world: dict[str, Path],
+                                                    tmp_path: Path) -> None:
+    """Every candidate scores 0 on a question set no tiny model can answer: the objective
+    ties everywhere. Without a tie-break the first candidate in grid order wins; with
+    perplexity on the memorised texts as tie-break, the candidate that carries the
+    memorisation does, and the published folder is that candidate's."""
+    qa = world["root"] / "qa.jsonl"
+    qa.write_text("".join(json.dumps({"question": f"w{i} w{i + 1}", "answer": "987654321"})
+                          + "\n" for i in range(3)))
+    sets = [*_sets(world), {"name": "qa", "language": "sw", "kind": "accuracy",
+                            "path": str(qa), "max_new_tokens": 2}]
+    accuracy = {"set": "qa", "metric": "accuracy"}
+    plain = _maec(world, {"grid": GRID, "objective": accuracy}, evaluate=sets)
+    broken = _maec(world, {"grid": GRID, "objective": accuracy, "tie_break": OBJ},
+                   evaluate=sets)
+    with torch_threads(1):
+        first = run_sweep(plain, tmp_path / "plain", device="cpu").board
+        second = run_sweep(broken, tmp_path / "broken", device="cpu").board
+    assert {r.scores["qa"] for r in first.rows} == {0.0}
+    assert first.winner == "c00" and "decided by grid order" in first.why
+    best = min(second.rows, key=lambda r: r.scores["memorised"])
+    assert best.id == "c03" and second.winner == "c03"
+    assert "decided by perplexity on memorised" in second.why
+    assert second.tie_break == {"set": "memorised", "metric": "perplexity", "goal": "min"}
+    by_rank = sorted(second.rows, key=lambda r: r.rank or 0)
+    assert [r.scores["memorised"] for r in by_rank] == sorted(
+        r.scores["memorised"] for r in second.rows)
+    published = yaml.safe_load((tmp_path / "broken" / "recipe.yaml").read_text())
+    assert published["parameters"]["key_ratio"] == 1.0
+    assert published["abilities"][0]["mu"] == 1.0
+
