@@ -24,6 +24,7 @@ from maec_core.maec.rowio import RowReader
 from maec_core.recipe import parse_recipe
 from maec_core.run import run
 from maec_core.runtime import EngineOptions
+from maec_core.sweep.memory import default_budget
 
 
 @pytest.fixture
@@ -153,3 +154,8 @@ def test_every_reader_serves_held_bytes_aligned_or_not(tmp_path: Path, pin: bool
     assert bytes(held.span(infos["f"]).numpy()) == _file_bytes(path, infos["f"].start,
                                                                 infos["f"].end)
 
+
+def test_default_budget_is_half_the_available_memory_less_the_scoring_model() -> None:
+    assert default_budget(100, available=1000) == 400
+    assert default_budget(600, available=1000) == 0
+    assert default_budget(0) > 0
