@@ -94,6 +94,10 @@ class SweepSummary(_Answer):
     rows: list[LeaderboardRow] = Field(default_factory=list)
     extractions: int = 0
     publish: str = "best"
+    # MAEC: whether the language base was held in memory for all candidates (read from
+    # disk once) and within what budget: language_base, language_base_bytes,
+    # ability_vector_groups, budget_bytes. Null for other methods.
+    resident: dict[str, Any] | None = None
     # publish: all: each candidate's folder under the job's files ("candidates/c01/").
     candidates: dict[str, str] = Field(default_factory=dict)
 

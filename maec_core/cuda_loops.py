@@ -2,7 +2,8 @@
 
 What a GPU needs that the CPU loops do not:
 
-- inputs read into pinned host memory (``pin=True`` readers), so a host->device copy
+- inputs read into pinned host memory (``pin=True`` readers; a resident input's held
+  bytes are copied there, never sent to the GPU whole), so a host->device copy
   is a DMA the GPU runs on its own (``non_blocking=True``) instead of a staged copy;
 - those copies issued on a separate CUDA stream, so the copy of the next unit or
   tensor runs while the current one computes on the default stream; the compute
@@ -133,7 +134,8 @@ def whole_tensors_cuda(
             writer.write(last.planned.name, last.host)
             last = None
 
-    with TensorReader(pin=True) as reader, torch_threads() as threads:
+    with TensorReader(pin=True, resident=options.resident) as reader, \
+            torch_threads() as threads:
         prefetch = Prefetcher(reader, steps)
         try:
             for i, (planned, raw) in enumerate(zip(plan.tensors, prefetch, strict=True)):
@@ -195,7 +197,8 @@ def stream_units_cuda(
                    buf[: (u.hi - u.lo) * tsize].numpy().data.cast("B"), first=u.first,
                    last=u.last, done=functools.partial(out_free.put, buf))
 
-    with UnitReader(steps, UNIT_CUDA, depth=CUDA_IN_FLIGHT + 1, pin=True) as units:
+    with UnitReader(steps, UNIT_CUDA, depth=CUDA_IN_FLIGHT + 1, pin=True,
+                    resident=options.resident) as units:
         for u in units:
             planned = plan.tensors[u.step]
             if u.first:

@@ -17,7 +17,8 @@ through RAM (on CPU that path measured 3-6x faster than whole-tensor passes).
 On a CUDA device both paths run in ``maec_core.cuda_loops`` instead (pinned reads,
 copies on their own stream, one wait per unit or tensor, when the writer needs it).
 How a merge runs (compute dtype, GPU budget, a callback per finished shard, a sink
-taking the tensors instead of a folder) is an ``EngineOptions``.
+taking the tensors instead of a folder, input files held in memory) is an
+``EngineOptions``.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from maec_core.io.folder import ModelFolder, open_model_folder
 from maec_core.io.headers import TensorInfo
 from maec_core.io.output import StagedOutput, output_config
 from maec_core.io.reader import SAFETENSORS_NAMES, Prefetcher, TensorReader, Unit, UnitReader
+from maec_core.io.resident import ResidentFiles
 from maec_core.io.writer import (
     BackgroundWriter,
     OutputTensor,
@@ -126,9 +128,10 @@ def _whole_tensors(
     target: torch.dtype,
     tick: Callable[[int], None],
     cdtype: torch.dtype = torch.float32,
+    resident: ResidentFiles | None = None,
 ) -> None:
     """One tensor at a time: for methods that need the whole tensor (TIES, SLERP, ...)."""
-    with TensorReader() as reader, torch_threads() as threads:
+    with TensorReader(resident=resident) as reader, torch_threads() as threads:
         prefetch = Prefetcher(reader, steps)
         try:
             for i, (planned, raw) in enumerate(zip(plan.tensors, prefetch, strict=True)):
@@ -164,6 +167,7 @@ def _elementwise(
     compute_at: OffsetComputeFn | None = None,
     compute_threads: int = 1,
     cdtype: torch.dtype = torch.float32,
+    resident: ResidentFiles | None = None,
 ) -> None:
     """Stream fixed-size runs of elements through ``compute``, all buffers recycled.
 
@@ -178,7 +182,8 @@ def _elementwise(
     # 20x slower on 2 shared cores). Reading and writing run on their own threads.
     with torch_threads(1):
         _stream_units(plan, steps, writer, compute, device, target, tick, UNIT_CPU,
-                      CHUNK_CPU, compute_at, workers=compute_threads, cdtype=cdtype)
+                      CHUNK_CPU, compute_at, workers=compute_threads, cdtype=cdtype,
+                      resident=resident)
 
 
 def _unit_buffers(
@@ -213,6 +218,7 @@ def _stream_units(
     compute_at: OffsetComputeFn | None = None,
     workers: int = 1,
     cdtype: torch.dtype = torch.float32,
+    resident: ResidentFiles | None = None,
 ) -> None:
     st_dtype = SAFETENSORS_NAMES[target]
     tsize = torch.empty((), dtype=target).element_size()
@@ -255,7 +261,7 @@ def _stream_units(
                    last=u.last, done=functools.partial(out_free.put, buf))
 
     try:
-        with UnitReader(steps, unit, depth=in_flight + 1) as units:
+        with UnitReader(steps, unit, depth=in_flight + 1, resident=resident) as units:
             for u in units:
                 planned = plan.tensors[u.step]
                 if u.first:
@@ -439,13 +445,13 @@ def _write_tensors(
                                    options)
             elif alone:
                 _whole_tensors(part, steps[lo:hi], writer, compute, device, target, at,
-                               cdtype)
+                               cdtype, options.resident)
             elif cuda:
                 stream_units_cuda(part, steps[lo:hi], writer, compute, device, target, at,
                                   compute_at, options)
             else:
                 _elementwise(part, steps[lo:hi], writer, compute, device, target, at,
-                             compute_at, compute_threads, cdtype)
+                             compute_at, compute_threads, cdtype, options.resident)
         return writer.close()
     except BaseException:
         writer.abort()

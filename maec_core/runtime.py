@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
+    from maec_core.io.resident import ResidentFiles
     from maec_core.io.writer import ShardFn, ShardOpenFn, SinkFn
 
 # progress(stage, done, total)
@@ -68,6 +69,13 @@ class EngineOptions:
     inputs are not hashed), so the shard callbacks are not called; the arithmetic and
     the bytes the sink receives are those the folder's shards would hold.
 
+    ``resident``: input files held in memory (:class:`maec_core.io.resident.ResidentFiles`,
+    their bytes as on disk): the merge takes those files' tensors from there instead of
+    reading them, and reads every other input as usual. Same bytes, same result; a sweep
+    passes its language base this way, read once for all its candidates. The held bytes
+    stay in CPU memory whatever the device (a CUDA merge copies them into its pinned
+    buffers, as it does what it reads).
+
     ``gpu_budget_bytes``: the GPU memory the merge is planned to fit in. The arithmetic,
     for inputs of ``k`` models, compute itemsize ``c`` (4 for float32) and stored
     itemsize ``s`` (2 for bf16):
@@ -93,6 +101,7 @@ class EngineOptions:
     on_shard_open: ShardOpenFn | None = None
     gpu_budget_bytes: int = GPU_BUDGET_BYTES
     sink: SinkFn | None = None
+    resident: ResidentFiles | None = None
 
     def __post_init__(self) -> None:
         if self.compute_dtype not in COMPUTE_DTYPES:

@@ -8,6 +8,10 @@ into fresh buffers (the whole-tensor path); ``UnitReader`` streams runs of eleme
 a few buffers recycled for the whole merge (the element-wise path). For a CUDA merge
 both read into pinned (page-locked) host memory, so host->device copies run
 asynchronously (``non_blocking=True``) instead of through a staging copy.
+
+Given :class:`~maec_core.io.resident.ResidentFiles`, every reader takes the bytes of a
+held file's tensors from memory instead of the file (the same bytes; a sweep holds its
+language base so it is read once for all candidates).
 """
 
 from __future__ import annotations
@@ -21,12 +25,16 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from maec_core.errors import CorruptCheckpoint
 from maec_core.io.headers import TensorInfo
 from maec_core.io.lowrank import with_delta
+
+if TYPE_CHECKING:
+    from maec_core.io.resident import ResidentFiles
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
     "F32": torch.float32,
@@ -49,11 +57,12 @@ class TensorReader:
     Thread-safe: a seek and read pair runs under a per-file lock, so a prefetch thread
     and the main thread can share one reader. ``pin=True`` reads into pinned memory (for
     a CUDA merge; torch's host allocator caches those blocks, so this is no slower per
-    tensor once warm).
+    tensor once warm). ``resident``: files whose tensors are copied from memory.
     """
 
-    def __init__(self, *, pin: bool = False) -> None:
+    def __init__(self, *, pin: bool = False, resident: ResidentFiles | None = None) -> None:
         self._pin = pin
+        self._resident = resident
         self._files: dict[Path, io.BufferedReader] = {}
         self._locks: dict[Path, threading.Lock] = {}
         self._guard = threading.Lock()
@@ -72,6 +81,11 @@ class TensorReader:
 
     def _read_stored(self, info: TensorInfo) -> torch.Tensor:
         buf = torch.empty(info.nbytes, dtype=torch.uint8, pin_memory=self._pin)
+        held = self._resident.span(info) if self._resident is not None else None
+        if held is not None:
+            # A copy, as a read gives: the caller may change its tensor in place.
+            buf.copy_(held)
+            return buf.view(TORCH_DTYPES[info.dtype]).reshape(info.shape)
         f, lock = self._handle(info.file)
         with lock:
             f.seek(info.start)
@@ -141,7 +155,8 @@ class Prefetcher:
 class Unit:
     """A run ``[lo, hi)`` of flat elements of step ``step``'s tensors, one view per input.
 
-    The views live in a recycled buffer: call ``release()`` once done with them.
+    The views live in a recycled buffer (or are the bytes of a resident file): read
+    them, never write them, and call ``release()`` once done with them.
     """
 
     step: int
@@ -182,12 +197,17 @@ class UnitReader:
     once and recycled, so memory stays at a few units however large the model is, and
     no fresh allocation (each a storm of page faults on first touch) happens per tensor.
     ``pin=True`` allocates them pinned, for asynchronous copies to a GPU.
+
+    A tensor of a ``resident`` file is not read: its units are views of the held bytes
+    (no copy at all), or, with ``pin``, copied from them into the pinned buffers.
     """
 
     def __init__(self, steps: list[list[TensorInfo]], unit: int, depth: int = 2, *,
-                 pin: bool = False) -> None:
+                 pin: bool = False, resident: ResidentFiles | None = None) -> None:
         self._steps = steps
         self._unit = unit
+        self._pin = pin
+        self._resident = resident
         slots = max((len(s) for s in steps), default=0)
         itemsize = max((i.nbytes // max(i.numel, 1) for s in steps for i in s), default=1)
         biggest = max((i.numel for s in steps for i in s), default=0)
@@ -210,9 +230,26 @@ class UnitReader:
 
     def _read_whole(self, info: TensorInfo) -> torch.Tensor:
         buf = torch.empty(info.nbytes, dtype=torch.uint8)
-        if info.nbytes:
+        held = self._resident.span(info) if self._resident is not None else None
+        if held is not None:
+            buf.copy_(held)
+        elif info.nbytes:
             _pread_into(self._fd(info.file), buf.numpy().data.cast("B"), info.start, info)
         return buf.view(TORCH_DTYPES[info.dtype]).reshape(info.shape)
+
+    def _fill(self, info: TensorInfo, raw: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+        """Bytes ``[lo, hi)`` of ``info``'s stored tensor: read into ``raw``, or, for a
+        resident file, the held bytes themselves when they can be viewed in the tensor's
+        dtype (else copied into ``raw``)."""
+        held = self._resident.span(info, lo, hi) if self._resident is not None else None
+        if held is None:
+            _pread_into(self._fd(info.file), raw.numpy().data.cast("B"), info.start + lo,
+                        info)
+            return raw
+        size = TORCH_DTYPES[info.dtype].itemsize
+        if not self._pin and held.storage_offset() % size == 0:
+            return held
+        return raw.copy_(held)
 
     def _formed(self, info: TensorInfo) -> torch.Tensor:
         """``info``'s tensor with its low-rank delta added, as flat bytes."""
@@ -249,8 +286,7 @@ class UnitReader:
                                 formed[k] = self._formed(info)
                             raw.copy_(formed[k][lo * size: hi * size])
                         else:
-                            _pread_into(self._fd(info.file), raw.numpy().data.cast("B"),
-                                        info.start + lo * size, info)
+                            raw = self._fill(info, raw, lo * size, hi * size)
                         views.append(raw.view(TORCH_DTYPES[info.dtype]))
                     self._ready.put(Unit(si, lo, hi, numel, views,
                                          functools.partial(self._free.put, bufs)))

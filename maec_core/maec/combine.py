@@ -24,6 +24,7 @@ import torch
 from maec_core.engine import stream_merge
 from maec_core.errors import Cancelled
 from maec_core.io.headers import TensorInfo
+from maec_core.io.resident import ResidentFiles
 from maec_core.maec.artifact import Artifact
 from maec_core.maec.params import MaecParams
 from maec_core.maec.rowio import RowReader
@@ -105,17 +106,19 @@ def select(
     cancel: CancelFn | None = None,
     remap: RowRemap | None = None,
     known: Mapping[str, Mapping[str, float]] | None = None,
+    resident: ResidentFiles | None = None,
 ) -> Selection:
     """c_t of every tensor each artifact carries, and the tensors kept by the selection
     parameters. ``known`` (artifact key -> tensor -> c_t, from an earlier combination of
     the same inputs) spares reading the key rows again: c_t depends on the artifact and
-    the two checkpoints only, not on μ or the selection parameters."""
+    the two checkpoints only, not on μ or the selection parameters. Key rows of
+    ``resident`` files are taken from memory."""
     by_name = {t.name: t for t in plan.tensors}
     total = sum(len(a.tensors) for a in artifacts)
     done = 0
     cosines: list[dict[str, float]] = []
     kept: list[set[str]] = []
-    with RowReader() as io, cpu_single_thread(torch.device("cpu")):
+    with RowReader(resident) as io, cpu_single_thread(torch.device("cpu")):
         for art in artifacts:
             cs: dict[str, float] = {}
             given = (known or {}).get(art.key)
@@ -173,7 +176,8 @@ def merge(
             continue
         for name in sorted(kept):
             adds.setdefault(name, []).append(k)
-    reader = RowReader()
+    # The stored ability vectors come from memory too when the options hold them.
+    reader = RowReader(options.resident if options is not None else None)
     adder = SparseAdder(artifacts, adds, mus, reader, remap)
 
     def read(t: PlannedTensor) -> list[TensorInfo]:

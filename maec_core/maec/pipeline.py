@@ -281,7 +281,8 @@ def _combine(
 
     remap = RowRemap(tmap) if tmap else None
     selection = select(params, plan, artifacts, base_key=BASE, language_key=LANG,
-                       step=sel_step, cancel=cancel, remap=remap, known=cosines)
+                       step=sel_step, cancel=cancel, remap=remap, known=cosines,
+                       resident=options.resident if options is not None else None)
     select_seconds = time.perf_counter() - t0
     report = build_report(recipe, params, plan, artifacts, selection)
     if tmap is not None:

@@ -37,6 +37,30 @@ class Row(BaseModel):
     seconds: float = 0.0
 
 
+class Residency(BaseModel):
+    """What a MAEC sweep held in memory for its candidates' merges (read from disk once)
+    instead of reading it from disk for each candidate (``maec_core.sweep.memory``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # The language base's tensor bytes were held for every candidate's merge.
+    language_base: bool
+    language_base_bytes: int
+    # Extraction groups whose stored ability vectors were held for their later candidates.
+    ability_vector_groups: int = 0
+    # The memory the sweep allowed itself for that (what did not fit was read from disk).
+    budget_bytes: int
+
+    def sentence(self) -> str:
+        mb = self.language_base_bytes / 1e6
+        budget = self.budget_bytes / 1e6
+        if self.language_base:
+            return (f"The language base ({mb:.1f} MB) was held in memory and read from disk "
+                    f"once for all candidates (memory budget {budget:.1f} MB).")
+        return (f"The language base ({mb:.1f} MB) was read from disk for each candidate: "
+                f"it does not fit the memory budget ({budget:.1f} MB).")
+
+
 class Leaderboard(BaseModel):
     version: int = LEADERBOARD_VERSION
     knobs: list[str]
@@ -50,6 +74,8 @@ class Leaderboard(BaseModel):
     why: str
     extractions: int = 0
     publish: Literal["best", "all"] = "best"
+    # What the sweep held in memory for all candidates (None: nothing to hold, no MAEC).
+    resident: Residency | None = None
 
     def row(self, cid: str) -> Row:
         return next(r for r in self.rows if r.id == cid)
@@ -66,6 +92,8 @@ class Leaderboard(BaseModel):
                      *(f"{r.scores[s]:.4g}" for s in sets),
                      "yes" if r.feasible else "no"]
             lines.append("| " + " | ".join(cells) + " |")
+        if self.resident is not None:
+            lines += ["", self.resident.sentence()]
         return "\n".join(lines) + "\n"
 
 

@@ -67,8 +67,12 @@ def load_sweep_recipe(recipe_path: Path, sweep_path: Path) -> Any:
               envvar="MAEC_CACHE_DIR",
               help="keeps input digests and MAEC artifacts between runs "
                    "(default: $XDG_CACHE_HOME/maec or ~/.cache/maec)")
+@click.option("--resident-mb", type=click.IntRange(min=0), default=None,
+              help="MB of memory a MAEC sweep may hold its language base (then ability "
+                   "vectors) in, to read them once for all candidates (default: half the "
+                   "available memory less the scoring model; 0: read them per candidate)")
 def sweep_command(recipe: Path, sweep: Path, out_dir: Path, device: str | None,
-                  cache_dir: Path | None) -> None:
+                  cache_dir: Path | None, resident_mb: int | None) -> None:
     """Merge and evaluate every candidate of SWEEP.yaml's grid over RECIPE.yaml; write the
     winner to OUT with eval_report.json, leaderboard.json and sweep.png."""
     from maec_core.cli import default_cache_dir
@@ -90,7 +94,8 @@ def sweep_command(recipe: Path, sweep: Path, out_dir: Path, device: str | None,
         parsed = load_sweep_recipe(recipe, sweep)
         result = run_sweep(parsed, out_dir, artifact_store=LocalArtifactStore(
             cache / "artifacts"), device=device, hash_cache=cache / "sha256", keep=keep,
-            announce=announce)
+            announce=announce,
+            resident_budget=None if resident_mb is None else resident_mb * 10**6)
     except MaecError as exc:
         shutil.rmtree(staged, ignore_errors=True)
         click.echo(f"error: {exc}", err=True)

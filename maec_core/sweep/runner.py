@@ -6,6 +6,10 @@ Cost discipline (the point of a sweep over separate jobs):
   is kept in the artifact store; the other candidates of its group only combine, from
   the stored ability vectors and the c_t the first combination computed, never opening
   the donor again nor re-reading the key rows;
+- the language base is read from disk once for every candidate's merge, and a group's
+  ability vectors once for its candidates, when they fit in memory (a budget, by
+  default half the available memory less the scoring model; ``maec_core.sweep.memory``);
+  the leaderboard records whether they did;
 - one candidate model is in memory at a time. With ``publish: best`` a candidate is
   merged straight into that model's weights (the engine's tensor sink), never written
   to disk and read back: only the first one is written, to build the model from, and
@@ -42,6 +46,7 @@ from maec_core.sweep.inputs import LANGUAGE_BASE, MERGED, eval_spec, input_model
 
 if TYPE_CHECKING:
     from maec_core.io.writer import SinkFn
+    from maec_core.sweep.memory import SweepMemory
     from maec_core.sweep.scoring import ModelSlot
 
 # keep(candidate, folder, manifest): publish one candidate (``publish: all``) before its
@@ -126,13 +131,17 @@ def run_sweep(
     hash_cache: Path | None = None,
     keep: KeepFn | None = None,
     announce: AnnounceFn | None = None,
+    resident_budget: int | None = None,
 ) -> SweepResult:
     """Run every candidate of ``recipe.sweep`` and publish the winner in ``out`` with
     ``eval_report.json`` (every model, every item), ``leaderboard.json`` and
     ``sweep.png``. ``keep`` receives each candidate when ``publish: all``.
 
     Without ``artifact_store`` ability vectors are kept in a temporary store for the
-    sweep's duration. Raises NoFeasibleCandidate when the constraint leaves none.
+    sweep's duration. ``resident_budget``: bytes of memory a MAEC sweep may hold its
+    language base (then ability vectors) in, to read them once for all candidates
+    (None: half the available memory less the scoring model; 0: read them from disk
+    for each candidate). Raises NoFeasibleCandidate when the constraint leaves none.
     """
     started = time.perf_counter()
     out = Path(out)
@@ -145,7 +154,7 @@ def run_sweep(
     try:
         sweep = _Sweep(recipe, cands, tmp, artifact_store or LocalArtifactStore(tmp / "art"),
                        device=device, progress=progress, cancel=cancel,
-                       hash_cache=hash_cache, keep=keep)
+                       hash_cache=hash_cache, keep=keep, resident_budget=resident_budget)
         board, report, folder = sweep.run(announce)
         from maec_core.sweep.plot import plot_png
 
@@ -163,8 +172,8 @@ class _Sweep:
 
     def __init__(self, recipe: Recipe, cands: list[Candidate], tmp: Path,
                  store: ArtifactStore, *, device: str | None, progress: ProgressFn | None,
-                 cancel: CancelFn | None, hash_cache: Path | None, keep: KeepFn | None
-                 ) -> None:
+                 cancel: CancelFn | None, hash_cache: Path | None, keep: KeepFn | None,
+                 resident_budget: int | None = None) -> None:
         assert recipe.sweep is not None
         self.recipe, self.spec, self.cands, self.tmp = recipe, recipe.sweep, cands, tmp
         self.store, self.device, self.progress = store, device, progress
@@ -174,6 +183,11 @@ class _Sweep:
         lora = recipe.output is not None and recipe.output.format == "lora"
         self.in_memory = recipe.sweep.publish == "best" and not lora
         self.state = _State()
+        self.resident_budget = resident_budget
+        self.memory: SweepMemory | None = None
+        # Each extraction group's last candidate: its held ability vectors go after it.
+        self.last_of: dict[Any, int] = {c.group: c.index for c in cands
+                                        if c.group is not None}
 
     def _check_cancel(self) -> None:
         if self.cancel is not None and self.cancel():
@@ -183,6 +197,7 @@ class _Sweep:
         """Score the references, then each candidate; returns the board, the full
         report and the winner's folder."""
         from maec_core.eval.runner import evaluate_loaded
+        from maec_core.sweep.memory import SweepMemory
         from maec_core.sweep.scoring import ModelSlot
 
         sets = load_sets(eval_spec(self.recipe))
@@ -193,7 +208,27 @@ class _Sweep:
                   for label, path in refs.items()]
         reference = {s.name: s.value for m in inputs if m.label == LANGUAGE_BASE
                      for s in m.sets}
-        slot = ModelSlot(dev)
+        # After the references: their models are freed, so the memory available now is
+        # what the candidates share.
+        self.memory = SweepMemory.start(self.recipe, dev, self.resident_budget, self.cancel)
+        try:
+            self._score_candidates(sets, ModelSlot(dev), inputs, reference, announce)
+            winner, why = rank(self.state.rows, self.spec, reference)
+            best = self.state.best
+            assert best is not None and best.cand.id == winner
+            board = self._board(winner, why, reference)
+            report = EvalReport(models=[*inputs, *self.state.results])
+            if best.folder is None:
+                best.folder = self.tmp / best.cand.id
+                self._merge(best.cand, best.folder)
+        finally:
+            self.memory.close()
+        return board, report, best.folder
+
+    def _score_candidates(self, sets: list[LoadedSet], slot: ModelSlot,
+                          inputs: list[ModelResult], reference: dict[str, float],
+                          announce: AnnounceFn | None) -> None:
+        """Merge and score every candidate in grid order, in ``slot`` (closed after)."""
         try:
             for cand in self.cands:
                 self._check_cancel()
@@ -204,15 +239,6 @@ class _Sweep:
             slot.close()
         if announce is not None:
             announce(len(self.cands), len(self.cands))
-        winner, why = rank(self.state.rows, self.spec, reference)
-        best = self.state.best
-        assert best is not None and best.cand.id == winner
-        board = self._board(winner, why, reference)
-        report = EvalReport(models=[*inputs, *self.state.results])
-        if best.folder is None:
-            best.folder = self.tmp / best.cand.id
-            self._merge(best.cand, best.folder)
-        return board, report, best.folder
 
     def _references(self) -> dict[str, str]:
         """The inputs scored once: all of them with evaluate_inputs, else the language
@@ -236,6 +262,9 @@ class _Sweep:
         else:
             extracted = self._merge(cand, folder, sink=slot.sink)
         self.state.extractions += int(extracted)
+        if self.memory is not None and cand.group is not None and (
+                self.last_of[cand.group] == cand.index):
+            self.memory.release_group(cand.group)  # no later candidate needs them
         self._check_cancel()
         # ``folder`` names the candidate in the report even when it was never written.
         result = slot.score(cand.id, str(folder), sets, _eval_progress(self.progress),
@@ -272,9 +301,12 @@ class _Sweep:
         from maec_core.run import run
 
         stored = self.state.groups.get(cand.group) if cand.group is not None else None
-        kw: dict[str, Any] = {"progress": self.progress, "cancel": self.cancel,
-                              "device": self.device, "hash_cache": self.hash_cache,
-                              "options": EngineOptions(sink=sink) if sink else None}
+        resident = self.memory.resident(cand.group) if self.memory is not None else None
+        kw: dict[str, Any] = {
+            "progress": self.progress, "cancel": self.cancel, "device": self.device,
+            "hash_cache": self.hash_cache,
+            "options": (EngineOptions(sink=sink, resident=resident)
+                        if sink is not None or resident is not None else None)}
         if stored is not None:
             combine(cand.recipe, stored[0], folder, cosines=stored[1], **kw)
             return False
@@ -284,8 +316,10 @@ class _Sweep:
         report = result.report or {}
         dirs = [self.store.get(k) for k in report.get("artifact_keys", [])]
         if all(d is not None for d in dirs):
-            self.state.groups[cand.group] = ([d for d in dirs if d is not None],
-                                             report_cosines(report))
+            held = [d for d in dirs if d is not None]
+            self.state.groups[cand.group] = (held, report_cosines(report))
+            if self.memory is not None and self.last_of[cand.group] > cand.index:
+                self.memory.hold_group(cand.group, held)
         return not all(a.get("artifact_reused") for a in report.get("abilities", []))
 
     def _board(self, winner: str, why: str, reference: dict[str, float]) -> Leaderboard:
@@ -303,4 +337,5 @@ class _Sweep:
             tie_break=None if self.spec.tie_break is None else {
                 "set": self.spec.tie_break.set, "metric": self.spec.tie_break.metric,
                 "goal": self.spec.tie_break.direction},
-            extractions=self.state.extractions, publish=self.spec.publish)
+            extractions=self.state.extractions, publish=self.spec.publish,
+            resident=self.memory.summary if self.memory is not None else None)

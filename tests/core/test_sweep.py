@@ -201,11 +201,13 @@ def test_task_arithmetic_sweep_and_publish_all(world: dict[str, Path], tmp_path:
     with torch_threads(1):
         res = CliRunner().invoke(sweep_command, [str(recipe_file), str(sweep_file),
                                                  str(tmp_path / "out"), "--device", "cpu",
-                                                 "--cache-dir", str(tmp_path / "cache")])
+                                                 "--cache-dir", str(tmp_path / "cache"),
+                                                 "--resident-mb", "0"])
     assert res.exit_code == 0, res.output
     out = tmp_path / "out"
     board = read_leaderboard(out / "leaderboard.json")
     assert board.winner == "c02" and board.extractions == 0
+    assert board.resident is None  # no language base to hold
     assert sorted(p.name for p in (out / "candidates").iterdir()) == ["c00", "c01", "c02"]
     c01 = json.loads((out / "candidates" / "c01" / "manifest.json").read_text())
     assert c01["evaluation"]["label"] == "c01"
@@ -526,3 +528,104 @@ def test_tie_break_decides_between_equal_objectives(world: dict[str, Path],
     assert published["parameters"]["key_ratio"] == 1.0
     assert published["abilities"][0]["mu"] == 1.0
 
+
+@pytest.fixture(scope="module")
+def held_and_streamed(world: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+                      ) -> dict[str, Any]:
+    """One MAEC extraction group of three candidates swept twice: with the default
+    memory budget (the tiny language base fits) and with a budget of 0. Bytes read
+    with ``pread`` from every file, per sweep, by real path."""
+    import os
+    from collections import Counter
+
+    root = tmp_path_factory.mktemp("resident")
+    recipe = _maec(world, {"grid": {"mu": [0.0, 0.5, 1.0]}, "objective": OBJ},
+                   parameters={"key_ratio": 0.5, "selection_ratio": 1.0})
+    assert len({c.group for c in candidates(recipe)}) == 1
+    real = os.preadv
+    reads: Counter[str] = Counter()
+
+    def counted(fd: int, buffers: Any, offset: int, *rest: Any) -> int:
+        got = real(fd, buffers, offset, *rest)
+        reads[os.readlink(f"/proc/self/fd/{fd}")] += got
+        return got
+
+    out: dict[str, Any] = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(os, "preadv", counted)
+        for name, budget in (("held", None), ("streamed", 0)):
+            reads.clear()
+            with torch_threads(1):
+                out[name] = run_sweep(recipe, root / name / "out", device="cpu",
+                                      artifact_store=LocalArtifactStore(root / name / "st"),
+                                      resident_budget=budget)
+            out[name + "_reads"] = dict(reads)
+            out[name + "_store"] = root / name / "st"
+    return out
+
+
+def _data_bytes(path: Path) -> int:
+    from maec_core.io.headers import read_header
+
+    header = read_header(path)
+    return header.size - header.data_start
+
+
+def test_language_base_read_once_per_sweep_when_it_fits(
+        world: dict[str, Path], held_and_streamed: dict[str, Any]) -> None:
+    import os
+
+    lang = os.path.realpath(world["lang"] / "model.safetensors")
+    size = _data_bytes(world["lang"] / "model.safetensors")
+    # Held: θL's tensors read once, before the first candidate; every merge (the first
+    # candidate's c_t key rows included, and the winner's final merge) took them from
+    # memory.
+    assert held_and_streamed["held_reads"][lang] == size
+    # Budget 0: read by every candidate's merge, as separate jobs read it.
+    assert held_and_streamed["streamed_reads"][lang] >= 3 * size
+    # The group's stored ability vectors were held for its second and third candidates:
+    # read once for both (the winner's final merge reads them again), not by each.
+    def stored(name: str) -> int:
+        store = os.path.realpath(held_and_streamed[name + "_store"])
+        return sum(n for p, n in held_and_streamed[name + "_reads"].items()
+                   if p.startswith(store + os.sep))
+
+    art = next(held_and_streamed["held_store"].glob("*/ability.safetensors"))
+    assert _data_bytes(art) <= stored("held") < stored("streamed")
+
+
+def test_held_language_base_changes_no_score_and_no_byte(
+        held_and_streamed: dict[str, Any]) -> None:
+    held, streamed = held_and_streamed["held"], held_and_streamed["streamed"]
+    assert {r.id: r.scores for r in held.board.rows} == {
+        r.id: r.scores for r in streamed.board.rows}
+    assert held.board.winner == streamed.board.winner
+    # Every file of the winner but those recording the run (timings, what was held).
+    facts = {"leaderboard.json", "eval_report.json", "README.md", "manifest.json"}
+    names = {p.name for p in held.out_dir.iterdir()}
+    assert names == {p.name for p in streamed.out_dir.iterdir()}
+    assert {"model.safetensors", "maec_report.json"} <= names - facts
+    for name in sorted(names - facts):
+        assert (held.out_dir / name).read_bytes() == (
+            streamed.out_dir / name).read_bytes(), name
+    _verifies(held.out_dir)
+
+
+def test_board_says_whether_the_language_base_was_held(
+        world: dict[str, Path], held_and_streamed: dict[str, Any]) -> None:
+    size = _data_bytes(world["lang"] / "model.safetensors")
+    for name, was_held in (("held", True), ("streamed", False)):
+        result = held_and_streamed[name]
+        on_disk = read_leaderboard(result.out_dir / "leaderboard.json")
+        assert on_disk.resident == result.board.resident
+        res = on_disk.resident
+        assert res is not None and res.language_base is was_held
+        assert res.language_base_bytes == size
+        assert res.ability_vector_groups == (1 if was_held else 0)
+        assert (res.budget_bytes == 0) is not was_held
+        card = (result.out_dir / "README.md").read_text()
+        assert res.sentence() in card
+        assert ("read from disk once for all candidates" in card) is was_held
+    json_board = json.loads((held_and_streamed["held"].out_dir / "leaderboard.json")
+                            .read_text())
+    assert json_board["resident"]["language_base"] is True
