@@ -353,6 +353,9 @@ def main() -> None:
         if len(levels) == 2:
             # The same candidates and code: a job scores them as the library does.
             _same_scores(levels[0].sweep[-1].scores, levels[1].sweep[-1].scores)
+        print(f"importance {mode}: every candidate's scores equal on both sides of "
+              + " and ".join(f"the {lv.level} level" for lv in levels)
+              + (", and across levels" if len(levels) == 2 else ""))
         for lv in levels:
             print(lv.line())
     final = levels[0]  # the RESULT's importance; jobs when measured
