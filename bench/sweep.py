@@ -35,9 +35,13 @@ reports it first.
 
     .venv/bin/python -m bench.sweep [--runs 3] [--level both] [--importance delta]
 
-Prints each level's medians and ratio (jobs, then library on the line before RESULT), the
-job level's seconds by phase, and ends with exactly one line, for the default importance
-(or the one asked for), at the job level when it was measured:
+Each level's line gives both sides' median walls and their ratio, and the CPU seconds each
+side used (library: this process; jobs: the stack's API, Redis and worker processes,
+answering the polls included): on a machine shared with other work the walls swing with
+its load and CPU seconds much less, so a wall ratio far from the CPU one says the machine
+was busy, not that either side changed. The job level also prints its seconds by phase.
+The jobs line comes first, the library line just before the last line, which is exactly
+one, for the default importance (or the one asked for), from the job level when measured:
 RESULT sweep candidates=6 extractions=<n> wall_ratio_vs_separate_jobs=<sweep/separate>
 """
 
@@ -49,6 +53,7 @@ import random
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -148,6 +153,8 @@ class Round:
     phases: dict[str, float] = field(default_factory=dict)
     # Job level: the engine's own seconds as the job records say (core_seconds).
     engine: float = 0.0
+    # CPU seconds spent meanwhile: this process's (library) or the stack's (jobs).
+    cpu: float = 0.0
 
 
 @dataclass
@@ -166,10 +173,15 @@ class Level:
     def ratio(self) -> float:
         return self.median("sweep") / self.median("separate")
 
+    def cpu(self, side: str) -> float:
+        return median([r.cpu for r in getattr(self, side)])
+
     def line(self) -> str:
         return (f"{self.level}-level, importance {self.importance}: sweep "
                 f"{self.median('sweep'):.2f} s, separate jobs {self.median('separate'):.2f} s "
-                f"(medians of {len(self.sweep)}), ratio {self.ratio:.3f}")
+                f"(medians of {len(self.sweep)}), ratio {self.ratio:.3f}; CPU "
+                f"{self.cpu('sweep'):.2f} s against {self.cpu('separate'):.2f} s, ratio "
+                f"{self.cpu('sweep') / self.cpu('separate'):.3f}")
 
 
 # -- library level: both sides as calls in this process --------------------------------
@@ -233,17 +245,16 @@ def library_warm_up(data: dict[str, Any], inputs: dict[str, Path]) -> None:
 def measure_library(data: dict[str, Any], inputs: dict[str, Path], runs: int) -> Level:
     library_warm_up(data, inputs)
     return interleave(Level("library", data["parameters"]["importance"]), runs,
-                      lambda: library_sweep(data), lambda: library_separate(data))
+                      lambda: library_sweep(data), lambda: library_separate(data),
+                      cpu=time.process_time)
 
 
 # -- job level: both sides as jobs of the real stack ------------------------------------
 
 def jobs_sweep(client: Any, data: dict[str, Any]) -> Round:
     """The sweep as one job, from an empty artifact store."""
-    from bench.sweep_jobs import clear_artifacts, groups, sweep_body, sweep_scores
+    from bench.sweep_jobs import groups, sweep_body, sweep_scores
 
-    client.forget()
-    clear_artifacts(client.stack)
     job = client.run(sweep_body(data))
     extractions = int(job.job["result"]["sweep"]["extractions"])
     if extractions != groups(data):
@@ -256,10 +267,8 @@ def jobs_sweep(client: Any, data: dict[str, Any]) -> Round:
 def jobs_separate(client: Any, data: dict[str, Any]) -> Round:
     """Each candidate as its own evaluated job, one after another on the same worker,
     from an empty artifact store (later jobs of a key_ratio reuse the first's vector)."""
-    from bench.sweep_jobs import candidate_bodies, clear_artifacts, groups, merged_scores
+    from bench.sweep_jobs import candidate_bodies, groups, merged_scores
 
-    client.forget()
-    clear_artifacts(client.stack)
     total, scores, extracted, engine = 0.0, {}, 0, 0.0
     phases: dict[str, float] = {}
     for cid, body in candidate_bodies(data).items():
@@ -277,15 +286,23 @@ def jobs_separate(client: Any, data: dict[str, Any]) -> Round:
 
 
 def measure_jobs(client: Any, data: dict[str, Any], runs: int) -> Level:
-    from bench.sweep_jobs import sweep_body
+    from bench.sweep_jobs import clear_artifacts, service_cpu, sweep_body
 
     # Warm-up, not timed: a one-point sweep runs every step either side's jobs run
     # (fetch into the worker's cache, extract, combine, evaluate, plot, publish).
     one = {**data, "sweep": {**data["sweep"],
                              "grid": {k: v[:1] for k, v in data["sweep"]["grid"].items()}}}
     client.run(sweep_body(one))
+
+    def reset() -> None:
+        # Each side from an empty artifact store, the earlier jobs (and their outputs)
+        # deleted: outside the timed and CPU-counted span.
+        client.forget()
+        clear_artifacts(client.stack)
+
     level = interleave(Level("jobs", data["parameters"]["importance"]), runs,
-                       lambda: jobs_sweep(client, data), lambda: jobs_separate(client, data))
+                       lambda: jobs_sweep(client, data), lambda: jobs_separate(client, data),
+                       cpu=lambda: service_cpu(client.stack), reset=reset)
     for side in ("sweep", "separate"):
         rounds = getattr(level, side)
         names = dict.fromkeys(k for r in rounds for k in r.phases)
@@ -296,12 +313,18 @@ def measure_jobs(client: Any, data: dict[str, Any], runs: int) -> Level:
     return level
 
 
-def interleave(level: Level, runs: int, sweep: Any, separate: Any) -> Level:
-    """Both sides ``runs`` times, the order alternating; every run's scores checked."""
+def interleave(level: Level, runs: int, sweep: Callable[[], Round],
+               separate: Callable[[], Round], *, cpu: Callable[[], float],
+               reset: Callable[[], None] = lambda: None) -> Level:
+    """Both sides ``runs`` times, the order alternating, each after ``reset``; ``cpu``
+    (a clock of CPU seconds) read around each; every run's scores checked."""
     for i in range(runs):
         order = ["sweep", "separate"] if i % 2 == 0 else ["separate", "sweep"]
         for side in order:
+            reset()
+            before = cpu()
             r = sweep() if side == "sweep" else separate()
+            r.cpu = cpu() - before
             getattr(level, side).append(r)
             print(f"{level.level} run {i + 1} {side:8s} wall {r.wall:6.2f} s", flush=True)
         _same_scores(level.sweep[-1].scores, level.separate[-1].scores)

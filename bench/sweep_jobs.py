@@ -148,6 +148,26 @@ def clear_artifacts(stack: Stack) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def service_cpu(stack: Stack) -> float:
+    """CPU seconds the stack's processes have used so far: the API, Redis and each
+    Celery worker, with their children (the worker's pool children that have ended are
+    counted in its ``children_*`` times, the live ones directly)."""
+    import psutil
+
+    roots = [p for p in (stack.api, stack.redis.proc, *stack.workers) if p is not None]
+    total = 0.0
+    for root in roots:
+        proc = psutil.Process(root.pid)
+        for p in [proc, *proc.children(recursive=True)]:
+            try:
+                t = p.cpu_times()
+            except psutil.NoSuchProcess:
+                # Ended between listing and reading: its parent counts it once reaped.
+                continue
+            total += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
 def _check_agree(run: JobRun, seen_within: float) -> None:
     """The client's wall holds the record's span, and exceeds it by no more than the
     record could not see: the record is created during the POST, and ends between the
