@@ -52,9 +52,12 @@ bench-api: setup
 bench-eval: setup
 	$(PY) -m bench.eval
 
-# A MAEC sweep (2 key_ratios x 3 mu, two eval sets) against the same six candidates run
-# as separate evaluated jobs, with MAEC's default importance (delta).
-# BENCH_SWEEP_ARGS=--importance both --runs 3 ... (both: gradient too, about 4x longer)
+# A MAEC sweep (2 key_ratios x 3 mu, two eval sets) submitted as one job to a real stack
+# (Redis, one Celery worker, the API, local storage) against the same six candidates
+# submitted as six evaluated jobs to the same warm worker (RESULT's ratio), and the same
+# comparison as library calls in one process (the line before RESULT); MAEC's default
+# importance (delta). BENCH_SWEEP_ARGS=--level jobs|library --runs 1 --importance both
+# (both: gradient too, about 4x longer)
 BENCH_SWEEP_ARGS ?=
 .PHONY: bench-sweep
 bench-sweep: setup
