@@ -72,8 +72,12 @@ def _passes(params: MaecParams) -> int:
 
 
 def _counter(progress: ProgressFn | None, stage: str, total: int) -> Callable[[], None]:
-    """A step callback reporting ``stage`` progress out of ``total`` steps."""
+    """A step callback reporting ``stage`` progress out of ``total`` steps; the stage is
+    announced at 0 at once, so a caller watching sees it start (a gradient extraction's
+    corpus pass comes before its first step) rather than the stage before it."""
     done = [0]
+    if progress is not None and total:
+        progress(stage, 0, total)
 
     def tick() -> None:
         done[0] += 1

@@ -393,6 +393,9 @@ def test_progress_stages_and_cancel(tmp_path: Path) -> None:
     r = maec_recipe(base, lang, [{"model": str(ability)}], key_ratio=KEY_RATIO)
     seen: list[tuple[str, int, int]] = []
     run(r, tmp_path / "out", progress=lambda s, d, t: seen.append((s, d, t)))
+    # Extraction is announced before its first step (a gradient corpus pass comes first):
+    # a job's status says "extract" from the start, not the stage before it.
+    assert seen[0][:2] == ("extract", 0)
     assert [s for s, _, _ in seen] == sorted((s for s, _, _ in seen), key=["extract",
                                              "combine"].index)
     for stage in ("extract", "combine"):
