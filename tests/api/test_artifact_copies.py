@@ -4,6 +4,7 @@ artifact, capped in size with the least recently used going first, never one a j
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -42,7 +43,7 @@ def _stored(storage: LocalStorage, tmp_path: Path, *keys: str) -> None:
         folder = tmp_path / "made" / key
         folder.mkdir(parents=True)
         (folder / "ability.safetensors").write_bytes(key[:1].encode() * VECTOR)
-        (folder / "ability.json").write_text('{"key": "%s"}' % key)
+        (folder / "ability.json").write_text(json.dumps({"key": key}))
         StorageArtifactStore(storage, tmp_path / "extractor", 10**9).put(key, folder)
 
 
