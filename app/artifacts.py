@@ -51,6 +51,9 @@ class StorageArtifactStore:
         self.copies = DiskCache(self.local_dir, max_bytes)
         self._on_use = on_use
         self._hold = hold
+        # Keys whose copy ``hold`` already has: a sweep reads the same artifacts once per
+        # candidate, and one lock each is enough.
+        self._held: set[str] = set()
 
     def _used(self, key: str) -> None:
         if self._on_use is not None:
@@ -87,6 +90,8 @@ class StorageArtifactStore:
                          "goes once released", key[:12])
             return None
         self._used(key)
+        if key in self._held and self.copies.find(key, _complete) is not None:
+            return self.copies.entry(key)
         objects: list[ObjectInfo] | None = None
         try:
             if self.copies.find(key, _complete) is None:
@@ -101,6 +106,8 @@ class StorageArtifactStore:
             # Collected (or the store failed) mid-fetch: as if absent, extract again.
             log.warning("artifact %s not fetched: %s", key[:12], exc)
             return None
+        if self._hold is not None:
+            self._held.add(key)
         if not hit:
             log.info("artifact %s fetched from storage", key[:12])
         return path

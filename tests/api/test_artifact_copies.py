@@ -80,6 +80,11 @@ def test_a_copy_in_use_is_not_dropped_but_not_returned_either(tmp_path: Path) ->
         other = StorageArtifactStore(storage, tmp_path / "w", 10**9)
         assert other.get(A) is None
         assert (copy / "ability.json").is_file()  # the running job still reads it
+        assert len(hold) == 1
+        assert job.get(A) is None and len(hold) == 1  # gone for this job too
+        _stored(storage, tmp_path / "again", A)
+        assert job.get(A) == copy and job.get(A) == copy and len(hold) == 1  # one lock
+    storage.delete_prefix(f"artifacts/{A}/")
     assert other.get(A) is None and not copy.exists()
 
 
