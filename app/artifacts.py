@@ -86,8 +86,8 @@ class StorageArtifactStore:
             # longer have it, and using it would keep touching a deleted artifact). The
             # job extracts again and ``put`` stores it again.
             if not self.copies.drop(key):
-                log.info("artifact %s is gone from storage; its local copy is in use and "
-                         "goes once released", key[:12])
+                log.info("artifact %s is gone from storage; its local copy, in use, "
+                         "goes at a later read or eviction", key[:12])
             return None
         self._used(key)
         if key in self._held and self.copies.find(key, _complete) is not None:
