@@ -75,7 +75,13 @@ class Settings(BaseSettings):
 
     # Worker side.
     work_dir: Path = Path("var/work")
+    # The input cache (work_dir/cache): fetched checkpoint and corpus files.
     cache_max_bytes: int = Field(default=50 * 10**9, ge=0)
+    # The worker's local copies of MAEC ability artifacts (work_dir/artifacts), read
+    # instead of downloading while storage still holds them. Least recently used copies
+    # go first; one a running job reads never does (the total may exceed this while
+    # jobs hold more). An artifact is a few percent of its donor's size.
+    artifact_cache_max_bytes: int = Field(default=10 * 10**9, ge=0)
     device: str | None = None
     # Imported once in the worker's prefork parent so every merge child starts with them
     # loaded (a gradient-importance MAEC job otherwise spends seconds importing the

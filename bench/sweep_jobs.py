@@ -138,10 +138,11 @@ class Client:
 
 def clear_artifacts(stack: Stack) -> None:
     """Remove every stored ability vector: from storage (``artifacts/``, the prefix the
-    service keeps them under, app/artifacts.py) and the worker's local copies, which it
-    reads before storage. The service has no API for it (the retention sweep only
-    collects artifacts unused for days, and from storage only). Called between jobs,
-    never during one, so the worker holds none of them open."""
+    service keeps them under, app/artifacts.py) and the worker's local copies (which it
+    would drop on its next read of a key storage lacks; removed here so every run
+    starts from the same disk). The service has no API for it (the retention sweep
+    only collects artifacts unused for days). Called between jobs, never during one, so
+    the worker holds none of them open."""
     from app.artifacts import PREFIX
 
     for folder in (stack.root / "storage" / PREFIX, stack.root / "work" / "artifacts"):

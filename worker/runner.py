@@ -21,6 +21,7 @@ from typing import Any
 from celery.exceptions import SoftTimeLimitExceeded
 
 from app.artifacts import StorageArtifactStore
+from app.disk_cache import Hold
 from app.jobs.accounting import finish_increments
 from app.jobs.calls import QuotaExceeded
 from app.jobs.record import JobRecord, now_iso
@@ -33,7 +34,7 @@ from maec_core.manifest import MANIFEST_NAME
 from maec_core.recipe import Recipe, parse_recipe
 from maec_core.runtime import EngineOptions
 from maec_core.sweep.inputs import eval_sources, with_eval_sources
-from worker.inputs import Hold, InputCache, check_adapter_bases, fetch_source
+from worker.inputs import InputCache, check_adapter_bases, fetch_source
 from worker.publish import ShardUploads, publish
 from worker.stages import produce, spans_for
 
@@ -167,8 +168,6 @@ class JobRunner:
         # worker queues its webhook); after the terminal write, never before.
         self.on_finished = on_finished
         self.cache = InputCache(settings.work_dir / "cache", settings.cache_max_bytes)
-        self.artifacts = StorageArtifactStore(storage, settings.work_dir / "artifacts",
-                                              on_use=store.touch_artifact)
 
     def run(self, job_id: str) -> str:
         """Run ``job_id`` if it is claimable; returns the claim or final outcome."""
@@ -359,8 +358,12 @@ class JobRunner:
         # The output's shards go up while the merge goes on; stopped before any clean-up
         # of the prefix (the caller's), so nothing lands after it.
         uploads = ShardUploads(self.storage, prefix)
+        # The local artifact copies the job reads stay held, like its inputs, until it ends.
+        artifacts = StorageArtifactStore(self.storage, self.settings.work_dir / "artifacts",
+                                         self.settings.artifact_cache_max_bytes,
+                                         on_use=self.store.touch_artifact, hold=hold)
         try:
-            made = produce(recipe, out, store=self.artifacts, progress=att.progress,
+            made = produce(recipe, out, store=artifacts, progress=att.progress,
                            cancel=att.cancel_requested, device=self.settings.device,
                            hash_cache=self.settings.work_dir / "checksums", work_dir=workdir,
                            reporter=att, upload=upload,

@@ -51,7 +51,8 @@ def sweep_retention(store: WorkerJobStore, storage: Storage, settings: Settings)
         return out
     if settings.job_ttl_days is not None:
         out.jobs = store.expire_jobs(storage, older_than_s=settings.job_ttl_days * DAY_S)
-    artifacts = StorageArtifactStore(storage, settings.work_dir / "artifacts")
+    artifacts = StorageArtifactStore(storage, settings.work_dir / "artifacts",
+                                     settings.artifact_cache_max_bytes)
     out.artifacts = store.collect_artifacts(artifacts.delete,
                                             grace_s=settings.artifact_grace_seconds)
     if out.jobs or out.artifacts:

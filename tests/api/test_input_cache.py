@@ -467,7 +467,7 @@ def test_partial_files_and_lock_files_left_behind_are_swept(tmp_path: Path) -> N
 
 def test_a_held_entry_removed_by_hand_is_an_error_not_a_hang(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("worker.inputs._MAX_SPIN_S", 0.2)
+    monkeypatch.setattr("app.disk_cache._MAX_SPIN_S", 0.2)
     cache = InputCache(tmp_path / "cache", max_bytes=10**6)
     with cache.hold() as hold:
         entry, _ = cache.get("x", 10, lambda tmp: tmp.write_bytes(b"x" * 10), hold=hold)

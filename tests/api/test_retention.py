@@ -254,13 +254,16 @@ def test_artifact_store_deletes_and_reads_a_collected_artifact_as_absent(tmp_pat
     folder.mkdir()
     (folder / "ability.json").write_text("{}")
     (folder / "vectors.safetensors").write_bytes(b"x" * 10)
-    writer = StorageArtifactStore(storage, tmp_path / "w1", on_use=used.append)
+    writer = StorageArtifactStore(storage, tmp_path / "w1", 10**6, on_use=used.append)
     writer.put(ART, folder)
-    reader = StorageArtifactStore(storage, tmp_path / "w2", on_use=used.append)
-    assert reader.get(ART) is not None and used == [ART, ART]
+    reader = StorageArtifactStore(storage, tmp_path / "w2", 10**6, on_use=used.append)
+    copy = reader.get(ART)
+    assert copy is not None and used == [ART, ART]
     writer.delete(ART)
     assert storage.list("artifacts/") == []
-    assert StorageArtifactStore(storage, tmp_path / "w3").get(ART) is None
+    assert StorageArtifactStore(storage, tmp_path / "w3", 10**6).get(ART) is None
+    # The worker that read it had a local copy: collected in storage, gone there too.
+    assert reader.get(ART) is None and not copy.exists() and used == [ART, ART]
 
 
 def test_a_record_from_before_pinning_reads_as_not_pinned(api: Api) -> None:

@@ -131,6 +131,25 @@ def test_maec_artifact_is_stored_and_reused(api: Api) -> None:
         _job(api, first)["result"]["report"]["artifact_keys"]
 
 
+def test_a_local_artifact_copy_is_used_only_while_storage_holds_the_artifact(api: Api
+                                                                             ) -> None:
+    storage = LocalStorage(api.settings.storage_dir)
+    first = str(api.submit(api.named("maec"))["id"])
+    assert _runner(api).run(first) == "succeeded"
+    [key] = _job(api, first)["result"]["report"]["artifact_keys"]
+    second = str(api.submit(api.named("maec", language_base=str(api.models.lang2)))["id"])
+    assert _runner(api).run(second) == "succeeded"
+    assert _job(api, second)["artifact_reused"] is True
+    copy = api.settings.work_dir / "artifacts" / "objects" / key
+    assert (copy / "ability.json").is_file()  # fetched for the second job, kept
+    # Collected by retention: the worker's copy is not reused, but dropped.
+    storage.delete_prefix(f"artifacts/{key}/")
+    third = str(api.submit(api.named("maec"))["id"])
+    assert _runner(api).run(third) == "succeeded"
+    assert _job(api, third)["artifact_reused"] is False and not copy.exists()
+    assert storage.head(f"artifacts/{key}/ability.json") is not None  # stored again
+
+
 def test_merge_failure_is_recorded_with_its_code(api: Api) -> None:
     bad = hostile.nan_weights(api.models.donor, api.root / "extra" / "nan")
     jid = str(api.submit(api.named(ability_donor=[str(bad)]))["id"])

@@ -48,6 +48,17 @@ def test_env_prefix_and_key_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
     assert s.key_lookup[hash_key("secret")] == "bob"
 
 
+def test_the_two_worker_caches_are_capped_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MAEC_CACHE_MAX_BYTES", raising=False)
+    monkeypatch.setenv("MAEC_ARTIFACT_CACHE_MAX_BYTES", "123")
+    s = Settings(api_keys=KEYS)
+    assert s.artifact_cache_max_bytes == 123 and s.cache_max_bytes == 50 * 10**9
+    monkeypatch.delenv("MAEC_ARTIFACT_CACHE_MAX_BYTES")
+    assert Settings(api_keys=KEYS).artifact_cache_max_bytes == 10 * 10**9
+    with pytest.raises(ValidationError, match="artifact_cache_max_bytes"):
+        Settings(api_keys=KEYS, artifact_cache_max_bytes=-1)
+
+
 def test_dev_mode_allows_no_keys_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
     s = Settings(dev_mode=True, api_keys={})
     with caplog.at_level(logging.WARNING, logger="maec.settings"):
