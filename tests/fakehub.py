@@ -61,7 +61,7 @@ def fake_sha(label: str) -> str:
     return hashlib.sha1(label.encode()).hexdigest()
 
 
-@dataclass(frozen=True)
+@dataclass
 class HubRequest:
     origin: str  # "hub" or "cdn"
     method: str
@@ -71,7 +71,7 @@ class HubRequest:
     range: str | None
     authorized: bool
     status: int
-    sent: int  # body bytes written
+    sent: int  # body bytes written (set once written)
 
 
 @dataclass
@@ -261,12 +261,15 @@ def _handler(hub: FakeHub, origin: str) -> type[BaseHTTPRequestHandler]:
             if (hub.drop_after is not None and answer.file is not None
                     and answer.status in (200, 206)):
                 body = body[:hub.drop_after]  # then the connection closes (HTTP/1.0)
-            sent = 0
+            # Recorded before the body goes out: a client that has read the whole body
+            # and asks the hub's log at once must find its request there (recorded after,
+            # the log raced the client on a busy machine). ``sent`` follows the write.
+            req = HubRequest(origin, method, path, answer.repo, answer.file, rng,
+                             auth is not None, answer.status, 0)
+            hub._record(req)
             with contextlib.suppress(OSError):  # the client may stop reading early
                 self.wfile.write(body)
-                sent = len(body)
-            hub._record(HubRequest(origin, method, path, answer.repo, answer.file, rng,
-                                   auth is not None, answer.status, sent))
+                req.sent = len(body)
 
         # The CDN: LFS blobs by sha256 (the query names the repo file, as the real signed
         # URLs do, since two files may hold the same bytes); ranges; never any credentials.
