@@ -210,7 +210,8 @@ def main() -> None:
 
 
 def measure_all(runs: int, threads: int) -> None:
-    from maec_core.eval.runner import evaluate, load_model
+    from maec_core.eval.loading import load_model
+    from maec_core.eval.runner import evaluate
     from maec_core.eval.sets import load_sets, load_spec
 
     spec = load_spec(ensure_data())

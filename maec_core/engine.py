@@ -17,8 +17,8 @@ through RAM (on CPU that path measured 3-6x faster than whole-tensor passes).
 On a CUDA device both paths run in ``maec_core.cuda_loops`` instead (pinned reads,
 copies on their own stream, one wait per unit or tensor, when the writer needs it).
 How a merge runs (compute dtype, GPU budget, a callback per finished shard, a sink
-taking the tensors instead of a folder, input files held in memory) is an
-``EngineOptions``.
+taking the tensors instead of a folder, and the model-definition files it may build
+from, input files held in memory) is an ``EngineOptions``.
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ from maec_core.io.writer import (
     BackgroundWriter,
     OutputTensor,
     ShardedWriter,
+    SinkFn,
     TensorSink,
     WrittenFile,
 )
@@ -318,7 +319,8 @@ def stream_merge(
     tokenizer_files: Mapping[str, bytes] | None = None,
 ) -> MergeResult:
     """Run ``compute`` over every planned tensor and publish a complete output folder
-    (or, with ``options.sink``, hand the tensors to that sink and write nothing).
+    (or, with ``options.sink``, hand the tensors to that sink and write no weights:
+    at most the model's definition files, at ``options.skeleton`` when given).
 
     ``read(t)`` names the stored tensors to load for ``t``; ``compute`` receives them as
     float32 on ``device`` and returns the merged float32 tensor. Nothing appears at
@@ -355,17 +357,16 @@ def stream_merge(
         return files
 
     manifest: dict[str, Any] = {}
+    define = functools.partial(_write_definition, plan=plan, out_dtype=out_dtype,
+                               tokenizer_from=tokenizer_from,
+                               tokenizer_files=tokenizer_files)
     if options.sink is not None:
-        # The caller takes the tensors as they come: no folder, so no manifest and no
-        # input digests for one. On this thread: a sink keeps them in memory, a copy
-        # cheaper than handing each part to a writer thread.
-        write(options.sink(outputs), background=False)
+        _to_sink(write, outputs, options.sink, options.skeleton, define)
     else:
         finish = functools.partial(
-            _finish_folder, plan=plan, recipe=recipe, out_dtype=out_dtype,
-            tokenizer_from=tokenizer_from, base_models=base_models, extra_json=extra_json,
-            card_summary=card_summary, manifest_extra=manifest_extra,
-            tokenizer_files=tokenizer_files)
+            _finish_folder, define=define, plan=plan, recipe=recipe,
+            base_models=base_models, extra_json=extra_json, card_summary=card_summary,
+            manifest_extra=manifest_extra)
         manifest = _to_folder(write, outputs, recipe, out_dir, overwrite, options,
                               _input_hasher(plan, hash_inputs, hash_cache), finish)
     seconds = time.perf_counter() - started
@@ -382,6 +383,26 @@ def _ticker(progress: ProgressFn | None, cancel: CancelFn | None, stage: str, to
             raise Cancelled("merge cancelled")
 
     return tick
+
+
+def _to_sink(
+    write: Callable[[TensorSink, bool], list[WrittenFile]],
+    outputs: list[OutputTensor],
+    sink: SinkFn,
+    skeleton: Path | None,
+    define: Callable[[StagedOutput], None],
+) -> None:
+    """The merge's tensors handed to the caller's ``sink`` as they come: no folder, so
+    no manifest and no input digests for one; the model's definition files first
+    written to ``skeleton`` when given, complete before the sink is made (it may build
+    its model from them)."""
+    if skeleton is not None:
+        with StagedOutput(skeleton) as staged:
+            define(staged)
+            staged.commit()
+    # On this thread: a sink keeps the tensors in memory, a copy cheaper than handing
+    # each part to a writer thread.
+    write(sink(outputs), False)
 
 
 def _to_folder(
@@ -477,22 +498,19 @@ def _runs(
     return runs
 
 
-def _finish_folder(
+def _write_definition(
     staged: StagedOutput,
     plan: MergePlan,
-    recipe: Recipe,
-    hasher: BackgroundHasher,
     *,
     out_dtype: str,
     tokenizer_from: str,
-    base_models: list[str],
-    extra_json: Mapping[str, Any] | None,
-    card_summary: str,
-    manifest_extra: Mapping[str, Any] | None,
-    tokenizer_files: Mapping[str, bytes] | None = None,
-) -> dict[str, Any]:
-    """Write the side files, config, recipe, card and extra documents, then the manifest
-    (last: it lists the others); returns the manifest."""
+    tokenizer_files: Mapping[str, bytes] | None,
+) -> None:
+    """Write the files that define the merged model beside its weights, all that
+    transformers reads to build the model and its tokenizer: the tokenizer and
+    generation files (copied, or a built vocabulary's) and config.json (the output
+    dtype and the plan's changes applied). The output folder's first files, and a
+    sink's skeleton (``EngineOptions.skeleton``)."""
     source = plan.models[tokenizer_from]
     if tokenizer_files:
         # A built vocabulary: its tokenizer files, and none of the source's slow-tokenizer
@@ -504,6 +522,24 @@ def _finish_folder(
         staged.copy_side_files(source)
     staged.write_json("config.json",
                       output_config(source.config, out_dtype, plan.config_updates))
+
+
+def _finish_folder(
+    staged: StagedOutput,
+    plan: MergePlan,
+    recipe: Recipe,
+    hasher: BackgroundHasher,
+    *,
+    define: Callable[[StagedOutput], None],
+    base_models: list[str],
+    extra_json: Mapping[str, Any] | None,
+    card_summary: str,
+    manifest_extra: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """Write the model's definition files (``define``: :func:`_write_definition`), the
+    recipe, card and extra documents, then the manifest (last: it lists the others);
+    returns the manifest."""
+    define(staged)
     recipe_dump = recipe.model_dump(mode="json", exclude_none=True)
     staged.write_bytes("recipe.yaml", recipe.to_yaml().encode())
     staged.write_bytes("README.md", model_card(recipe, base_models, card_summary).encode())

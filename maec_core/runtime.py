@@ -69,6 +69,12 @@ class EngineOptions:
     inputs are not hashed), so the shard callbacks are not called; the arithmetic and
     the bytes the sink receives are those the folder's shards would hold.
 
+    ``skeleton`` (with ``sink`` only): a folder, not yet existing, that the merge writes
+    its model-definition files to before it makes the sink: config.json,
+    generation_config.json and the tokenizer files, the very bytes the output folder
+    would hold beside its weights, and nothing else (no weights, card, recipe or
+    manifest). What a sink building the model the tensors go into reads to build it.
+
     ``resident``: input files held in memory (:class:`maec_core.io.resident.ResidentFiles`,
     their bytes as on disk): the merge takes those files' tensors from there instead of
     reading them, and reads every other input as usual. Same bytes, same result; a sweep
@@ -102,8 +108,15 @@ class EngineOptions:
     gpu_budget_bytes: int = GPU_BUDGET_BYTES
     sink: SinkFn | None = None
     resident: ResidentFiles | None = None
+    skeleton: Path | None = None
 
     def __post_init__(self) -> None:
+        if self.skeleton is not None and self.sink is None:
+            from maec_core.errors import MaecError
+
+            # A folder output holds these files already; only a sink lacks them.
+            raise MaecError("EngineOptions.skeleton goes with a sink: a merge into a "
+                            "folder writes its definition files there")
         if self.compute_dtype not in COMPUTE_DTYPES:
             from maec_core.errors import RecipeError
 

@@ -1,94 +1,28 @@
 """Evaluate model folders on an eval spec, one model in memory at a time.
 
-A folder is opened with the same checks as a merge input (safetensors only, no
-pickles, shard names inside the folder), then loaded with transformers from the folder
-alone: never a hub, never remote code.
+Each folder is loaded as :mod:`maec_core.eval.loading` loads it (the same checks as a
+merge input, transformers from the folder alone: never a hub, never remote code).
 """
 
 from __future__ import annotations
 
-import gc
 import math
 import time
-import weakref
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from maec_core.errors import CheckpointError, EvalSetError
+from maec_core.errors import EvalSetError
 from maec_core.eval.answers import extract_answer, is_correct
+from maec_core.eval.loading import LoadedModel, load_model, release
 from maec_core.eval.measure import generate, score_texts
 from maec_core.eval.report import AccuracyItem, EvalReport, ModelResult, SetResult
 from maec_core.eval.sets import EvalSpec, LoadedSet, load_sets, load_spec
-from maec_core.io.folder import open_model_folder
 from maec_core.runtime import CancelFn, ProgressFn, best_device
 
 # Perplexity context when the spec leaves it open: the model's window, at most this.
 DEFAULT_CONTEXT = 1024
-
-
-@dataclass
-class LoadedModel:
-    model: Any
-    tokenizer: Any
-    device: torch.device
-
-    @property
-    def dtype(self) -> str:
-        return str(next(self.model.parameters()).dtype).removeprefix("torch.")
-
-    @property
-    def max_positions(self) -> int | None:
-        cfg = self.model.config
-        for key in ("max_position_embeddings", "n_positions", "max_sequence_length"):
-            value = getattr(cfg, key, None)
-            if isinstance(value, int) and value > 0:
-                return value
-        return None
-
-    def references(self) -> list[weakref.ref[Any]]:
-        """Weak references to the model and its parameters, to tell whether dropping
-        the last strong reference freed them (:func:`release`)."""
-        return [weakref.ref(self.model), *(weakref.ref(p) for p in self.model.parameters())]
-
-
-def release(alive: list[weakref.ref[Any]], device: torch.device) -> None:
-    """Free a model whose last strong reference the caller just dropped.
-
-    Dropping the last reference frees the weights at once; a full collection (a fifth
-    of a second in a process that imported transformers, paid per model evaluated) is
-    only needed when a reference cycle still holds them."""
-    if any(ref() is not None for ref in alive):
-        gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-
-
-def load_model(model_dir: str | Path, device: torch.device) -> LoadedModel:
-    """The folder's tokenizer and causal LM on ``device``: float32 on a CPU (bf16 CPU
-    matmuls are slow and inexact), the stored dtype on an accelerator."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    folder = open_model_folder(model_dir)
-    root = str(folder.root)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(root, local_files_only=True,
-                                                  trust_remote_code=False)
-    except Exception as exc:  # transformers raises many types for a missing tokenizer
-        raise CheckpointError(f"{root} has no usable tokenizer: {exc}", path=root) from None
-    dtype = torch.float32 if device.type == "cpu" else "auto"
-    try:
-        model: Any = AutoModelForCausalLM.from_pretrained(
-            root, local_files_only=True, trust_remote_code=False, dtype=dtype,
-            use_safetensors=True,
-        )
-    except Exception as exc:
-        raise CheckpointError(f"cannot load {root} for evaluation: {exc}", path=root) from None
-    model.to(device)
-    return LoadedModel(model.eval(), tokenizer, device)
 
 
 def evaluate(model_dir: str | Path, spec: EvalSpec | str | Path,

@@ -10,20 +10,22 @@ Cost discipline (the point of a sweep over separate jobs):
   ability vectors once for its candidates, when they fit in memory (a budget, by
   default half the available memory less the scoring model; ``maec_core.sweep.memory``);
   the leaderboard records whether they did;
-- one candidate model is in memory at a time. With ``publish: best`` a candidate is
-  merged straight into that model's weights (the engine's tensor sink), never written
-  to disk and read back: only the first one is written, to build the model from, and
-  kept while it is the best; the winner, unless it is that one, is merged once more at
-  the end into the published folder. Merges are deterministic (the same inputs,
-  parameters and seeds give the same bytes), so that folder holds what was scored, and
-  one more merge costs less than writing every candidate that improves on the best so
-  far. ``publish: all`` writes every candidate's folder (``keep`` publishes it) and
-  scores it from there, keeping the best so far on disk;
+- one candidate model is in memory at a time. With ``publish: best`` every candidate
+  is merged straight into that model's weights (the engine's tensor sink), never
+  written to disk and read back: the first merge writes only the model's definition
+  files (config, generation config, tokenizer), which the model is built from as it
+  starts; the winner is merged once more at the end into the published folder. Merges
+  are deterministic (the same inputs, parameters and seeds give the same bytes), so
+  that folder holds what was scored, and one more merge costs less than writing
+  candidates to keep the best so far. ``publish: all`` (and a LoRA output, an adapter
+  of the merge rather than its tensors) writes every candidate's folder (``keep``
+  publishes it) and scores it from there, keeping the best so far on disk;
 - every temporary folder is removed, on success, failure or cancel.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import shutil
 import tempfile
@@ -168,7 +170,8 @@ def run_sweep(
 
 
 class _Sweep:
-    """One sweep's run: the candidates in grid order, the best so far kept on disk."""
+    """One sweep's run: the candidates in grid order, the best so far remembered (kept
+    on disk when candidates are written)."""
 
     def __init__(self, recipe: Recipe, cands: list[Candidate], tmp: Path,
                  store: ArtifactStore, *, device: str | None, progress: ProgressFn | None,
@@ -255,12 +258,12 @@ class _Sweep:
                    inputs: list[ModelResult], reference: dict[str, float]) -> None:
         folder = self.tmp / cand.id
         t0 = time.perf_counter()
-        written = not self.in_memory or slot.loaded is None
+        written = not self.in_memory
         if written:
             extracted = self._merge(cand, folder)
             slot.load(folder)
         else:
-            extracted = self._merge(cand, folder, sink=slot.sink)
+            extracted = self._merge_in_memory(cand, folder, slot)
         self.state.extractions += int(extracted)
         if self.memory is not None and cand.group is not None and (
                 self.last_of[cand.group] == cand.index):
@@ -294,9 +297,25 @@ class _Sweep:
         elif folder is not None:
             shutil.rmtree(folder, ignore_errors=True)
 
-    def _merge(self, cand: Candidate, folder: Path, sink: SinkFn | None = None) -> bool:
-        """Merge one candidate into ``folder``, or into ``sink`` when given (nothing is
-        written then); whether an ability vector was extracted."""
+    def _merge_in_memory(self, cand: Candidate, folder: Path, slot: ModelSlot) -> bool:
+        """Merge one candidate straight into the model in ``slot``; the first one
+        builds that model, from the definition files its merge writes (no weights);
+        whether an ability vector was extracted."""
+        if slot.loaded is not None:
+            return self._merge(cand, folder, sink=slot.sink)
+        skeleton = self.tmp / ".skeleton"
+        try:
+            return self._merge(cand, folder, sink=functools.partial(slot.sink,
+                                                                    skeleton=skeleton),
+                               skeleton=skeleton)
+        finally:
+            shutil.rmtree(skeleton, ignore_errors=True)  # read once, as the model was built
+
+    def _merge(self, cand: Candidate, folder: Path, sink: SinkFn | None = None,
+               skeleton: Path | None = None) -> bool:
+        """Merge one candidate into ``folder``, or into ``sink`` when given (no weights
+        are written then; the definition files to ``skeleton`` when given); whether an
+        ability vector was extracted."""
         from maec_core.maec.pipeline import combine, report_cosines
         from maec_core.run import run
 
@@ -305,7 +324,7 @@ class _Sweep:
         kw: dict[str, Any] = {
             "progress": self.progress, "cancel": self.cancel, "device": self.device,
             "hash_cache": self.hash_cache,
-            "options": (EngineOptions(sink=sink, resident=resident)
+            "options": (EngineOptions(sink=sink, resident=resident, skeleton=skeleton)
                         if sink is not None or resident is not None else None)}
         if stored is not None:
             combine(cand.recipe, stored[0], folder, cosines=stored[1], **kw)

@@ -1,15 +1,18 @@
 """Scoring a sweep's candidates with one model object, its weights replaced per candidate.
 
 Every candidate of a sweep has the same architecture, config and tokenizer (they are
-merges of the same inputs with other numbers), so the model is built once, from the
-first candidate's folder (``load_model``, as a one-off evaluation builds it), and each
-later candidate is merged straight into its weights (:meth:`ModelSlot.sink`, the
-engine's tensor sink): one model in memory at a time, no per-candidate model
-construction, and no candidate written to disk and read back. A candidate that has a
-folder anyway (``publish: all``) is read from it (:meth:`ModelSlot.load`). Either way the
-weights hold the bytes the candidate's checkpoint holds, converted as a fresh load
-converts them, so the scores are those of a separate evaluation (the tests and the
-bench check it).
+merges of the same inputs with other numbers), so the model is built once and each
+candidate is merged straight into its weights (:meth:`ModelSlot.sink`, the engine's
+tensor sink): one model in memory at a time, no per-candidate model construction, and
+no candidate written to disk and read back, not even the first. The first merge writes
+only the model's definition files (config, generation config, tokenizer: the
+engine's ``EngineOptions.skeleton``), and the model is built from those
+(:func:`~maec_core.eval.loading.build_model`) as the merge starts, then filled by it.
+A candidate that has a folder anyway (``publish: all``) is read from it
+(:meth:`ModelSlot.load`). Either way the weights hold the bytes the candidate's
+checkpoint holds, converted as a fresh load converts them, in a model built as a load
+builds it, so the scores are those of a separate evaluation (the tests and the bench
+check it).
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ from typing import Any
 import torch
 
 from maec_core.errors import CheckpointError, MaecError
+from maec_core.eval.loading import LoadedModel, build_model, load_model, release
 from maec_core.eval.report import ModelResult
-from maec_core.eval.runner import LoadedModel, evaluate_set, load_model, release
+from maec_core.eval.runner import evaluate_set
 from maec_core.eval.sets import LoadedSet
 from maec_core.io.folder import open_model_folder
 from maec_core.io.reader import TORCH_DTYPES
@@ -121,9 +125,20 @@ class ModelSink:
         self._on_abort()
 
 
+def _architecture(folder: Path) -> dict[str, Any]:
+    """The folder's config less its dtype: equal for checkpoints one model object can
+    hold in turn (the weights convert to the model's dtype)."""
+    config: dict[str, Any] = json.loads((folder / "config.json").read_text())
+    config.pop("dtype", None)
+    config.pop("torch_dtype", None)
+    return config
+
+
 class ModelSlot:
-    """Holds at most one loaded model: a candidate's weights go into it from a folder
-    (``load``) or from the merge itself (``sink``), then ``score`` evaluates it."""
+    """Holds at most one model: built from a merge's definition files (``build``, by
+    ``sink`` with a skeleton) or loaded from a folder (``load``); a candidate's weights
+    go into it from the merge itself (``sink``) or from its folder (``load``), then
+    ``score`` evaluates it."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -133,9 +148,7 @@ class ModelSlot:
     def load(self, folder: Path) -> LoadedModel:
         """Put the checkpoint in ``folder`` in the slot: built from it when the slot is
         empty or holds another architecture, else its tensors copied into the model."""
-        config = json.loads((folder / "config.json").read_text())
-        config.pop("dtype", None)
-        config.pop("torch_dtype", None)
+        config = _architecture(folder)
         if self.loaded is None or config != self._config:
             self.close()
             self.loaded, self._config = load_model(folder, self.device), config
@@ -156,12 +169,29 @@ class ModelSlot:
                 del tensors
         return self.loaded
 
-    def sink(self, outputs: list[OutputTensor]) -> ModelSink:
-        """A sink that puts a merge's tensors into the loaded model (the engine's
-        ``EngineOptions.sink``); the slot must hold a model of the candidates' kind."""
+    def sink(self, outputs: list[OutputTensor], skeleton: Path | None = None
+             ) -> ModelSink:
+        """A sink that puts a merge's tensors into the model in the slot (the engine's
+        ``EngineOptions.sink``). With ``skeleton`` (the merge's definition files,
+        ``EngineOptions.skeleton``) the model is first built from it, replacing any the
+        slot holds; without, the slot must hold a model of the candidates' kind."""
+        if skeleton is not None:
+            self.build(skeleton, {t.name for t in outputs})
         if self.loaded is None:
-            raise MaecError("the model slot is empty: load a candidate's folder first")
+            raise MaecError("the model slot is empty: build or load a candidate first")
         return ModelSink(self.loaded.model, outputs, self.close)
+
+    def build(self, skeleton: Path, given: set[str]) -> LoadedModel:
+        """Put in the slot the model the definition files in ``skeleton`` describe, its
+        weights empty for the tensors ``given`` to fill (checked to fit it before any
+        memory is taken)."""
+        self.close()
+        config = _architecture(skeleton)
+        self.loaded = build_model(skeleton, self.device, given,
+                                  check=lambda model: check_names(model, given,
+                                                                  "the candidate"))
+        self._config = config
+        return self.loaded
 
     def score(self, label: str, model_dir: str, sets: list[LoadedSet],
               progress: ProgressFn | None, cancel: CancelFn | None) -> ModelResult:

@@ -4,6 +4,7 @@ its options (compute dtype, GPU budget) and the finished-shard callback."""
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -210,3 +211,67 @@ def test_a_sink_is_refused_for_a_lora_output(zoo: dict[str, Path], tmp_path: Pat
         run(parse_recipe(r), tmp_path / "out", device="cpu",
             options=EngineOptions(sink=_Collect))
     assert not (tmp_path / "out").exists()
+
+
+# Files of a merged folder that do not define the model: its weights, and the documents
+# about the merge.
+NOT_DEFINITION = {"recipe.yaml", "README.md", "manifest.json", "maec_report.json",
+                  "model.safetensors.index.json"}
+
+
+@pytest.mark.parametrize("kind", ["cast", "maec", "union-vocabulary", "slices"])
+def test_a_sink_merge_writes_the_folder_definition_files_to_its_skeleton(
+        zoo: dict[str, Path], tmp_path: Path, kind: str) -> None:
+    """The skeleton holds the files of the folder that define the model (config with
+    the output dtype and the merge's changes, generation config, tokenizer, a built
+    vocabulary's tokenizer), byte for byte, and nothing else; it is complete when the
+    sink is made."""
+    from tests.factories import make_extended
+
+    if kind == "cast":
+        data = recipe(zoo, "task_arithmetic", dtype="bfloat16")
+    elif kind == "maec":
+        data = {"merge_method": "maec", "base_model": str(zoo["base"]),
+                "language_base": str(zoo["b"]), "abilities": [{"model": str(zoo["a"])}],
+                "parameters": {"key_ratio": 0.1}}
+    elif kind == "union-vocabulary":
+        ext = make_extended(tmp_path / "ext", 3, like=zoo["base"], words=["x0", "x1"],
+                            added=["<lang>"])
+        data = {"merge_method": "linear", "tokenizer_source": "union",
+                "models": [{"model": str(zoo["base"]), "parameters": {"weight": 0.5}},
+                           {"model": str(ext), "parameters": {"weight": 0.5}}]}
+    else:
+        data = {"merge_method": "passthrough",
+                "slices": [{"sources": [{"model": str(zoo["a"]), "layer_range": [0, 1]}]}]}
+    r = parse_recipe(data)
+    skeleton = tmp_path / "skeleton"
+    seen_at_sink: list[set[str]] = []
+
+    def sink(outputs: list[OutputTensor]) -> _Collect:
+        seen_at_sink.append({p.name for p in skeleton.iterdir()})
+        return _Collect(outputs)
+
+    run(r, tmp_path / "sunk", device="cpu",
+        options=EngineOptions(sink=sink, skeleton=skeleton))
+    run(r, tmp_path / "folder", device="cpu")
+    assert not (tmp_path / "sunk").exists()
+    folder = tmp_path / "folder"
+    defining = {p.name for p in folder.iterdir()
+                if p.suffix != ".safetensors" and p.name not in NOT_DEFINITION}
+    assert {"config.json", "generation_config.json", "tokenizer.json"} <= defining
+    assert seen_at_sink == [defining]
+    for name in defining:
+        assert (skeleton / name).read_bytes() == (folder / name).read_bytes(), name
+    config = json.loads((skeleton / "config.json").read_text())
+    if kind == "cast":
+        assert config["dtype"] == "bfloat16"
+    if kind == "slices":
+        assert config["num_hidden_layers"] == 1
+    if kind == "union-vocabulary":
+        assert config["vocab_size"] > json.loads(
+            (zoo["base"] / "config.json").read_text())["vocab_size"]
+
+
+def test_a_skeleton_goes_with_a_sink(tmp_path: Path) -> None:
+    with pytest.raises(MaecError, match="skeleton goes with a sink"):
+        EngineOptions(skeleton=tmp_path / "skeleton")

@@ -353,3 +353,105 @@ def test_cli_reports_a_bad_set_with_its_code(memoriser: Path, tmp_path: Path) ->
     assert res.exit_code == 2
     assert "[invalid_eval_set] qa.jsonl line 2: not JSON" in res.stderr
     assert not (tmp_path / "r.json").exists()
+
+
+def _definition(folder: Path, to: Path) -> tuple[Path, dict[str, torch.Tensor]]:
+    """``folder``'s files but its weights, copied to ``to``; and its weights."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    to.mkdir()
+    weights: dict[str, torch.Tensor] = {}
+    for f in folder.iterdir():
+        if f.suffix == ".safetensors":
+            weights.update(load_file(f))
+        else:
+            shutil.copy(f, to / f.name)
+    return to, weights
+
+
+def _same_model(built: object, loaded: object) -> None:
+    """The same tensors (parameters and buffers, by name, dtype and value), ties,
+    generation config and mode."""
+    a, b = built.model, loaded.model  # type: ignore[attr-defined]
+    for named in ("named_parameters", "named_buffers"):
+        got = dict(getattr(a, named)(remove_duplicate=False))
+        want = dict(getattr(b, named)(remove_duplicate=False))
+        assert got.keys() == want.keys(), named
+        for name, t in want.items():
+            assert got[name].dtype == t.dtype and torch.equal(got[name], t), name
+    assert dict(a.named_parameters()).keys() == dict(b.named_parameters()).keys()  # ties
+    assert a.generation_config.to_dict() == b.generation_config.to_dict()
+    assert not a.training and not b.training
+    assert type(a) is type(b)
+    assert built.tokenizer.get_vocab() == loaded.tokenizer.get_vocab()  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("kind", ["untied", "tied-bf16", "memoriser", "no-generation-config"])
+def test_a_model_built_from_its_definition_files_then_filled_is_the_loaded_model(
+        memoriser: Path, tmp_path: Path, kind: str) -> None:
+    """What a sweep scores its candidates with: the model built from a checkpoint's
+    files but its weights, then given them, holds what a load of the checkpoint holds
+    (the rotary buffers a load computes, a tied head, the generation config, the
+    float32 a CPU scores in)."""
+    from maec_core.eval.loading import build_model, load_model
+    from tests.factories import make_llama
+
+    if kind == "memoriser":
+        folder = memoriser
+    else:
+        folder = make_llama(tmp_path / "model", 3, tie_word_embeddings=kind == "tied-bf16",
+                            dtype=torch.bfloat16 if kind == "tied-bf16" else torch.float32)
+    if kind == "no-generation-config":
+        (folder / "generation_config.json").unlink()
+    definition, weights = _definition(folder, tmp_path / "definition")
+    cpu = torch.device("cpu")
+    seen: list[set[str]] = []
+    built = build_model(definition, cpu, set(weights),
+                        check=lambda m: seen.append({p.device.type for p in m.parameters()}))
+    # The check saw the model before any of it had memory.
+    assert seen == [{"meta"}]
+    params = dict(built.model.named_parameters())
+    with torch.no_grad():
+        for name, t in weights.items():
+            if name in params:
+                params[name].copy_(t)
+    _same_model(built, load_model(folder, cpu))
+
+
+def test_half_precision_keeps_what_a_load_keeps_in_float32(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An architecture that keeps some weights in float32 when loaded in half
+    precision gets them in float32 when built, as a load gives them."""
+    from transformers import AutoConfig, AutoModelForCausalLM, LlamaForCausalLM
+
+    from maec_core.eval.loading import _keep_float32
+    from tests.factories import make_llama
+
+    folder = make_llama(tmp_path / "model", 3, dtype=torch.bfloat16)
+    monkeypatch.setattr(LlamaForCausalLM, "_keep_in_fp32_modules_strict", ["mlp.gate_proj"])
+    loaded = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
+    with torch.device("meta"):
+        built = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder),
+                                                 dtype=torch.bfloat16)
+    _keep_float32(built, torch.bfloat16)
+    want = {n: p.dtype for n, p in loaded.named_parameters()}
+    assert {n: p.dtype for n, p in built.named_parameters()} == want
+    assert want["model.layers.0.mlp.gate_proj.weight"] == torch.float32
+    assert want["model.layers.0.mlp.up_proj.weight"] == torch.bfloat16
+
+
+def test_a_model_is_built_in_the_dtype_it_loads_in(tmp_path: Path) -> None:
+    """float32 on a CPU; on an accelerator the stored dtype, which a merge's config
+    states (a load's ``"auto"``)."""
+    from transformers import AutoConfig
+
+    from maec_core.eval.loading import _dtype_of, eval_dtype
+    from tests.factories import make_llama
+
+    config = AutoConfig.from_pretrained(make_llama(tmp_path / "m", 3, dtype=torch.bfloat16))
+    assert eval_dtype(torch.device("cpu")) == torch.float32
+    assert eval_dtype(torch.device("cuda")) == "auto"
+    assert _dtype_of(config, torch.device("cpu")) == torch.float32
+    assert _dtype_of(config, torch.device("cuda")) == torch.bfloat16

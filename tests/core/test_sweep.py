@@ -19,7 +19,7 @@ import yaml
 from click.testing import CliRunner
 
 from maec_core.errors import Cancelled, CheckpointError, NoFeasibleCandidate, SweepError
-from maec_core.eval.report import read_report
+from maec_core.eval.report import ModelResult, read_report
 from maec_core.maec.store import LocalArtifactStore
 from maec_core.recipe import parse_recipe
 from maec_core.runtime import torch_threads
@@ -316,21 +316,31 @@ def shard_folders(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return seen
 
 
-def _separately(recipe: Any, root: Path) -> dict[str, dict[str, float]]:
+def _separately(recipe: Any, root: Path) -> dict[str, ModelResult]:
     """Each candidate as a separate job: merged into its own folder, then evaluated
-    afresh from it; scores by candidate id."""
+    afresh from it; its result by candidate id."""
     from maec_core.eval.runner import evaluate
     from maec_core.run import run
     from maec_core.sweep.inputs import eval_spec
 
     root.mkdir()
-    scores = {}
+    results = {}
     for cand in candidates(recipe):
         with torch_threads(1):
             run(cand.recipe, root / cand.id, device="cpu")
             report = evaluate(root / cand.id, eval_spec(recipe), device="cpu")
-        scores[cand.id] = {s.name: s.value for s in report.models[0].sets}
-    return scores
+        results[cand.id] = report.models[0]
+    return results
+
+
+def _scores(results: dict[str, ModelResult]) -> dict[str, dict[str, float]]:
+    return {cid: {s.name: s.value for s in m.sets} for cid, m in results.items()}
+
+
+def _generated(result: ModelResult) -> dict[str, list[tuple[str, int]]]:
+    """Every accuracy item's output and its length in tokens, by set."""
+    return {s.name: [(it.output, it.output_tokens) for it in s.items or []]
+            for s in result.sets if s.kind == "accuracy"}
 
 
 def _verifies(folder: Path) -> None:
@@ -344,28 +354,63 @@ def _verifies(folder: Path) -> None:
         assert hashlib.sha256((folder / name).read_bytes()).hexdigest() == digest, name
 
 
+@pytest.fixture(scope="module")
+def generating(world: dict[str, Path]) -> dict[str, Any]:
+    """The language base with a generation config that ends a generation at one more
+    token than config.json names (a word the memoriser produces), and an accuracy set
+    whose prompts start the memorised texts: what a candidate generates depends on
+    its generation config being the checkpoint's."""
+    from tests.factories import tiny_tokenizer
+
+    root = world["root"] / "generating"
+    lang = root / "lang"
+    shutil.copytree(world["lang"], lang)
+    stop = tiny_tokenizer().convert_tokens_to_ids("w12")
+    gen = json.loads((lang / "generation_config.json").read_text())
+    assert json.loads((lang / "config.json").read_text())["eos_token_id"] == 2
+    (lang / "generation_config.json").write_text(json.dumps({**gen,
+                                                             "eos_token_id": [2, stop]}))
+    qa = root / "qa.jsonl"
+    qa.write_text("".join(json.dumps({"question": " ".join(t.split()[:k]), "answer": "1"})
+                          + "\n" for t in TEXTS for k in (2, 3)))
+    return {"lang": lang, "stop": "w12", "new_tokens": 6,
+            "set": {"name": "continue", "language": "en", "kind": "accuracy",
+                    "path": str(qa), "template": "{question}", "max_new_tokens": 6}}
+
+
 def test_candidates_scored_from_memory_equal_separate_jobs(
-        world: dict[str, Path], tmp_path: Path, shard_folders: list[str]) -> None:
-    recipe = _maec(world, {"grid": GRID, "objective": OBJ})
+        world: dict[str, Path], generating: dict[str, Any], tmp_path: Path,
+        shard_folders: list[str]) -> None:
+    recipe = _maec(world, {"grid": GRID, "objective": OBJ},
+                   language_base=str(generating["lang"]),
+                   evaluate=[*_sets(world), generating["set"]])
     with torch_threads(1):
         result = run_sweep(recipe, tmp_path / "out", device="cpu",
                            work_dir=tmp_path / "work")
     board = result.board
     assert board.winner == "c03"
-    # Only the first candidate (the model is built from its folder) and the winner
-    # (merged again to be published) were written; c01 and c02 went straight into the
-    # model that scored them.
-    assert shard_folders == ["c00", "c03"]
+    # No candidate was written to be scored, not even the first (the model is built
+    # from its merge's definition files); only the winner, merged again to be
+    # published.
+    assert shard_folders == ["c03"]
     separate = _separately(recipe, tmp_path / "separate")
-    assert {r.id: r.scores for r in board.rows} == separate
+    assert {r.id: r.scores for r in board.rows} == _scores(separate)
+    # Generation as well: the same outputs, token for token. The generation config
+    # decides where they end: the memoriser stops at the word only it names.
+    swept = {m.label: m for m in result.report.models}
+    for cid, alone in separate.items():
+        assert _generated(swept[cid]) == _generated(alone), cid
+    ends = [out for out, n in _generated(swept["c03"])["continue"]
+            if n < generating["new_tokens"]]
+    assert ends and all(out.split()[-1] == generating["stop"] for out in ends)
     out = tmp_path / "out"
     _verifies(out)
     assert {"config.json", "model.safetensors", "maec_report.json", "recipe.yaml",
             "README.md", "eval_report.json", "leaderboard.json", "sweep.png",
-            "tokenizer.json"} <= {p.name for p in out.iterdir()}
+            "tokenizer.json", "generation_config.json"} <= {p.name for p in out.iterdir()}
     # The published winner holds the very tensors a separate merge of it gives, and the
     # same report (every c_t, reused from its group's first combination).
-    for name in ("model.safetensors", "maec_report.json"):
+    for name in ("model.safetensors", "maec_report.json", "generation_config.json"):
         assert (out / name).read_bytes() == (
             tmp_path / "separate" / "c03" / name).read_bytes(), name
     assert list((tmp_path / "work").iterdir()) == []
@@ -387,9 +432,9 @@ def test_whole_tensor_method_in_memory_with_output_cast(
         result = run_sweep(recipe, tmp_path / "out", device="cpu")
     board = result.board
     assert board.rows[0].scores != board.rows[1].scores  # the candidates differ
-    assert shard_folders in (["c00"], ["c00", board.winner])
+    assert shard_folders == [board.winner]
     separate = _separately(recipe, tmp_path / "separate")
-    assert {r.id: r.scores for r in board.rows} == separate
+    assert {r.id: r.scores for r in board.rows} == _scores(separate)
     _verifies(tmp_path / "out")
     assert board.winner is not None
     assert (tmp_path / "out" / "model.safetensors").read_bytes() == (
@@ -415,8 +460,70 @@ def test_cancel_during_an_in_memory_merge(world: dict[str, Path], tmp_path: Path
     assert not (tmp_path / "out").exists()
 
 
+def test_cancel_during_the_first_merge_leaves_nothing(
+        world: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from maec_core.sweep.scoring import ModelSlot
+
+    built: list[Path] = []
+    real_build = ModelSlot.build
+
+    def build(slot: ModelSlot, skeleton: Path, given: set[str]) -> Any:
+        built.append(skeleton)
+        assert {p.name for p in skeleton.iterdir()} >= {"config.json", "tokenizer.json"}
+        assert not list(skeleton.glob("*.safetensors"))
+        return real_build(slot, skeleton, given)
+
+    monkeypatch.setattr(ModelSlot, "build", build)
+    started: list[int] = []
+    stages: list[str] = []
+
+    def progress(stage: str, done: int, _total: int) -> None:
+        if built and done > 0:  # the merge's own progress, once the model is built
+            stages.append(stage)
+
+    with torch_threads(1), pytest.raises(Cancelled):
+        run_sweep(_maec(world, {"grid": GRID, "objective": OBJ}), tmp_path / "out",
+                  device="cpu", work_dir=tmp_path / "work", progress=progress,
+                  announce=lambda i, n: started.append(i),
+                  cancel=lambda: "combine" in stages)
+    # c00's tensors were going into the model built from its definition files.
+    assert started == [0] and len(built) == 1
+    assert list((tmp_path / "work").iterdir()) == []
+    assert not (tmp_path / "out").exists()
+
+
+def test_tied_embeddings_and_an_output_cast_score_as_separate_jobs(
+        world: dict[str, Path], tmp_path: Path, shard_folders: list[str]) -> None:
+    # The output head shares the embeddings (stored once), and the bfloat16 output is
+    # scored on the CPU in float32, the first candidate too.
+    root = tmp_path / "tied"
+    with torch_threads(1):
+        base = make_llama(root / "base", 20, tie_word_embeddings=True)
+        donor = make_llama(root / "donor", 21, like=base, tie_word_embeddings=True)
+        lang = make_llama(root / "lang", 22, like=base, tie_word_embeddings=True)
+    recipe = parse_recipe({
+        "merge_method": "task_arithmetic", "base_model": str(base),
+        "models": [{"model": str(donor), "parameters": {"weight": 1.0}},
+                   {"model": str(lang), "parameters": {"weight": 0.5}}],
+        "dtype": "bfloat16", "evaluate": _sets(world),
+        "sweep": {"grid": {"models[0].weight": [0.0, 0.5, 1.0]}, "objective": OBJ}})
+    with torch_threads(1):
+        result = run_sweep(recipe, tmp_path / "out", device="cpu")
+    board = result.board
+    assert len({json.dumps(r.scores, sort_keys=True) for r in board.rows}) == 3
+    assert shard_folders == [board.winner]
+    assert {m.label: m.dtype for m in result.report.models} == {
+        "c00": "float32", "c01": "float32", "c02": "float32"}
+    separate = _separately(recipe, tmp_path / "separate")
+    assert {r.id: r.scores for r in board.rows} == _scores(separate)
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["tie_word_embeddings"] is True and config["dtype"] == "bfloat16"
+    assert (tmp_path / "out" / "model.safetensors").read_bytes() == (
+        tmp_path / "separate" / str(board.winner) / "model.safetensors").read_bytes()
+
+
 def test_model_sink_checks_names_and_shapes_and_skips_tied_copies(tmp_path: Path) -> None:
-    from maec_core.eval.runner import load_model
+    from maec_core.eval.loading import load_model
     from maec_core.io.writer import OutputTensor
     from maec_core.sweep.scoring import ModelSink
 
