@@ -64,6 +64,11 @@ class CheckpointError(MaecError):
     code = "invalid_checkpoint"
 
 
+class NamesDiffer(CheckpointError):
+    """A checkpoint's tensor names are not the names of its model's weights: transformers
+    converts such checkpoints as it loads them (e.g. fused mixture-of-experts weights)."""
+
+
 class PickleRefused(CheckpointError):
     """A pickle checkpoint (*.bin, *.pt, ...) was offered: refused, never unpickled."""
 

@@ -19,7 +19,11 @@ Cost discipline (the point of a sweep over separate jobs):
   that folder holds what was scored, and one more merge costs less than writing
   candidates to keep the best so far. ``publish: all`` (and a LoRA output, an adapter
   of the merge rather than its tensors) writes every candidate's folder (``keep``
-  publishes it) and scores it from there, keeping the best so far on disk;
+  publishes it) and scores it from there, keeping the best so far on disk. So does a
+  model whose checkpoint names are not its weights' names (transformers converts them
+  as it loads, e.g. Mixtral's experts, stored one by one and held fused): no candidate
+  can go into it by name, so each is written and loaded afresh, as a separate
+  evaluation loads it;
 - every temporary folder is removed, on success, failure or cancel.
 """
 
@@ -35,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from maec_core.errors import Cancelled, OutputExists
+from maec_core.errors import Cancelled, NamesDiffer, OutputExists
 from maec_core.eval.report import EvalReport, ModelResult
 from maec_core.eval.sets import LoadedSet, load_sets
 from maec_core.maec.store import ArtifactStore, LocalArtifactStore
@@ -169,6 +173,22 @@ def run_sweep(
                        time.perf_counter() - started)
 
 
+class _CountingStore:
+    """The sweep's artifact store, counting the ability vectors stored through it (an
+    extraction stores one), so a merge retried after one is still counted."""
+
+    def __init__(self, inner: ArtifactStore) -> None:
+        self.inner = inner
+        self.puts = 0
+
+    def get(self, key: str) -> Path | None:
+        return self.inner.get(key)
+
+    def put(self, key: str, folder: Path) -> None:
+        self.inner.put(key, folder)
+        self.puts += 1
+
+
 class _Sweep:
     """One sweep's run: the candidates in grid order, the best so far remembered (kept
     on disk when candidates are written)."""
@@ -179,12 +199,14 @@ class _Sweep:
                  resident_budget: int | None = None) -> None:
         assert recipe.sweep is not None
         self.recipe, self.spec, self.cands, self.tmp = recipe, recipe.sweep, cands, tmp
-        self.store, self.device, self.progress = store, device, progress
+        self.store, self.device, self.progress = _CountingStore(store), device, progress
         self.cancel, self.hash_cache = cancel, hash_cache
         self.keep = keep if recipe.sweep.publish == "all" else None
         # A LoRA output is an adapter of the merge, not the merge a sink receives.
         lora = recipe.output is not None and recipe.output.format == "lora"
         self.in_memory = recipe.sweep.publish == "best" and not lora
+        # Each candidate loaded afresh from its folder (see _candidate).
+        self.fresh_loads = False
         self.state = _State()
         self.resident_budget = resident_budget
         self.memory: SweepMemory | None = None
@@ -259,11 +281,24 @@ class _Sweep:
         folder = self.tmp / cand.id
         t0 = time.perf_counter()
         written = not self.in_memory
-        if written:
-            extracted = self._merge(cand, folder)
-            slot.load(folder)
+        if not written:
+            puts = self.store.puts
+            try:
+                extracted = self._merge_in_memory(cand, folder, slot)
+            except NamesDiffer:
+                if slot.loaded is not None or self.state.rows:
+                    raise  # the model was built for these names: a broken candidate
+                # The architecture's checkpoint names are not its weights' (transformers
+                # converts them at load, e.g. fused mixture-of-experts weights): no
+                # candidate can be merged into the model by name, so each is written and
+                # loaded, as a separate evaluation does. The merge stopped before
+                # computing anything; an extraction it made is in the store.
+                self.in_memory, self.fresh_loads, written = False, True, True
+                extracted = self._merge(cand, folder) or self.store.puts > puts
         else:
-            extracted = self._merge_in_memory(cand, folder, slot)
+            extracted = self._merge(cand, folder)
+        if written:
+            slot.load(folder, fresh=self.fresh_loads)
         self.state.extractions += int(extracted)
         if self.memory is not None and cand.group is not None and (
                 self.last_of[cand.group] == cand.index):

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from maec_core.errors import CheckpointError, MaecError
+from maec_core.errors import CheckpointError, MaecError, NamesDiffer
 from maec_core.eval.loading import LoadedModel, build_model, load_model, release
 from maec_core.eval.report import ModelResult
 from maec_core.eval.runner import evaluate_set
@@ -56,10 +56,10 @@ def check_names(model: Any, given: set[str], where: str) -> None:
     state, tied = _targets(model)
     unknown = sorted(given - set(state) - tied)
     if unknown:
-        raise CheckpointError(f"{where} has tensors the model does not have: {unknown[:3]}")
+        raise NamesDiffer(f"{where} has tensors the model does not have: {unknown[:3]}")
     missing = sorted(set(dict(model.named_parameters())) - given)
     if missing:
-        raise CheckpointError(f"{where} lacks tensors the model has: {missing[:3]}")
+        raise NamesDiffer(f"{where} lacks tensors the model has: {missing[:3]}")
 
 
 class ModelSink:
@@ -145,11 +145,13 @@ class ModelSlot:
         self.loaded: LoadedModel | None = None
         self._config: dict[str, Any] | None = None
 
-    def load(self, folder: Path) -> LoadedModel:
+    def load(self, folder: Path, *, fresh: bool = False) -> LoadedModel:
         """Put the checkpoint in ``folder`` in the slot: built from it when the slot is
-        empty or holds another architecture, else its tensors copied into the model."""
+        empty, holds another architecture, or ``fresh`` is asked (a checkpoint whose
+        names transformers converts as it loads, which only a load can read), else its
+        tensors copied into the model."""
         config = _architecture(folder)
-        if self.loaded is None or config != self._config:
+        if fresh or self.loaded is None or config != self._config:
             self.close()
             self.loaded, self._config = load_model(folder, self.device), config
             return self.loaded

@@ -736,3 +736,57 @@ def test_board_says_whether_the_language_base_was_held(
     json_board = json.loads((held_and_streamed["held"].out_dir / "leaderboard.json")
                             .read_text())
     assert json_board["resident"]["language_base"] is True
+
+
+def _tiny_mixtral(path: Path, seed: int, like: Path | None = None) -> Path:
+    """A seeded two-expert Mixtral: its checkpoint stores each expert's weights by name,
+    which transformers fuses into one tensor per layer as it loads."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = MixtralConfig(vocab_size=tiny_tokenizer().vocab_size, hidden_size=32,
+                        intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, num_local_experts=2, num_experts_per_tok=1,
+                        max_position_embeddings=64)
+    model = MixtralForCausalLM(cfg)
+    if like is not None:
+        base = MixtralForCausalLM.from_pretrained(like, dtype=torch.float32)
+        with torch.no_grad():
+            for p, q in zip(model.parameters(), base.parameters(), strict=True):
+                p.copy_(q + 0.02 * torch.randn_like(q))
+    model.save_pretrained(path)
+    tiny_tokenizer().save_pretrained(path)
+    return path
+
+
+def test_a_model_whose_checkpoint_names_transformers_converts_is_swept_from_folders(
+        world: dict[str, Path], tmp_path: Path) -> None:
+    """Mixtral's checkpoint names its experts one by one; the loaded model holds them
+    fused. No candidate can be merged into that model by name, so the sweep writes and
+    loads each one, as a separate evaluation does: the same scores, the extraction
+    counted once, and nothing left behind."""
+    from maec_core.eval.runner import evaluate
+    from maec_core.run import run
+    from maec_core.sweep.inputs import eval_spec
+
+    base = _tiny_mixtral(tmp_path / "m-base", 0)
+    donor = _tiny_mixtral(tmp_path / "m-donor", 1, like=base)
+    lang = _tiny_mixtral(tmp_path / "m-lang", 2, like=base)
+    recipe = parse_recipe({
+        "merge_method": "maec", "base_model": str(base), "language_base": str(lang),
+        "abilities": [{"model": str(donor)}], "parameters": {"selection_ratio": 1.0},
+        "evaluate": _sets(world)[:1],
+        "sweep": {"grid": {"key_ratio": [0.5], "mu": [0.5, 1.0]}, "objective": OBJ}})
+    work = tmp_path / "work"
+    with torch_threads(1):
+        result = run_sweep(recipe, tmp_path / "out", device="cpu", work_dir=work)
+        board = result.board
+        assert result.extractions == 1 and [r.extracted for r in board.rows] == [True, False]
+        store = LocalArtifactStore(tmp_path / "store")
+        for cand in candidates(recipe):
+            run(cand.recipe, tmp_path / cand.id, artifact_store=store, device="cpu")
+            alone = evaluate(tmp_path / cand.id, eval_spec(recipe), device="cpu")
+            assert board.row(cand.id).scores == {s.name: s.value
+                                                 for s in alone.models[0].sets}
+    assert list(work.iterdir()) == []
+    assert (tmp_path / "out" / "leaderboard.json").is_file()
