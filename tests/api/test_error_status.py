@@ -15,7 +15,7 @@ LIBRARY_ERRORS = [c for _, c in inspect.getmembers(errors, inspect.isclass)
 EXPECTED = {
     errors.MaecError: 400, errors.RecipeError: 422, errors.EmptySelection: 422,
     errors.SourceError: 422, errors.SourceNotFound: 422, errors.SourceChanged: 422,
-    errors.CheckpointError: 422, errors.PickleRefused: 422,
+    errors.CheckpointError: 422, errors.NamesDiffer: 422, errors.PickleRefused: 422,
     errors.CorruptCheckpoint: 422, errors.UnsupportedDtype: 422,
     errors.IncompatibleCheckpoints: 422, errors.NonFiniteOutput: 422,
     errors.ArtifactMismatch: 422, errors.CorpusError: 422, errors.OutputExists: 409,
