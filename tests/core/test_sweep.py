@@ -441,6 +441,19 @@ def test_whole_tensor_method_in_memory_with_output_cast(
         tmp_path / "separate" / board.winner / "model.safetensors").read_bytes()
 
 
+def _cancelled_sweep(world: dict[str, Path], tmp_path: Path, progress: Any,
+                     started: list[int], stages: list[str]) -> None:
+    """A sweep cancelled once ``progress`` has seen the combine stage; nothing is left in
+    its work folder nor at its output."""
+    with torch_threads(1), pytest.raises(Cancelled):
+        run_sweep(_maec(world, {"grid": GRID, "objective": OBJ}), tmp_path / "out",
+                  device="cpu", work_dir=tmp_path / "work", progress=progress,
+                  announce=lambda i, n: started.append(i),
+                  cancel=lambda: "combine" in stages)
+    assert list((tmp_path / "work").iterdir()) == []
+    assert not (tmp_path / "out").exists()
+
+
 def test_cancel_during_an_in_memory_merge(world: dict[str, Path], tmp_path: Path) -> None:
     started: list[int] = []
     stages: list[str] = []
@@ -449,15 +462,9 @@ def test_cancel_during_an_in_memory_merge(world: dict[str, Path], tmp_path: Path
         if started and started[-1] >= 1:
             stages.append(stage)
 
-    with torch_threads(1), pytest.raises(Cancelled):
-        run_sweep(_maec(world, {"grid": GRID, "objective": OBJ}), tmp_path / "out",
-                  device="cpu", work_dir=tmp_path / "work", progress=progress,
-                  announce=lambda i, n: started.append(i),
-                  cancel=lambda: "combine" in stages)
+    _cancelled_sweep(world, tmp_path, progress, started, stages)
     # Candidate c01 was being merged into the model when the cancel came.
     assert started == [0, 1] and "combine" in stages
-    assert list((tmp_path / "work").iterdir()) == []
-    assert not (tmp_path / "out").exists()
 
 
 def test_cancel_during_the_first_merge_leaves_nothing(
@@ -481,15 +488,9 @@ def test_cancel_during_the_first_merge_leaves_nothing(
         if built and done > 0:  # the merge's own progress, once the model is built
             stages.append(stage)
 
-    with torch_threads(1), pytest.raises(Cancelled):
-        run_sweep(_maec(world, {"grid": GRID, "objective": OBJ}), tmp_path / "out",
-                  device="cpu", work_dir=tmp_path / "work", progress=progress,
-                  announce=lambda i, n: started.append(i),
-                  cancel=lambda: "combine" in stages)
+    _cancelled_sweep(world, tmp_path, progress, started, stages)
     # c00's tensors were going into the model built from its definition files.
     assert started == [0] and len(built) == 1
-    assert list((tmp_path / "work").iterdir()) == []
-    assert not (tmp_path / "out").exists()
 
 
 def test_tied_embeddings_and_an_output_cast_score_as_separate_jobs(
