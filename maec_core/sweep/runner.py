@@ -174,8 +174,8 @@ def run_sweep(
 
 
 class _CountingStore:
-    """The sweep's artifact store, counting the ability vectors stored through it (an
-    extraction stores one), so a merge retried after one is still counted."""
+    """The sweep's artifact store, counting the ability vectors stored through it: a
+    candidate whose merge stored one extracted it."""
 
     def __init__(self, inner: ArtifactStore) -> None:
         self.inner = inner
@@ -205,8 +205,6 @@ class _Sweep:
         # A LoRA output is an adapter of the merge, not the merge a sink receives.
         lora = recipe.output is not None and recipe.output.format == "lora"
         self.in_memory = recipe.sweep.publish == "best" and not lora
-        # Each candidate loaded afresh from its folder (see _candidate).
-        self.fresh_loads = False
         self.state = _State()
         self.resident_budget = resident_budget
         self.memory: SweepMemory | None = None
@@ -280,25 +278,27 @@ class _Sweep:
                    inputs: list[ModelResult], reference: dict[str, float]) -> None:
         folder = self.tmp / cand.id
         t0 = time.perf_counter()
-        written = not self.in_memory
-        if not written:
-            puts = self.store.puts
+        puts = self.store.puts
+        if self.in_memory:
             try:
-                extracted = self._merge_in_memory(cand, folder, slot)
+                self._merge_in_memory(cand, folder, slot)
             except NamesDiffer:
                 if slot.loaded is not None or self.state.rows:
                     raise  # the model was built for these names: a broken candidate
                 # The architecture's checkpoint names are not its weights' (transformers
                 # converts them at load, e.g. fused mixture-of-experts weights): no
                 # candidate can be merged into the model by name, so each is written and
-                # loaded, as a separate evaluation does. The merge stopped before
-                # computing anything; an extraction it made is in the store.
-                self.in_memory, self.fresh_loads, written = False, True, True
-                extracted = self._merge(cand, folder) or self.store.puts > puts
+                # loaded, as a separate evaluation does (the slot loads them afresh).
+                # The merge stopped before computing anything.
+                self.in_memory = False
+                self._merge(cand, folder)
         else:
-            extracted = self._merge(cand, folder)
+            self._merge(cand, folder)
+        written = not self.in_memory
         if written:
-            slot.load(folder, fresh=self.fresh_loads)
+            slot.load(folder)
+        # An extraction stores its ability vector, also in a merge retried above.
+        extracted = self.store.puts > puts
         self.state.extractions += int(extracted)
         if self.memory is not None and cand.group is not None and (
                 self.last_of[cand.group] == cand.index):
@@ -332,25 +332,23 @@ class _Sweep:
         elif folder is not None:
             shutil.rmtree(folder, ignore_errors=True)
 
-    def _merge_in_memory(self, cand: Candidate, folder: Path, slot: ModelSlot) -> bool:
+    def _merge_in_memory(self, cand: Candidate, folder: Path, slot: ModelSlot) -> None:
         """Merge one candidate straight into the model in ``slot``; the first one
-        builds that model, from the definition files its merge writes (no weights);
-        whether an ability vector was extracted."""
+        builds that model, from the definition files its merge writes (no weights)."""
         if slot.loaded is not None:
-            return self._merge(cand, folder, sink=slot.sink)
+            self._merge(cand, folder, sink=slot.sink)
+            return
         skeleton = self.tmp / ".skeleton"
         try:
-            return self._merge(cand, folder, sink=functools.partial(slot.sink,
-                                                                    skeleton=skeleton),
-                               skeleton=skeleton)
+            self._merge(cand, folder, sink=functools.partial(slot.sink, skeleton=skeleton),
+                        skeleton=skeleton)
         finally:
             shutil.rmtree(skeleton, ignore_errors=True)  # read once, as the model was built
 
     def _merge(self, cand: Candidate, folder: Path, sink: SinkFn | None = None,
-               skeleton: Path | None = None) -> bool:
+               skeleton: Path | None = None) -> None:
         """Merge one candidate into ``folder``, or into ``sink`` when given (no weights
-        are written then; the definition files to ``skeleton`` when given); whether an
-        ability vector was extracted."""
+        are written then; the definition files to ``skeleton`` when given)."""
         from maec_core.maec.pipeline import combine, report_cosines
         from maec_core.run import run
 
@@ -363,10 +361,10 @@ class _Sweep:
                         if sink is not None or resident is not None else None)}
         if stored is not None:
             combine(cand.recipe, stored[0], folder, cosines=stored[1], **kw)
-            return False
+            return
         result = run(cand.recipe, folder, artifact_store=self.store, **kw)
         if cand.group is None:
-            return False
+            return
         report = result.report or {}
         dirs = [self.store.get(k) for k in report.get("artifact_keys", [])]
         if all(d is not None for d in dirs):
@@ -374,7 +372,6 @@ class _Sweep:
             self.state.groups[cand.group] = (held, report_cosines(report))
             if self.memory is not None and self.last_of[cand.group] > cand.index:
                 self.memory.hold_group(cand.group, held)
-        return not all(a.get("artifact_reused") for a in report.get("abilities", []))
 
     def _board(self, winner: str, why: str, reference: dict[str, float]) -> Leaderboard:
         c = self.spec.constraint
@@ -383,13 +380,10 @@ class _Sweep:
             _sense, bound = c.limit(reference.get(c.set))
             constraint = {**c.model_dump(mode="json", exclude_none=True), "bound": bound,
                           "text": c.describe(reference.get(c.set))}
-        obj = self.spec.objective
         return Leaderboard(
             knobs=list(self.spec.grid), rows=self.state.rows, winner=winner, why=why,
-            objective={"set": obj.set, "metric": obj.metric, "goal": obj.direction},
+            objective=self.spec.objective.summary(),
             constraint=constraint, reference=reference,
-            tie_break=None if self.spec.tie_break is None else {
-                "set": self.spec.tie_break.set, "metric": self.spec.tie_break.metric,
-                "goal": self.spec.tie_break.direction},
+            tie_break=None if self.spec.tie_break is None else self.spec.tie_break.summary(),
             extractions=self.state.extractions, publish=self.spec.publish,
             resident=self.memory.summary if self.memory is not None else None)

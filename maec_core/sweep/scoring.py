@@ -144,21 +144,28 @@ class ModelSlot:
         self.device = device
         self.loaded: LoadedModel | None = None
         self._config: dict[str, Any] | None = None
+        # Whether the loaded model's checkpoints name its weights as it does: not when
+        # transformers converted the names as it loaded (e.g. Mixtral's experts, stored
+        # one by one and held fused), and then only a fresh load can read the next one.
+        self._by_name = True
 
-    def load(self, folder: Path, *, fresh: bool = False) -> LoadedModel:
+    def load(self, folder: Path) -> LoadedModel:
         """Put the checkpoint in ``folder`` in the slot: built from it when the slot is
-        empty, holds another architecture, or ``fresh`` is asked (a checkpoint whose
-        names transformers converts as it loads, which only a load can read), else its
-        tensors copied into the model."""
+        empty, holds another architecture, or holds a model whose checkpoints transformers
+        converts as it loads; else its tensors copied into the model."""
         config = _architecture(folder)
-        if fresh or self.loaded is None or config != self._config:
+        folder_info = open_model_folder(folder)
+        if self.loaded is None or config != self._config or not self._by_name:
             self.close()
             self.loaded, self._config = load_model(folder, self.device), config
+            try:
+                check_names(self.loaded.model, set(folder_info.tensors), str(folder))
+            except NamesDiffer:
+                self._by_name = False
             return self.loaded
         from safetensors.torch import load_file
 
         model = self.loaded.model
-        folder_info = open_model_folder(folder)
         check_names(model, set(folder_info.tensors), str(folder))
         _state, tied = _targets(model)
         with torch.no_grad():
@@ -192,7 +199,7 @@ class ModelSlot:
         self.loaded = build_model(skeleton, self.device, given,
                                   check=lambda model: check_names(model, given,
                                                                   "the candidate"))
-        self._config = config
+        self._config, self._by_name = config, True
         return self.loaded
 
     def score(self, label: str, model_dir: str, sets: list[LoadedSet],

@@ -58,6 +58,10 @@ class Objective(BaseModel):
             return self.goal
         return "max" if self.metric == "accuracy" else "min"
 
+    def summary(self) -> dict[str, str]:
+        """As the leaderboard records it: the set, the metric and the goal in force."""
+        return {"set": self.set, "metric": self.metric, "goal": self.direction}
+
 
 class Constraint(BaseModel):
     """A bound every published candidate must meet on one eval set's metric.

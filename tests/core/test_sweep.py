@@ -789,5 +789,10 @@ def test_a_model_whose_checkpoint_names_transformers_converts_is_swept_from_fold
             alone = evaluate(tmp_path / cand.id, eval_spec(recipe), device="cpu")
             assert board.row(cand.id).scores == {s.name: s.value
                                                  for s in alone.models[0].sets}
+        # Candidates written anyway (publish: all) are loaded afresh the same way.
+        every = run_sweep(recipe.model_copy(update={"sweep": recipe.sweep.model_copy(
+            update={"publish": "all"})}), tmp_path / "all", device="cpu",
+            work_dir=work).board  # type: ignore[union-attr]
+        assert [r.scores for r in every.rows] == [r.scores for r in board.rows]
     assert list(work.iterdir()) == []
     assert (tmp_path / "out" / "leaderboard.json").is_file()
