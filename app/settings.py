@@ -145,10 +145,11 @@ class Settings(BaseSettings):
     """Whether `/docs` and `/openapi.json` need an API key; unset: yes, unless in dev
     mode."""
     max_models_per_job: int = Field(default=20, ge=2)
-    """Checkpoints one job may name (donors, bases, controls); more is 422."""
+    """Checkpoints one job may name (donors, bases, controls); more is 422
+    `invalid_recipe`."""
     max_corpus_bytes: int = Field(default=100 * 10**6, ge=1)
-    """Largest ability corpus accepted (100 MB; the gradient pass reads only its token
-    budget of it anyway)."""
+    """Largest ability corpus accepted (100 MB; larger is 422 `invalid_corpus`). The
+    gradient pass reads only its token budget of it anyway."""
     worker_heartbeat_seconds: float = Field(default=5.0, gt=0)
     """How often a worker writes its heartbeat; `/readyz` counts workers seen within three
     of these."""

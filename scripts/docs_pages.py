@@ -34,6 +34,11 @@ variable and what is wrong, never its value (so a raw key or a secret is never p
 storage under `var/`, and its own Redis, and keeps every other default below; it prints
 the rate limits in force when it starts.
 
+The worker's Celery reliability settings are not environment settings: they are in one
+file, `worker/celery_config.py` (acks late, prefetch 1, one task per child, JSON only, and
+a visibility timeout above `MAEC_TASK_TIME_LIMIT`). The job record in Redis is the truth:
+state changes are compare-and-set Lua scripts, so a redelivered message is harmless.
+
 | variable | default | allowed | meaning |
 |---|---|---|---|
 """
