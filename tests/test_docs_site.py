@@ -89,6 +89,7 @@ def test_the_site_builds_strictly_and_self_contained(tmp_path: Path) -> None:
     html = [p for p in (tmp_path / "site").rglob("*.html")]
     assert len(html) >= 12
     for page in html:
+        assert "```" not in page.read_text(), f"{page}: a code fence left open or unparsed"
         refs = re.findall(r"""(?:src|href)=["']([^"']+)["']""", page.read_text())
         outside = [r for r in refs if re.match(r"(https?:)?//", r)]
         assert not outside, (page, outside)
