@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup run test lint demo test-faults soak bench-engine bench-maec bench-api bench-conformance bench-gpu experiment experiment-smoke
+.PHONY: setup run test lint docs demo test-faults soak bench-engine bench-maec bench-api bench-conformance bench-gpu experiment experiment-smoke
 
 setup:
 	@bash scripts/setup.sh
@@ -15,6 +15,7 @@ test: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy maec_core app worker maec_client maec_contract
 	$(LINT_IMPORTS)
+	$(VENV)/bin/mkdocs build --strict --quiet
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 lint: setup
@@ -38,8 +39,15 @@ bench-gpu: setup
 bench-conformance: setup
 	$(PY) -m bench.conformance
 
+# Builds tiny demo checkpoints in var/models/demo the first time (the README's first job).
 run: setup
 	$(PY) -m app.run_local
+
+# docs/: regenerate the pages made from the code (configuration, API reference), then
+# build the site into site/ (`$(VENV)/bin/mkdocs serve` to read it).
+docs: setup
+	$(PY) scripts/docs_pages.py
+	$(VENV)/bin/mkdocs build --strict
 
 demo: setup
 	$(PY) scripts/demo.py

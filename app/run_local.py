@@ -4,8 +4,10 @@ Dev mode (no API keys) unless the environment says ``MAEC_DEV_MODE=false``; then
 API needs the keys in ``MAEC_API_KEYS`` like any deployment, and the settings are checked
 before anything starts. Everything lives under ``var/`` (Redis AOF in var/redis, results
 in var/storage, worker cache in var/work); checkpoints under ``var/models`` (and any
-``MAEC_LOCAL_ROOTS``) can be named as sources. Ports: ``--port`` / ``MAEC_API_PORT``
-(8000) and ``--redis-port`` / ``MAEC_REDIS_PORT`` (a free one).
+``MAEC_LOCAL_ROOTS``) can be named as sources, and tiny demo checkpoints are built in
+``var/models/demo`` when missing (the README's first job names them). Ports: ``--port`` /
+``MAEC_API_PORT`` (8000) and ``--redis-port`` / ``MAEC_REDIS_PORT`` (a free one). The
+documented rate limits stay in force, and the banner prints them.
 
 Ctrl-C, SIGTERM or SIGHUP stops all three, each by the process group this process
 started, and removes ``var/run.json`` (which records the URL and the children's pids);
@@ -157,12 +159,9 @@ def _service_env(var: Path, redis_port: int) -> tuple[dict[str, str], list[str]]
     roots = [str(var / "models")]
     if os.environ.get("MAEC_LOCAL_ROOTS"):
         roots += json.loads(os.environ["MAEC_LOCAL_ROOTS"])
+    # The documented limits stay as they are (docs/configuration.md): the banner prints
+    # the ones in force, and the environment may change them as in any deployment.
     env = {
-        # One local user: per-key request limits would only throttle the demo's polling
-        # and the benchmark (explicit settings in the environment still win).
-        "MAEC_RATE_LIMIT_PER_MINUTE": "1000000",
-        "MAEC_RATE_LIMIT_BURST": "100000",
-        "MAEC_SUBMISSIONS_PER_MINUTE": "100000",
         "MAEC_DEV_MODE": "true",
         **os.environ,
         "MAEC_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
@@ -212,13 +211,53 @@ def _start(var: Path, port: int, redis_port: int, env: dict[str, str],
           logs / "worker.log")
 
 
-def _banner(url: str, var: Path, redis_port: int, roots: list[str], dev: bool) -> str:
+DEMO = ("base", "donor", "lang")
+
+
+def _build_demo_models(var: Path) -> subprocess.Popen[bytes] | None:
+    """Tiny seeded checkpoints for the first job, built in a child (torch stays out of
+    this process) while the services start; None when they are there already."""
     demo = var / "models" / "demo"
+    if all((demo / n / "model.safetensors").is_file() for n in DEMO):
+        return None
+    log = open(var / "logs" / "demo-models.log", "ab")  # noqa: SIM115 - the child's
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "scripts" / "demo.py"), "--build-models",
+         str(var / "models")], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+
+
+def _demo_models_built(builder: subprocess.Popen[bytes] | None, var: Path) -> None:
+    if builder is None:
+        return
+    log = var / "logs" / "demo-models.log"
+    try:
+        code = builder.wait(600)
+    except subprocess.TimeoutExpired:
+        raise SystemExit(f"building the demo checkpoints took over 10 minutes; see {log}") \
+            from None
+    if code != 0:
+        raise SystemExit(f"building the demo checkpoints failed; see {log}:\n"
+                         f"{log.read_text()[-2000:]}")
+
+
+def _limits(settings: Settings) -> str:
+    """The rate limits in force, as the banner states them."""
+    requests = ("off in dev mode (no key to count them against)" if settings.dev_mode else
+                f"{settings.rate_limit_per_minute}/min per key "
+                f"(burst {settings.rate_limit_burst})")
+    return (f"requests {requests}; submissions {settings.submissions_per_minute}/min "
+            f"per key; failed logins {settings.auth_failures_per_minute}/min per address "
+            f"(burst {settings.auth_failure_burst})")
+
+
+def _banner(url: str, var: Path, redis_port: int, roots: list[str],
+            settings: Settings) -> str:
+    demo, dev = var / "models" / "demo", settings.dev_mode
     auth = "" if dev else " -H \"Authorization: Bearer $MAEC_API_KEY\""
     make_demo = ("" if var == (ROOT / "var").resolve() else f"MAEC_VAR={var} ") + \
         ("make demo" if dev else "MAEC_API_KEY=<your key> make demo")
-    build = "" if (demo / "lang" / "model.safetensors").is_file() else (
-        f"  {make_demo}   # first: builds tiny checkpoints in {demo}, runs a MAEC job\n")
     mode = ("DEV MODE: no API keys" if dev else
             "API keys required (MAEC_API_KEYS); export MAEC_API_KEY=<your key> for the "
             "examples")
@@ -228,14 +267,18 @@ maec-service is running ({mode}; 127.0.0.1 only)
   Redis     127.0.0.1:{redis_port}  (AOF in {var / 'redis'})
   storage   {var / 'storage'}
   sources   local folders under {', '.join(roots)}
+  demo      tiny checkpoints in {demo}/{{{','.join(DEMO)}}}
+  limits    {_limits(settings)}
   logs      {var / 'logs'}
 
-Try:
-{build}  curl{auth} {url}/readyz
+Try (README.md, "First job", does this step by step):
+  curl{auth} {url}/readyz
   curl{auth} -X POST {url}/v1/jobs -H 'content-type: application/json' -d '{{
     "method": "maec", "base": "{demo}/base", "ability_donor": ["{demo}/donor"],
     "language_base": "{demo}/lang", "parameters": {{"key_ratio": 0.1, "selection_ratio": 0.75}}}}'
   curl{auth} {url}/v1/jobs/<id>
+  curl{auth} {url}/v1/jobs/<id>/files
+  {make_demo}   # the same job from Python: download, verify, load, generate
 
 Ctrl-C stops everything."""
 
@@ -257,12 +300,15 @@ def main(argv: list[str] | None = None) -> int:
     # default would kill this process alone and orphan the children.
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _raise_stopped)
+    builder: subprocess.Popen[bytes] | None = None
     try:
+        builder = _build_demo_models(var)
         _start(var, args.port, redis_port, env, children, settings.worker_heartbeat_seconds)
+        _demo_models_built(builder, var)
         (var / STATE).write_text(json.dumps({
             "url": url, "pid": os.getpid(), "models": str(var / "models"),
             "children": {c.name: c.proc.pid for c in children}}))
-        print(_banner(url, var, redis_port, roots, settings.dev_mode), flush=True)
+        print(_banner(url, var, redis_port, roots, settings), flush=True)
         while all(c.alive() for c in children):
             time.sleep(0.5)
         dead = [c.name for c in children if not c.alive()]
@@ -275,6 +321,10 @@ def main(argv: list[str] | None = None) -> int:
         # A second signal must not interrupt the stopping and orphan what is left.
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_IGN)
+        if builder is not None and builder.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(builder.pid, signal.SIGKILL)
+            builder.wait(10)
         for child in reversed(children):
             child.stop()
         with contextlib.suppress(FileNotFoundError):

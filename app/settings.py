@@ -45,111 +45,153 @@ def env_name(field: str) -> str:
 
 
 class Settings(BaseSettings):
+    """Each field is ``MAEC_<NAME>``; its docstring is its line in docs/configuration.md
+    (generated from this class: ``make docs``)."""
+
     # hide_input_in_errors: pydantic would otherwise print every offending value (a raw
     # API key, the whole input with the S3 secret for a model-level check) in its errors.
     model_config = SettingsConfigDict(env_prefix="MAEC_", extra="ignore",
-                                      hide_input_in_errors=True)
+                                      hide_input_in_errors=True,
+                                      use_attribute_docstrings=True)
 
     dev_mode: bool = False
-    # key id -> hex sha256 of the key, e.g. MAEC_API_KEYS='{"alice": "<sha256>"}'.
+    """No auth (logged loudly): every request acts as key id `dev`. For `make run` only."""
     api_keys: dict[str, str] = Field(default_factory=dict)
+    """JSON `{"key id": "<hex sha256 of the key>"}`; keys are stored hashed and compared in
+    constant time, and a raw key here is refused."""
 
     redis_url: str = "redis://127.0.0.1:6379/0"
+    """Broker and job store (`deploy/redis.conf`: AOF, `noeviction`)."""
 
     storage_backend: Literal["local", "s3"] = "local"
+    """Where results and ability artifacts are stored: a local directory or an
+    S3-compatible store."""
     storage_dir: Path = Path("var/storage")
+    """The local storage directory (`storage_backend=local`)."""
     s3_endpoint_url: str | None = None
+    """The S3-compatible store's endpoint (unset: AWS's)."""
     s3_bucket: str = "maec"
+    """The bucket results and artifacts go to; `s3://` sources name buckets of this store."""
     s3_region: str = "us-east-1"
+    """The store's region."""
     s3_access_key: str = ""
+    """S3 access key; empty or a well-known default is refused outside dev mode."""
     s3_secret_key: str = ""
-    # Where clients reach the store, when that differs from where the service does
-    # (compose: http://s3:8333 inside, a public name outside); used for presigned URLs.
+    """S3 secret key; empty or a well-known default is refused outside dev mode."""
     s3_public_endpoint_url: str | None = None
+    """Where clients reach the store, when that differs from where the service does
+    (compose: `http://s3:8333` inside, a public name outside); used for presigned URLs."""
     s3_presign_seconds: int = Field(default=300, ge=10, le=3600)
-    # Parts above this size go up as multipart uploads (each part with a checksum).
+    """Lifetime of a presigned download URL (`?redirect=true`)."""
     s3_multipart_bytes: int = Field(default=64 * 1024 * 1024, ge=5 * 1024 * 1024)
+    """Files above this size go up as multipart uploads, each part with a checksum."""
 
     local_roots: list[Path] = Field(default_factory=list)
+    """JSON list of allow-listed local checkpoint roots (absolute paths); `make run` adds
+    `var/models`."""
     hub_enabled: bool = False
+    """Allow `hf://owner/name@<40-hex revision>` sources (safetensors, json and tokenizer
+    files only)."""
 
     # Worker side.
     work_dir: Path = Path("var/work")
-    # The input cache (work_dir/cache): fetched checkpoint and corpus files.
+    """The worker's working directory: the input cache, staging, artifact copies."""
     cache_max_bytes: int = Field(default=50 * 10**9, ge=0)
-    # The worker's local copies of MAEC ability artifacts (work_dir/artifacts), read
-    # instead of downloading while storage still holds them. Least recently used copies
-    # go first; one a running job reads never does (the total may exceed this while
-    # jobs hold more). An artifact is a few percent of its donor's size.
+    """The input cache (`work_dir/cache`): fetched checkpoint and corpus files, least
+    recently used evicted beyond this (50 GB)."""
     artifact_cache_max_bytes: int = Field(default=10 * 10**9, ge=0)
+    """A worker's local copies of MAEC ability artifacts (`work_dir/artifacts`, 10 GB),
+    read instead of downloading only while storage still holds the artifact; least
+    recently used go first, never one a running job reads (the total may exceed this
+    while jobs hold more). An artifact is a few percent of its donor's size."""
     device: str | None = None
-    # Imported once in the worker's prefork parent so every merge child starts with them
-    # loaded (a gradient-importance MAEC job otherwise spends seconds importing the
-    # model class). Importing never initialises CUDA.
+    """The worker's device (`cuda`, `cpu`, ...); unset: CUDA when present, else CPU."""
     preload_modules: list[str] = Field(
         default_factory=lambda: ["transformers.models.llama.modeling_llama"]
     )
+    """Imported once in the worker's prefork parent so every merge child starts with them
+    loaded (a gradient-importance MAEC job otherwise spends seconds importing the model
+    class). Importing never initialises CUDA."""
     max_attempts: int = Field(default=3, ge=1, le=20)
+    """Attempts per job before it fails with `worker_lost`."""
     task_time_limit: int = Field(default=6 * 3600, ge=10)
-    # A running job whose lease is older than this may be re-claimed by a redelivery.
+    """Hard limit per attempt in seconds (`time_limit` code); the broker's visibility
+    timeout is set above it."""
     lease_seconds: int = Field(default=60, ge=2)
+    """A running job whose lease is older than this is re-queued by live workers."""
     progress_interval: float = Field(default=0.5, ge=0.0)
+    """Seconds between a running job's progress writes to its record."""
     cancel_poll_interval: float = Field(default=0.25, ge=0.0)
+    """Seconds between a running job's checks for a cancel request."""
 
     # API side.
     max_active_jobs_per_key: int = Field(default=100, ge=1)
-    # Job submissions per key per minute, as many saved up (429 rate_limited beyond).
+    """Queued and running jobs per key (429 `too_many_jobs` beyond)."""
     submissions_per_minute: int = Field(default=120, ge=1)
+    """Job submissions per key per minute, as many saved up (429 `rate_limited` beyond)."""
     max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
-    # Per key, shared by every API process (app/api/limits.py): sustained rate and
-    # saved-up burst.
+    """Largest request body (413 `request_too_large`)."""
     rate_limit_per_minute: int = Field(default=600, ge=1)
+    """Requests per key per minute, shared by every API process (a token bucket in Redis;
+    429 `rate_limited` with `Retry-After`). Dev mode has no key to count: no limit."""
     rate_limit_burst: int = Field(default=60, ge=1)
-    # Failed authentications per client address (shared by every API process): beyond
-    # them every request from that address is refused until its bucket refills.
+    """Requests per key saved up beyond the sustained rate."""
     auth_failures_per_minute: int = Field(default=60, ge=1)
+    """Failed authentications per client address per minute (shared by every API
+    process); while its bucket is empty every request from that address is refused."""
     auth_failure_burst: int = Field(default=20, ge=1)
-    # /docs and /openapi.json need an API key; unset means "yes, unless in dev mode".
+    """Failed authentications per client address saved up."""
     docs_require_key: bool | None = None
-    # Checkpoints one job may name (donors, bases, controls), and the largest ability
-    # corpus accepted (the gradient pass reads only token_budget tokens of it anyway).
+    """Whether `/docs` and `/openapi.json` need an API key; unset: yes, unless in dev
+    mode."""
     max_models_per_job: int = Field(default=20, ge=2)
+    """Checkpoints one job may name (donors, bases, controls); more is 422
+    `invalid_recipe`."""
     max_corpus_bytes: int = Field(default=100 * 10**6, ge=1)
+    """Largest ability corpus accepted (100 MB; larger is 422 `invalid_corpus`). The
+    gradient pass reads only its token budget of it anyway."""
     worker_heartbeat_seconds: float = Field(default=5.0, gt=0)
-    # The API process's cyclic-GC young-generation threshold (0: Python's default, 700).
-    # Many requests parked on Redis at once keep the default firing thousands of times
-    # a second; see app/api/gc_tuning.py.
+    """How often a worker writes its heartbeat; `/readyz` counts workers seen within three
+    of these."""
     api_gc_threshold: int = Field(default=20_000, ge=0)
+    """The API process's cyclic-GC young-generation threshold, set after start-up objects
+    are frozen (0: Python's default, 700). Many requests parked on Redis at once keep the
+    default firing thousands of times a second; see `app/api/gc_tuning.py`."""
 
-    # Retention and quotas (docs/api.md, "Retention"). Finished jobs and their outputs
-    # are removed this many days after they ended, unless pinned (unset: kept until
-    # deleted). Fractions are allowed (0.5 = twelve hours).
+    # Retention and quotas (docs/api.md, "Retention").
     job_ttl_days: float | None = Field(default=None, gt=0)
-    # Bytes of published outputs one key's jobs may hold (unset: no limit).
+    """Finished, unpinned jobs and their outputs are removed this many days after they
+    ended (fractions allowed: 0.5 is twelve hours); unset: kept until deleted."""
     storage_quota_bytes_per_key: int | None = Field(default=None, ge=1)
-    # An ability artifact no job references is deleted from storage after this long
-    # (it may still be reused meanwhile; a job reusing it restarts the period).
+    """Bytes of published outputs one key's jobs may hold (413 `quota_exceeded`); unset:
+    no limit."""
     artifact_grace_seconds: float = Field(default=7 * 86400, ge=0)
-    # How often one worker (whichever takes the period's lock) runs the retention sweep.
+    """An ability artifact no job references is deleted from storage after this long
+    unused (7 days); a job reusing it meanwhile restarts the period."""
     retention_sweep_seconds: float = Field(default=60.0, gt=0)
+    """How often one worker (whichever takes the period's lock) runs the retention
+    sweep."""
 
-    # Signed job webhooks (app/webhooks/, docs/api.md "Webhooks"). A callback's host
-    # must match an entry: a host name, "*.domain", an IP address or a CIDR network.
-    # Private, loopback and link-local addresses are refused unless an IP entry covers
-    # them. Empty: every callback_url is refused.
+    # Signed job webhooks (app/webhooks/, docs/api.md "Webhooks").
     webhook_allowed_hosts: list[str] = Field(default_factory=list)
-    # key id -> the secret that key's webhooks are signed with, e.g.
-    # MAEC_WEBHOOK_SECRETS='{"alice": "<random, 32+ chars>"}'; never shown back.
+    """JSON list of callback hosts: host names, `*.domain`, IP addresses, CIDR networks.
+    Private, loopback and link-local addresses are refused unless an IP entry covers
+    them. Empty: every `callback_url` is refused."""
     webhook_secrets: dict[str, SecretStr] = Field(default_factory=dict)
+    """JSON `{"key id": "<secret, 16+ characters>"}`: the secret each key's webhooks are
+    signed with; never shown back."""
     webhook_max_attempts: int = Field(default=8, ge=1, le=30)
-    # Attempt n+1 runs min(backoff * 2**(n-1), backoff_max) seconds after attempt n
-    # failed. A waiting attempt is a broker message held unacknowledged, so backoff_max
-    # stays under the visibility timeout (task_time_limit + 600 s).
+    """Delivery attempts per webhook."""
+    # A waiting attempt is a broker message held unacknowledged, so backoff_max stays
+    # under the visibility timeout (task_time_limit + 600 s).
     webhook_backoff_seconds: float = Field(default=10.0, ge=0.05, le=3600)
+    """Attempt n+1 runs min(backoff * 2**(n-1), backoff_max) seconds after attempt n
+    failed: the first wait."""
     webhook_backoff_max_seconds: float = Field(default=3600.0, ge=0.05, le=86400)
-    # Per connect, send and read; the delivery task's time limit
-    # (app/webhooks/delivery.py) assumes at most 30.
+    """The longest wait between attempts (keep it under the task time limit + 600 s)."""
     webhook_timeout_seconds: float = Field(default=10.0, gt=0, le=30)
+    """Per connect, send and read; the delivery task's time limit
+    (`app/webhooks/delivery.py`) assumes at most 30."""
 
     @field_validator("webhook_allowed_hosts")
     @classmethod

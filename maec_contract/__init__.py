@@ -12,6 +12,7 @@ from maec_contract.jobs import (
     EvalTable,
     Evaluation,
     FileInfo,
+    FileList,
     Job,
     JobPage,
     JobResult,
@@ -24,7 +25,7 @@ from maec_contract.jobs import (
 from maec_contract.requests import JobRequest, NamedJob, RecipeJob
 
 __all__ = [
-    "STATUSES", "TERMINAL", "ErrorBody", "EvalTable", "Evaluation", "FileInfo", "Job",
+    "STATUSES", "TERMINAL", "ErrorBody", "EvalTable", "Evaluation", "FileInfo", "FileList", "Job",
     "JobPage", "JobRequest", "JobResult", "JobStatus", "LeaderboardRow", "NamedJob",
     "Progress", "RecipeJob", "SweepSummary", "WebhookDelivery",
 ]

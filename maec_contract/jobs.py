@@ -166,3 +166,12 @@ class JobPage(_Answer):
 
     jobs: list[Job]
     next_cursor: str | None = None
+
+
+class FileList(_Answer):
+    """``GET /v1/jobs/{id}/files``: what the job published, from its manifest (the
+    manifest itself last). Empty until the job has succeeded; ``status`` says where it is."""
+
+    job_id: str
+    status: StatusText
+    files: list[FileInfo] = Field(default_factory=list)

@@ -5,6 +5,9 @@ duration. Builds tiny seeded Llama checkpoints (base, English "math" donor, targ
 language model) under var/models/demo, submits a MAEC job, shows its progress, downloads
 every file, checks each sha256 against the manifest, loads the result with transformers,
 generates a few tokens, and ends with ``DEMO OK job=<id>``.
+
+``demo.py --build-models DIR`` only builds the checkpoints (under ``DIR/demo``, where they
+are missing): what ``make run`` calls, so the README's first job has its sources.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -51,15 +55,21 @@ def find_service(var: Path) -> tuple[str, Path, subprocess.Popen[bytes] | None]:
 
 
 def build_models(models: Path) -> dict[str, Path]:
-    from tests.factories import make_llama
-
     demo = models / "demo"
     paths = {n: demo / n for n in ("base", "donor", "lang")}
     if not all((p / "model.safetensors").is_file() for p in paths.values()):
-        print(f"building tiny checkpoints in {demo}")
-        make_llama(paths["base"], 0)
-        make_llama(paths["donor"], 1, like=paths["base"], noise=0.05)
-        make_llama(paths["lang"], 2, like=paths["base"])
+        from tests.factories import make_llama
+
+        print(f"building tiny checkpoints in {demo}", flush=True)
+        # Written beside, then renamed: a run stopped halfway leaves no folder that
+        # looks complete.
+        staging = models / ".demo.partial"
+        shutil.rmtree(staging, ignore_errors=True)
+        make_llama(staging / "base", 0)
+        make_llama(staging / "donor", 1, like=staging / "base", noise=0.05)
+        make_llama(staging / "lang", 2, like=staging / "base")
+        shutil.rmtree(demo, ignore_errors=True)
+        staging.rename(demo)
     return paths
 
 
@@ -72,6 +82,9 @@ def show(job: dict[str, Any]) -> None:
 
 
 def main() -> int:
+    if sys.argv[1:2] == ["--build-models"] and len(sys.argv) == 3:
+        build_models(Path(sys.argv[2]))
+        return 0
     var = Path(os.environ.get("MAEC_VAR", ROOT / "var")).resolve()
     url, models, started = find_service(var)
     headers = {}
@@ -92,7 +105,7 @@ def main() -> int:
             print(f"submitted {job['id']} ({r.headers['location']})")
             while job["status"] not in ("succeeded", "failed", "cancelled"):
                 show(job)
-                time.sleep(0.1)
+                time.sleep(0.25)  # 4 polls a second: well inside the request limit
                 job = c.get(f"/v1/jobs/{job['id']}").json()
             show(job)
             print()

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One-time set-up on a fresh machine: a virtualenv with the pinned dependencies, a
-# redis-server binary (Debian's) for the local run and the tests, and Debian's chromium
-# with its driver for the /ui browser tests. Idempotent and quick when nothing changed.
+# redis-server binary (Debian's) for the local run and the tests, Debian's jq for the
+# README's first job, and Debian's chromium with its driver for the /ui browser tests.
+# Idempotent and quick when nothing changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -25,6 +26,14 @@ if ! command -v redis-server >/dev/null 2>&1; then
     apt-get update -qq && apt-get install -y -qq redis-server >/dev/null
   else
     sudo apt-get update -qq && sudo apt-get install -y -qq redis-server >/dev/null
+  fi
+fi
+if ! command -v jq >/dev/null 2>&1; then
+  echo "setup: jq not found; installing Debian's jq (the README's first job uses it)" >&2
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && apt-get install -y -qq jq >/dev/null
+  else
+    sudo apt-get update -qq && sudo apt-get install -y -qq jq >/dev/null
   fi
 fi
 if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then

@@ -42,6 +42,7 @@ def _job_link(operation_id: str, job_id: str, **extra: str) -> dict[str, Any]:
 _GET = "get_job_v1_jobs__job_id__get"
 _CANCEL = "cancel_job_v1_jobs__job_id__cancel_post"
 _FILE = "get_file_v1_jobs__job_id__files__path__get"
+_FILES = "list_files_v1_jobs__job_id__files_get"
 _PIN = "pin_job_v1_jobs__job_id__pin_post"
 _DELETE = "delete_job_v1_jobs__job_id__delete"
 SUBMIT_LINKS: dict[str, Any] = {
@@ -49,6 +50,7 @@ SUBMIT_LINKS: dict[str, Any] = {
     "CancelJob": _job_link(_CANCEL, "$response.body#/id"),
     "PinJob": _job_link(_PIN, "$response.body#/id"),
     "DeleteJob": _job_link(_DELETE, "$response.body#/id"),
+    "ListFiles": _job_link(_FILES, "$response.body#/id"),
     "GetManifest": _job_link(_FILE, "$response.body#/id", path="manifest.json"),
 }
 LIST_LINKS: dict[str, Any] = {

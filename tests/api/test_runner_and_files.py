@@ -79,6 +79,39 @@ def test_job_runs_publishes_and_serves_ranges(api: Api) -> None:
     assert _runner(api).run(jid) == "done"
 
 
+def test_files_lists_what_the_job_published_to_its_owner_only(api: Api) -> None:
+    jid = str(api.submit()["id"])
+    for url in (f"/v1/jobs/{jid}/files", f"/v1/jobs/{jid}/files/"):
+        early = api.client.get(url, headers=api.auth())
+        assert early.status_code == 200, url
+        assert early.json() == {"job_id": jid, "status": "queued", "files": []}
+    assert _runner(api).run(jid) == "succeeded"
+    manifest = _job(api, jid)["result"]["manifest"]
+    for url in (f"/v1/jobs/{jid}/files", f"/v1/jobs/{jid}/files/"):
+        r = api.client.get(url, headers=api.auth())
+        assert r.status_code == 200, url
+        body = r.json()
+        assert (body["job_id"], body["status"]) == (jid, "succeeded")
+        listed = {f["path"]: f for f in body["files"]}
+        assert set(listed) == {f["path"] for f in manifest["files"]} | {"manifest.json"}
+        for entry in manifest["files"]:
+            got = listed[entry["path"]]
+            assert (got["size"], got["sha256"]) == (entry["size"], entry["sha256"])
+        for name, f in listed.items():
+            content = api.client.get(f["url"], headers=api.auth()).content
+            assert len(content) == f["size"] and \
+                hashlib.sha256(content).hexdigest() == f["sha256"], name
+        other = api.client.get(url, headers=api.auth("bob"))
+        assert other.status_code == 404 and other.json()["code"] == "job_not_found"
+    assert api.client.get(f"/v1/jobs/{jid}/files").status_code == 401
+    missing = api.client.get("/v1/jobs/j_0123/files", headers=api.auth())
+    assert missing.status_code == 404 and missing.json()["code"] == "job_not_found"
+    spec = api.client.get("/openapi.json", headers=api.auth()).json()
+    listing = spec["paths"]["/v1/jobs/{job_id}/files"]["get"]
+    assert listing["responses"]["200"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/FileList"}
+
+
 class CancelAt(WorkerJobStore):
     """The real store, plus a user pressing cancel when the job reaches ``stage``."""
 

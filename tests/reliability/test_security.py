@@ -93,7 +93,7 @@ def test_a_key_never_sees_another_keys_jobs_or_files(st: Stack,
     files = [f["url"] for f in alice_job["result"]["files"]]
     with st.client("bob") as bob, st.client("alice") as alice:
         missing = bob.get("/v1/jobs/j_000000000000deadbeef0000").json()
-        for path in (f"/v1/jobs/{jid}", *files):
+        for path in (f"/v1/jobs/{jid}", f"/v1/jobs/{jid}/files", *files):
             resp = bob.get(path)
             assert resp.status_code == 404, (path, resp.text)
             assert resp.json()["code"] == "job_not_found"

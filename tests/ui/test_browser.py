@@ -5,7 +5,7 @@ Log in, see the submit form repeat the API's error, submit a MAEC job, watch it 
 ``succeeded``, download a file and check its sha256, see another key's job refused,
 filter the list, cancel a job. A screenshot of each view is saved (PNG) under
 ``$MAEC_UI_SCREENSHOTS`` when set (``MAEC_UI_SCREENSHOTS=docs/screenshots`` refreshes the
-README's), else under the test's temporary directory.
+ones docs/client.md shows), else under the test's temporary directory.
 
 Skipped only when Debian's ``chromium`` / ``chromedriver`` are not installed
 (``scripts/setup.sh`` installs them).

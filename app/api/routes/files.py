@@ -1,4 +1,5 @@
-"""GET /v1/jobs/{id}/files/{path}: published files, with single-range support.
+"""GET /v1/jobs/{id}/files: the published files; GET /v1/jobs/{id}/files/{path}: one of
+them, with single-range support.
 
 Only paths listed in the job's result (the manifest's files plus manifest.json) are
 served, so a path can never name anything else in storage.
@@ -19,6 +20,7 @@ from app.api.errors import ApiError
 from app.api.routes.jobs import check_id, not_found
 from app.api.schemas import PROBLEMS
 from app.storage.base import StorageError
+from maec_contract import FileList
 
 router = APIRouter(prefix="/v1/jobs", tags=["files"], responses=PROBLEMS)
 # At most 19 digits a number (every file size fits in that): a longer one does not match,
@@ -78,6 +80,24 @@ def _unsatisfiable(size: int) -> ApiError:
                     headers={"Content-Range": f"bytes */{size}"}, size=size)
 
 
+@router.get("/{job_id}/files", response_model=FileList)
+async def list_files(job_id: str, auth: Auth) -> FileList:
+    """What the job published (path, size, sha256, download URL), from its manifest;
+    empty until it has succeeded. Another key's job is a 404, as for the job itself."""
+    check_id(job_id)
+    rec = await auth.svc.store.get(job_id, auth.owner)
+    if rec is None:
+        raise not_found(job_id)
+    files = (rec.result or {}).get("files", []) if rec.status == "succeeded" else []
+    return FileList(job_id=job_id, status=rec.status, files=files)
+
+
+# "/files/" too: registered before the file route, whose empty path would otherwise
+# answer it with a 404.
+router.add_api_route("/{job_id}/files/", list_files, methods=["GET"],
+                     response_model=FileList, include_in_schema=False)
+
+
 @router.get("/{job_id}/files/{path:path}", response_class=StreamingResponse,
             responses={206: {"description": "partial content"},
                        307: {"description": "redirect to a presigned URL"}})
@@ -85,6 +105,8 @@ async def get_file(
     job_id: str, path: str, request: Request, auth: Auth,
     redirect: Annotated[bool, Query()] = False,
 ) -> Response:
+    """One published file's bytes, with a sha256 `ETag` and single-range support;
+    `?redirect=true` on S3 storage answers 307 to a short-lived presigned URL."""
     owner, svc = auth.owner, auth.svc
     check_id(job_id)
     rec = await svc.store.get(job_id, owner)

@@ -1,0 +1,85 @@
+"""The README's first job, run verbatim with bash against a service started as `make run`
+starts it (python -m app.run_local, demo checkpoints included), on free ports: only the
+base URL differs (``MAEC_URL``), and the block runs from a directory standing in for the
+repository root, so its ``var/`` is the run's."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.stack import ROOT, free_port, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def readme_first_job() -> str:
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## First job"):]
+    block = re.search(r"```bash\n(.*?)```", section, re.S)
+    assert block is not None, "the README's first job has no bash block"
+    return block.group(1)
+
+
+def test_the_readme_first_job_runs_verbatim_after_make_run(tmp_path: Path) -> None:
+    script = readme_first_job()
+    assert "$MAEC_URL" in script and "8000" in script
+    port = free_port()
+    # `make run` with no MAEC_* settings of the test run leaking into it.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MAEC_")}
+    log = tmp_path / "run_local.out"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "app.run_local", "--var", str(tmp_path / "var"),
+             "--port", str(port)], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True)
+    try:
+        state = tmp_path / "var" / "run.json"
+        wait_for(lambda: state.is_file() or proc.poll() is not None, 600, "run.json")
+        assert state.is_file(), log.read_text()[-3000:]
+        url = json.loads(state.read_text())["url"]
+        banner = log.read_text()
+        assert "limits    requests off in dev mode" in banner, banner
+        assert "submissions 120/min per key" in banner, banner
+        run = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=tmp_path,
+                             env={**env, "MAEC_URL": url}, capture_output=True, text=True,
+                             timeout=600)
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        _check_outcome(url, tmp_path, run.stdout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)  # run_local stops its children
+            try:
+                proc.wait(90)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+
+
+def _check_outcome(url: str, root: Path, stdout: str) -> None:
+    m = re.search(r"^(j_\w+) succeeded$", stdout, re.M)
+    assert m is not None, stdout
+    job_id = m.group(1)
+    job = httpx.get(f"{url}/v1/jobs/{job_id}").json()
+    assert job["status"] == "succeeded" and job["method"] == "maec"
+    listing = httpx.get(f"{url}/v1/jobs/{job_id}/files").json()["files"]
+    names = {f["path"] for f in listing}
+    assert {"model.safetensors", "config.json", "maec_report.json", "manifest.json"} <= names
+    for f in listing:  # the block printed the listing: path, size, sha256
+        assert f"{f['path']}\t{f['size']}\t{f['sha256']}" in stdout
+    out = root / "var" / "first-job"
+    for f in listing:
+        data = (out / f["path"]).read_bytes()
+        assert len(data) == f["size"] and hashlib.sha256(data).hexdigest() == f["sha256"]
+        assert f"{f['path']}: OK" in stdout  # sha256sum -c
+    sums = (out / "SHA256SUMS").read_text().splitlines()
+    assert len(sums) == len(listing)
