@@ -1,0 +1,185 @@
+"""Build a mixture of experts from dense checkpoints: the ``mergekit-moe`` counterpart.
+
+Headers are checked and the output planned first (:mod:`maec_core.moe.plan`), then the
+router rows are computed (:mod:`maec_core.moe.gates`), and only then is the output
+written, one tensor at a time: each piece of an output tensor (an expert's MLP matrix)
+is read, scaled or noised as its expert asks, cast and appended to the shard, so memory
+holds one input tensor, never a model (the ``hidden`` gate mode excepted: like
+mergekit-moe it runs the base model on the prompts, in bfloat16, before writing starts).
+The folder is staged and renamed into place complete, its manifest written last; a
+failure or cancellation leaves nothing at the output path.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from maec_core.checksums import BackgroundHasher
+from maec_core.errors import Cancelled, NonFiniteOutput
+from maec_core.io.folder import ModelFolder, open_model_folder
+from maec_core.io.output import StagedOutput
+from maec_core.io.reader import TensorReader
+from maec_core.io.writer import OutputTensor, ShardedWriter, tensor_bytes
+from maec_core.manifest import MANIFEST_NAME, build_manifest
+from maec_core.moe.config import MoeConfig
+from maec_core.moe.gates import gate_vectors
+from maec_core.moe.hf_config import output_config_json
+from maec_core.moe.layout import MoeTensor, Piece
+from maec_core.moe.plan import MoePlan, plan_moe
+from maec_core.runtime import CancelFn, MergeResult, ProgressFn, torch_dtype
+
+__all__ = ["build_moe", "open_sources"]
+
+CONFIG_NAME = "moe_config.yaml"
+STAGE = "moe"
+
+
+def open_sources(config: MoeConfig) -> dict[str, ModelFolder]:
+    """Every checkpoint the config names, validated (headers and configs only)."""
+    return {ref: open_model_folder(ref) for ref in config.sources()}
+
+
+def _finite(t: torch.Tensor) -> bool:
+    if t.numel() == 0:
+        return True
+    lo, hi = torch.aminmax(t)
+    return bool(torch.isfinite(lo)) and bool(torch.isfinite(hi))
+
+
+class _Pieces:
+    """Reads pieces and forms them as the output wants: noise, residual scale, cast."""
+
+    def __init__(self, reader: TensorReader, config: MoeConfig, out: torch.dtype) -> None:
+        self.reader = reader
+        self.out = out
+        self.noise = torch.Generator().manual_seed(config.random_seed)
+
+    def form(self, piece: Piece, name: str) -> torch.Tensor:
+        t = self.reader.read(piece.source)
+        e = piece.expert
+        # In the stored dtype, then cast: mergekit's order, so its bits.
+        if e is not None and e.noise_scale is not None:
+            t = t + torch.randn(t.shape, generator=self.noise, dtype=t.dtype) * e.noise_scale
+        if e is not None and piece.residual and e.residual_scale is not None:
+            t = t * e.residual_scale
+        t = t.to(self.out)
+        if not _finite(t):
+            raise NonFiniteOutput(f"{name}: a NaN or inf in {piece.source.name} of "
+                                  f"{piece.source.file.parent.name}", tensor=name)
+        return t
+
+
+def _write_tensors(plan: MoePlan, config: MoeConfig, writer: ShardedWriter,
+                   gates: torch.Tensor, progress: ProgressFn | None,
+                   cancel: CancelFn | None) -> None:
+    out = torch_dtype(plan.out_dtype)
+    experts = len(config.experts)
+    total = len(plan.tensors)
+    with TensorReader() as reader:
+        pieces = _Pieces(reader, config, out)
+        for i, t in enumerate(plan.tensors):
+            if cancel is not None and cancel():
+                raise Cancelled("MoE build cancelled")
+            writer.begin(t.name, t.shape, t.dtype)
+            for part in _parts(t, pieces, gates, experts, out):
+                writer.append(tensor_bytes(part))
+                del part
+            writer.end()
+            if progress is not None:
+                progress(STAGE, i + 1, total)
+
+
+def _parts(t: MoeTensor, pieces: _Pieces, gates: torch.Tensor, experts: int,
+           out: torch.dtype) -> Any:
+    if t.zeros:
+        yield torch.zeros(t.shape, dtype=out)
+    elif t.gate is not None:
+        layer, shared = t.gate
+        rows = gates[layer, experts:, :] if shared else gates[layer, :experts, :]
+        yield rows.to(out).contiguous()
+    else:
+        for piece in t.pieces:
+            yield pieces.form(piece, t.name)
+
+
+def _card(config: MoeConfig, plan: MoePlan) -> str:
+    import yaml
+
+    front = {"base_model": config.sources(), "library_name": "transformers",
+             "tags": ["moe", "merge", "maec-service", plan.arch]}
+    lines = ["---", yaml.safe_dump(front, sort_keys=False).rstrip(), "---", "",
+             f"# {config.name or 'Mixture of experts'}", "",
+             f"A {plan.arch} mixture of {len(config.experts)} experts "
+             f"({config.experts_per_token} per token, gate mode `{config.gate_mode}`) "
+             f"built from dense checkpoints by the MAEC merge service.", ""]
+    if plan.warnings:
+        lines += ["## Warnings", "", *(f"- {w}" for w in plan.warnings), ""]
+    lines += ["## Config", "", "```yaml", config.to_yaml().rstrip(), "```", "",
+              "`manifest.json` lists every file with its size and sha256.", ""]
+    return "\n".join(lines)
+
+
+def build_moe(
+    config: MoeConfig,
+    out: Path,
+    *,
+    progress: ProgressFn | None = None,
+    cancel: CancelFn | None = None,
+    overwrite: bool = False,
+    hash_cache: Path | None = None,
+    folders: dict[str, ModelFolder] | None = None,
+) -> MergeResult:
+    """Build the MoE ``config`` describes into the folder ``out`` (complete, or nothing).
+
+    ``config`` is a checked :class:`~maec_core.moe.config.MoeConfig` (parse it with
+    :func:`~maec_core.moe.config.parse_moe_config`). ``progress(stage, done, total)`` is
+    called per output tensor; ``cancel()`` returning True stops with ``Cancelled``.
+    ``folders``: the sources already opened (else opened here). The result's ``report``
+    holds the architecture, dtype and every warning (ignored keys among them).
+    """
+    started = time.monotonic()
+    folders = folders if folders is not None else open_sources(config)
+    plan = plan_moe(config, folders)
+    base = folders[config.base_model]
+    gates = gate_vectors(config, base, plan.num_layers, plan.hidden_size)
+    gated = time.monotonic()
+    outputs = [OutputTensor(t.name, t.shape, t.dtype) for t in plan.tensors]
+    hasher = BackgroundHasher({ref: f.weight_files for ref, f in folders.items()},
+                              cache=hash_cache)
+    with StagedOutput(Path(out), overwrite=overwrite) as staged:
+        writer = ShardedWriter(staged.folder, outputs, config.shard_size_bytes())
+        try:
+            _write_tensors(plan, config, writer, gates, progress, cancel)
+            staged.add(writer.close())
+        except BaseException:
+            writer.abort()
+            hasher.stop()
+            raise
+        staged.copy_side_files(base)
+        staged.write_bytes("config.json", output_config_json(plan, config, base))
+        staged.write_bytes(CONFIG_NAME, config.to_yaml().encode())
+        staged.write_bytes("README.md", _card(config, plan).encode())
+        report = {"architecture": plan.arch, "dtype": plan.out_dtype,
+                  "experts": len(config.experts),
+                  "shared_experts": len(config.shared_experts or []),
+                  "gate_mode": config.gate_mode, "warnings": plan.warnings}
+        digests = hasher.result()
+        inputs = {ref: {"path": str(f.root), "files": digests.get(ref, {})}
+                  for ref, f in folders.items()}
+        manifest = build_manifest(staged.files, inputs=inputs,
+                                  recipe=config.model_dump(mode="json", exclude_none=True),
+                                  extra={"moe": report})
+        import json
+
+        (staged.folder / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2,
+                                                              sort_keys=True) + "\n")
+        staged.commit()
+    done = time.monotonic()
+    return MergeResult(Path(out), manifest, len(outputs), done - started,
+                       {"gates": gated - started, "write": done - gated}, report)
+
+
