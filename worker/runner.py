@@ -31,10 +31,12 @@ from app.sources import Source
 from app.storage.base import Storage, StorageError
 from maec_core.errors import Cancelled, MaecError
 from maec_core.manifest import MANIFEST_NAME
+from maec_core.moe.config import MOE_METHOD
 from maec_core.recipe import Recipe, parse_recipe
 from maec_core.runtime import EngineOptions
 from maec_core.sweep.inputs import eval_sources, with_eval_sources
 from worker.inputs import InputCache, check_adapter_bases, fetch_source
+from worker.moe import execute_moe
 from worker.publish import ShardUploads, publish
 from worker.stages import produce, spans_for
 
@@ -310,14 +312,17 @@ class JobRunner:
                 f"quota ({used} of {quota} bytes in use); delete jobs to free space",
                 bytes=nbytes, used=used, quota=quota)
 
-    def _fetch(self, rec: JobRecord, recipe: Recipe, att: Attempt, workdir: Path,
+    def _fetch(self, rec: JobRecord, recipe: Recipe | None, att: Attempt, workdir: Path,
                hold: Hold) -> dict[str, str]:
         """Every source into the job's input folder, as pinned at submission (a changed
-        one fails the job with ``source_changed``); returns ``{uri: local path}``."""
+        one fails the job with ``source_changed``); returns ``{uri: local path}``.
+        ``recipe`` None: every source is a checkpoint (an MoE job)."""
         local: dict[str, str] = {}
         # One-file sources: ability corpora and eval sets.
-        single = {s.ref for s in recipe.sources() if s.kind == "corpus"}
-        single |= set(eval_sources(recipe))
+        single: set[str] = set()
+        if recipe is not None:
+            single = {s.ref for s in recipe.sources() if s.kind == "corpus"}
+            single |= set(eval_sources(recipe))
         total = len(rec.sources)
         att.progress("fetch", 0, total)
         fetched = cached = 0
@@ -336,6 +341,8 @@ class JobRunner:
 
     def _execute(self, rec: JobRecord, att: Attempt, prefix: str, workdir: Path,
                  hold: Hold) -> dict[str, Any]:
+        if rec.method == MOE_METHOD:
+            return execute_moe(self, rec, att, prefix, workdir, hold)
         # The recipe was parsed once from the job record; passed on typed.
         recipe = parse_recipe(rec.recipe)
         att.spans = spans_for(recipe, att.is_maec)

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from maec_core.checksums import BackgroundHasher
-from maec_core.errors import Cancelled, NonFiniteOutput
+from maec_core.errors import Cancelled, MaecError, NonFiniteOutput
 from maec_core.io.folder import ModelFolder, open_model_folder
 from maec_core.io.output import StagedOutput
 from maec_core.io.reader import TensorReader
@@ -30,7 +30,7 @@ from maec_core.moe.gates import gate_vectors
 from maec_core.moe.hf_config import output_config_json
 from maec_core.moe.layout import MoeTensor, Piece
 from maec_core.moe.plan import MoePlan, plan_moe
-from maec_core.runtime import CancelFn, MergeResult, ProgressFn, torch_dtype
+from maec_core.runtime import CancelFn, EngineOptions, MergeResult, ProgressFn, torch_dtype
 
 __all__ = ["build_moe", "open_sources"]
 
@@ -132,16 +132,24 @@ def build_moe(
     overwrite: bool = False,
     hash_cache: Path | None = None,
     folders: dict[str, ModelFolder] | None = None,
+    options: EngineOptions | None = None,
 ) -> MergeResult:
     """Build the MoE ``config`` describes into the folder ``out`` (complete, or nothing).
 
     ``config`` is a checked :class:`~maec_core.moe.config.MoeConfig` (parse it with
     :func:`~maec_core.moe.config.parse_moe_config`). ``progress(stage, done, total)`` is
     called per output tensor; ``cancel()`` returning True stops with ``Cancelled``.
-    ``folders``: the sources already opened (else opened here). The result's ``report``
+    ``folders``: the sources already opened (else opened here). ``options``: only its
+    shard callbacks apply (``on_shard``, ``on_shard_open``: how the worker uploads shards
+    while the build goes on); the compute dtype does not (an MoE copies, it computes
+    only router rows, in mergekit's dtypes). The result's ``report``
     holds the architecture, dtype and every warning (ignored keys among them).
     """
     started = time.monotonic()
+    options = options or EngineOptions()
+    if options.sink is not None or options.resident is not None:
+        raise MaecError("an MoE build writes a folder: a sink or resident inputs do not "
+                        "apply to it")
     folders = folders if folders is not None else open_sources(config)
     plan = plan_moe(config, folders)
     base = folders[config.base_model]
@@ -151,7 +159,8 @@ def build_moe(
     hasher = BackgroundHasher({ref: f.weight_files for ref, f in folders.items()},
                               cache=hash_cache)
     with StagedOutput(Path(out), overwrite=overwrite) as staged:
-        writer = ShardedWriter(staged.folder, outputs, config.shard_size_bytes())
+        writer = ShardedWriter(staged.folder, outputs, config.shard_size_bytes(),
+                               on_shard=options.on_shard, on_shard_open=options.on_shard_open)
         try:
             _write_tensors(plan, config, writer, gates, progress, cancel)
             staged.add(writer.close())

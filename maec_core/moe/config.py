@@ -26,6 +26,8 @@ from maec_core.errors import RecipeError
 GateMode = Literal["hidden", "hidden_avg", "hidden_last", "cheap_embed", "random",
                    "uniform_random"]
 RANDOM_MODES = ("random", "uniform_random")
+# The method name of an MoE job (records, the API's job list, the worker's dispatch).
+MOE_METHOD = "moe"
 # Output dtype names as mergekit reads them (its dtype_from_name).
 DTYPE_NAMES = {"float32": "float32", "fp32": "float32", "float16": "float16",
                "fp16": "float16", "half": "float16", "bfloat16": "bfloat16",
@@ -89,6 +91,9 @@ class MoeConfig(BaseModel):
     # Ours: seeds the random gate modes and experts' noise (mergekit's are unseeded).
     random_seed: int = Field(default=0, ge=0, lt=2**63)
     name: str | None = Field(default=None, max_length=200)
+    # Ours: accept experts that are all one model (mergekit-moe's
+    # --i-understand-this-is-not-useful-without-training).
+    allow_all_same: bool = False
     out_shard_size: int | str = "5GB"
 
     @field_validator("base_model")
@@ -104,6 +109,11 @@ class MoeConfig(BaseModel):
         if v not in DTYPE_NAMES:
             raise ValueError(f"dtype {v!r} is not one of {sorted(set(DTYPE_NAMES.values()))}")
         return DTYPE_NAMES[v]
+
+    @property
+    def merge_method(self) -> str:
+        """The method a job record names for an MoE build."""
+        return MOE_METHOD
 
     @property
     def ignored(self) -> list[str]:
@@ -147,7 +157,7 @@ class MoeConfig(BaseModel):
                               sort_keys=False)
 
 
-def check_config(config: MoeConfig, *, allow_all_same: bool = False) -> None:
+def check_config(config: MoeConfig) -> None:
     """mergekit-moe's own refusals of a config (before any model is read)."""
     if len(config.experts) < config.experts_per_token:
         raise RecipeError(
@@ -170,7 +180,7 @@ def check_config(config: MoeConfig, *, allow_all_same: bool = False) -> None:
         raise RecipeError("every expert has the same positive and negative prompts: the "
                           "router could not tell them apart", key="experts")
     same = all(e.source_model == config.experts[0].source_model for e in config.experts[1:])
-    if same and not allow_all_same:
+    if same and not config.allow_all_same:
         raise RecipeError(
             "every expert is the same model: the result computes what that model does, at "
             "more cost (allow it only to train the MoE further: allow_all_same)",
@@ -181,7 +191,9 @@ def parse_moe_config(source: MoeConfig | Mapping[str, Any] | str | Path, *,
                      allow_all_same: bool = False) -> MoeConfig:
     """Load and check a mergekit-moe config from a model, mapping, YAML path or text."""
     config = source if isinstance(source, MoeConfig) else _validate(_load(source))
-    check_config(config, allow_all_same=allow_all_same)
+    if allow_all_same:
+        config = config.model_copy(update={"allow_all_same": True})
+    check_config(config)
     config.shard_size_bytes()
     return config
 
