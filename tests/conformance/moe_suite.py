@@ -234,3 +234,9 @@ def moe_conformance(work: Path) -> list[Outcome]:
                                         case.family, case.dtype)
         outcomes.append(run_case(case, families[key], work))
     return outcomes
+
+
+def moe_result_fields(work: Path) -> dict[str, int]:
+    """``{"moe_configs": N, "moe_equal": N}`` for the conformance RESULT line."""
+    outcomes = moe_conformance(work)
+    return {"moe_configs": len(outcomes), "moe_equal": sum(o.equal for o in outcomes)}

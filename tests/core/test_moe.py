@@ -193,3 +193,24 @@ def test_progress_counts_every_tensor(llama: dict[str, Path], tmp_path: Path) ->
                        progress=lambda s, d, t: seen.append((s, d, t)))
     assert seen[-1] == ("moe", result.tensors, result.tensors)
     assert len(seen) == result.tensors
+
+
+def test_noise_is_seeded_and_of_its_scale(llama: dict[str, Path], tmp_path: Path) -> None:
+    def build(seed: int, where: str) -> dict[str, torch.Tensor]:
+        doc = _config(llama, random_seed=seed)
+        doc["experts"][0]["noise_scale"] = 0.1
+        build_moe(parse_moe_config(doc), tmp_path / where)
+        return tensors(tmp_path / where)
+
+    first, again, other = build(1, "a"), build(1, "b"), build(2, "c")
+    name = "model.layers.0.mlp.experts.down_proj"
+    assert torch.equal(first[name], again[name])
+    assert not torch.equal(first[name], other[name])
+    from safetensors.torch import load_file
+
+    source = load_file(llama["a"] / "model.safetensors")["model.layers.0.mlp.down_proj.weight"]
+    noise = first[name][0] - source
+    assert abs(float(noise.std()) - 0.1) < 0.02 and abs(float(noise.mean())) < 0.02
+    # The expert without noise_scale is its model's weights exactly.
+    b = load_file(llama["b"] / "model.safetensors")["model.layers.0.mlp.down_proj.weight"]
+    assert torch.equal(first[name][1], b)
