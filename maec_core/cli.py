@@ -11,6 +11,7 @@ from typing import TypeVar
 import click
 from tqdm import tqdm
 
+from maec_core.context import RunContext
 from maec_core.errors import MaecError
 from maec_core.eval.cli import eval_command
 from maec_core.recipe import parse_recipe
@@ -91,9 +92,9 @@ def merge(recipe: Path, out_dir: Path, device: str | None, overwrite: bool,
     from maec_core.run import run
 
     store = LocalArtifactStore((cache_dir or default_cache_dir()) / "artifacts")
-    result = _run(no_progress, lambda bar: run(
-        parse_recipe(recipe), out_dir, artifact_store=store, progress=bar, device=device,
-        overwrite=overwrite, hash_cache=_hash_cache(cache_dir)))
+    result = _run(no_progress, lambda bar: run(parse_recipe(recipe), out_dir, RunContext(
+        artifact_store=store, progress=bar, device=device, overwrite=overwrite,
+        hash_cache=_hash_cache(cache_dir))))
     click.echo(f"wrote {out_dir} ({result.tensors} tensors, {result.seconds:.1f} s)")
 
 
@@ -112,8 +113,9 @@ def extract(recipe: Path, artifact_dir: Path, ability: int, device: str | None,
     from maec_core.maec.pipeline import extract as run_extract
 
     result = _run(no_progress, lambda bar: run_extract(
-        parse_recipe(recipe), ability, artifact_dir, progress=bar, device=device,
-        overwrite=overwrite, hash_cache=_hash_cache(cache_dir)))
+        parse_recipe(recipe), ability, artifact_dir, RunContext(
+            progress=bar, device=device, overwrite=overwrite,
+            hash_cache=_hash_cache(cache_dir))))
     totals = result.metadata["totals"]
     click.echo(f"wrote {artifact_dir} (key {result.key}, {totals['kept']} key neurons in "
                f"{totals['tensors']} tensors, {result.seconds:.1f} s)")
@@ -139,8 +141,9 @@ def combine(recipe: Path, paths: tuple[Path, ...], device: str | None, overwrite
         raise click.UsageError("give at least one ARTIFACT_DIR and then OUT_DIR")
     *artifacts, out_dir = paths
     result = _run(no_progress, lambda bar: run_combine(
-        parse_recipe(recipe), artifacts, out_dir, progress=bar, device=device,
-        overwrite=overwrite, hash_cache=_hash_cache(cache_dir)))
+        parse_recipe(recipe), artifacts, out_dir, RunContext(
+            progress=bar, device=device, overwrite=overwrite,
+            hash_cache=_hash_cache(cache_dir))))
     report = result.report or {}
     kept = ", ".join(f"{a['name']}: {a['tensors_kept']}/{a['tensors_carrying']} tensors"
                      for a in report.get("abilities", []))
@@ -169,8 +172,8 @@ def extract_lora(artifact_dir: Path, out_dir: Path, rank: int, target_modules: t
     from maec_core.lora.export import export_artifact
 
     report = _run(no_progress, lambda bar: export_artifact(
-        artifact_dir, out_dir, rank, target_modules=list(target_modules) or None,
-        base_ref=base, device=device, overwrite=overwrite, progress=bar))
+        artifact_dir, out_dir, RunContext(progress=bar, device=device, overwrite=overwrite),
+        rank, target_modules=list(target_modules) or None, base_ref=base))
     click.echo(f"wrote {out_dir} ({len(report['modules'])} modules at rank {rank}; retained "
                f"energy min {report['retained_energy_min']:.4f}, "
                f"mean {report['retained_energy_mean']:.4f})")

@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 from tqdm import tqdm
 
+from maec_core.context import RunContext
 from maec_core.errors import MaecError
 
 
@@ -57,7 +58,8 @@ def eval_command(model_dir: Path, spec: Path, out: Path, device: str | None,
     bars = None if no_progress else _Bars()
     error: MaecError | None = None
     try:
-        report = evaluate(model_dir, spec, device=device, progress=bars, label=label)
+        report = evaluate(model_dir, spec, RunContext(device=device, progress=bars),
+                          label=label)
     except MaecError as exc:
         error = exc
     finally:

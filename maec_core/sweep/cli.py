@@ -76,9 +76,10 @@ def sweep_command(recipe: Path, sweep: Path, out_dir: Path, device: str | None,
     """Merge and evaluate every candidate of SWEEP.yaml's grid over RECIPE.yaml; write the
     winner to OUT with eval_report.json, leaderboard.json and sweep.png."""
     from maec_core.cli import default_cache_dir
+    from maec_core.context import RunContext
     from maec_core.maec.store import LocalArtifactStore
     from maec_core.sweep.grid import Candidate
-    from maec_core.sweep.runner import run_sweep
+    from maec_core.sweep.runner import SweepOptions, run_sweep
 
     cache = cache_dir or default_cache_dir()
     staged = out_dir.with_name(f".{out_dir.name}.candidates")
@@ -92,10 +93,11 @@ def sweep_command(recipe: Path, sweep: Path, out_dir: Path, device: str | None,
 
     try:
         parsed = load_sweep_recipe(recipe, sweep)
-        result = run_sweep(parsed, out_dir, artifact_store=LocalArtifactStore(
-            cache / "artifacts"), device=device, hash_cache=cache / "sha256", keep=keep,
-            announce=announce,
-            resident_budget=None if resident_mb is None else resident_mb * 10**6)
+        ctx = RunContext(artifact_store=LocalArtifactStore(cache / "artifacts"),
+                         device=device, hash_cache=cache / "sha256")
+        result = run_sweep(parsed, out_dir, ctx, SweepOptions(
+            keep=keep, announce=announce,
+            resident_budget=None if resident_mb is None else resident_mb * 10**6))
     except MaecError as exc:
         shutil.rmtree(staged, ignore_errors=True)
         click.echo(f"error: {exc}", err=True)
