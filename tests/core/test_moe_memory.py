@@ -2,7 +2,7 @@
 
 As ``test_engine_memory``: a fresh subprocess builds a Mixtral from a base and two
 experts and reports its peak resident set (reset after the imports); the same build
-from 4x deeper models (same tensor shapes, ~90 MB more input, ~70 MB more output) must
+from 4x deeper models (same tensor shapes, ~70 MB more input) must
 peak at nearly the same RSS. A builder that held a model, or an expert's layers, would
 grow by tens of MB here. The ``random`` gate mode runs no model (the ``hidden`` modes
 run the base on the prompts, as mergekit-moe does: docs/moe.md).
