@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.disk_cache import Hold
 from app.jobs.record import JobRecord
+from maec_core.context import RunContext
 from maec_core.moe.build import build_moe
 from maec_core.moe.config import parse_moe_config
 from maec_core.runtime import EngineOptions
@@ -33,11 +34,12 @@ def execute_moe(runner: JobRunner, rec: JobRecord, att: Attempt, prefix: str,
     out = workdir / "out"
     uploads = ShardUploads(runner.storage, prefix)
     try:
-        made = build_moe(config, out, progress=lambda _s, d, t: att.progress("combine", d, t),
+        ctx = RunContext(progress=lambda _s, d, t: att.progress("combine", d, t),
                          cancel=att.cancel_requested,
                          hash_cache=runner.settings.work_dir / "checksums",
                          options=EngineOptions(on_shard=uploads.on_shard,
                                                on_shard_open=uploads.on_shard_open))
+        made = build_moe(config, out, ctx)
         runner._reserve(rec, att, made.manifest, out)
         files = runner._publish(rec, att, out, made.manifest, uploads)
     except BaseException:

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from maec_core.checksums import BackgroundHasher
+from maec_core.context import RunContext
 from maec_core.errors import Cancelled, MaecError, NonFiniteOutput
 from maec_core.io.folder import ModelFolder, open_model_folder
 from maec_core.io.output import StagedOutput
@@ -30,7 +31,7 @@ from maec_core.moe.gates import gate_vectors
 from maec_core.moe.hf_config import output_config_json
 from maec_core.moe.layout import MoeTensor, Piece
 from maec_core.moe.plan import MoePlan, plan_moe
-from maec_core.runtime import CancelFn, EngineOptions, MergeResult, ProgressFn, torch_dtype
+from maec_core.runtime import MergeResult, torch_dtype
 
 __all__ = ["build_moe", "open_sources"]
 
@@ -74,23 +75,21 @@ class _Pieces:
 
 
 def _write_tensors(plan: MoePlan, config: MoeConfig, writer: ShardedWriter,
-                   gates: torch.Tensor, progress: ProgressFn | None,
-                   cancel: CancelFn | None) -> None:
+                   gates: torch.Tensor, ctx: RunContext) -> None:
     out = torch_dtype(plan.out_dtype)
     experts = len(config.experts)
     total = len(plan.tensors)
     with TensorReader() as reader:
         pieces = _Pieces(reader, config, out)
         for i, t in enumerate(plan.tensors):
-            if cancel is not None and cancel():
+            if ctx.cancelled():
                 raise Cancelled("MoE build cancelled")
             writer.begin(t.name, t.shape, t.dtype)
             for part in _parts(t, pieces, gates, experts, out):
                 writer.append(tensor_bytes(part))
                 del part
             writer.end()
-            if progress is not None:
-                progress(STAGE, i + 1, total)
+            ctx.report(STAGE, i + 1, total)
 
 
 def _parts(t: MoeTensor, pieces: _Pieces, gates: torch.Tensor, experts: int,
@@ -123,30 +122,23 @@ def _card(config: MoeConfig, plan: MoePlan) -> str:
     return "\n".join(lines)
 
 
-def build_moe(
-    config: MoeConfig,
-    out: Path,
-    *,
-    progress: ProgressFn | None = None,
-    cancel: CancelFn | None = None,
-    overwrite: bool = False,
-    hash_cache: Path | None = None,
-    folders: dict[str, ModelFolder] | None = None,
-    options: EngineOptions | None = None,
-) -> MergeResult:
+def build_moe(config: MoeConfig, out: Path, ctx: RunContext | None = None, *,
+              folders: dict[str, ModelFolder] | None = None) -> MergeResult:
     """Build the MoE ``config`` describes into the folder ``out`` (complete, or nothing).
 
     ``config`` is a checked :class:`~maec_core.moe.config.MoeConfig` (parse it with
-    :func:`~maec_core.moe.config.parse_moe_config`). ``progress(stage, done, total)`` is
-    called per output tensor; ``cancel()`` returning True stops with ``Cancelled``.
-    ``folders``: the sources already opened (else opened here). ``options``: only its
-    shard callbacks apply (``on_shard``, ``on_shard_open``: how the worker uploads shards
-    while the build goes on); the compute dtype does not (an MoE copies, it computes
-    only router rows, in mergekit's dtypes). The result's ``report``
-    holds the architecture, dtype and every warning (ignored keys among them).
+    :func:`~maec_core.moe.config.parse_moe_config`). From ``ctx``: progress (stage
+    ``moe``, one step per output tensor), cancellation (between tensors), ``overwrite``,
+    the input-digest cache, and of the engine options only the shard callbacks
+    (``on_shard``, ``on_shard_open``: how the worker uploads shards while the build goes
+    on). The device does not apply: the router rows are computed on the CPU, in
+    mergekit-moe's dtypes, and the rest is copying. ``folders``: the sources already
+    opened (else opened here). The result's ``report`` holds the architecture, dtype and
+    every warning (ignored keys among them).
     """
+    ctx = ctx or RunContext()
+    options = ctx.options
     started = time.monotonic()
-    options = options or EngineOptions()
     if options.sink is not None or options.resident is not None:
         raise MaecError("an MoE build writes a folder: a sink or resident inputs do not "
                         "apply to it")
@@ -157,12 +149,12 @@ def build_moe(
     gated = time.monotonic()
     outputs = [OutputTensor(t.name, t.shape, t.dtype) for t in plan.tensors]
     hasher = BackgroundHasher({ref: f.weight_files for ref, f in folders.items()},
-                              cache=hash_cache)
-    with StagedOutput(Path(out), overwrite=overwrite) as staged:
+                              cache=ctx.hash_cache)
+    with StagedOutput(Path(out), overwrite=ctx.overwrite) as staged:
         writer = ShardedWriter(staged.folder, outputs, config.shard_size_bytes(),
                                on_shard=options.on_shard, on_shard_open=options.on_shard_open)
         try:
-            _write_tensors(plan, config, writer, gates, progress, cancel)
+            _write_tensors(plan, config, writer, gates, ctx)
             staged.add(writer.close())
         except BaseException:
             writer.abort()

@@ -17,6 +17,7 @@ import torch
 import yaml
 from click.testing import CliRunner
 
+from maec_core.context import RunContext
 from maec_core.errors import (
     Cancelled,
     NonFiniteOutput,
@@ -180,7 +181,8 @@ def test_failures_leave_nothing(llama: dict[str, Path], tmp_path: Path) -> None:
         return len(calls) > 5
 
     with pytest.raises(Cancelled):
-        build_moe(parse_moe_config(_config(llama)), tmp_path / "out", cancel=cancel)
+        build_moe(parse_moe_config(_config(llama)), tmp_path / "out",
+                  RunContext(cancel=cancel))
     assert leftovers(tmp_path / "out") == []
     (tmp_path / "out").mkdir()
     with pytest.raises(OutputExists):
@@ -190,7 +192,7 @@ def test_failures_leave_nothing(llama: dict[str, Path], tmp_path: Path) -> None:
 def test_progress_counts_every_tensor(llama: dict[str, Path], tmp_path: Path) -> None:
     seen: list[tuple[str, int, int]] = []
     result = build_moe(parse_moe_config(_config(llama)), tmp_path / "out",
-                       progress=lambda s, d, t: seen.append((s, d, t)))
+                       RunContext(progress=lambda s, d, t: seen.append((s, d, t))))
     assert seen[-1] == ("moe", result.tensors, result.tensors)
     assert len(seen) == result.tensors
 
