@@ -35,6 +35,14 @@ def output_config_json(plan: MoePlan, config: MoeConfig, base: ModelFolder) -> b
         out.num_local_experts = len(config.experts)
         out.num_experts_per_tok = per_token
         out.sliding_window = None
+    elif plan.arch == "qwen3_moe":
+        out = transformers.Qwen3MoeConfig(**base_cfg.to_dict())
+        out.architectures = ["Qwen3MoeForCausalLM"]
+        out.num_experts = len(config.experts)
+        out.num_experts_per_tok = per_token
+        out.decoder_sparse_step = 1
+        out.norm_topk_prob = True
+        out.moe_intermediate_size = out.intermediate_size
     else:
         out = transformers.Qwen2MoeConfig(**base_cfg.to_dict())
         out.architectures = ["Qwen2MoeForCausalLM"]

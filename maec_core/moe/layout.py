@@ -1,7 +1,8 @@
 """Where each tensor of a Mixtral or Qwen2-MoE output comes from (names and shapes as
 mergekit-moe 0.1.5 writes them, which are the names transformers' models load).
 
-Mixtral: the base's attention, norms, embedding and head; per layer one
+Mixtral (and Qwen3-MoE, the same with Qwen3's query and key norms): the base's
+attention, norms, embedding and head; per layer one
 ``mlp.experts.gate_up_proj`` (experts x [gate; up] rows) and one ``mlp.experts.down_proj``
 (experts x down), each expert's rows contiguous, so both stream piece by piece; and the
 router ``mlp.gate.weight``. Qwen2-MoE: per expert its own ``mlp.experts.<e>.*``, the shared
@@ -20,7 +21,7 @@ from maec_core.io.folder import ModelFolder
 from maec_core.io.headers import FLOAT_DTYPES, TensorInfo
 from maec_core.moe.config import Expert, MoeConfig
 
-OutputArch = Literal["mixtral", "qwen2_moe"]
+OutputArch = Literal["mixtral", "qwen2_moe", "qwen3_moe"]
 MLP = ("gate_proj", "up_proj", "down_proj")
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 SAFETENSORS_OF = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
@@ -66,12 +67,14 @@ def need(folder: ModelFolder, name: str) -> TensorInfo:
 
 
 
-def _base_names(layers: int, biases: bool) -> list[str]:
+def _base_names(layers: int, biases: bool, qk_norms: bool = False) -> list[str]:
     """The dense (non-MLP) weights the output takes from the base, in order."""
     names = ["model.embed_tokens.weight"]
     for i in range(layers):
         p = f"model.layers.{i}."
         names += [p + "input_layernorm.weight"]
+        if qk_norms:  # Qwen3 normalises queries and keys per head
+            names += [p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"]
         for proj in ATTENTION:
             names.append(f"{p}self_attn.{proj}.weight")
             if biases and proj != "o_proj":
@@ -110,9 +113,11 @@ def _left_out(base: ModelFolder, kept: set[str]) -> list[str]:
 def layout(arch: OutputArch, config: MoeConfig, folders: dict[str, ModelFolder],
            layers: int, hidden: int, st: str, warnings: list[str]) -> list[MoeTensor]:
     base = folders[config.base_model]
-    if arch == "mixtral":
-        out = _copies(base, _base_names(layers, biases=False), st, False)
-        out += _mixtral_experts(config, folders, layers, hidden, st)
+    if arch in ("mixtral", "qwen3_moe"):
+        # The same expert layout (fused gate_up and down per layer, one router).
+        names = _base_names(layers, biases=False, qk_norms=arch == "qwen3_moe")
+        out = _copies(base, names, st, False)
+        out += _fused_experts(config, folders, layers, hidden, st)
     else:
         out = _copies(base, _base_names(layers, biases=True), st, True)
         out += _qwen_experts(config, folders, layers, hidden, st)
@@ -120,7 +125,7 @@ def layout(arch: OutputArch, config: MoeConfig, folders: dict[str, ModelFolder],
     return out
 
 
-def _mixtral_experts(config: MoeConfig, folders: dict[str, ModelFolder], layers: int,
+def _fused_experts(config: MoeConfig, folders: dict[str, ModelFolder], layers: int,
                      hidden: int, st: str) -> list[MoeTensor]:
     out: list[MoeTensor] = []
     n = len(config.experts)

@@ -17,15 +17,16 @@ from maec_core.moe.config import MoeConfig
 from maec_core.moe.layout import MLP, SAFETENSORS_OF, MoeTensor, OutputArch, layout, need
 
 # mergekit-moe 0.1.5's output architectures, in its order of preference, with the input
-# model types each takes. The last two are recognised (so a config that would get one
-# is refused by name), not built.
+# model types each takes. DeepSeek MoE is recognised (so a config that would get it is
+# refused by name), not built: its output loads only with DeepSeek's remote code.
 ARCHITECTURES: dict[str, tuple[str, ...]] = {
     "Mixtral": ("llama", "mistral"),
     "DeepSeek MoE": ("llama", "mistral"),
     "Qwen MoE": ("llama", "mistral", "qwen2"),
     "Qwen3 MoE": ("qwen3",),
 }
-BUILT: dict[str, OutputArch] = {"Mixtral": "mixtral", "Qwen MoE": "qwen2_moe"}
+BUILT: dict[str, OutputArch] = {"Mixtral": "mixtral", "Qwen MoE": "qwen2_moe",
+                                "Qwen3 MoE": "qwen3_moe"}
 
 
 @dataclass
@@ -82,7 +83,8 @@ def choose_architecture(config: MoeConfig, folders: dict[str, ModelFolder]) -> O
     pick = "Mixtral" if "Mixtral" in fits else fits[0]
     if pick not in BUILT:
         raise UnsupportedMoe(
-            f"this config makes a {pick} model, which is not built here (built: "
+            f"this config makes a {pick} model, which is not built here: it loads only "
+            "with its publisher's remote code, which this service never runs (built: "
             f"{', '.join(BUILT)}); see docs/moe.md", architecture=pick)
     return BUILT[pick]
 

@@ -57,7 +57,8 @@ def make_family(root: Path, kind: str, dtype: torch.dtype = torch.float32) -> di
     import transformers
 
     cls, conf = {"mistral": (transformers.MistralForCausalLM, transformers.MistralConfig),
-                 "qwen2": (transformers.Qwen2ForCausalLM, transformers.Qwen2Config)}[kind]
+                 "qwen2": (transformers.Qwen2ForCausalLM, transformers.Qwen2Config),
+                 "qwen3": (transformers.Qwen3ForCausalLM, transformers.Qwen3Config)}[kind]
     cfg = conf(**TINY, tie_word_embeddings=False)
     base = _finetune(cls, cfg, root / "base", 0, None, dtype)
     return {"base": base, **{k: _finetune(cls, cfg, root / k, i, base, dtype)
@@ -104,6 +105,10 @@ CASES = [
     Case("qwen-cheap_embed-llama-shared", "llama", lambda m: {
         **_two(m, "cheap_embed", dtype="float16"), "architecture": "qwen",
         "shared_experts": [_expert(str(m["a"]), C, A, residual_scale=2.0)]}),
+    Case("qwen3-hidden-qwen3", "qwen3", lambda m: _two(m, "hidden", dtype="bfloat16")),
+    Case("qwen3-cheap_embed-qwen3", "qwen3", lambda m: {
+        **_two(m, "cheap_embed"), "experts": [_expert(str(m["a"]), A, C),
+                                              _expert(str(m["b"]), B, residual_scale=0.5)]}),
     Case("mixtral-random-llama", "llama", lambda m: {
         **_two(m, "random"), "experts": [_expert(str(m["a"]), None),
                                          _expert(str(m["b"]), None)]}, "random"),
@@ -115,6 +120,8 @@ CASES = [
     Case("refused-too-few-experts", "llama", lambda m: _two(m, "hidden", experts_per_token=3),
          "refused"),
     Case("refused-qwen2-without-shared", "qwen2", lambda m: _two(m, "hidden"), "refused"),
+    Case("refused-qwen3-shared", "qwen3", lambda m: {
+        **_two(m, "hidden"), "shared_experts": [_expert(str(m["base"]), C)]}, "refused"),
     Case("refused-no-prompts", "llama", lambda m: {
         **_two(m, "cheap_embed"), "experts": [_expert(str(m["a"]), A),
                                               _expert(str(m["b"]), None)]}, "refused"),

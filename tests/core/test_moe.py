@@ -64,8 +64,10 @@ def _config(m: dict[str, Path], **top: Any) -> dict[str, Any]:
                         {"source_model": str(m["b"]), "positive_prompts": B}], **top}
 
 
-@pytest.mark.parametrize("family,shared", [("llama", False), ("qwen2", True)])
-def test_transformers_loads_and_generates(family: str, shared: bool,
+@pytest.mark.parametrize("family,shared,arch", [("llama", False, "mixtral"),
+                                               ("qwen2", True, "qwen2_moe"),
+                                               ("qwen3", False, "qwen3_moe")])
+def test_transformers_loads_and_generates(family: str, shared: bool, arch: str,
                                           families: dict[tuple[str, torch.dtype],
                                                          dict[str, Path]],
                                           tmp_path: Path) -> None:
@@ -77,7 +79,6 @@ def test_transformers_loads_and_generates(family: str, shared: bool,
     out = tmp_path / "moe"
     result = build_moe(parse_moe_config(_config(m, **extra)), out)
     assert result.report is not None
-    arch = "qwen2_moe" if shared else "mixtral"
     assert result.report["architecture"] == arch
     model, info = AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
     assert model.config.model_type == arch
