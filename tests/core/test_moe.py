@@ -217,3 +217,25 @@ def test_noise_is_seeded_and_of_its_scale(llama: dict[str, Path], tmp_path: Path
     # The expert without noise_scale is its model's weights exactly.
     b = load_file(llama["b"] / "model.safetensors")["model.layers.0.mlp.down_proj.weight"]
     assert torch.equal(first[name][1], b)
+
+
+def test_the_mergekit_moe_command_agrees(llama: dict[str, Path], tmp_path: Path) -> None:
+    """The installed ``mergekit-moe`` command itself (not only its build function) on a
+    config file, against ``maec moe`` on the same file."""
+    import subprocess
+    import sys
+
+    from maec_core.moe.cli import moe_command
+    from tests.conformance.moe_suite import compare
+
+    path = tmp_path / "moe.yaml"
+    path.write_text(yaml.safe_dump(_config(llama, gate_mode="hidden", dtype="bfloat16")))
+    theirs = tmp_path / "mergekit"
+    command = Path(sys.executable).parent / "mergekit-moe"
+    done = subprocess.run([str(command), str(path), str(theirs), "--device", "cpu"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    ours = tmp_path / "ours"
+    result = CliRunner().invoke(moe_command, [str(path), str(ours), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert compare(ours, theirs, "equal") == []
