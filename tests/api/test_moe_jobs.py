@@ -52,6 +52,12 @@ def test_an_moe_job_publishes_mergekit_moes_tensors(api: Api, tmp_path: Path) ->
     assert set(ours) == set(theirs)
     for name, t in theirs.items():
         assert ours[name].dtype == t.dtype and torch.equal(ours[name], t), name
+    # The jobs page names the build's base and experts.
+    from tests.ui.test_pages import _login
+
+    _login(api)
+    page = api.client.get("/ui/jobs").text
+    assert str(api.models.lang) in page and str(api.models.donor) in page
 
 
 def _refused(api: Api, body: dict[str, Any], status: int, code: str) -> str:
