@@ -12,6 +12,7 @@ failure or cancellation leaves nothing at the output path.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ import torch
 
 from maec_core.checksums import BackgroundHasher
 from maec_core.context import RunContext
-from maec_core.errors import Cancelled, MaecError, NonFiniteOutput
+from maec_core.errors import Cancelled, MaecError, NonFiniteOutput, OutputExists
 from maec_core.io.folder import ModelFolder, open_model_folder
 from maec_core.io.output import StagedOutput
 from maec_core.io.reader import TensorReader
@@ -98,8 +99,12 @@ def _parts(t: MoeTensor, pieces: _Pieces, gates: torch.Tensor, experts: int,
         yield torch.zeros(t.shape, dtype=out)
     elif t.gate is not None:
         layer, shared = t.gate
-        rows = gates[layer, experts:, :] if shared else gates[layer, :experts, :]
-        yield rows.to(out).contiguous()
+        rows = (gates[layer, experts:, :] if shared else gates[layer, :experts, :]).to(out)
+        if not _finite(rows):
+            raise NonFiniteOutput(f"{t.name}: the router rows hold a NaN or inf (the "
+                                  "base's hidden states or embeddings on the prompts)",
+                                  tensor=t.name)
+        yield rows.contiguous()
     else:
         for piece in t.pieces:
             yield pieces.form(piece, t.name)
@@ -142,6 +147,9 @@ def build_moe(config: MoeConfig, out: Path, ctx: RunContext | None = None, *,
     if options.sink is not None or options.resident is not None:
         raise MaecError("an MoE build writes a folder: a sink or resident inputs do not "
                         "apply to it")
+    if Path(out).exists() and not ctx.overwrite:
+        # Said before the prompts run (StagedOutput checks again when it stages).
+        raise OutputExists(f"output folder {out} already exists", path=str(out))
     folders = folders if folders is not None else open_sources(config)
     plan = plan_moe(config, folders)
     base = folders[config.base_model]
@@ -160,27 +168,40 @@ def build_moe(config: MoeConfig, out: Path, ctx: RunContext | None = None, *,
             writer.abort()
             hasher.stop()
             raise
-        staged.copy_side_files(base)
-        staged.write_bytes("config.json", output_config_json(plan, config, base))
-        staged.write_bytes(CONFIG_NAME, config.to_yaml().encode())
-        staged.write_bytes("README.md", _card(config, plan).encode())
-        report = {"architecture": plan.arch, "dtype": plan.out_dtype,
-                  "experts": len(config.experts),
-                  "shared_experts": len(config.shared_experts or []),
-                  "gate_mode": config.gate_mode, "warnings": plan.warnings}
-        digests = hasher.result()
-        inputs = {ref: {"path": str(f.root), "files": digests.get(ref, {})}
-                  for ref, f in folders.items()}
-        manifest = build_manifest(staged.files, inputs=inputs,
-                                  recipe=config.model_dump(mode="json", exclude_none=True),
-                                  extra={"moe": report})
-        import json
-
-        (staged.folder / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2,
-                                                              sort_keys=True) + "\n")
+        manifest = _finish(staged, config, plan, folders, hasher)
         staged.commit()
     done = time.monotonic()
     return MergeResult(Path(out), manifest, len(outputs), done - started,
-                       {"gates": gated - started, "write": done - gated}, report)
+                       {"gates": gated - started, "write": done - gated},
+                       _report(config, plan))
 
 
+def _report(config: MoeConfig, plan: MoePlan) -> dict[str, Any]:
+    return {"architecture": plan.arch, "dtype": plan.out_dtype,
+            "experts": len(config.experts),
+            "shared_experts": len(config.shared_experts or []),
+            "gate_mode": config.gate_mode, "warnings": plan.warnings}
+
+
+def _finish(staged: StagedOutput, config: MoeConfig, plan: MoePlan,
+            folders: dict[str, ModelFolder], hasher: BackgroundHasher) -> dict[str, Any]:
+    """The files beside the weights, then the manifest (last: it lists the others);
+    returns the manifest."""
+    base = folders[config.base_model]
+    try:
+        staged.copy_side_files(base)
+        staged.write_bytes("config.json", output_config_json(plan, config, base))
+    except BaseException:
+        hasher.stop()
+        raise
+    staged.write_bytes(CONFIG_NAME, config.to_yaml().encode())
+    staged.write_bytes("README.md", _card(config, plan).encode())
+    digests = hasher.result()
+    inputs = {ref: {"path": str(f.root), "files": digests.get(ref, {})}
+              for ref, f in folders.items()}
+    manifest = build_manifest(staged.files, inputs=inputs,
+                              recipe=config.model_dump(mode="json", exclude_none=True),
+                              extra={"moe": _report(config, plan)})
+    (staged.folder / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2,
+                                                          sort_keys=True) + "\n")
+    return manifest
