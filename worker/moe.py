@@ -5,24 +5,51 @@ build the mixture of experts with ``maec_core.moe``, publish it as a merge is pu
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from app.disk_cache import Hold
 from app.jobs.record import JobRecord
+from app.settings import Settings
+from app.storage.base import Storage
 from maec_core.context import RunContext
 from maec_core.moe.build import build_moe
 from maec_core.moe.config import parse_moe_config
 from maec_core.runtime import EngineOptions
 from worker.publish import ShardUploads
 
-if TYPE_CHECKING:
-    from worker.runner import Attempt, JobRunner
+
+class Attempt(Protocol):
+    """What the build uses of ``worker.runner.Attempt`` (typed here, not imported: the
+    runner imports this module)."""
+
+    spans: dict[str, tuple[float, float]] | None
+
+    def progress(self, stage: str, done: int, total: int) -> None: ...
+
+    def cancel_requested(self) -> bool: ...
+
+
+class Runner(Protocol):
+    """What the build uses of ``worker.runner.JobRunner``: its fetch, quota and publish
+    steps, shared with merges."""
+
+    settings: Settings
+    storage: Storage
+
+    def _fetch(self, rec: JobRecord, recipe: None, att: Any, workdir: Path,
+               hold: Hold) -> dict[str, str]: ...
+
+    def _reserve(self, rec: JobRecord, att: Any, manifest: dict[str, Any],
+                 out: Path) -> None: ...
+
+    def _publish(self, rec: JobRecord, att: Any, out: Path, manifest: dict[str, Any],
+                 uploads: ShardUploads) -> list[dict[str, Any]]: ...
 
 # The build is the job's "combine" stage, as the contract names its stages.
 SPANS = {"fetch": (0.0, 0.05), "combine": (0.05, 0.95), "publish": (0.95, 1.0)}
 
 
-def execute_moe(runner: JobRunner, rec: JobRecord, att: Attempt, prefix: str,
+def execute_moe(runner: Runner, rec: JobRecord, att: Attempt, prefix: str,
                 workdir: Path, hold: Hold) -> dict[str, Any]:
     """Build and publish the job's MoE; the record fields a succeeded job gains."""
     # Parsed once from the record, checked again (the record is the truth, not the API).
