@@ -31,18 +31,66 @@ from maec_core.errors import (
     EvalSetUnreadable,
     RecipeError,
     SourceNotFound,
+    TokenizerError,
 )
 from maec_core.eval.sets import SET_MAX_BYTES, load_set
 from maec_core.io.folder import ModelFolder
-from maec_core.maec.params import maec_params
 from maec_core.methods import NamedForm, TensorMethod, get_method
-from maec_core.methods.maec import Maec
 from maec_core.methods.params import validated_params
+from maec_core.moe.config import MoeConfig, parse_moe_config
+from maec_core.moe.plan import plan_moe
+from maec_core.parsing import parse_recipe
 from maec_core.plan import MergePlan, plan_recipe
-from maec_core.recipe import Recipe, parse_recipe
+from maec_core.recipe import Recipe
 from maec_core.recipe_values import Condition, ParamValue
 from maec_core.sweep.grid import candidates
 from maec_core.sweep.inputs import eval_sources, with_eval_sources
+
+
+def build_job(req: JobRequest) -> Recipe | MoeConfig:
+    """What the job runs: a merge recipe, or (``kind: moe``) an MoE config."""
+    if req.kind == "moe":
+        assert req.recipe is not None  # the contract's rule
+        config = parse_moe_config(dict(req.recipe))
+        if req.name is not None and config.name is None:
+            config = config.model_copy(update={"name": req.name})
+        return config
+    return build_recipe(req)
+
+
+def check_job_sources(job: Recipe | MoeConfig, settings: Settings, storage: Storage
+                      ) -> dict[str, dict[str, Any]]:
+    """:func:`check_sources` for either kind of job."""
+    if isinstance(job, MoeConfig):
+        return check_moe_sources(job, settings, storage)
+    return check_sources(job, settings, storage)
+
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
+def check_moe_sources(config: MoeConfig, settings: Settings, storage: Storage
+                      ) -> dict[str, dict[str, Any]]:
+    """Allow-list, resolve and plan every checkpoint of an MoE config from headers and
+    configs (output architecture, layer counts, MLP shapes, dtypes), and that the base
+    has the tokenizer its prompts need; returns the sources pinned, as for a merge."""
+    refs = config.sources()
+    if len(refs) > settings.max_models_per_job:
+        raise RecipeError(
+            f"the job names {len(refs)} checkpoints; this service takes at most "
+            f"{settings.max_models_per_job} (MAEC_MAX_MODELS_PER_JOB)",
+            limit=settings.max_models_per_job)
+    parsed = {uri: parse_source(uri, settings) for uri in refs}
+    folders = {uri: inspect_source(parsed[uri], storage, uri == config.base_model)
+               for uri in refs}
+    plan_moe(config, folders)
+    base = folders[config.base_model]
+    if config.gate_mode not in ("random", "uniform_random") and not (
+            base.tokenizer_data or any((base.root / n).is_file() for n in _TOKENIZER_FILES)):
+        raise TokenizerError(f"{config.base_model}: no tokenizer, which gate mode "
+                             f"{config.gate_mode} needs to read the prompts",
+                             source=config.base_model)
+    return {uri: pin_source(parsed[uri], storage).to_dict() for uri in refs}
 
 
 def build_recipe(req: JobRequest) -> Recipe:
@@ -207,9 +255,8 @@ def check_against_plan(recipe: Recipe, plan: MergePlan) -> None:
     will validate them. Raises EmptySelection or RecipeError.
     """
     method = get_method(recipe.merge_method)
-    if isinstance(method, Maec):
-        maec_params(recipe).check_selection((t.name, len(t.shape)) for t in plan.tensors)
-        return
+    # The method's own checks (MAEC's selection); the rest applies to tensor methods.
+    method.check_plan(recipe, ((t.name, len(t.shape)) for t in plan.tensors))
     if not isinstance(method, TensorMethod):
         return
     # Output names, and for a slices recipe the input names its sources are read under.

@@ -416,10 +416,15 @@ def load_source(source: RecipeSource) -> dict[str, Any]:
 
 
 def build_body(source: RecipeSource, *, validate: bool = True) -> dict[str, Any]:
-    """The POST /v1/jobs body for ``source`` (one of the contract's two forms)."""
+    """The POST /v1/jobs body for ``source`` (one of the contract's forms; a mapping with
+    ``experts`` and no ``merge_method`` is a mergekit-moe config, sent as an MoE build)."""
     data = load_source(source)
     if data.pop("__named__", False):
         return data
+    if data.get("kind") == "moe" or ("experts" in data and "merge_method" not in data):
+        # A mergekit-moe config: the service checks it (no local check is installed).
+        moe = data if "recipe" in data else {"kind": "moe", "recipe": data}
+        return request_model(RecipeJob, moe).body()
     if "recipe" in data:
         job: JobRequest = request_model(RecipeJob, data)
     elif "merge_method" in data:

@@ -31,6 +31,9 @@ class JobRequest(BaseModel):
     dtype: Literal["float32", "float16", "bfloat16"] | None = None
     shard_size: str | int | None = None
     recipe: dict[str, Any] | None = None
+    # What the recipe is: a merge recipe (the default), or a mergekit-moe config that
+    # builds a mixture of experts from dense checkpoints (docs/moe.md).
+    kind: Literal["merge", "moe"] | None = None
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
     name: str | None = Field(default=None, max_length=200)
     # Where the service POSTs the finished job, signed (docs/api.md, Webhooks); the
@@ -58,7 +61,13 @@ class JobRequest(BaseModel):
         if self.recipe is not None:
             if named:
                 raise ValueError(f"give either recipe or the named form, not both ({named})")
+            extras = [f for f in ("evaluate", "evaluate_inputs", "sweep")
+                      if getattr(self, f) is not None]
+            if self.kind == "moe" and extras:
+                raise ValueError(f"an moe job builds its model only; {extras} go with merges")
             return self
+        if self.kind == "moe":
+            raise ValueError("kind moe needs recipe: the mergekit-moe config")
         if self.method is None:
             raise ValueError("give either recipe or method (with ability_donor and "
                              "language_base)")

@@ -41,6 +41,13 @@ class EmptySelection(RecipeError):
     code = "empty_selection"
 
 
+class UnsupportedMoe(RecipeError):
+    """An MoE config whose output architecture (as mergekit-moe would choose it) is one
+    this service does not build."""
+
+    code = "unsupported_moe"
+
+
 class SourceError(MaecError):
     """A checkpoint source cannot be resolved or is not allowed."""
 

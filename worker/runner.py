@@ -29,14 +29,18 @@ from app.jobs.worker_store import WorkerJobStore
 from app.settings import Settings
 from app.sources import Source
 from app.storage.base import Storage, StorageError
+from maec_core.context import RunContext
 from maec_core.errors import Cancelled, MaecError
 from maec_core.manifest import MANIFEST_NAME
-from maec_core.recipe import Recipe, parse_recipe
+from maec_core.moe.config import MOE_METHOD
+from maec_core.parsing import parse_recipe
+from maec_core.recipe import Recipe
 from maec_core.runtime import EngineOptions
 from maec_core.sweep.inputs import eval_sources, with_eval_sources
 from worker.inputs import InputCache, check_adapter_bases, fetch_source
+from worker.moe import execute_moe
 from worker.publish import ShardUploads, publish
-from worker.stages import produce, spans_for
+from worker.stages import extracts, produce, spans_for
 
 log = logging.getLogger("maec.worker")
 
@@ -73,7 +77,9 @@ class Attempt:
     settings: Settings
     job_id: str
     attempt: int
-    is_maec: bool
+    # Whether the job's method extracts (its stages: STAGE_SPAN, else
+    # STAGE_SPAN_NO_EXTRACT); known once the recipe is parsed.
+    extracts: bool = False
     stage: str = "fetch"
     # Stage spans of a job that evaluates (None: STAGE_SPAN or STAGE_SPAN_NO_EXTRACT).
     spans: dict[str, tuple[float, float]] | None = None
@@ -95,7 +101,7 @@ class Attempt:
 
     def progress(self, stage: str, done: int, total: int) -> None:
         stage = STAGE_ALIASES.get(stage, stage)
-        spans = self.spans or (STAGE_SPAN if self.is_maec else STAGE_SPAN_NO_EXTRACT)
+        spans = self.spans or (STAGE_SPAN if self.extracts else STAGE_SPAN_NO_EXTRACT)
         lo, hi = spans.get(stage, (0.0, 1.0))
         self.report(stage, lo + (hi - lo) * (done / total if total else 1.0), done, total)
 
@@ -187,8 +193,7 @@ class JobRunner:
         rec = self.store.get(job_id)
         assert rec is not None
         started = time.monotonic()
-        att = Attempt(self.store, self.settings, job_id, claim.attempt,
-                      is_maec=rec.method == "maec")
+        att = Attempt(self.store, self.settings, job_id, claim.attempt)
         prefix = result_prefix(job_id, claim.attempt)
         workdir = self.settings.work_dir / "jobs" / job_id / f"a{claim.attempt}"
         att.start_lease()
@@ -310,14 +315,17 @@ class JobRunner:
                 f"quota ({used} of {quota} bytes in use); delete jobs to free space",
                 bytes=nbytes, used=used, quota=quota)
 
-    def _fetch(self, rec: JobRecord, recipe: Recipe, att: Attempt, workdir: Path,
+    def _fetch(self, rec: JobRecord, recipe: Recipe | None, att: Attempt, workdir: Path,
                hold: Hold) -> dict[str, str]:
         """Every source into the job's input folder, as pinned at submission (a changed
-        one fails the job with ``source_changed``); returns ``{uri: local path}``."""
+        one fails the job with ``source_changed``); returns ``{uri: local path}``.
+        ``recipe`` None: every source is a checkpoint (an MoE job)."""
         local: dict[str, str] = {}
         # One-file sources: ability corpora and eval sets.
-        single = {s.ref for s in recipe.sources() if s.kind == "corpus"}
-        single |= set(eval_sources(recipe))
+        single: set[str] = set()
+        if recipe is not None:
+            single = {s.ref for s in recipe.sources() if s.kind == "corpus"}
+            single |= set(eval_sources(recipe))
         total = len(rec.sources)
         att.progress("fetch", 0, total)
         fetched = cached = 0
@@ -336,9 +344,11 @@ class JobRunner:
 
     def _execute(self, rec: JobRecord, att: Attempt, prefix: str, workdir: Path,
                  hold: Hold) -> dict[str, Any]:
+        if rec.method == MOE_METHOD:
+            return execute_moe(self, rec, att, prefix, workdir, hold)
         # The recipe was parsed once from the job record; passed on typed.
         recipe = parse_recipe(rec.recipe)
-        att.spans = spans_for(recipe, att.is_maec)
+        att.extracts, att.spans = extracts(recipe), spans_for(recipe)
         local = self._fetch(rec, recipe, att, workdir, hold)
         # The recipe was parsed once from the job record; passed on typed.
         recipe = with_eval_sources(recipe.with_sources(local), local)
@@ -363,12 +373,13 @@ class JobRunner:
                                          self.settings.artifact_cache_max_bytes,
                                          on_use=self.store.touch_artifact, hold=hold)
         try:
-            made = produce(recipe, out, store=artifacts, progress=att.progress,
-                           cancel=att.cancel_requested, device=self.settings.device,
-                           hash_cache=self.settings.work_dir / "checksums", work_dir=workdir,
-                           reporter=att, upload=upload,
-                           options=EngineOptions(on_shard=uploads.on_shard,
-                                                 on_shard_open=uploads.on_shard_open))
+            ctx = RunContext(progress=att.progress, cancel=att.cancel_requested,
+                             device=self.settings.device,
+                             hash_cache=self.settings.work_dir / "checksums",
+                             artifact_store=artifacts,
+                             options=EngineOptions(on_shard=uploads.on_shard,
+                                                   on_shard_open=uploads.on_shard_open))
+            made = produce(recipe, out, ctx, work_dir=workdir, reporter=att, upload=upload)
             # Before the manifest can publish anything: a job over its owner's quota
             # fails here, and the shards it uploaded meanwhile go with its prefix.
             self._reserve(rec, att, made.manifest, out, already=uploaded[0])

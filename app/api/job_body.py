@@ -288,8 +288,8 @@ def _method_models(method: MergeMethod) -> tuple[type[BaseModel], type[BaseModel
 def _normalize(value: Any) -> Any:
     """Method names are case-insensitive (as in a recipe): lower them before the unions
     pick a member; an unknown name is a recipe problem, not a schema one."""
-    if not isinstance(value, dict) or _form(value) is None:
-        return value  # the form's own error says what is wrong
+    if not isinstance(value, dict) or _form(value) in (None, "moe-form"):
+        return value  # the form's own error says what is wrong (an MoE config: no method)
     out = dict(value)
     holder, key = (out, "method")
     if isinstance(out.get("recipe"), dict):
@@ -308,11 +308,25 @@ def _normalize(value: Any) -> Any:
 def _form(value: Any) -> str | None:
     if not isinstance(value, dict):
         return "named-form"  # refused there with the type error
+    if value.get("kind") == "moe":
+        return "moe-form"  # before the recipe form: its recipe is an MoE config
     if "recipe" in value:
         # The contract's rule: a named-form field set beside a recipe is an error.
         both = any(value.get(f) is not None for f in NAMED_FIELDS)
         return None if both else "recipe-form"
     return "named-form" if "method" in value else None
+
+
+def _moe_job() -> type[BaseModel]:
+    """``{"kind": "moe", "recipe": <mergekit-moe config>}``: the config is checked by
+    ``maec_core.moe.config`` (keys mergekit-moe ignores are warnings there, not errors),
+    so here it is only a bounded object."""
+    return strict_model(JobRequest, "MoeJob", {
+        **dict.fromkeys((*NAMED_FIELDS, "evaluate", "evaluate_inputs", "sweep")),
+        "kind": (_Lit["moe"], Field()),
+        "recipe": (_A[_D[_A[str, at.MaxLen(FILTER_MAX)], Any], at.MaxLen(DICT_MAX)],
+                   Field(description="a mergekit-moe config (docs/moe.md)")),
+    })
 
 
 def _build() -> Any:
@@ -324,7 +338,8 @@ def _build() -> Any:
         "recipe": (recipes, Field(description="a recipe (mergekit or MAEC shape)")),
     })
     return _A[
-        _U[_A[recipe_job, Tag("recipe-form")], _A[named, Tag("named-form")]],
+        _U[_A[recipe_job, Tag("recipe-form")], _A[named, Tag("named-form")],
+           _A[_moe_job(), Tag("moe-form")]],
         Discriminator(_form, custom_error_type="invalid_form", custom_error_message=(
             "give exactly one of the two forms: recipe, or method (with ability_donor and "
             "language_base)")),
@@ -374,6 +389,8 @@ def _clean(loc: Sequence[Any]) -> list[Any]:
     out = list(loc[1:]) if loc[:1] == ("body",) or list(loc[:1]) == ["body"] else list(loc)
     if out[:1] == ["named-form"]:
         out = out[2:]  # the form tag, then the method tag
+    elif out[:1] == ["moe-form"]:
+        out = out[1:]
     elif out[:1] == ["recipe-form"]:
         out = out[1:]
         if out[:1] == ["recipe"] and len(out) > 1:

@@ -174,7 +174,8 @@ class FakeService:
         key = body.get("idempotency_key")
         if key and key in self.idem:
             return httpx.Response(200, json=self.jobs[self.idem[key]])
-        job = self.add_job(method=recipe["merge_method"], recipe=recipe, name=body.get("name"))
+        method = "moe" if body.get("kind") == "moe" else recipe["merge_method"]
+        job = self.add_job(method=method, recipe=recipe, name=body.get("name"))
         if key:
             self.idem[key] = job["id"]
         return httpx.Response(202, json=job, headers={"Location": f"/v1/jobs/{job['id']}"})

@@ -22,7 +22,7 @@ from maec_client import (
     ValidationFailed,
     WaitTimeout,
 )
-from maec_core.recipe import parse_recipe
+from maec_core.parsing import parse_recipe
 from tests.client.conftest import BASE
 
 MERGEKIT_YAML = """\
@@ -53,6 +53,20 @@ def test_submit_mergekit_yaml_file_sends_recipe_form(client, fake, tmp_path):
     assert set(body) == {"recipe", "idempotency_key"}
     assert body["recipe"]["models"][1]["parameters"] == {"weight": 0.5, "density": 0.4}
     assert body["recipe"]["base_model"] == "s3://models/base"
+
+
+def test_submit_a_mergekit_moe_config_sends_the_moe_form(client, fake, tmp_path):
+    path = tmp_path / "moe.yaml"
+    path.write_text("base_model: s3://models/base\ngate_mode: cheap_embed\nexperts:\n"
+                    "  - source_model: s3://models/a\n    positive_prompts: [code]\n"
+                    "  - source_model: s3://models/b\n    positive_prompts: [story]\n")
+    client.submit(path)
+    client.submit({"kind": "moe", "recipe": {"base_model": "s3://models/base",
+                                             "experts": []}}, validate=True)
+    first, second = posted(fake)
+    assert set(first) == {"kind", "recipe", "idempotency_key"} and first["kind"] == "moe"
+    assert first["recipe"]["experts"][1]["source_model"] == "s3://models/b"
+    assert second["kind"] == "moe" and second["recipe"]["experts"] == []
 
 
 def test_submit_str_path_yaml_text_dict_and_recipe_model_agree(client, fake, tmp_path):

@@ -16,7 +16,7 @@ from app.api.schemas import LIST_LINKS, PROBLEMS, SUBMIT_LINKS, JobBody, JobList
 from app.jobs.calls import job_storage_prefix
 from app.jobs.record import STATUSES, JobRecord, new_job_id, now_iso
 from app.storage.base import StorageError
-from app.submission import build_recipe, check_sources
+from app.submission import build_job, check_job_sources
 from app.webhooks.delivery import accept_callback
 
 log = logging.getLogger("maec.api")
@@ -73,10 +73,10 @@ async def submit(typed: JobBody, auth: Auth) -> JSONResponse:
             return _job(rec, 200, {"Location": f"/v1/jobs/{rec.id}"})
     await svc.limits.submission(owner)
     await _check_quota(auth)
-    recipe = build_recipe(bounded_sizes(body))
+    recipe = build_job(bounded_sizes(body))
     if body.callback_url is not None:  # resolves the host: blocking
         await run_in_threadpool(accept_callback, body.callback_url, svc.settings, owner)
-    sources = await run_in_threadpool(check_sources, recipe, svc.settings, svc.storage)
+    sources = await run_in_threadpool(check_job_sources, recipe, svc.settings, svc.storage)
     record = JobRecord(
         id=new_job_id(), owner=owner, method=recipe.merge_method,
         name=body.name or recipe.name,

@@ -11,7 +11,8 @@ import yaml
 
 from app.jobs.record import TERMINAL, JobRecord
 from maec_core.errors import MaecError
-from maec_core.recipe import parse_recipe
+from maec_core.moe.config import MOE_METHOD, MoeConfig
+from maec_core.parsing import parse_recipe
 
 BASE_ROLES = frozenset({"base", "language_base"})
 DONOR_ROLES = frozenset({"ability_donor", "model", "slice_source"})
@@ -99,8 +100,19 @@ def _inputs(recipe: dict[str, Any]) -> tuple[list[str], list[str]]:
     return list(dict.fromkeys(bases)), list(dict.fromkeys(donors))
 
 
+def _moe_inputs(config: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """An MoE build's base, and its experts as the donors."""
+    try:
+        parsed = MoeConfig.model_validate(config)
+    except ValueError:
+        return [], []
+    return [parsed.base_model], list(dict.fromkeys(e.source_model
+                                                   for e in parsed.all_experts()))
+
+
 def row(rec: JobRecord) -> Row:
-    bases, donors = _inputs(rec.recipe)
+    bases, donors = (_moe_inputs(rec.recipe) if rec.method == MOE_METHOD
+                     else _inputs(rec.recipe))
     return Row(id=rec.id, name=rec.name, status=rec.status, method=rec.method,
                bases=bases, donors=donors, created=rec.created_at.replace("T", " "),
                duration=duration(rec))
