@@ -206,7 +206,7 @@ def test_secrets_only_from_secret_objects() -> None:
 def test_missing_secret_names_are_named() -> None:
     values = copy.deepcopy(CI_VALUES)
     del values["auth"]
-    with pytest.raises(helm.HelmError, match="auth.existingSecret"):
+    with pytest.raises(helm.HelmError, match=r"auth\.existingSecret"):
         render(values)
 
 
