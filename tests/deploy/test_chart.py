@@ -24,7 +24,7 @@ from app.settings import Settings
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "maec"
 KEDA_SCHEMAS = ROOT / "deploy" / "schemas" / "keda"
-CI_VALUES = yaml.safe_load((CHART / "ci" / "test-values.yaml").read_text())
+CI_VALUES: dict[str, Any] = yaml.safe_load((CHART / "ci" / "test-values.yaml").read_text())
 # The chart's floor (Chart.yaml kubeVersion) and the newest schemas shipped.
 KUBE_VERSIONS = ("1.29.0", kubernetes_validate.latest_version())
 SECRET_ENV = {"MAEC_API_KEYS", "MAEC_S3_ACCESS_KEY", "MAEC_S3_SECRET_KEY",
