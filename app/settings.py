@@ -69,6 +69,10 @@ class Settings(BaseSettings):
     s3_presign_seconds: int = Field(default=300, ge=10, le=3600)
     # Parts above this size go up as multipart uploads (each part with a checksum).
     s3_multipart_bytes: int = Field(default=64 * 1024 * 1024, ge=5 * 1024 * 1024)
+    # The part size of an output shard uploaded while the merge still writes it: what is
+    # left to send once the shard is finished is its last part (and those in flight),
+    # so smaller parts shorten a job's tail after its merge.
+    s3_stream_part_bytes: int = Field(default=16 * 1024 * 1024, ge=5 * 1024 * 1024)
     # Inputs are fetched as boto3's managed transfer does: ranged GETs of this many bytes,
     # this many at once per file (the client keeps 32 connections).
     s3_transfer_concurrency: int = Field(default=8, ge=1, le=32)
