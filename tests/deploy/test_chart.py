@@ -44,6 +44,8 @@ def external_redis() -> dict[str, Any]:
     values["redis"] = {"enabled": False, "external": {
         "host": "redis.data.svc", "port": 6380, "db": 2, "tls": True,
         "existingSecret": "maec-redis", "passwordKey": "password"}}
+    # KEDA reads the Celery queues from Redis itself: the password goes to it too.
+    values["autoscaling"]["queued"] = {"source": "celery"}
     return values
 
 
@@ -94,7 +96,7 @@ def test_the_keda_schema_refuses_what_keda_would() -> None:
     check = keda_validator("ScaledObject")
     check.validate(so)
     bad = copy.deepcopy(so)
-    bad["spec"]["triggers"][0]["metadata"]["listLength"] = 1
+    bad["spec"]["triggers"][0]["metadata"]["threshold"] = 1
     typo = copy.deepcopy(so)
     typo["spec"]["minReplicas"] = 0
     empty = copy.deepcopy(so)
@@ -125,17 +127,9 @@ def test_one_worker_deployment_and_scaled_object_per_pool(docs: list[dict[str, A
         (worker,) = pod["containers"]
         cmd = worker["command"]
         assert cmd[:4] == ["celery", "-A", "worker.celery_app", "worker"]
-        assert cmd[cmd.index("-Q") + 1] == pool["queue"]
+        assert cmd[cmd.index("-Q") + 1] == pool.get("queue", name)
         env = env_of(worker)
         assert env["MAEC_WORKER_POOL"]["value"] == name
-        assert json.loads(env["MAEC_WORKER_QUEUES"]["value"]) == [pool["queue"]]
-        for key, var in (("gpuMemoryBytes", "MAEC_WORKER_GPU_MEMORY_BYTES"),
-                         ("hostMemoryBytes", "MAEC_WORKER_HOST_MEMORY_BYTES"),
-                         ("diskBytes", "MAEC_WORKER_DISK_BYTES")):
-            if key in pool["capacity"]:
-                assert int(env[var]["value"]) == pool["capacity"][key]
-            else:
-                assert var not in env
         gpus = pool["gpus"]
         res = worker["resources"]
         if gpus:
@@ -144,6 +138,21 @@ def test_one_worker_deployment_and_scaled_object_per_pool(docs: list[dict[str, A
             assert "nvidia.com/gpu" not in res.get("limits", {})
         assert pod.get("nodeSelector", {}) == pool.get("nodeSelector", {})
         assert pod.get("tolerations", []) == pool.get("tolerations", [])
+
+
+def test_every_pod_knows_every_pool_and_its_capacity(docs: list[dict[str, Any]]) -> None:
+    """MAEC_POOLS (the API routes by it, a worker checks its own pool against it) is the
+    same in every API and worker pod, each pool's capacity in the settings' GiB fields."""
+    fields = {"hostMemoryGib": "host_memory_gib", "gpuMemoryGib": "gpu_memory_gib",
+              "diskGib": "disk_gib"}
+    want = {p["name"]: {fields[k]: v for k, v in p["capacity"].items()}
+            for p in CI_VALUES["pools"]}
+    pods = [d for d in of_kind(docs, "Deployment").values()
+            if d["metadata"]["labels"]["app.kubernetes.io/component"] in ("api", "worker")]
+    assert len(pods) == 1 + len(want)
+    for dep in pods:
+        env = env_of(dep["spec"]["template"]["spec"]["containers"][0])
+        assert json.loads(env["MAEC_POOLS"]["value"]) == want
 
 
 def test_termination_grace_covers_the_longest_stage(docs: list[dict[str, Any]]) -> None:
@@ -163,16 +172,28 @@ def test_termination_grace_covers_the_longest_stage(docs: list[dict[str, Any]]) 
         assert margin >= 120
 
 
-def test_scaling_counts_queued_plus_running(docs: list[dict[str, Any]]) -> None:
-    for so in of_kind(docs, "ScaledObject").values():
-        pool = so["metadata"]["labels"]["maec.pool"]
-        queue = next(p["queue"] for p in CI_VALUES["pools"] if p["name"] == pool)
-        assert so["spec"]["minReplicaCount"] == 0
+@pytest.mark.parametrize("source", ["prometheus", "celery"])
+def test_scaling_counts_queued_plus_running(source: str) -> None:
+    docs = render(CI_VALUES if source == "prometheus" else external_redis())
+    pools = {p["name"]: p for p in CI_VALUES["pools"]}
+    scaled = of_kind(docs, "ScaledObject")
+    assert len(scaled) == len(pools)
+    for so in scaled.values():
+        pool = pools[so["metadata"]["labels"]["maec.pool"]]
+        assert so["spec"]["minReplicaCount"] == pool.get("minReplicas", 0)
+        assert so["spec"]["maxReplicaCount"] == pool["maxReplicas"]
         triggers = {t["name"]: t for t in so["spec"]["triggers"]}
-        assert triggers["queued"]["type"] == "redis"
-        assert triggers["queued"]["metadata"]["listName"] == queue
+        queued = triggers["queued"]
+        if source == "celery":
+            assert queued["type"] == "redis"
+            assert queued["metadata"]["listName"] == pool.get("queue", pool["name"])
+        else:
+            assert queued["type"] == "prometheus"
+            assert queued["metadata"]["query"] == \
+                f'sum(maec_pool_queued{{pool="{pool["name"]}"}}) or vector(0)'
         assert triggers["active"]["type"] == "prometheus"
-        assert f'pool="{pool}"' in triggers["active"]["metadata"]["query"]
+        assert triggers["active"]["metadata"]["query"] == \
+            f'sum(maec_pool_active{{pool="{pool["name"]}"}}) or vector(0)'
         assert so["spec"]["advanced"]["scalingModifiers"]["formula"] == "queued + active"
 
 

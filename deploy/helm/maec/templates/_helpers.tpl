@@ -100,6 +100,8 @@ values or the rendered manifests.
       name: {{ $.Values.auth.existingSecret }}
       key: {{ . }}
 {{- end }}
+- name: MAEC_POOLS
+  value: {{ include "maec.poolsJson" . | quote }}
 - name: MAEC_HUB_ENABLED
   value: {{ .Values.settings.hubEnabled | quote }}
 - name: MAEC_MAX_ATTEMPTS
@@ -115,4 +117,26 @@ values or the rendered manifests.
 {{/* One pool's time limit: its own, or the workers' default. */}}
 {{- define "maec.poolTimeLimit" -}}
 {{- .pool.taskTimeLimitSeconds | default .root.Values.worker.taskTimeLimitSeconds | int -}}
+{{- end -}}
+
+{{/*
+MAEC_POOLS: every pool the release runs, with what one of its workers holds (GiB), for
+the API's routing and the workers alike (app/settings.py PoolSpec).
+*/}}
+{{- define "maec.poolsJson" -}}
+{{- $fields := dict "hostMemoryGib" "host_memory_gib" "gpuMemoryGib" "gpu_memory_gib" "diskGib" "disk_gib" -}}
+{{- $pools := dict -}}
+{{- range $pool := .Values.pools -}}
+{{- $spec := dict -}}
+{{- range $k, $v := ($pool.capacity | default dict) -}}
+{{- $_ := set $spec (get $fields $k) $v -}}
+{{- end -}}
+{{- $_ := set $pools $pool.name $spec -}}
+{{- end -}}
+{{- toJson $pools -}}
+{{- end -}}
+
+{{/* A pool's Celery queue: its name unless it says otherwise. */}}
+{{- define "maec.poolQueue" -}}
+{{- .queue | default .name -}}
 {{- end -}}
