@@ -153,6 +153,12 @@ def test_every_pod_knows_every_pool_and_its_capacity(docs: list[dict[str, Any]])
     for dep in pods:
         env = env_of(dep["spec"]["template"]["spec"]["containers"][0])
         assert json.loads(env["MAEC_POOLS"]["value"]) == want
+        if "pools" in Settings.model_fields:
+            # The service's own settings accept what the chart writes, the worker's pool
+            # included.
+            Settings.model_validate({
+                "dev_mode": True, "pools": json.loads(env["MAEC_POOLS"]["value"]),
+                "worker_pool": env.get("MAEC_WORKER_POOL", {}).get("value")})
 
 
 def test_termination_grace_covers_the_longest_stage(docs: list[dict[str, Any]]) -> None:
