@@ -55,6 +55,12 @@ demo: setup
 bench-api: setup
 	$(PY) -m bench.api
 
+# One large S3 input from a local SeaweedFS: parallel ranged GETs (ours) against one
+# streamed GET, interleaved. BENCH_FETCH_MIB=768 BENCH_ROUNDS=3
+.PHONY: bench-fetch
+bench-fetch: setup
+	$(PY) -m bench.s3_fetch
+
 # Evaluation throughput (perplexity and generation) against a plain transformers loop.
 .PHONY: bench-eval
 bench-eval: setup

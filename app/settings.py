@@ -85,6 +85,15 @@ class Settings(BaseSettings):
     """Lifetime of a presigned download URL (`?redirect=true`)."""
     s3_multipart_bytes: int = Field(default=64 * 1024 * 1024, ge=5 * 1024 * 1024)
     """Files above this size go up as multipart uploads, each part with a checksum."""
+    s3_stream_part_bytes: int = Field(default=16 * 1024 * 1024, ge=5 * 1024 * 1024)
+    """The part size of an output shard uploaded while the merge still writes it: what is
+    left to send once the shard is finished is its last part (and those in flight), so
+    smaller parts shorten a job's tail after its merge."""
+    s3_transfer_concurrency: int = Field(default=8, ge=1, le=32)
+    """Inputs are fetched as boto3's managed transfer does: this many ranged GETs at once
+    per file (the client keeps 32 connections)."""
+    s3_download_part_bytes: int = Field(default=16 * 1024 * 1024, ge=1024 * 1024)
+    """The size of each ranged GET of an input; smaller objects are one GET."""
 
     local_roots: list[Path] = Field(default_factory=list)
     """JSON list of allow-listed local checkpoint roots (absolute paths); `make run` adds

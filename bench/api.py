@@ -309,6 +309,21 @@ def measure_rounds(sides: dict[str, tuple[str, dict[str, str], int]], path: str
     return runs, per_request
 
 
+def _breakdown(job: dict[str, Any], wall: float, merge: float) -> str:
+    """Where a job's wall beyond its merge went, from the record's timestamps: waiting
+    to be claimed, the worker's own steps around the merge (fetch, publish, status
+    write), and the rest (submission, the client's polling)."""
+    from datetime import datetime
+
+    def at(field: str) -> float:
+        return datetime.fromisoformat(job[field].replace("Z", "+00:00")).timestamp()
+
+    queued = at("started_at") - at("created_at")
+    worker = at("finished_at") - at("started_at")
+    return (f"queued {queued:.2f} s, worker {worker:.2f} s (merge {merge:.2f} + around it "
+            f"{worker - merge:.2f}), submission and polling {wall - queued - worker:.2f} s")
+
+
 def job_wall_vs_merge() -> float:
     """Submit -> succeeded wall time of one 0.85B task-arithmetic job with S3 storage,
     over the merge time its worker reports (``core_seconds``); the second of two jobs,
@@ -349,7 +364,7 @@ def job_wall_vs_merge() -> float:
                 merge = float(job["result"]["core_seconds"])
                 ratios.append(wall / merge)
                 print(f"bench: {base.parent.name} job on S3: wall {wall:.2f} s, "
-                      f"merge {merge:.2f} s", flush=True)
+                      f"merge {merge:.2f} s; {_breakdown(job, wall, merge)}", flush=True)
     finally:
         s3.stop()
         shutil.rmtree(var, ignore_errors=True)

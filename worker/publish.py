@@ -6,10 +6,11 @@ ends; an open file is not affected) and uploaded on a thread as it grows, part b
 once each part's bytes are written, so even a one-shard output is mostly uploaded by the
 time the merge ends. :meth:`ShardUploads.on_shard` (the shard complete) gives the digest
 the writer computed, which the upload is checked against (``Storage.put_verified``).
-:func:`publish` then waits for those, uploads the remaining small files the same way, and
-writes ``manifest.json`` last, only once every other file is stored and verified. On any
-failure or cancellation the caller stops the uploads (:meth:`ShardUploads.stop`) before
-removing the staging prefix, so no upload can land after the clean-up.
+:func:`publish` then uploads the remaining small files the same way, beside the shards'
+last parts, waits for all of them, and writes ``manifest.json`` last, only once every
+other file is stored and verified. On any failure or cancellation the caller stops the
+uploads (:meth:`ShardUploads.stop`) before removing the staging prefix, so no upload can
+land after the clean-up.
 """
 
 from __future__ import annotations
@@ -181,11 +182,11 @@ def publish(uploads: ShardUploads, out: Path, files: list[dict[str, Any]],
     (nothing more uploaded) when ``cancelled()`` turns true on the way."""
     total = len(files) + 1
     shards = uploads.names
-    if not uploads.wait(cancelled, lambda n: progress(n, total)):
-        return False
-    rest = [f for f in files if f["path"] not in shards]
-    for f in rest:
-        uploads.submit(f["path"], out / f["path"], int(f["size"]), str(f["sha256"]))
+    # The other files (config, tokenizer, card, recipe) are complete once the merge has
+    # returned: sent now, beside the last shard's last parts, not after them.
+    for f in files:
+        if f["path"] not in shards:
+            uploads.submit(f["path"], out / f["path"], int(f["size"]), str(f["sha256"]))
     if not uploads.wait(cancelled, lambda n: progress(n, total)):
         return False
     if cancelled():

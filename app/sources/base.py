@@ -244,6 +244,21 @@ def write_verified(chunks: Iterable[bytes], dest: Path, file: SourceFile, *, uri
             if digest is not None:
                 digest.hasher.update(chunk)
             out.write(chunk)
+    _check_download(got, digest, file, uri=uri, sender=sender, where=where)
+
+
+def download_verified(download: Callable[[Callable[[bytes], None]], int], file: SourceFile,
+                      *, uri: str, sender: str, where: str) -> None:
+    """Like :func:`write_verified`, for a download that writes the file itself (S3's
+    parallel ranged GETs): ``download(sink)`` hands every byte to ``sink`` in file order
+    and returns how many it wrote; the digest is computed as they arrive."""
+    digest = _digest_for(file)
+    got = download((lambda _: None) if digest is None else digest.hasher.update)
+    _check_download(got, digest, file, uri=uri, sender=sender, where=where)
+
+
+def _check_download(got: int, digest: _Digest | None, file: SourceFile, *, uri: str,
+                    sender: str, where: str) -> None:
     if got != file.size:
         sent = f"more than {file.size}" if got > file.size else str(got)
         raise StorageError(f"{uri}: {sender} sent {sent} bytes of {file.name}, which is "

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Protocol
@@ -35,6 +35,17 @@ WaitFn = Callable[[int], None]
 
 def expected_digest(sha256: Digest) -> str:
     return sha256() if callable(sha256) else sha256
+
+
+def write_stream(chunks: Iterable[bytes], dest: Path, sink: Callable[[bytes], None]) -> int:
+    """``chunks`` into ``dest`` and ``sink``, in order; the bytes written."""
+    written = 0
+    with open(dest, "wb") as out:
+        for chunk in chunks:
+            sink(chunk)
+            out.write(chunk)
+            written += len(chunk)
+    return written
 
 
 def check_key(key: str) -> str:
@@ -79,6 +90,14 @@ class Storage(Protocol):
                    ) -> Iterator[bytes]:
         """Bytes ``[start, end]`` as chunks; with ``if_match``, only while the object's
         ``etag`` is still that one (a changed object is a ``StorageError``)."""
+        ...
+
+    def download_pinned(self, key: str, dest: Path, size: int, *, if_match: str | None,
+                        sink: Callable[[bytes], None]) -> int:
+        """The ``size`` bytes of ``key`` into ``dest`` (S3: ranged GETs in parallel),
+        only while its ``etag`` is ``if_match`` (else ``StorageError``); ``sink`` gets
+        the bytes in file order, each once. Returns the bytes written; the caller checks
+        that and any digest."""
         ...
 
     def head(self, key: str) -> ObjectInfo | None: ...

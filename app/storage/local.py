@@ -10,7 +10,7 @@ import hashlib
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -22,6 +22,7 @@ from app.storage.base import (
     WaitFn,
     check_key,
     expected_digest,
+    write_stream,
 )
 
 CHUNK = 1024 * 1024
@@ -117,6 +118,11 @@ class LocalStorage:
                     break
                 left -= len(chunk)
                 yield chunk
+
+    def download_pinned(self, key: str, dest: Path, size: int, *, if_match: str | None,
+                        sink: Callable[[bytes], None]) -> int:
+        chunks = self.iter_range(key, 0, size - 1, if_match=if_match) if size else ()
+        return write_stream(chunks, dest, sink)
 
     def head(self, key: str) -> ObjectInfo | None:
         try:

@@ -1,5 +1,6 @@
 """S3-compatible storage through boto3: multipart uploads with SHA-256 checksums per part,
-ranged GETs, presigned URLs.
+ranged GETs (inputs fetched as parallel ranged GETs: app/storage/ranged.py), presigned
+URLs.
 
 ``put_verified`` (how the worker publishes a merge's files) runs its own multipart
 upload rather than boto3's transfer manager: it reads each part once, hashes it for the
@@ -35,7 +36,9 @@ from app.storage.base import (
     WaitFn,
     check_key,
     expected_digest,
+    write_stream,
 )
+from app.storage.ranged import Sink, ranged_download, transfer_config
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -78,7 +81,9 @@ class S3Storage:
     kind = "s3"
 
     def __init__(self, client: S3Client, bucket: str, *, multipart_bytes: int,
-                 presigner: S3Client | None = None) -> None:
+                 presigner: S3Client | None = None, fetch_concurrency: int = 8,
+                 fetch_part_bytes: int = 16 * 1024 * 1024,
+                 stream_part_bytes: int = 16 * 1024 * 1024) -> None:
         self.client = client
         # Signs URLs for the endpoint clients use (signatures cover the host).
         self.presigner = presigner or client
@@ -87,6 +92,10 @@ class S3Storage:
         self.transfer = TransferConfig(
             multipart_threshold=multipart_bytes, multipart_chunksize=multipart_bytes,
         )
+        self.stream_part_bytes = stream_part_bytes
+        self.fetch_concurrency = fetch_concurrency
+        self.fetch_part_bytes = fetch_part_bytes
+        self.fetch_transfer = transfer_config(fetch_concurrency, fetch_part_bytes)
 
     @classmethod
     def from_settings(cls, s: Settings) -> S3Storage:
@@ -94,7 +103,9 @@ class S3Storage:
         presigner = (cls._client(s, s.s3_public_endpoint_url)
                      if s.s3_public_endpoint_url else None)
         return cls(client, s.s3_bucket, multipart_bytes=s.s3_multipart_bytes,
-                   presigner=presigner)
+                   presigner=presigner, fetch_concurrency=s.s3_transfer_concurrency,
+                   fetch_part_bytes=s.s3_download_part_bytes,
+                   stream_part_bytes=s.s3_stream_part_bytes)
 
     @staticmethod
     def _client(s: Settings, endpoint: str | None) -> S3Client:
@@ -114,7 +125,9 @@ class S3Storage:
 
     def for_bucket(self, bucket: str) -> Storage:
         return S3Storage(self.client, bucket, multipart_bytes=self.multipart_bytes,
-                         presigner=self.presigner)
+                         presigner=self.presigner, fetch_concurrency=self.fetch_concurrency,
+                         fetch_part_bytes=self.fetch_part_bytes,
+                         stream_part_bytes=self.stream_part_bytes)
 
     def prepare(self) -> None:
         try:
@@ -143,8 +156,12 @@ class S3Storage:
     def put_verified(self, key: str, f: BinaryIO, size: int, sha256: Digest, *,
                      wait_for: WaitFn | None = None) -> None:
         check_key(key)
+        # A file still being written goes up in smaller parts: only its last part waits
+        # for the writer to finish.
+        part = self.multipart_bytes if wait_for is None else \
+            min(self.multipart_bytes, self.stream_part_bytes)
         try:
-            if size <= self.multipart_bytes:
+            if size <= part:
                 if wait_for is not None:
                     wait_for(size)
                 f.seek(0)
@@ -156,7 +173,7 @@ class S3Storage:
                 self.client.put_object(Bucket=self.bucket, Key=key, Body=data,
                                        ChecksumSHA256=_b64(bytes.fromhex(digest)))
             else:
-                self._multipart(key, f, size, sha256, wait_for)
+                self._multipart(key, f, size, sha256, wait_for, part)
             head = self.client.head_object(Bucket=self.bucket, Key=key)
         except (ClientError, BotoCoreError, OSError) as exc:
             raise _fail(f"uploading {key}", exc, key=key) from None
@@ -166,7 +183,7 @@ class S3Storage:
                                f"not {size}", key=key)
 
     def _multipart(self, key: str, f: BinaryIO, size: int, sha256: Digest,
-                   wait_for: WaitFn | None) -> None:
+                   wait_for: WaitFn | None, part: int) -> None:
         """Parts hashed as read (each once final, for a file still being written) and
         sent on a pool; completed only once the whole file hashed to ``sha256`` and the
         store confirmed the parts' composite checksum."""
@@ -178,8 +195,8 @@ class S3Storage:
         try:
             with ThreadPoolExecutor(UPLOAD_THREADS, thread_name_prefix="s3-part") as pool:
                 f.seek(0)
-                for number, start in enumerate(range(0, size, self.multipart_bytes), 1):
-                    n = min(self.multipart_bytes, size - start)
+                for number, start in enumerate(range(0, size, part), 1):
+                    n = min(part, size - start)
                     if wait_for is not None:
                         wait_for(start + n)
                     data = f.read(n)
@@ -262,6 +279,16 @@ class S3Storage:
             yield from resp["Body"].iter_chunks(CHUNK)
         except BotoCoreError as exc:
             raise _fail(f"reading {key}", exc, key=key) from None
+
+    def download_pinned(self, key: str, dest: Path, size: int, *, if_match: str | None,
+                        sink: Sink) -> int:
+        if size < self.fetch_transfer.multipart_threshold:
+            # One GET: the transfer would make it one part anyway (and its one-GET path
+            # sends no If-Match).
+            chunks = self.iter_range(key, 0, size - 1, if_match=if_match) if size else ()
+            return write_stream(chunks, dest, sink)
+        return ranged_download(self.client, self.fetch_transfer, self.bucket, key, dest,
+                               size, if_match=if_match, sink=sink)
 
     def head(self, key: str) -> ObjectInfo | None:
         try:

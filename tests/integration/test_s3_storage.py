@@ -148,3 +148,34 @@ def test_put_verified_follows_a_growing_file_part_by_part(s3_server: S3Server,
     assert asked == [5 * 2**20, 10 * 2**20, len(data)], "one wait per part, in order"
     assert store.get_bytes("t/growing/big.bin") == data
     store.delete_prefix("t/growing/")
+
+
+def test_a_growing_file_goes_up_in_the_smaller_stream_parts(s3_server: S3Server,
+                                                            tmp_path: Path) -> None:
+    """While the merge still writes a shard, its parts are ``s3_stream_part_bytes``, so
+    what waits for the writer's end is one small part; a finished file of the same size
+    stays a single PUT under ``s3_multipart_bytes``."""
+    store = S3Storage.from_settings(_settings(s3_server, s3_multipart_bytes=64 * 2**20,
+                                              s3_stream_part_bytes=5 * 2**20))
+    data = os.urandom(12 * 1024 * 1024)
+    digest = hashlib.sha256(data).hexdigest()
+    path = tmp_path / "growing.bin"
+    path.write_bytes(b"")
+    asked: list[int] = []
+
+    def wait_for(n: int) -> None:
+        asked.append(n)
+        with open(path, "ab") as out:
+            out.write(data[path.stat().st_size:n])
+
+    with open(path, "rb") as f:
+        store.put_verified("t/stream/growing.bin", f, len(data), lambda: digest,
+                           wait_for=wait_for)
+    assert asked == [5 * 2**20, 10 * 2**20, len(data)]
+    with open(path, "rb") as f:
+        store.put_verified("t/stream/whole.bin", f, len(data), digest)
+    for key, parts in (("growing.bin", "-3"), ("whole.bin", None)):
+        etag = store.client.head_object(Bucket=S3_BUCKET, Key=f"t/stream/{key}")["ETag"]
+        assert (etag.strip('"').endswith(parts) if parts else "-" not in etag), (key, etag)
+        assert store.get_bytes(f"t/stream/{key}") == data
+    store.delete_prefix("t/stream/")
