@@ -72,6 +72,15 @@ class SweepResult:
     seconds: float
 
 
+@dataclass(frozen=True)
+class FolderEvaluation:
+    """A folder's evaluation: the report, and the folder's manifest as it now stands
+    (listing the evaluation files beside the merge's)."""
+
+    report: EvalReport
+    manifest: dict[str, Any]
+
+
 @dataclass
 class _Best:
     """The best candidate so far: its ranking key, and its folder when it has one (a
@@ -96,7 +105,7 @@ class _State:
 
 def evaluate_folder(recipe: Recipe, folder: Path, *, device: str | None = None,
                     progress: ProgressFn | None = None, cancel: CancelFn | None = None,
-                    label: str = MERGED) -> EvalReport:
+                    label: str = MERGED) -> FolderEvaluation:
     """Score a merged ``folder`` (and with ``evaluate_inputs`` the language base and the
     donors) on the recipe's eval sets, and publish the report in the folder (files, card,
     manifest). The recipe's eval set paths must be local."""
@@ -110,8 +119,7 @@ def evaluate_folder(recipe: Recipe, folder: Path, *, device: str | None = None,
         models.update(input_models(recipe))
     report = EvalReport(models=[evaluate_loaded(name, path, sets, dev, step, cancel)
                                 for name, path in models.items()])
-    attach_evaluation(folder, report, label=label)
-    return report
+    return FolderEvaluation(report, attach_evaluation(folder, report, label=label))
 
 
 def _eval_progress(progress: ProgressFn | None) -> ProgressFn | None:
