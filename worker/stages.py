@@ -9,29 +9,22 @@ candidate under ``candidates/<id>/`` of the job's prefix as it finishes, through
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from maec_core.eval.report import EvalReport
+from maec_core.job_progress import candidate_at
 from maec_core.maec.store import ArtifactStore
-from maec_core.manifest import MANIFEST_NAME
+from maec_core.manifest import write_manifest
 from maec_core.recipe import Recipe
 from maec_core.runtime import CancelFn, EngineOptions, ProgressFn
 
-# Fraction of the whole job each stage covers, for a job that evaluates.
-EVAL_SPAN = {"fetch": (0.0, 0.05), "extract": (0.05, 0.45), "combine": (0.45, 0.8),
-             "evaluate": (0.8, 0.95), "publish": (0.95, 1.0)}
-EVAL_SPAN_NO_EXTRACT = {**EVAL_SPAN, "combine": (0.05, 0.8)}
-# Within one sweep candidate (the sweep as a whole covers SWEEP_SPAN of the job).
-CANDIDATE_SPAN = {"extract": (0.0, 0.4), "combine": (0.4, 0.7), "evaluate": (0.7, 1.0)}
-SWEEP_SPAN = (0.05, 0.95)
-ALIASES = {"merge": "combine", "select": "combine"}
-
 # upload(path under the job's prefix, local file): one file into the job's staging prefix.
 Upload = Callable[[str, Path], None]
+# A folder's manifest as clients see it (``maec_core.job_plan.JobPlan.published``).
+Published = Callable[[dict[str, Any]], dict[str, Any]]
 
 
 class Reporter(Protocol):
@@ -53,28 +46,21 @@ class Produced:
     files: list[dict[str, Any]] = field(default_factory=list)
 
 
-def spans_for(recipe: Recipe, is_maec: bool) -> dict[str, tuple[float, float]] | None:
-    """The stage spans of a job that evaluates (None: the runner's defaults)."""
-    if not recipe.evaluate or recipe.sweep is not None:
-        return None
-    return EVAL_SPAN if is_maec else EVAL_SPAN_NO_EXTRACT
-
-
 def evaluation_result(report: EvalReport, label: str) -> dict[str, Any]:
     return {"label": label, "report": "eval_report.json", "table": report.table}
 
 
 def produce(recipe: Recipe, out: Path, *, store: ArtifactStore, progress: ProgressFn,
             cancel: CancelFn, device: str | None, hash_cache: Path, work_dir: Path,
-            reporter: Reporter, upload: Upload,
+            reporter: Reporter, upload: Upload, published: Published,
             options: EngineOptions | None = None) -> Produced:
     """Merge (and evaluate, or sweep) ``recipe`` into ``out``. ``options`` (the output's
     finished-shard callbacks) apply to a plain merge only: a sweep's candidates are not
-    the output."""
+    the output. ``published`` names a candidate's inputs in the manifest it publishes."""
     if recipe.sweep is not None:
         return _sweep(recipe, out, store=store, cancel=cancel, device=device,
                       hash_cache=hash_cache, work_dir=work_dir, reporter=reporter,
-                      upload=upload)
+                      upload=upload, published=published)
     from maec_core.run import run
     from maec_core.sweep.runner import evaluate_folder
 
@@ -86,8 +72,8 @@ def produce(recipe: Recipe, out: Path, *, store: ArtifactStore, progress: Progre
     if recipe.evaluate:
         evaluated = evaluate_folder(recipe, out, device=device, progress=progress,
                                     cancel=cancel)
-        produced.manifest = json.loads((out / MANIFEST_NAME).read_text())
-        produced.result["evaluation"] = evaluation_result(evaluated, "merged")
+        produced.manifest = evaluated.manifest
+        produced.result["evaluation"] = evaluation_result(evaluated.report, "merged")
     return produced
 
 
@@ -104,18 +90,14 @@ class SweepProgress:
         self.slot, self.slots = index + 1, total + 1
 
     def __call__(self, stage: str, done: int, total: int) -> None:
-        stage = ALIASES.get(stage, stage)
-        lo, hi = CANDIDATE_SPAN.get(stage, (0.0, 1.0))
-        inner = lo + (hi - lo) * (done / total if total else 1.0)
-        a, b = SWEEP_SPAN
-        frac = a + (b - a) * (min(self.slot, self.slots - 1) + inner) / self.slots
+        stage, frac = candidate_at(stage, done, total, self.slot, self.slots)
         self.reporter.report(stage, frac, done, total, candidate=self.slot,
                              candidates=self.slots - 1)
 
 
 def _sweep(recipe: Recipe, out: Path, *, store: ArtifactStore, cancel: CancelFn,
            device: str | None, hash_cache: Path, work_dir: Path, reporter: Reporter,
-           upload: Upload) -> Produced:
+           upload: Upload, published: Published) -> Produced:
     from maec_core.sweep.grid import Candidate
     from maec_core.sweep.runner import run_sweep
 
@@ -125,7 +107,7 @@ def _sweep(recipe: Recipe, out: Path, *, store: ArtifactStore, cancel: CancelFn,
 
     def keep(cand: Candidate, folder: Path, manifest: dict[str, Any]) -> None:
         prefix = f"candidates/{cand.id}"
-        entries = [*manifest["files"], _manifest_entry(folder)]
+        entries = [*manifest["files"], write_manifest(folder, published(manifest))]
         for f in entries:
             upload(f"{prefix}/{f['path']}", folder / f["path"])
             uploaded.append({**f, "path": f"{prefix}/{f['path']}"})
@@ -146,10 +128,3 @@ def _sweep(recipe: Recipe, out: Path, *, store: ArtifactStore, cancel: CancelFn,
                 "sweep": summary},
         files=uploaded)
 
-
-def _manifest_entry(folder: Path) -> dict[str, Any]:
-    from maec_core.checksums import sha256_file
-
-    path = folder / MANIFEST_NAME
-    return {"path": MANIFEST_NAME, "size": path.stat().st_size,
-            "sha256": sha256_file(path, use_cache=False)}
