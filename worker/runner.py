@@ -30,6 +30,7 @@ from app.settings import Settings
 from app.sources import Source
 from app.storage.base import Storage, StorageError
 from maec_contract import FileInfo, JobResult
+from maec_core.context import RunContext
 from maec_core.errors import Cancelled, MaecError
 from maec_core.job_plan import JobPlan, plan_job
 from maec_core.job_progress import StageSpans
@@ -379,13 +380,13 @@ class JobRunner:
                                          self.settings.artifact_cache_max_bytes,
                                          on_use=self.store.touch_artifact, hold=hold)
         try:
-            made = produce(plan.localised(local), out, store=artifacts,
-                           progress=att.progress, cancel=att.cancel_requested,
-                           device=self.settings.device, hash_cache=hash_cache,
-                           work_dir=workdir, reporter=att, upload=upload,
-                           published=published,
-                           options=EngineOptions(on_shard=uploads.on_shard,
-                                                 on_shard_open=uploads.on_shard_open))
+            ctx = RunContext(progress=att.progress, cancel=att.cancel_requested,
+                             device=self.settings.device, hash_cache=hash_cache,
+                             artifact_store=artifacts,
+                             options=EngineOptions(on_shard=uploads.on_shard,
+                                                   on_shard_open=uploads.on_shard_open))
+            made = produce(plan.localised(local), out, ctx, work_dir=workdir, reporter=att,
+                           upload=upload, published=published)
             # The manifest clients read: inputs by the recipe's references. Written once,
             # its entry taken from the bytes written.
             manifest = published(made.manifest)
