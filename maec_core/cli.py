@@ -9,7 +9,7 @@ import click
 from maec_core.cli_options import FLAG_NAMES as ALL_FLAGS
 from maec_core.cli_options import RunFlags, run_flags
 from maec_core.eval.cli import eval_command
-from maec_core.recipe import parse_recipe
+from maec_core.parsing import parse_recipe
 
 
 @click.group()

@@ -19,6 +19,7 @@ from maec_core.checksums import sha256_file
 from maec_core.errors import CheckpointError
 from maec_core.io.folder import is_adapter_folder
 from maec_core.job_progress import StageSpans, job_spans
+from maec_core.methods import get_method
 from maec_core.recipe import Recipe
 from maec_core.sweep.inputs import eval_sources, with_eval_sources
 
@@ -61,6 +62,8 @@ class JobPlan:
     # One-file inputs: ability corpora, then eval sets and few-shot files.
     corpora: tuple[str, ...]
     eval_inputs: tuple[str, ...]
+    # Whether the method extracts (ability vectors an artifact store may hold).
+    extracts: bool
     spans: StageSpans
     adapters: AdapterCheck
 
@@ -98,12 +101,12 @@ def plan_job(recipe: Recipe) -> JobPlan:
     """The plan of ``recipe`` (parsed and validated)."""
     refs = recipe.sources()
     checkpoints = tuple(dict.fromkeys(s.ref for s in refs if s.kind == "checkpoint"))
-    # Stages are the method's: MAEC extracts ability vectors before it combines.
-    extracts = recipe.merge_method == "maec"
+    # The method's own stages say whether it extracts before it combines.
+    extracts = "extract" in get_method(recipe.merge_method).stages
     return JobPlan(
         recipe=recipe, checkpoints=checkpoints,
         corpora=tuple(sorted({s.ref for s in refs if s.kind == "corpus"})),
-        eval_inputs=tuple(eval_sources(recipe)),
+        eval_inputs=tuple(eval_sources(recipe)), extracts=extracts,
         spans=job_spans(extracts=extracts,
                         evaluates=bool(recipe.evaluate) and recipe.sweep is None),
         adapters=AdapterCheck(recipe.base_model, checkpoints))

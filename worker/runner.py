@@ -35,7 +35,7 @@ from maec_core.errors import Cancelled, MaecError
 from maec_core.job_plan import JobPlan, plan_job
 from maec_core.job_progress import StageSpans
 from maec_core.manifest import MANIFEST_NAME, write_manifest
-from maec_core.recipe import parse_recipe
+from maec_core.parsing import parse_recipe
 from maec_core.runtime import EngineOptions
 from worker.inputs import InputCache, fetch_source
 from worker.publish import ShardUploads, publish
@@ -404,7 +404,8 @@ class JobRunner:
             report=plan.named(_summary(made.report, made.stage_seconds), local),
             files=[FileInfo(**f, url=f"/v1/jobs/{rec.id}/files/{f['path']}") for f in files],
             core_seconds=round(made.core_seconds, 4), **made.result)
-        return Finished(result, prefix, all(made.reused) if made.reused else None)
+        reused = all(made.reused) if plan.extracts and made.reused else None
+        return Finished(result, prefix, reused)
 
     def _publish(self, rec: JobRecord, att: Attempt, out: Path, manifest: dict[str, Any],
                  entry: dict[str, Any], uploads: ShardUploads) -> list[dict[str, Any]]:

@@ -116,8 +116,9 @@ def _sweep(recipe: Recipe, out: Path, ctx: RunContext, *, work_dir: Path,
         result.manifest, {"sweep": {"candidates": len(board.rows),
                                     "extractions": result.extractions}},
         {"sweep": result.seconds}, result.seconds,
-        # MAEC: reused when no candidate had to extract.
-        [result.extractions == 0] if recipe.merge_method == "maec" else [],
+        # Reused when no candidate had to extract (for a method that extracts: the
+        # runner's plan knows).
+        [result.extractions == 0],
         result={"evaluation": evaluation_result(result.report, board.winner or ""),
                 "sweep": summary},
         files=uploaded)

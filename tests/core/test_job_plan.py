@@ -14,7 +14,7 @@ import pytest
 from maec_core.errors import CheckpointError
 from maec_core.job_plan import plan_job
 from maec_core.job_progress import candidate_at, job_spans
-from maec_core.recipe import parse_recipe
+from maec_core.parsing import parse_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 SETS = [{"name": "qa", "language": "sw", "kind": "accuracy", "path": "s3://e/qa.jsonl",
