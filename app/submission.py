@@ -35,6 +35,7 @@ from maec_core.errors import (
 )
 from maec_core.eval.sets import SET_MAX_BYTES, load_set
 from maec_core.io.folder import ModelFolder
+from maec_core.job_plan import JobPlan, plan_job
 from maec_core.methods import NamedForm, TensorMethod, get_method
 from maec_core.methods.params import validated_params
 from maec_core.moe.config import MoeConfig, parse_moe_config
@@ -44,7 +45,6 @@ from maec_core.plan import MergePlan, plan_recipe
 from maec_core.recipe import Recipe
 from maec_core.recipe_values import Condition, ParamValue
 from maec_core.sweep.grid import candidates
-from maec_core.sweep.inputs import eval_sources, with_eval_sources
 
 
 def build_job(req: JobRequest) -> Recipe | MoeConfig:
@@ -144,27 +144,22 @@ def _named_recipe(req: JobRequest) -> Recipe:
     return parse_recipe(_with_evaluation(data, req))
 
 
-def model_sources(recipe: Recipe) -> list[str]:
-    """Every checkpoint the recipe reads, reference (base) first, no repeats."""
-    refs = recipe.sources()
-    out = list(dict.fromkeys(s.ref for s in refs if s.kind == "checkpoint"))
-    if any(s.kind == "tokenizer" and s.ref not in out for s in refs):
+def check_tokenizer_source(plan: JobPlan) -> None:
+    """A tokenizer_source names one of the checkpoints the job reads (or a keyword)."""
+    if any(s.kind == "tokenizer" and s.ref not in plan.checkpoints
+           for s in plan.recipe.sources()):
         raise RecipeError("tokenizer_source must be 'base', 'union' or one of the recipe's "
                           "models", key="tokenizer_source")
-    return out
 
 
-def corpus_sources(recipe: Recipe) -> list[str]:
-    return sorted({s.ref for s in recipe.sources() if s.kind == "corpus"})
-
-
-def inspect_models(recipe: Recipe, parsed: dict[str, Source], storage: Storage
+def inspect_models(plan: JobPlan, parsed: dict[str, Source], storage: Storage
                    ) -> dict[str, ModelFolder]:
     """Header views of every checkpoint the recipe reads, the recipe's base first: a LoRA
     adapter among the others applies to that base, its shapes checked against the base's
     headers. The base an adapter's own config names is never followed (it may lie
     outside every allowed root), so an adapter with no base in the recipe, or as the
     base itself, is refused."""
+    recipe = plan.recipe
     # Tokenizer files are read only for a recipe that merges vocabularies.
     tokenizer = recipe.vocab_source is not None
     folders: dict[str, ModelFolder] = {}
@@ -172,7 +167,7 @@ def inspect_models(recipe: Recipe, parsed: dict[str, Source], storage: Storage
     if base_ref is not None and base_ref in parsed:
         folders[base_ref] = inspect_source(parsed[base_ref], storage, tokenizer)
     base = folders.get(base_ref) if base_ref is not None else None
-    for uri in model_sources(recipe):
+    for uri in plan.checkpoints:
         if uri not in folders:
             folders[uri] = inspect_source(parsed[uri], storage, tokenizer, base=base)
     return folders
@@ -186,32 +181,35 @@ def check_sources(
 
     Blocking (file and S3 I/O): the API calls it in a worker thread.
     """
-    if len(model_sources(recipe)) > settings.max_models_per_job:
+    # What the job reads, as the worker's plan will say: the same plan, made here.
+    plan = plan_job(recipe)
+    check_tokenizer_source(plan)
+    if len(plan.checkpoints) > settings.max_models_per_job:
         raise RecipeError(
-            f"the job names {len(model_sources(recipe))} checkpoints; this service takes "
+            f"the job names {len(plan.checkpoints)} checkpoints; this service takes "
             f"at most {settings.max_models_per_job} (MAEC_MAX_MODELS_PER_JOB)",
             limit=settings.max_models_per_job,
         )
     parsed: dict[str, Source] = {}
-    for uri in [*model_sources(recipe), *corpus_sources(recipe)]:
+    for uri in [*plan.checkpoints, *plan.corpora]:
         parsed[uri] = parse_source(uri, settings)
-    folders = inspect_models(recipe, parsed, storage)
+    folders = inspect_models(plan, parsed, storage)
     check_against_plan(recipe, plan_recipe(recipe, folders))
     # Pinned after the checks: a file replaced in between is pinned as replaced, which
     # lets nothing unchecked through (the engine validates the folder it reads).
-    pinned = {uri: pin_source(parsed[uri], storage) for uri in model_sources(recipe)}
-    for uri in corpus_sources(recipe):
+    pinned = {uri: pin_source(parsed[uri], storage) for uri in plan.checkpoints}
+    for uri in plan.corpora:
         pinned[uri] = check_corpus(parsed[uri], storage, settings.max_corpus_bytes)
-    pinned.update(check_eval_sets(recipe, settings, storage))
+    pinned.update(check_eval_sets(plan, settings, storage))
     return {uri: s.to_dict() for uri, s in pinned.items()}
 
 
-def check_eval_sets(recipe: Recipe, settings: Settings, storage: Storage
+def check_eval_sets(plan: JobPlan, settings: Settings, storage: Storage
                     ) -> dict[str, Source]:
     """Allow-list every eval set (and few-shot file), pin it, and read it through its
     source kind, checking caps and every line as the worker will (EvalSetError with the
     file and line; EvalSetUnreadable when it cannot be read). Returns ``{uri: pinned}``."""
-    parsed = {uri: parse_source(uri, settings) for uri in eval_sources(recipe)}
+    parsed = {uri: parse_source(uri, settings) for uri in plan.eval_inputs}
     pinned: dict[str, Source] = {}
     if not parsed:
         return pinned
@@ -220,7 +218,7 @@ def check_eval_sets(recipe: Recipe, settings: Settings, storage: Storage
         for i, (uri, src) in enumerate(parsed.items()):
             pinned[uri], path = _eval_file(src, storage, Path(tmp) / str(i))
             local[uri] = str(path)
-        for spec in with_eval_sources(recipe, local).evaluate or []:
+        for spec in plan.localised(local).evaluate or []:
             load_set(spec)
     return pinned
 

@@ -103,6 +103,10 @@ class SweepSummary(_Answer):
 
 
 class JobResult(_Answer):
+    """A succeeded job's ``result``: the worker builds this model and the service serves
+    it as stored. Bookkeeping (where the files are stored, the bytes counted against the
+    owner's quota) is kept beside it in the job record, never in it."""
+
     manifest: dict[str, Any] = Field(default_factory=dict)
     report: dict[str, Any] = Field(default_factory=dict)
     files: list[FileInfo] = Field(default_factory=list)

@@ -26,7 +26,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-import json
 import math
 import queue
 import threading
@@ -62,7 +61,7 @@ from maec_core.io.writer import (
     TensorSink,
     WrittenFile,
 )
-from maec_core.manifest import MANIFEST_NAME, build_manifest
+from maec_core.manifest import build_manifest, write_manifest
 from maec_core.methods import TensorCall, TensorMethod, get_method
 from maec_core.methods.params import layer_index, validated_params
 from maec_core.plan import MergePlan, PlannedTensor, build_plan, recipe_vocab, rows_of
@@ -495,9 +494,7 @@ def _finish_folder(
         extra=dict(output.manifest_extra or {}),
     )
     # Written last and outside staged.files: the manifest lists the others.
-    (staged.folder / MANIFEST_NAME).write_text(
-        json.dumps(manifest, indent=2, sort_keys=True) + "\n"
-    )
+    write_manifest(staged.folder, manifest)
     return manifest
 
 

@@ -1,16 +1,22 @@
 """manifest.json: every file with size and sha256, inputs, recipe and library versions.
 
-No timestamps: the same recipe and inputs give a byte-identical manifest.
+No timestamps: the same recipe and inputs give a byte-identical manifest. Torch-free.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import platform
 from importlib import metadata
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from maec_core import __version__
-from maec_core.io.writer import WrittenFile
+
+if TYPE_CHECKING:
+    from maec_core.io.writer import WrittenFile
 
 MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 1
@@ -47,3 +53,19 @@ def build_manifest(
     if extra:
         doc.update(extra)
     return doc
+
+
+def manifest_bytes(doc: dict[str, Any]) -> bytes:
+    return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
+
+
+def write_manifest(folder: Path, doc: dict[str, Any]) -> dict[str, Any]:
+    """Write ``doc`` as ``folder``'s manifest.json (whole or not at all) and return the
+    manifest's own file entry (path, size, sha256), taken from the bytes written: the
+    manifest lists every other file, and a publisher lists the manifest beside them."""
+    data = manifest_bytes(doc)
+    tmp = folder / f".{MANIFEST_NAME}.partial"
+    tmp.write_bytes(data)
+    os.replace(tmp, folder / MANIFEST_NAME)
+    return {"path": MANIFEST_NAME, "size": len(data),
+            "sha256": hashlib.sha256(data).hexdigest()}

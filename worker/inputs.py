@@ -33,9 +33,6 @@ from pathlib import Path
 from app.disk_cache import DiskCache, Hold
 from app.sources import Source, SourceFile, open_source
 from app.storage.base import Storage, StorageError
-from maec_core.errors import CheckpointError
-from maec_core.io.folder import is_adapter_folder
-from maec_core.recipe import Recipe
 
 log = logging.getLogger("maec.worker.inputs")
 # Writes the content into the (temporary) path it is given (what it returns is not
@@ -136,23 +133,3 @@ def fetch_source(
     got = cache.fill(dest, files, reader.fetch, hold=hold)
     return (dest / files[0].name if corpus else dest), *got
 
-
-def check_adapter_bases(recipe: Recipe) -> None:
-    """Refuse, before the merge opens anything, a LoRA adapter input that would apply to
-    the base its own ``adapter_config.json`` names: ``recipe`` (its references rewritten
-    to the fetched folders) must name a base that is not itself an adapter.
-
-    Submission already refuses such recipes; this keeps a job record that got past it
-    from leading the engine (which follows a config's base for local command-line use)
-    to a path on the worker's machine.
-    """
-    base = recipe.base_model
-    adapters = [s.ref for s in recipe.sources()
-                if s.kind == "checkpoint" and is_adapter_folder(Path(s.ref))]
-    if not adapters:
-        return
-    if base is None or is_adapter_folder(Path(base)):
-        raise CheckpointError(
-            "a LoRA adapter input applies only to the recipe's base model, which must be "
-            "a full checkpoint; name its base in the recipe (base_model)",
-            adapters=len(adapters))

@@ -11,18 +11,23 @@ from app.disk_cache import Hold
 from app.jobs.record import JobRecord
 from app.settings import Settings
 from app.storage.base import Storage
+from maec_contract import FileInfo, JobResult
 from maec_core.context import RunContext
+from maec_core.job_plan import JobPlan, input_digests
+from maec_core.job_progress import StageSpans, job_spans
+from maec_core.manifest import write_manifest
 from maec_core.moe.build import build_moe
 from maec_core.moe.config import parse_moe_config
 from maec_core.runtime import EngineOptions
 from worker.publish import ShardUploads
+from worker.result import Finished
 
 
 class Attempt(Protocol):
     """What the build uses of ``worker.runner.Attempt`` (typed here, not imported: the
     runner imports this module)."""
 
-    spans: dict[str, tuple[float, float]] | None
+    spans: StageSpans
 
     def progress(self, stage: str, done: int, total: int) -> None: ...
 
@@ -36,22 +41,23 @@ class Runner(Protocol):
     settings: Settings
     storage: Storage
 
-    def _fetch(self, rec: JobRecord, recipe: None, att: Any, workdir: Path,
+    def _fetch(self, rec: JobRecord, plan: None, att: Any, workdir: Path,
                hold: Hold) -> dict[str, str]: ...
 
     def _reserve(self, rec: JobRecord, att: Any, manifest: dict[str, Any],
-                 out: Path) -> None: ...
+                 entry: dict[str, Any], already: int = 0) -> None: ...
 
     def _publish(self, rec: JobRecord, att: Any, out: Path, manifest: dict[str, Any],
-                 uploads: ShardUploads) -> list[dict[str, Any]]: ...
+                 entry: dict[str, Any], uploads: ShardUploads) -> list[dict[str, Any]]: ...
 
-# The build is the job's "combine" stage, as the contract names its stages.
-SPANS = {"fetch": (0.0, 0.05), "combine": (0.05, 0.95), "publish": (0.95, 1.0)}
+# The build is the job's "combine" stage, as the contract names its stages: a merge's
+# spans without an extract stage.
+SPANS = job_spans(extracts=False, evaluates=False)
 
 
 def execute_moe(runner: Runner, rec: JobRecord, att: Attempt, prefix: str,
-                workdir: Path, hold: Hold) -> dict[str, Any]:
-    """Build and publish the job's MoE; the record fields a succeeded job gains."""
+                workdir: Path, hold: Hold) -> Finished:
+    """Build and publish the job's MoE; what the succeeded job keeps."""
     # Parsed once from the record, checked again (the record is the truth, not the API).
     config = parse_moe_config(rec.recipe)
     att.spans = SPANS
@@ -60,27 +66,35 @@ def execute_moe(runner: Runner, rec: JobRecord, att: Attempt, prefix: str,
     workdir.mkdir(parents=True, exist_ok=True)
     out = workdir / "out"
     uploads = ShardUploads(runner.storage, prefix)
+    hash_cache = runner.settings.work_dir / "checksums"
     try:
         ctx = RunContext(progress=lambda _s, d, t: att.progress("combine", d, t),
-                         cancel=att.cancel_requested,
-                         hash_cache=runner.settings.work_dir / "checksums",
+                         cancel=att.cancel_requested, hash_cache=hash_cache,
                          options=EngineOptions(on_shard=uploads.on_shard,
                                                on_shard_open=uploads.on_shard_open))
         made = build_moe(config, out, ctx)
-        runner._reserve(rec, att, made.manifest, out)
-        files = runner._publish(rec, att, out, made.manifest, uploads)
+        manifest = published(made.manifest, local, hash_cache)
+        entry = write_manifest(out, manifest)
+        runner._reserve(rec, att, manifest, entry)
+        files = runner._publish(rec, att, out, manifest, entry, uploads)
     except BaseException:
         uploads.stop()
         raise
     uploads.close()
-    for f in files:
-        f["url"] = f"/v1/jobs/{rec.id}/files/{f['path']}"
     report = {**(made.report or {}),
               "stage_seconds": {k: round(v, 4) for k, v in made.stage_seconds.items()}}
-    return {
-        "result": {"manifest": made.manifest, "report": report, "files": files,
-                   "core_seconds": round(made.seconds, 4)},
-        "result_prefix": prefix,
-        "progress": {"fraction": 1.0, "done": len(files), "total": len(files)},
-        "_bytes": sum(int(f["size"]) for f in files),
-    }
+    result = JobResult(
+        manifest=manifest, report=JobPlan.named(report, local),
+        files=[FileInfo(**f, url=f"/v1/jobs/{rec.id}/files/{f['path']}") for f in files],
+        core_seconds=round(made.seconds, 4))
+    return Finished(result, prefix, None)
+
+
+def published(manifest: dict[str, Any], local: dict[str, str],
+              hash_cache: Path) -> dict[str, Any]:
+    """The manifest clients read: every input named by the config's own reference with
+    each file's sha256, never by the worker's local copy."""
+    inputs = {ref: {"files": input_digests(Path(path), hash_cache)}
+              for ref, path in local.items()}
+    return {**manifest, "inputs": inputs,
+            "recipe": JobPlan.named(manifest.get("recipe", {}), local)}

@@ -29,27 +29,22 @@ from app.jobs.worker_store import WorkerJobStore
 from app.settings import Settings
 from app.sources import Source
 from app.storage.base import Storage, StorageError
+from maec_contract import FileInfo, JobResult
 from maec_core.context import RunContext
 from maec_core.errors import Cancelled, MaecError
-from maec_core.manifest import MANIFEST_NAME
+from maec_core.job_plan import JobPlan, plan_job
+from maec_core.job_progress import StageSpans
+from maec_core.manifest import MANIFEST_NAME, write_manifest
 from maec_core.moe.config import MOE_METHOD
 from maec_core.parsing import parse_recipe
-from maec_core.recipe import Recipe
 from maec_core.runtime import EngineOptions
-from maec_core.sweep.inputs import eval_sources, with_eval_sources
-from worker.inputs import InputCache, check_adapter_bases, fetch_source
+from worker.inputs import InputCache, fetch_source
 from worker.moe import execute_moe
 from worker.publish import ShardUploads, publish
-from worker.stages import extracts, produce, spans_for
+from worker.result import Finished
+from worker.stages import produce
 
 log = logging.getLogger("maec.worker")
-
-# Share of the overall fraction each stage covers (extract only exists for MAEC).
-STAGE_SPAN = {"fetch": (0.0, 0.05), "extract": (0.05, 0.5), "combine": (0.5, 0.95),
-              "publish": (0.95, 1.0)}
-STAGE_SPAN_NO_EXTRACT = {**STAGE_SPAN, "combine": (0.05, 0.95)}
-# Engine stage names -> the contract's stage names.
-STAGE_ALIASES = {"merge": "combine", "select": "combine"}
 
 
 class LeaseLost(Exception):
@@ -77,12 +72,9 @@ class Attempt:
     settings: Settings
     job_id: str
     attempt: int
-    # Whether the job's method extracts (its stages: STAGE_SPAN, else
-    # STAGE_SPAN_NO_EXTRACT); known once the recipe is parsed.
-    extracts: bool = False
     stage: str = "fetch"
-    # Stage spans of a job that evaluates (None: STAGE_SPAN or STAGE_SPAN_NO_EXTRACT).
-    spans: dict[str, tuple[float, float]] | None = None
+    # The job's stage spans, from its plan (set once the recipe is planned).
+    spans: StageSpans = field(default_factory=lambda: StageSpans({}))
     cancelled: bool = False
     lost: bool = False
     _last_write: float = 0.0
@@ -100,10 +92,8 @@ class Attempt:
         self.cancelled = self.cancelled or flag == 1
 
     def progress(self, stage: str, done: int, total: int) -> None:
-        stage = STAGE_ALIASES.get(stage, stage)
-        spans = self.spans or (STAGE_SPAN if self.extracts else STAGE_SPAN_NO_EXTRACT)
-        lo, hi = spans.get(stage, (0.0, 1.0))
-        self.report(stage, lo + (hi - lo) * (done / total if total else 1.0), done, total)
+        stage, fraction = self.spans.at(stage, done, total)
+        self.report(stage, fraction, done, total)
 
     def report(self, stage: str, fraction: float, done: int, total: int,
                **extra: Any) -> None:
@@ -255,15 +245,15 @@ class JobRunner:
             self.store.remember_orphan(prefix + "/")
 
     def _end(self, rec: JobRecord, att: Attempt, status: str, error: dict[str, Any] | None,
-             started: float, result: dict[str, Any] | None = None) -> str:
+             started: float, result: Finished | None = None) -> str:
         seconds = time.monotonic() - started
         fields: dict[str, Any] = {"finished_at": now_iso(), "stage": None, "error": error}
         if status != "succeeded":
             self._release(rec, att)
         nbytes = 0
         if result is not None:
-            nbytes = int(result.pop("_bytes"))
-            fields.update(result)
+            nbytes = result.nbytes
+            fields.update(result.fields())
         ok, previous = self.store.transition(
             rec.id, allowed=("running", "publishing"), to=status, attempt=att.attempt,
             fields=fields, metrics=finish_increments(status, seconds, nbytes),
@@ -294,11 +284,12 @@ class JobRunner:
             log.warning("job %s: reservation not released: %s", rec.id, exc)
 
     def _reserve(self, rec: JobRecord, att: Attempt, manifest: dict[str, Any],
-                 out: Path, already: int = 0) -> None:
-        """Count the outputs (and ``already`` uploaded bytes: a sweep's candidates)
-        against the owner's storage quota before uploading them."""
+                 entry: dict[str, Any], already: int = 0) -> None:
+        """Count the outputs (the manifest's ``entry`` too, and ``already`` uploaded
+        bytes: a sweep's candidates) against the owner's storage quota before uploading
+        them."""
         nbytes = already + sum(int(f["size"]) for f in manifest["files"])
-        nbytes += (out / MANIFEST_NAME).stat().st_size
+        nbytes += int(entry["size"])
         keys = tuple(str(k) for k in (manifest.get("maec") or {}).get("artifact_keys", []))
         self._reserve_bytes(rec, att, nbytes, keys)
 
@@ -315,17 +306,12 @@ class JobRunner:
                 f"quota ({used} of {quota} bytes in use); delete jobs to free space",
                 bytes=nbytes, used=used, quota=quota)
 
-    def _fetch(self, rec: JobRecord, recipe: Recipe | None, att: Attempt, workdir: Path,
+    def _fetch(self, rec: JobRecord, plan: JobPlan | None, att: Attempt, workdir: Path,
                hold: Hold) -> dict[str, str]:
         """Every source into the job's input folder, as pinned at submission (a changed
         one fails the job with ``source_changed``); returns ``{uri: local path}``.
-        ``recipe`` None: every source is a checkpoint (an MoE job)."""
+        ``plan`` None: every source is a checkpoint (an MoE job)."""
         local: dict[str, str] = {}
-        # One-file sources: ability corpora and eval sets.
-        single: set[str] = set()
-        if recipe is not None:
-            single = {s.ref for s in recipe.sources() if s.kind == "corpus"}
-            single |= set(eval_sources(recipe))
         total = len(rec.sources)
         att.progress("fetch", 0, total)
         fetched = cached = 0
@@ -333,7 +319,8 @@ class JobRunner:
             if att.cancel_requested():
                 raise _CancelledHere
             path, got, hit = fetch_source(Source.from_dict(doc), self.storage, self.cache,
-                                          workdir / "inputs" / str(i), corpus=uri in single,
+                                          workdir / "inputs" / str(i),
+                                          corpus=plan is not None and plan.one_file(uri),
                                           hold=hold)
             local[uri] = str(path)
             fetched, cached = fetched + got, cached + hit
@@ -343,19 +330,19 @@ class JobRunner:
         return local
 
     def _execute(self, rec: JobRecord, att: Attempt, prefix: str, workdir: Path,
-                 hold: Hold) -> dict[str, Any]:
+                 hold: Hold) -> Finished:
         if rec.method == MOE_METHOD:
             return execute_moe(self, rec, att, prefix, workdir, hold)
-        # The recipe was parsed once from the job record; passed on typed.
-        recipe = parse_recipe(rec.recipe)
-        att.extracts, att.spans = extracts(recipe), spans_for(recipe)
-        local = self._fetch(rec, recipe, att, workdir, hold)
-        # The recipe was parsed once from the job record; passed on typed.
-        recipe = with_eval_sources(recipe.with_sources(local), local)
-        check_adapter_bases(recipe)
+        # The recipe was parsed once from the job record and planned once; the plan is
+        # carried through the stages: fetch, merge (and evaluate), publish.
+        plan = plan_job(parse_recipe(rec.recipe))
+        att.spans = plan.spans
+        local = self._fetch(rec, plan, att, workdir, hold)
+        plan.adapters.check(local)
         workdir.mkdir(parents=True, exist_ok=True)
         out = workdir / "out"
         uploaded = [0]
+        hash_cache = self.settings.work_dir / "checksums"
 
         def upload(key: str, path: Path) -> None:
             # A sweep's candidate (publish: all), counted against the quota first.
@@ -364,6 +351,9 @@ class JobRunner:
             uploaded[0] += path.stat().st_size
             self._reserve_bytes(rec, att, uploaded[0])
             self.storage.put_file(f"{prefix}/{key}", path)
+
+        def published(manifest: dict[str, Any]) -> dict[str, Any]:
+            return plan.published(manifest, local, hash_cache)
 
         # The output's shards go up while the merge goes on; stopped before any clean-up
         # of the prefix (the caller's), so nothing lands after it.
@@ -374,40 +364,37 @@ class JobRunner:
                                          on_use=self.store.touch_artifact, hold=hold)
         try:
             ctx = RunContext(progress=att.progress, cancel=att.cancel_requested,
-                             device=self.settings.device,
-                             hash_cache=self.settings.work_dir / "checksums",
+                             device=self.settings.device, hash_cache=hash_cache,
                              artifact_store=artifacts,
                              options=EngineOptions(on_shard=uploads.on_shard,
                                                    on_shard_open=uploads.on_shard_open))
-            made = produce(recipe, out, ctx, work_dir=workdir, reporter=att, upload=upload)
+            made = produce(plan.localised(local), out, ctx, work_dir=workdir, reporter=att,
+                           upload=upload, published=published)
+            # The manifest clients read: inputs by the recipe's references. Written once,
+            # its entry taken from the bytes written.
+            manifest = published(made.manifest)
+            entry = write_manifest(out, manifest)
             # Before the manifest can publish anything: a job over its owner's quota
             # fails here, and the shards it uploaded meanwhile go with its prefix.
-            self._reserve(rec, att, made.manifest, out, already=uploaded[0])
-            files = [*made.files, *self._publish(rec, att, out, made.manifest, uploads)]
+            self._reserve(rec, att, manifest, entry, already=uploaded[0])
+            files = [*made.files, *self._publish(rec, att, out, manifest, entry, uploads)]
         except BaseException:
             uploads.stop()
             raise
         uploads.close()
-        for f in files:
-            f["url"] = f"/v1/jobs/{rec.id}/files/{f['path']}"
-        return {
-            "result": {
-                "manifest": made.manifest,
-                "report": _summary(made.report, made.stage_seconds),
-                "files": files,
-                "core_seconds": round(made.core_seconds, 4),
-                **made.result,
-            },
-            "result_prefix": prefix,
-            "artifact_reused": all(made.reused) if made.reused else None,
-            "progress": {"fraction": 1.0, "done": len(files), "total": len(files)},
-            "_bytes": sum(int(f["size"]) for f in files),
-        }
+        result = JobResult(
+            manifest=manifest,
+            report=plan.named(_summary(made.report, made.stage_seconds), local),
+            files=[FileInfo(**f, url=f"/v1/jobs/{rec.id}/files/{f['path']}") for f in files],
+            core_seconds=round(made.core_seconds, 4), **made.result)
+        reused = all(made.reused) if plan.extracts and made.reused else None
+        return Finished(result, prefix, reused)
 
     def _publish(self, rec: JobRecord, att: Attempt, out: Path, manifest: dict[str, Any],
-                 uploads: ShardUploads) -> list[dict[str, Any]]:
-        """Every file not uploaded yet, then manifest.json last (the commit marker), once
-        every other file is stored and verified; the files' entries."""
+                 entry: dict[str, Any], uploads: ShardUploads) -> list[dict[str, Any]]:
+        """Every file not uploaded yet, then manifest.json last (the commit marker, its
+        file ``entry``), once every other file is stored and verified; the files'
+        entries."""
         ok, _ = self.store.transition(rec.id, allowed=("running",), to="publishing",
                                       attempt=att.attempt)
         if not ok:
@@ -418,11 +405,7 @@ class JobRunner:
                        cancelled=att.cancel_requested,
                        progress=lambda n, total: att.progress("publish", n, total)):
             raise _CancelledHere
-        manifest_path = out / MANIFEST_NAME
-        from maec_core.checksums import sha256_file
-
-        files.append({"path": MANIFEST_NAME, "size": manifest_path.stat().st_size,
-                      "sha256": sha256_file(manifest_path, use_cache=False)})
+        files.append(dict(entry))
         att.progress("publish", len(files), len(files))
         return files
 

@@ -9,7 +9,6 @@ candidate under ``candidates/<id>/`` of the job's prefix as it finishes, through
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,22 +16,15 @@ from typing import Any, Protocol
 
 from maec_core.context import RunContext
 from maec_core.eval.report import EvalReport
-from maec_core.manifest import MANIFEST_NAME
-from maec_core.methods import get_method
+from maec_core.job_progress import candidate_at
+from maec_core.manifest import write_manifest
 from maec_core.recipe import Recipe
 from maec_core.runtime import EngineOptions
 
-# Fraction of the whole job each stage covers, for a job that evaluates.
-EVAL_SPAN = {"fetch": (0.0, 0.05), "extract": (0.05, 0.45), "combine": (0.45, 0.8),
-             "evaluate": (0.8, 0.95), "publish": (0.95, 1.0)}
-EVAL_SPAN_NO_EXTRACT = {**EVAL_SPAN, "combine": (0.05, 0.8)}
-# Within one sweep candidate (the sweep as a whole covers SWEEP_SPAN of the job).
-CANDIDATE_SPAN = {"extract": (0.0, 0.4), "combine": (0.4, 0.7), "evaluate": (0.7, 1.0)}
-SWEEP_SPAN = (0.05, 0.95)
-ALIASES = {"merge": "combine", "select": "combine"}
-
 # upload(path under the job's prefix, local file): one file into the job's staging prefix.
 Upload = Callable[[str, Path], None]
+# A folder's manifest as clients see it (``maec_core.job_plan.JobPlan.published``).
+Published = Callable[[dict[str, Any]], dict[str, Any]]
 
 
 class Reporter(Protocol):
@@ -54,30 +46,19 @@ class Produced:
     files: list[dict[str, Any]] = field(default_factory=list)
 
 
-def extracts(recipe: Recipe) -> bool:
-    """Whether the recipe's method has an extraction stage (its progress spans differ)."""
-    return "extract" in get_method(recipe.merge_method).stages
-
-
-def spans_for(recipe: Recipe) -> dict[str, tuple[float, float]] | None:
-    """The stage spans of a job that evaluates (None: the runner's defaults)."""
-    if not recipe.evaluate or recipe.sweep is not None:
-        return None
-    return EVAL_SPAN if extracts(recipe) else EVAL_SPAN_NO_EXTRACT
-
-
 def evaluation_result(report: EvalReport, label: str) -> dict[str, Any]:
     return {"label": label, "report": "eval_report.json", "table": report.table}
 
 
 def produce(recipe: Recipe, out: Path, ctx: RunContext, *, work_dir: Path,
-            reporter: Reporter, upload: Upload) -> Produced:
+            reporter: Reporter, upload: Upload, published: Published) -> Produced:
     """Merge (and evaluate, or sweep) ``recipe`` into ``out``. ``ctx.options`` (the
     output's finished-shard callbacks) apply to a plain merge only: a sweep's candidates
-    are not the output."""
+    are not the output. ``published`` names a candidate's inputs in the manifest it
+    publishes."""
     if recipe.sweep is not None:
         return _sweep(recipe, out, ctx.but(options=EngineOptions()), work_dir=work_dir,
-                      reporter=reporter, upload=upload)
+                      reporter=reporter, upload=upload, published=published)
     from maec_core.run import run
     from maec_core.sweep.runner import evaluate_folder
 
@@ -87,8 +68,8 @@ def produce(recipe: Recipe, out: Path, ctx: RunContext, *, work_dir: Path,
                         [bool(a.get("artifact_reused")) for a in report.get("abilities", [])])
     if recipe.evaluate:
         evaluated = evaluate_folder(recipe, out, ctx)
-        produced.manifest = json.loads((out / MANIFEST_NAME).read_text())
-        produced.result["evaluation"] = evaluation_result(evaluated, "merged")
+        produced.manifest = evaluated.manifest
+        produced.result["evaluation"] = evaluation_result(evaluated.report, "merged")
     return produced
 
 
@@ -105,17 +86,13 @@ class SweepProgress:
         self.slot, self.slots = index + 1, total + 1
 
     def __call__(self, stage: str, done: int, total: int) -> None:
-        stage = ALIASES.get(stage, stage)
-        lo, hi = CANDIDATE_SPAN.get(stage, (0.0, 1.0))
-        inner = lo + (hi - lo) * (done / total if total else 1.0)
-        a, b = SWEEP_SPAN
-        frac = a + (b - a) * (min(self.slot, self.slots - 1) + inner) / self.slots
+        stage, frac = candidate_at(stage, done, total, self.slot, self.slots)
         self.reporter.report(stage, frac, done, total, candidate=self.slot,
                              candidates=self.slots - 1)
 
 
 def _sweep(recipe: Recipe, out: Path, ctx: RunContext, *, work_dir: Path,
-           reporter: Reporter, upload: Upload) -> Produced:
+           reporter: Reporter, upload: Upload, published: Published) -> Produced:
     from maec_core.sweep.grid import Candidate
     from maec_core.sweep.runner import SweepOptions, run_sweep
 
@@ -125,7 +102,7 @@ def _sweep(recipe: Recipe, out: Path, ctx: RunContext, *, work_dir: Path,
 
     def keep(cand: Candidate, folder: Path, manifest: dict[str, Any]) -> None:
         prefix = f"candidates/{cand.id}"
-        entries = [*manifest["files"], _manifest_entry(folder)]
+        entries = [*manifest["files"], write_manifest(folder, published(manifest))]
         for f in entries:
             upload(f"{prefix}/{f['path']}", folder / f["path"])
             uploaded.append({**f, "path": f"{prefix}/{f['path']}"})
@@ -139,16 +116,10 @@ def _sweep(recipe: Recipe, out: Path, ctx: RunContext, *, work_dir: Path,
         result.manifest, {"sweep": {"candidates": len(board.rows),
                                     "extractions": result.extractions}},
         {"sweep": result.seconds}, result.seconds,
-        # A method that extracts: reused when no candidate had to extract.
-        [result.extractions == 0] if extracts(recipe) else [],
+        # Reused when no candidate had to extract (for a method that extracts: the
+        # runner's plan knows).
+        [result.extractions == 0],
         result={"evaluation": evaluation_result(result.report, board.winner or ""),
                 "sweep": summary},
         files=uploaded)
 
-
-def _manifest_entry(folder: Path) -> dict[str, Any]:
-    from maec_core.checksums import sha256_file
-
-    path = folder / MANIFEST_NAME
-    return {"path": MANIFEST_NAME, "size": path.stat().st_size,
-            "sha256": sha256_file(path, use_cache=False)}

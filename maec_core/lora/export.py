@@ -15,7 +15,6 @@ Weights are laid out as ``nn.Linear`` stores them, ``(out, in)``.
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 import uuid
@@ -37,7 +36,7 @@ from maec_core.io.writer import WrittenFile
 from maec_core.lora.adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS, LORA_A, LORA_B, PEFT_PREFIX
 from maec_core.maec.artifact import Artifact, load_artifact
 from maec_core.maec.rowio import RowReader
-from maec_core.manifest import MANIFEST_NAME, build_manifest
+from maec_core.manifest import build_manifest, write_manifest
 from maec_core.recipe import OutputFormat, Recipe
 from maec_core.runtime import MergeResult, best_device
 
@@ -205,8 +204,7 @@ def _publish(staged: StagedOutput, report: dict[str, Any], recipe: Recipe | None
         staged.write_bytes("recipe.yaml", recipe.to_yaml().encode())
     manifest = build_manifest(staged.files, inputs=inputs, recipe=recipe_doc,
                               extra={"output_format": "lora"})
-    (staged.folder / MANIFEST_NAME).write_text(
-        json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    write_manifest(staged.folder, manifest)
     return manifest
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from maec_core.card import evaluation_section, with_evaluation
 from maec_core.eval.report import EvalReport
-from maec_core.manifest import MANIFEST_NAME
+from maec_core.manifest import MANIFEST_NAME, write_manifest
 from maec_core.sweep.board import LEADERBOARD_NAME, Leaderboard
 
 EVAL_REPORT_NAME = "eval_report.json"
@@ -46,9 +46,7 @@ def amend(folder: Path, files: Mapping[str, bytes], extra: Mapping[str, Any] | N
     manifest["files"] = [entries[k] for k in sorted(entries)]
     manifest["total_size"] = sum(int(f["size"]) for f in manifest["files"])
     manifest.update(extra or {})
-    tmp = folder / f".{MANIFEST_NAME}.partial"
-    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, folder / MANIFEST_NAME)
+    write_manifest(folder, manifest)
     return manifest
 
 

@@ -74,6 +74,15 @@ class SweepResult:
     seconds: float
 
 
+@dataclass(frozen=True)
+class FolderEvaluation:
+    """A folder's evaluation: the report, and the folder's manifest as it now stands
+    (listing the evaluation files beside the merge's)."""
+
+    report: EvalReport
+    manifest: dict[str, Any]
+
+
 @dataclass
 class _Best:
     """The best candidate so far: its ranking key, and its folder when it has one (a
@@ -97,7 +106,7 @@ class _State:
 
 
 def evaluate_folder(recipe: Recipe, folder: Path, ctx: RunContext | None = None, *,
-                    label: str = MERGED) -> EvalReport:
+                    label: str = MERGED) -> FolderEvaluation:
     """Score a merged ``folder`` (and with ``evaluate_inputs`` the language base and the
     donors) on the recipe's eval sets, and publish the report in the folder (files, card,
     manifest). The recipe's eval set paths must be local. Of ``ctx`` the device,
@@ -112,8 +121,7 @@ def evaluate_folder(recipe: Recipe, folder: Path, ctx: RunContext | None = None,
         models.update(input_models(recipe))
     report = EvalReport(models=[evaluate_loaded(name, path, sets, scoring)
                                 for name, path in models.items()])
-    attach_evaluation(folder, report, label=label)
-    return report
+    return FolderEvaluation(report, attach_evaluation(folder, report, label=label))
 
 
 def _eval_progress(progress: ProgressFn | None) -> ProgressFn | None:

@@ -5,10 +5,13 @@ No worker runs here; jobs that must finish are run in-process with ``JobRunner``
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -53,6 +56,19 @@ class Api:
 
     def storage(self) -> LocalStorage:
         return LocalStorage(self.settings.storage_dir)
+
+    def assert_named_by_reference(self, manifest: dict[str, Any], refs: set[str]) -> None:
+        """A published manifest names no path of the worker's, and every input (``refs``,
+        local references here) by its reference with the sha256 of each of its files."""
+        assert str(self.settings.work_dir) not in json.dumps(manifest)
+        assert set(manifest["inputs"]) == refs
+        for ref, doc in manifest["inputs"].items():
+            path = Path(ref)
+            files = [path] if path.is_file() else sorted(
+                f for f in path.rglob("*") if f.is_file())
+            assert doc["files"] == {
+                (f.name if f == path else f.relative_to(path).as_posix()):
+                    hashlib.sha256(f.read_bytes()).hexdigest() for f in files}, ref
 
 
 def make_settings(root: Path, redis_url: str, models: TinyModels, **kw: object) -> Settings:

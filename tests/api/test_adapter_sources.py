@@ -15,12 +15,12 @@ from safetensors.torch import load_file
 from app.queue import QUEUE
 from app.storage.local import LocalStorage
 from maec_core.errors import CheckpointError
+from maec_core.job_plan import plan_job
 from maec_core.parsing import parse_recipe
 from tests.api.conftest import Api
 from tests.core.test_lora import make_adapter
 from tests.factories import run_recipe
 from tests.hostile import write_lora_file
-from worker.inputs import check_adapter_bases
 from worker.runner import JobRunner
 
 
@@ -116,8 +116,17 @@ def test_the_worker_refuses_an_adapter_without_a_full_base(tmp_path: Path) -> No
             data["base_model"] = base
         return parse_recipe(data)
 
-    check_adapter_bases(recipe(str(full)))
+    plan_job(recipe(str(full))).adapters.check()
     with pytest.raises(CheckpointError, match="name its base"):
-        check_adapter_bases(recipe(str(adapter)))
+        plan_job(recipe(str(adapter))).adapters.check()
     with pytest.raises(CheckpointError, match="name its base"):
-        check_adapter_bases(recipe(None, "linear"))
+        plan_job(recipe(None, "linear")).adapters.check()
+    # References are checked where the worker fetched them.
+    refs = parse_recipe({"merge_method": "task_arithmetic", "base_model": "s3://m/base",
+                         "models": [{"model": "s3://m/adapter"}, {"model": "s3://m/full"}]})
+    plan = plan_job(refs)
+    plan.adapters.check({"s3://m/base": str(full), "s3://m/adapter": str(adapter),
+                         "s3://m/full": str(full)})
+    with pytest.raises(CheckpointError, match="name its base"):
+        plan.adapters.check({"s3://m/base": str(adapter), "s3://m/adapter": str(adapter),
+                             "s3://m/full": str(full)})

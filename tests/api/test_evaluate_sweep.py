@@ -164,5 +164,11 @@ def test_sweep_job_publishes_winner_and_every_candidate(api: Api) -> None:
         assert hashlib.sha256(data).hexdigest() == f.sha256, name
     served = api.client.get(files["leaderboard.json"].url, headers=api.auth()).json()
     assert served["winner"] == board.winner
+    m = api.models
+    refs = {str(m.base), str(m.donor), str(m.lang), _sets(api)[0]["path"]}
+    for name in ("manifest.json", "candidates/c00/manifest.json",
+                 "candidates/c01/manifest.json"):
+        api.assert_named_by_reference(
+            api.client.get(files[name].url, headers=api.auth()).json(), refs)
     # Nothing of the sweep is left in the worker's folders.
     assert not list((api.settings.work_dir / "jobs").rglob("*.safetensors"))

@@ -112,6 +112,30 @@ def test_files_lists_what_the_job_published_to_its_owner_only(api: Api) -> None:
         "$ref": "#/components/schemas/FileList"}
 
 
+def test_published_manifest_names_inputs_by_reference(api: Api) -> None:
+    m = api.models
+    (api.root / "extra" / "wiki.txt").write_text("w1 w7 w3 w9 w4 w12\n\nw20 w3 w17 w25\n")
+    sets = [{"name": "wiki", "language": "sw", "kind": "perplexity",
+             "path": str(api.root / "extra" / "wiki.txt")}]
+    jid = str(api.submit(api.named("maec", evaluate=sets))["id"])
+    assert _runner(api).run(jid) == "succeeded"
+    result = _job(api, jid)["result"]
+    served = api.client.get(f"/v1/jobs/{jid}/files/manifest.json", headers=api.auth())
+    manifest = served.json()
+    assert manifest == result["manifest"]
+    refs = {str(m.base), str(m.donor), str(m.lang), sets[0]["path"]}
+    api.assert_named_by_reference(manifest, refs)
+    recipe = manifest["recipe"]
+    assert (recipe["base_model"], recipe["language_base"]) == (str(m.base), str(m.lang))
+    assert [a["model"] for a in recipe["abilities"]] == [str(m.donor)]
+    # The job's report names the donor as the recipe does, too.
+    assert [a["model"] for a in result["report"]["abilities"]] == [str(m.donor)]
+    # The manifest's own entry is the file as published.
+    [entry] = [f for f in result["files"] if f["path"] == "manifest.json"]
+    assert entry["size"] == len(served.content)
+    assert entry["sha256"] == hashlib.sha256(served.content).hexdigest()
+
+
 class CancelAt(WorkerJobStore):
     """The real store, plus a user pressing cancel when the job reaches ``stage``."""
 

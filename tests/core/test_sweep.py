@@ -250,12 +250,13 @@ def test_evaluate_folder_attaches_report(world: dict[str, Path], tmp_path: Path)
         "evaluate": _sets(world), "evaluate_inputs": True})
     with torch_threads(1):
         run(recipe.merge_only(), tmp_path / "m", RunContext(device="cpu"))
-        report = evaluate_folder(recipe, tmp_path / "m", RunContext(device="cpu"))
-    assert [m.label for m in report.models] == ["merged", "language_base", "donor"]
+        evaluated = evaluate_folder(recipe, tmp_path / "m", RunContext(device="cpu"))
+    assert [m.label for m in evaluated.report.models] == ["merged", "language_base", "donor"]
     card = (tmp_path / "m" / "README.md").read_text()
     assert "| merged |" in card and "memorised [en]" in card
     manifest = json.loads((tmp_path / "m" / "manifest.json").read_text())
     assert "eval_report.json" in {f["path"] for f in manifest["files"]}
+    assert evaluated.manifest == manifest
 
 
 @pytest.mark.parametrize(("sweep", "code", "words"), [

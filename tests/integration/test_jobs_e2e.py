@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,18 @@ def test_maec_from_s3_end_to_end(stack: Stack, s3_sources: Sources, tmp_path: Pa
     assert job["result"]["core_seconds"] > 0
     out = _download_all(stack, job, tmp_path / "out")
     assert (out / "maec_report.json").is_file()
+    # The manifest names each input by its s3:// reference with each file's sha256 (the
+    # bytes uploaded from the local folder), never by the worker's copy.
+    manifest = job["result"]["manifest"]
+    assert str(stack.root / "work") not in json.dumps(manifest)
+    names = {"base": s3_sources.base, "donor": s3_sources.donor, "lang": s3_sources.lang}
+    assert set(manifest["inputs"]) == set(names.values())
+    for name, ref in names.items():
+        folder = getattr(s3_sources.local, name)
+        assert manifest["inputs"][ref]["files"] == {
+            f.name: hashlib.sha256(f.read_bytes()).hexdigest()
+            for f in folder.iterdir() if f.is_file()}, ref
+    assert manifest["recipe"]["language_base"] == s3_sources.lang
     _generate(out)
     # Presigned redirect: the bytes come straight from the object store.
     with stack.client() as c:

@@ -1,0 +1,133 @@
+"""A job's plan, decided once from its recipe: what it reads, how its progress is shared,
+what it evaluates and which adapter checks its inputs get (torch-free).
+
+The worker builds one :class:`JobPlan` per attempt and carries it through its stages:
+fetch (:attr:`JobPlan.inputs`, each a folder or one file), merge (the recipe pointing at
+the fetched copies, :meth:`JobPlan.localised`, once :attr:`JobPlan.adapters` passed),
+evaluate, and publish, where :meth:`JobPlan.published` names the inputs in the manifest
+by the recipe's own references and their digests, never by where the worker put them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from maec_core.checksums import sha256_file
+from maec_core.errors import CheckpointError
+from maec_core.io.folder import is_adapter_folder
+from maec_core.job_progress import StageSpans, job_spans
+from maec_core.methods import get_method
+from maec_core.recipe import Recipe
+from maec_core.sweep.inputs import eval_sources, with_eval_sources
+
+
+@dataclass(frozen=True)
+class AdapterCheck:
+    """A LoRA adapter input applies only to the recipe's base, which must be a full
+    checkpoint. Submission refuses other recipes; checked again on the fetched folders so
+    that a job record that got past it cannot lead the engine (which follows an adapter
+    config's base for local command-line use) to a path on the worker's machine."""
+
+    base: str | None
+    checkpoints: tuple[str, ...]
+
+    def check(self, local: Mapping[str, str] | None = None) -> None:
+        """Raise CheckpointError when an input is an adapter without a full base;
+        ``local`` maps references to the folders that hold them (else they are paths)."""
+        where = local or {}
+
+        def folder(ref: str) -> Path:
+            return Path(where.get(ref, ref))
+
+        adapters = [r for r in self.checkpoints if is_adapter_folder(folder(r))]
+        if not adapters:
+            return
+        if self.base is None or is_adapter_folder(folder(self.base)):
+            raise CheckpointError(
+                "a LoRA adapter input applies only to the recipe's base model, which must "
+                "be a full checkpoint; name its base in the recipe (base_model)",
+                adapters=len(adapters))
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """What one job does, by the recipe's references (``recipe`` as submitted)."""
+
+    recipe: Recipe
+    # Checkpoint folders, in recipe order (base first), no repeats.
+    checkpoints: tuple[str, ...]
+    # One-file inputs: ability corpora, then eval sets and few-shot files.
+    corpora: tuple[str, ...]
+    eval_inputs: tuple[str, ...]
+    # Whether the method extracts (ability vectors an artifact store may hold).
+    extracts: bool
+    spans: StageSpans
+    adapters: AdapterCheck
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        """Every reference the job reads, no repeats."""
+        return tuple(dict.fromkeys((*self.checkpoints, *self.corpora, *self.eval_inputs)))
+
+    def one_file(self, ref: str) -> bool:
+        """Whether ``ref`` is read as one file (else a checkpoint folder)."""
+        return ref in self.corpora or ref in self.eval_inputs
+
+    def localised(self, local: Mapping[str, str]) -> Recipe:
+        """The recipe with every reference (eval sets too) replaced by its local copy."""
+        return with_eval_sources(self.recipe.with_sources(local), local)
+
+    def published(self, manifest: Mapping[str, Any], local: Mapping[str, str],
+                  hash_cache: Path | None = None) -> dict[str, Any]:
+        """``manifest`` (written from the :meth:`localised` recipe) as clients see it:
+        ``inputs`` names each input by its reference with every file's sha256, and the
+        recorded recipe names references, not the local copies ``local`` maps them to."""
+        inputs = {ref: {"files": input_digests(Path(local[ref]), hash_cache)}
+                  for ref in self.inputs}
+        return {**manifest, "inputs": inputs,
+                "recipe": self.named(manifest.get("recipe", {}), local)}
+
+    @staticmethod
+    def named(doc: Any, local: Mapping[str, str]) -> Any:
+        """``doc`` (JSON: a recorded recipe, a report) naming each input by its reference
+        where it names the local copy ``local`` maps the reference to."""
+        return _renamed(doc, {path: ref for ref, path in local.items()})
+
+
+def plan_job(recipe: Recipe) -> JobPlan:
+    """The plan of ``recipe`` (parsed and validated)."""
+    refs = recipe.sources()
+    checkpoints = tuple(dict.fromkeys(s.ref for s in refs if s.kind == "checkpoint"))
+    # The method's own stages say whether it extracts before it combines.
+    extracts = "extract" in get_method(recipe.merge_method).stages
+    return JobPlan(
+        recipe=recipe, checkpoints=checkpoints,
+        corpora=tuple(sorted({s.ref for s in refs if s.kind == "corpus"})),
+        eval_inputs=tuple(eval_sources(recipe)), extracts=extracts,
+        spans=job_spans(extracts=extracts,
+                        evaluates=bool(recipe.evaluate) and recipe.sweep is None),
+        adapters=AdapterCheck(recipe.base_model, checkpoints))
+
+
+def input_digests(path: Path, hash_cache: Path | None = None) -> dict[str, str]:
+    """``{file name: sha256}`` of an input: one file, or every file of a folder (names
+    relative to it). Digests are remembered (``maec_core.checksums``), so the files the
+    merge already hashed are not read again."""
+    if path.is_file():
+        return {path.name: sha256_file(path, cache=hash_cache)}
+    return {f.relative_to(path).as_posix(): sha256_file(f, cache=hash_cache)
+            for f in sorted(path.rglob("*")) if f.is_file()}
+
+
+def _renamed(doc: Any, names: Mapping[str, str]) -> Any:
+    """``doc`` (JSON) with every string that ``names`` holds replaced by its value."""
+    if isinstance(doc, str):
+        return names.get(doc, doc)
+    if isinstance(doc, list):
+        return [_renamed(v, names) for v in doc]
+    if isinstance(doc, dict):
+        return {k: _renamed(v, names) for k, v in doc.items()}
+    return doc
