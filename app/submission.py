@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from app.scheduler.estimate import Need, estimate
 from app.settings import Settings
 from app.sources import (
     Source,
@@ -138,6 +139,14 @@ def check_sources(
 
     Blocking (file and S3 I/O): the API calls it in a worker thread.
     """
+    return check_and_estimate(recipe, settings, storage)[0]
+
+
+def check_and_estimate(
+    recipe: Recipe, settings: Settings, storage: Storage
+) -> tuple[dict[str, dict[str, Any]], Need]:
+    """:func:`check_sources`, and the job's needs estimated from the same headers
+    (:mod:`app.scheduler.estimate`), which route it to a pool."""
     if len(model_sources(recipe)) > settings.max_models_per_job:
         raise RecipeError(
             f"the job names {len(model_sources(recipe))} checkpoints; this service takes "
@@ -148,14 +157,16 @@ def check_sources(
     for uri in [*model_sources(recipe), *corpus_sources(recipe)]:
         parsed[uri] = parse_source(uri, settings)
     folders = inspect_models(recipe, parsed, storage)
-    check_against_plan(recipe, plan_recipe(recipe, folders))
+    plan = plan_recipe(recipe, folders)
+    check_against_plan(recipe, plan)
     # Pinned after the checks: a file replaced in between is pinned as replaced, which
     # lets nothing unchecked through (the engine validates the folder it reads).
     pinned = {uri: pin_source(parsed[uri], storage) for uri in model_sources(recipe)}
     for uri in corpus_sources(recipe):
         pinned[uri] = check_corpus(parsed[uri], storage, settings.max_corpus_bytes)
     pinned.update(check_eval_sets(recipe, settings, storage))
-    return {uri: s.to_dict() for uri, s in pinned.items()}
+    sources = {uri: s.to_dict() for uri, s in pinned.items()}
+    return sources, estimate(recipe, plan, sources)
 
 
 def check_eval_sets(recipe: Recipe, settings: Settings, storage: Storage
