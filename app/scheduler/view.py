@@ -3,9 +3,10 @@ ETA, the queue summary of ``GET /v1/queue`` and the per-pool and per-key gauges.
 
 Position: the jobs the scheduler would start before this one. Under ``fair`` that is
 every queued job of a higher priority band in the job's pool, the owner's own older jobs
-of its band (``k``), and from each other owner of the band as many as the owner gets
-turns meanwhile, at most ``k + 1`` (the round the job itself is in); under ``fifo``,
-every job queued before it. An estimate: running work shifts turns between keys.
+of its band (``k``), and from each other owner of the band one job per round before this
+job's round (``k``), and in its round too when that owner's job is the older; under
+``fifo``, every job queued before it. An estimate: running work shifts turns between
+keys.
 
 ETA: ``ceil((position + 1) / workers) * median`` seconds, where ``workers`` are the live
 workers that take this pool's jobs (its own and those of the pools covering it) and
@@ -79,14 +80,18 @@ class QueueView:
                         pipe.zcount(q, other * BAND_SPAN, other * BAND_SPAN + seq - 1)
                 else:
                     pipe.zcount(q, "-inf", lo - 1)
-                    pipe.zcount(q, lo, f"({lo + seq}" if o == owner else hi)
+                    pipe.zcount(q, lo, hi)
+                    pipe.zcount(q, lo, f"({lo + seq}")
             counts = [int(c) for c in await pipe.execute()]
         if self._s.scheduler_policy == "fifo":
             return sum(counts)
-        per = dict(zip(owners, zip(counts[0::2], counts[1::2], strict=True), strict=True))
-        own_ahead = per.get(owner, (0, 0))[1]
-        return sum(higher for higher, _ in per.values()) + own_ahead + sum(
-            min(same, own_ahead + 1) for o, (_, same) in per.items() if o != owner)
+        per = {o: counts[3 * i:3 * i + 3] for i, o in enumerate(owners)}
+        k = per.get(owner, [0, 0, 0])[2]
+        # Each other owner gets k turns before this job's round, and the turn of this
+        # round too when its job of that round is the older one.
+        return sum(higher for higher, _, _ in per.values()) + k + sum(
+            min(same, k + (1 if earlier > k else 0))
+            for o, (_, same, earlier) in per.items() if o != owner)
 
     def _takers(self, pool: str) -> list[str]:
         """The pools whose workers take ``pool``'s jobs."""
