@@ -166,9 +166,10 @@ class Settings(BaseSettings):
     # "disk_gib": 200}, "gpu-80g": {"host_memory_gib": 256, "gpu_memory_gib": 80,
     # "disk_gib": 2000}}'. The default is one pool without limits.
     pools: dict[str, PoolSpec] = Field(default_factory=lambda: {"merges": PoolSpec()})
-    # The pool this worker belongs to (a key of MAEC_POOLS). It also takes the jobs of
-    # every pool it covers (no larger on any of the three), when its own has none.
-    worker_pool: str = "merges"
+    # The pool this worker belongs to (a key of MAEC_POOLS; unset: the first pool). It
+    # also takes the jobs of every pool it covers (no larger on any of the three) when
+    # its own has none. The API ignores it.
+    worker_pool: str | None = None
     # fair: a free worker takes the next job of the key with the least running work
     # per weight (a sweep counts its candidates); fifo: the oldest queued job.
     scheduler_policy: Literal["fair", "fifo"] = "fair"
@@ -258,7 +259,7 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _known_pool(self) -> Settings:
-        if self.worker_pool not in self.pools:
+        if self.worker_pool is not None and self.worker_pool not in self.pools:
             raise ValueError(f"MAEC_WORKER_POOL {self.worker_pool!r} is not one of "
                              f"MAEC_POOLS ({', '.join(sorted(self.pools))})")
         return self
@@ -299,6 +300,11 @@ class Settings(BaseSettings):
     def key_lookup(self) -> dict[str, str]:
         """hash -> key id, so authenticating a request is one dict lookup."""
         return {digest: key_id for key_id, digest in self.api_keys.items()}
+
+    @property
+    def own_pool(self) -> str:
+        """This worker's pool: MAEC_WORKER_POOL, else the first of MAEC_POOLS."""
+        return self.worker_pool if self.worker_pool is not None else next(iter(self.pools))
 
     def priority_cap(self, key_id: str) -> Priority:
         return self.priority_caps.get(key_id, self.priority_cap_default)

@@ -49,7 +49,7 @@ def _heartbeat() -> None:
     storage = make_storage(settings)
     while True:
         try:
-            store.heartbeat(_NAME, None if draining() else settings.worker_pool)
+            store.heartbeat(_NAME, None if draining() else settings.own_pool)
             sweep_expired(store, celery, settings)
             if not draining():
                 top_up_wakeups(store, celery, settings)
@@ -60,7 +60,7 @@ def _heartbeat() -> None:
         if _stop.wait(settings.worker_heartbeat_seconds):
             break
     with contextlib.suppress(Exception):
-        store.forget_worker(_NAME, settings.worker_pool)
+        store.forget_worker(_NAME, settings.own_pool)
 
 
 @celeryd_after_setup.connect  # type: ignore[untyped-decorator]
@@ -68,7 +68,7 @@ def _consume_webhooks(sender: str, instance: Any, **_kw: Any) -> None:
     instance.app.amqp.queues.select_add(WEBHOOK_QUEUE)
     # The worker's pool's queue and those of the pools it covers, whatever -Q names.
     settings = get_settings()
-    for pool in served_by(settings.worker_pool, settings.pools):
+    for pool in served_by(settings.own_pool, settings.pools):
         instance.app.amqp.queues.select_add(pool)
 
 

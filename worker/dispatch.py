@@ -21,7 +21,7 @@ log = logging.getLogger("maec.worker")
 
 
 def queues_to_look_in(token_pool: str, runner: JobRunner) -> list[str]:
-    served = served_by(runner.settings.worker_pool, runner.settings.pools)
+    served = served_by(runner.settings.own_pool, runner.settings.pools)
     first = [token_pool] if token_pool in served else []
     return list(dict.fromkeys([*first, *served]))
 
@@ -30,7 +30,7 @@ def take_next(runner: JobRunner, token_pool: str) -> str:
     """Take and run the scheduler's next job for this worker; the outcome."""
     s = runner.settings
     taken = runner.store.take(queues_to_look_in(token_pool, runner), worker=runner.worker,
-                              pool=s.worker_pool, lease_s=s.lease_seconds,
+                              pool=s.own_pool, lease_s=s.lease_seconds,
                               max_attempts=s.max_attempts, policy=s.scheduler_policy,
                               weights=s.key_weights)
     if taken.outcome == "empty":

@@ -50,6 +50,6 @@ def install_drain(name: str) -> None:
         with contextlib.suppress(Exception):  # Redis down: the entry ages out
             store = WorkerJobStore.from_url(settings.redis_url)
             try:
-                store.forget_worker(name, settings.worker_pool)
+                store.forget_worker(name, settings.own_pool)
             finally:
                 store.close()

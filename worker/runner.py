@@ -176,7 +176,7 @@ class JobRunner:
                                  lease_s=self.settings.lease_seconds,
                                  max_attempts=self.settings.max_attempts,
                                  time_limit_s=self.settings.task_time_limit,
-                                 pool=self.settings.worker_pool)
+                                 pool=self.settings.own_pool)
         return self.run_claimed(job_id, claim)
 
     def run_claimed(self, job_id: str, claim: Claim) -> str:

@@ -81,7 +81,7 @@ def top_up_wakeups(store: WorkerJobStore, celery: Celery, settings: Settings
     erring high costs a no-op task. One worker per pool per heartbeat does it.
     """
     sent: dict[str, int] = {}
-    for pool in served_by(settings.worker_pool, settings.pools):
+    for pool in served_by(settings.own_pool, settings.pools):
         if not store.try_topup_lock(pool, settings.worker_heartbeat_seconds):
             continue
         missing = store.pending(pool) - store.messages_waiting(pool)
