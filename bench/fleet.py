@@ -52,7 +52,7 @@ from app.scheduler.pools import fits  # noqa: E402
 from app.settings import PoolSpec, Settings  # noqa: E402
 
 GIB = 1 << 30
-BIG = {"hidden_size": 256, "intermediate_size": 1024, "num_hidden_layers": 24}
+BIG: dict[str, Any] = {"hidden_size": 256, "intermediate_size": 1024, "num_hidden_layers": 24}
 A_SHORT, A_MEDIUM, B_SHORT, TOO_BIG = 28, 2, 3, 3
 
 
@@ -223,7 +223,7 @@ def main() -> int:
         for kind, need in est.items():
             print(f"estimate {kind}: host {need.host_memory_bytes / GIB:.2f} GiB, disk "
                   f"{need.disk_bytes / 2**20:.0f} MiB")
-        print("pools: " + ", ".join(f"{n} disk {p.disk_gib * 1024:.0f} MiB"
+        print("pools: " + ", ".join(f"{n} disk {(p.disk_gib or 0) * 1024:.0f} MiB"
                                     for n, p in pools.items()))
         runs: list[Run] = []
         for i in range(args.runs):
