@@ -277,9 +277,10 @@ class Recipe(BaseModel):
 
     @property
     def lora_base(self) -> str | None:
-        """The checkpoint a LoRA export's adapter applies to: MAEC's language base, else
-        the base model."""
-        return self.language_base if self.merge_method == "maec" else self.base_model
+        """The checkpoint a LoRA export's adapter applies to: the language base of a
+        method built on one (validation refuses a language_base to any other), else the
+        base model."""
+        return self.language_base if self.language_base is not None else self.base_model
 
     @property
     def vocab_source(self) -> str | None:
@@ -430,8 +431,10 @@ def _error_class(exc: ValidationError) -> type[MaecError]:
     return EvalSetError if tops == {"evaluate"} else RecipeError
 
 
-def parse_recipe(source: Recipe | Mapping[str, Any] | str | Path) -> Recipe:
-    """Load a recipe from a model, a mapping, a YAML file path, or YAML text."""
+def load_recipe(source: Recipe | Mapping[str, Any] | str | Path) -> Recipe:
+    """Load the recipe data model from a model, a mapping, a YAML file path, or YAML
+    text: its shape and fields checked, not yet what its method makes of them
+    (:func:`maec_core.parsing.parse_recipe` checks both; this model knows no method)."""
     if isinstance(source, Recipe):
         return source
     data: Any
@@ -456,10 +459,4 @@ def parse_recipe(source: Recipe | Mapping[str, Any] | str | Path) -> Recipe:
         recipe = Recipe.model_validate(data)
     except ValidationError as exc:
         raise _explain(exc) from None
-    from maec_core.methods.registry import validate_recipe
-
-    validate_recipe(recipe)
-    # Checked here, not only when the writer asks: the API validates with parse_recipe
-    # before queueing, and a bad size must be a 422, not a failed job.
-    recipe.shard_size_bytes()
     return recipe

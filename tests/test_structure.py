@@ -1,13 +1,17 @@
-"""Code structure: no import cycle inside a package, no over-long function.
+"""Code structure: no import cycle inside a package, no over-long function, no function
+of the library taking more than a handful of parameters, no method recognised by name
+outside its own unit.
 
-The import graph counts every import that runs, including those inside functions (a lazy
-import only postpones the cycle), and leaves out imports under ``TYPE_CHECKING``, which
-never run. Each check prints every offender, not only the first.
+The import graph counts every import, including those inside functions (a lazy import
+only postpones the cycle) and those under ``TYPE_CHECKING`` (a typing-only import still
+ties the two modules: neither can be read, moved or typed without the other). Each
+check prints every offender, not only the first.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +24,10 @@ PACKAGES = ("maec_core", "app", "worker", "maec_client",
             *(["maec_contract"] if (ROOT / "maec_contract" / "__init__.py").is_file() else []))
 LENGTH_CHECKED = ("maec_core", "app", "worker")
 MAX_FUNCTION_LINES = 80
+# Beyond this a signature re-lists what belongs in one object (a run context, an output
+# spec, the work of a loop): callers then pass that object whole.
+PARAMS_CHECKED = ("maec_core",)
+MAX_PARAMETERS = 8
 
 
 def strongly_connected(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -79,7 +87,7 @@ def describe_cycle(graph: grimp.ImportGraph, component: list[str]) -> str:
 
 @pytest.mark.parametrize("package", PACKAGES)
 def test_no_import_cycle_inside_package(package: str) -> None:
-    graph = grimp.build_graph(package, exclude_type_checking_imports=True, cache_dir=None)
+    graph = grimp.build_graph(package, exclude_type_checking_imports=False, cache_dir=None)
     edges = {m: set(graph.find_modules_directly_imported_by(m)) for m in graph.modules}
     cycles = strongly_connected(edges)
     report = "\n".join(describe_cycle(graph, c) for c in cycles)
@@ -141,3 +149,115 @@ def test_no_function_longer_than_limit() -> None:
     ]
     assert not offenders, (f"{len(offenders)} function(s) longer than {MAX_FUNCTION_LINES} "
                            "lines (def to last line):\n" + "\n".join(offenders))
+
+
+def parameter_count(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """Every parameter but a leading ``self``/``cls``: positional-only, positional,
+    keyword-only, and ``*args`` and ``**kwargs`` one each (a catch-all is still a way in)."""
+    a = fn.args
+    names = [p.arg for p in (*a.posonlyargs, *a.args, *a.kwonlyargs)]
+    if names and names[0] in ("self", "cls"):
+        names = names[1:]
+    return len(names) + (a.vararg is not None) + (a.kwarg is not None)
+
+
+def functions_with_more_parameters(limit: int, path: Path) -> Iterator[tuple[int, str, int]]:
+    """(def line, qualified name, parameter count) of each function over ``limit``."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+
+    def walk(node: ast.AST, prefix: str) -> Iterator[tuple[int, str, int]]:
+        for child in ast.iter_child_nodes(node):
+            name = prefix
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                name = f"{prefix}{child.name}."
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                count = parameter_count(child)
+                if count > limit:
+                    yield child.lineno, name[:-1], count
+            yield from walk(child, name)
+
+    yield from walk(tree, "")
+
+
+def test_parameter_counter(tmp_path: Path) -> None:
+    # The counter itself: self and cls are not counted; *args, **kwargs, keyword-only and
+    # positional-only parameters are, in methods and nested functions alike.
+    source = "\n".join([
+        "def fine(a, b, c, d, e, f, g, h): pass",
+        "def star(a, b, c, d, e, f, g, *args, **kwargs): pass",
+        "def kw(a, /, b, *, c, d, e, f, g, h, i): pass",
+        "class C:",
+        "    def method(self, a, b, c, d, e, f, g, h): pass",
+        "    @classmethod",
+        "    def make(cls, a, b, c, d, e, f, g, h, i): pass",
+        "def outer():",
+        "    def inner(a, b, c, d, e, f, g, h, *rest): pass",
+        "    return inner",
+    ])
+    path = tmp_path / "m.py"
+    path.write_text(source + "\n")
+    found = [(name, n) for _, name, n in functions_with_more_parameters(MAX_PARAMETERS, path)]
+    assert sorted(found) == [("C.make", 9), ("kw", 9), ("outer.inner", 9), ("star", 9)]
+
+
+def test_no_function_takes_more_than_limit_parameters() -> None:
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line} {name} ({count} parameters)"
+        for package in PARAMS_CHECKED
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for line, name, count in functions_with_more_parameters(MAX_PARAMETERS, path)
+    ]
+    assert not offenders, (f"{len(offenders)} function(s) taking more than {MAX_PARAMETERS} "
+                           "parameters (self/cls not counted, *args and **kwargs one each):\n"
+                           + "\n".join(offenders))
+
+
+# A method's facts (its stages, whether it builds on a language base, how it runs) are
+# asked of its unit; only the unit itself may know it is MAEC.
+METHOD_UNIT = ("maec_core/maec/", "maec_core/methods/maec.py")
+NAME_CHECKED = ("maec_core", "app", "worker")
+NAME_TESTS = re.compile(
+    r"""[=!]=\s*["']maec["']|["']maec["']\s*[=!]="""
+    r"""|\bin\s*[(\[{](?:\s*["'][^"']*["']\s*,)*\s*["']maec["']"""
+    r"""|\bis_maec\b|isinstance\([^)]*\bMaec\b|import\s+Maec\b|\bMaec\s*\)""")
+
+
+def name_tests(text: str) -> Iterator[tuple[int, str]]:
+    """(line, text) of each place ``text`` tells MAEC apart by its name or class."""
+    for i, line in enumerate(text.splitlines(), 1):
+        if NAME_TESTS.search(line):
+            yield i, line.strip()
+
+
+def test_name_test_finder() -> None:
+    # The finder itself: comparisons, membership, flags and class checks, not mentions.
+    found = [line for _, line in name_tests("\n".join([
+        'if recipe.merge_method == "maec":',
+        "ok = 'maec' != method",
+        'if name in ("maec", "ties"):',
+        "is_maec = True",
+        "if isinstance(method, Maec):",
+        "from maec_core.methods.maec import Maec",
+        's3_bucket: str = "maec"',
+        'log = logging.getLogger("maec.worker")',
+        'keys = manifest.get("maec")',
+        'for k in (manifest.get("maec") or {}):',
+        'if name in ["ties", "maec"]:',
+    ]))]
+    assert found == ['if recipe.merge_method == "maec":', "ok = 'maec' != method",
+                     'if name in ("maec", "ties"):', "is_maec = True",
+                     "if isinstance(method, Maec):", "from maec_core.methods.maec import Maec",
+                     'if name in ["ties", "maec"]:']
+
+
+def test_no_method_is_told_apart_by_name_outside_its_unit() -> None:
+    offenders = [
+        f"{rel}:{line} {text}"
+        for package in NAME_CHECKED
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if not (rel := path.relative_to(ROOT).as_posix()).startswith(METHOD_UNIT)
+        for line, text in name_tests(path.read_text())
+    ]
+    assert not offenders, (f"{len(offenders)} place(s) outside the MAEC unit tell MAEC apart "
+                           "by name (ask the method: stages, needs_language_base, run, "
+                           "check_plan):\n" + "\n".join(offenders))

@@ -28,6 +28,7 @@ import torch
 from safetensors.torch import save_file
 
 from maec_core.checksums import sha256_file
+from maec_core.context import RunContext
 from maec_core.errors import Cancelled, OutputExists, RecipeError
 from maec_core.io.folder import ModelFolder, open_model_folder
 from maec_core.io.output import StagedOutput
@@ -38,7 +39,7 @@ from maec_core.maec.artifact import Artifact, load_artifact
 from maec_core.maec.rowio import RowReader
 from maec_core.manifest import MANIFEST_NAME, build_manifest
 from maec_core.recipe import OutputSpec, Recipe
-from maec_core.runtime import CancelFn, MergeResult, ProgressFn, best_device
+from maec_core.runtime import MergeResult, best_device
 
 REPORT_NAME = "lora_report.json"
 _SUFFIX = ".weight"
@@ -150,16 +151,16 @@ def write_adapter(staged: StagedOutput, factors: list[ModuleFactors], rank: int,
 
 
 def _factor_all(deltas: Iterator[tuple[str, torch.Tensor]], total: int, rank: int,
-                device: torch.device, progress: ProgressFn | None,
-                cancel: CancelFn | None) -> list[ModuleFactors]:
+                ctx: RunContext) -> list[ModuleFactors]:
+    """Each module's rank-``rank`` factors, on ``ctx``'s device, reporting stage ``lora``."""
+    device = best_device(ctx.device)
     out: list[ModuleFactors] = []
     for i, (name, delta) in enumerate(deltas):
-        if cancel is not None and cancel():
+        if ctx.cancelled():
             raise Cancelled("LoRA export cancelled")
         a, b, energy = low_rank_factors(delta.to(device), rank)
         out.append(ModuleFactors(_module(name), a.cpu(), b.cpu(), energy))
-        if progress is not None:
-            progress("lora", i + 1, total)
+        ctx.report("lora", i + 1, total)
     return out
 
 
@@ -209,19 +210,13 @@ def _publish(staged: StagedOutput, report: dict[str, Any], recipe: Recipe | None
     return manifest
 
 
-def export_merge(
-    recipe: Recipe,
-    out: Path,
-    merge: Callable[[Path], MergeResult],
-    *,
-    progress: ProgressFn | None = None,
-    cancel: CancelFn | None = None,
-    device: str | None = None,
-    overwrite: bool = False,
-) -> MergeResult:
+def export_merge(recipe: Recipe, out: Path, ctx: RunContext,
+                 merge: Callable[[Path], MergeResult]) -> MergeResult:
     """Run ``merge`` into a temporary folder beside ``out``, then publish at ``out`` the
     adapter approximating its change to ``recipe.lora_base``; the temporary folder is
-    removed whatever happens."""
+    removed whatever happens. Of ``ctx`` the progress, cancel, device and overwrite
+    apply to the adapter (``merge`` runs as it was made to)."""
+    overwrite = ctx.overwrite
     spec = recipe.output or OutputSpec()
     assert spec.format == "lora" and spec.rank is not None and recipe.lora_base is not None
     out = Path(out)
@@ -238,7 +233,7 @@ def export_merge(
                                spec.target_modules)
         with StagedOutput(out, overwrite=overwrite) as staged:
             factors = _factor_all(_merge_deltas(merged, base, names), len(names), spec.rank,
-                                  best_device(device), progress, cancel)
+                                  ctx)
             report = write_adapter(staged, factors, spec.rank, recipe.lora_base,
                                    base.config, _adapter_dtype(recipe))
             report["untargeted_changed"] = _untargeted_changes(merged, base, set(names))
@@ -272,21 +267,20 @@ def _artifact_deltas(art: Artifact, names: list[str]) -> Iterator[tuple[str, tor
 def export_artifact(
     artifact_dir: Path,
     out: Path,
+    ctx: RunContext,
     rank: int,
     *,
     target_modules: list[str] | None = None,
     base_ref: str | None = None,
-    device: str | None = None,
-    overwrite: bool = False,
-    progress: ProgressFn | None = None,
 ) -> dict[str, Any]:
     """Publish at ``out`` the adapter approximating a MAEC ability vector (the artifact's
-    sparse delta, weight 1); returns the report."""
+    sparse delta, weight 1); returns the report. Of ``ctx`` the progress, device and
+    overwrite apply (an export is not cancelled)."""
     art = load_artifact(artifact_dir)
     names = select_targets(((n, t.shape) for n, t in art.tensors.items()), target_modules)
-    with StagedOutput(out, overwrite=overwrite) as staged:
+    with StagedOutput(out, overwrite=ctx.overwrite) as staged:
         factors = _factor_all(_artifact_deltas(art, names), len(names), rank,
-                              best_device(device), progress, None)
+                              ctx.but(cancel=None))
         report = write_adapter(staged, factors, rank, base_ref, None, torch.float32)
         report["artifact_key"] = art.key
         _publish(staged, report, None, {"artifact": {"path": str(artifact_dir),

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from maec_core.context import RunContext
 from maec_core.errors import CorruptCheckpoint, MaecError
 from maec_core.io.folder import open_model_folder
 from maec_core.io.headers import read_header
+from maec_core.parsing import parse_recipe
 from maec_core.plan import build_plan
-from maec_core.recipe import parse_recipe
 from maec_core.run import run
 from tests.factories import make_llama
 from tests.hostile import HOSTILE, Hostile, marker_path, payload_bytes, torch_zip_bytes
@@ -147,7 +148,7 @@ def test_file_truncated_during_merge_publishes_nothing(good: Path, tmp_path: Pat
 
     out = tmp_path / "out" / "merged"
     with pytest.raises(CorruptCheckpoint) as info:
-        run(parse_recipe(_recipe(good, victim)), out, progress=progress)
+        run(parse_recipe(_recipe(good, victim)), out, RunContext(progress=progress))
     assert "truncated" in info.value.message
     assert 1 <= len(calls) < 21, calls  # it failed mid-stream, not before or after
     assert not out.exists()

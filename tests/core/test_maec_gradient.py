@@ -19,11 +19,13 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from maec_core.context import RunContext
 from maec_core.errors import CorpusError
 from maec_core.maec.keys import artifact_key
 from maec_core.maec.pipeline import extract
 from maec_core.maec.store import LocalArtifactStore
-from maec_core.recipe import Recipe, parse_recipe
+from maec_core.parsing import parse_recipe
+from maec_core.recipe import Recipe
 from maec_core.run import run
 from tests.core.test_maec_common import _private_cache  # noqa: F401 - autouse fixture
 from tests.factories import TINY, make_llama, tiny_tokenizer
@@ -96,7 +98,7 @@ def test_gradient_mode_is_deterministic_and_combines(models: dict[str, Path],
                                                      tmp_path: Path) -> None:
     r = _recipe(models, models["corpus"], importance="gradient")
     store = LocalArtifactStore(tmp_path / "store")
-    res = run(r, tmp_path / "out", artifact_store=store)
+    res = run(r, tmp_path / "out", RunContext(artifact_store=store))
     assert res.report is not None and res.report["abilities"][0]["gradient"]["batches"] == 4
     a = extract(r, 0, tmp_path / "a")
     assert [a.key] == res.report["artifact_keys"] and a.key == artifact_key(r, 0)

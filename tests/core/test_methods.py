@@ -14,7 +14,7 @@ from maec_core.methods import TensorCall, TensorMethod, get_method
 from maec_core.methods._sparsify import tensor_generator
 from maec_core.methods.layer_swap import language_weight
 from maec_core.methods.params import resolve_params
-from maec_core.recipe import parse_recipe
+from maec_core.parsing import parse_recipe
 
 
 def call(
