@@ -16,9 +16,11 @@ A tries the too-big ones. The same workload runs twice, on fresh stacks: with th
 scheduler (``MAEC_SCHEDULER_POLICY=fair``) and with plain FIFO (``fifo``: the oldest
 queued job first, the same machinery otherwise).
 
-Measured from the job records:
+Measured from the job records (and, for which worker process ran a job, its log):
 - ``b_wait_p95_jobs``: the 95th percentile of B's waits (created -> started), in units
-  of the median duration (started -> finished) of the run's short jobs, fair run;
+  of one short job's median duration on a worker: from its start to the next start on
+  the same worker (its merge and publish, and the worker's turnaround to the next job,
+  a fresh child process per job), fair runs;
 - ``throughput_vs_fifo``: jobs per second (first submission -> last finish) of the fair
   run over the FIFO run's;
 - ``routed_right``: jobs (both runs) whose routed pool and whose running worker's pool
@@ -28,13 +30,15 @@ Measured from the job records:
 
 Ends with ``RESULT fleet workers=3 b_wait_p95_jobs=X throughput_vs_fifo=Y
 routed_right=K/N refused_too_big=M lost=0 duplicated=0``. ``--runs N`` repeats each
-policy N times (alternating) and reports medians of the ratios.
+policy N times (alternating which goes first; default 2) and reports medians.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import re
 import statistics
 import sys
 import tempfile
@@ -54,6 +58,8 @@ from app.settings import PoolSpec, Settings  # noqa: E402
 GIB = 1 << 30
 BIG: dict[str, Any] = {"hidden_size": 256, "intermediate_size": 1024, "num_hidden_layers": 24}
 A_SHORT, A_MEDIUM, B_SHORT, TOO_BIG = 28, 2, 3, 3
+# The line the worker logs when the scheduler hands it a job (worker/dispatch.py).
+TAKEN = re.compile(r"job (j_[0-9a-f]+): taken from the")
 
 
 @dataclass
@@ -70,6 +76,7 @@ class Run:
     owners: dict[str, str] = field(default_factory=dict)
     refused: int = 0
     manifests: dict[str, int] = field(default_factory=dict)
+    ran_by: dict[str, int] = field(default_factory=dict)  # id -> worker process index
 
 
 def build_models(root: Path) -> Models:
@@ -123,7 +130,8 @@ def _t(iso: str) -> float:
     return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
 
 
-def run_once(policy: str, m: Models, pools: dict[str, PoolSpec], root: Path) -> Run:
+def run_once(policy: str, m: Models, pools: dict[str, PoolSpec], work: Path,
+             models_root: Path) -> Run:
     from tests.stack import stack_context
 
     env = {"MAEC_POOLS": json.dumps({n: p.model_dump() for n, p in pools.items()}),
@@ -131,7 +139,8 @@ def run_once(policy: str, m: Models, pools: dict[str, PoolSpec], root: Path) -> 
            "MAEC_SUBMISSIONS_PER_MINUTE": "100000", "MAEC_RATE_LIMIT_PER_MINUTE": "100000",
            "MAEC_RATE_LIMIT_BURST": "10000"}
     out = Run(policy)
-    with stack_context(root / policy, None, workers=0, local_roots=[root], env=env) as st:
+    with stack_context(work / policy, None, workers=0, local_roots=[models_root],
+                       env=env) as st:
         for pool in ("small", "small", "large"):
             st.start_worker({"MAEC_WORKER_POOL": pool}, wait=False)
         for w in st.workers:
@@ -167,6 +176,9 @@ def run_once(policy: str, m: Models, pools: dict[str, PoolSpec], root: Path) -> 
             out.records[job_id] = record(st, job_id)
             out.manifests[job_id] = len(list(
                 (st.root / "storage" / "jobs" / job_id).glob("*/manifest.json")))
+        for n, w in enumerate(st.workers):
+            for job_id in TAKEN.findall(w.log_path.read_text(errors="replace")):
+                out.ran_by[job_id] = n
         jobs_left = len(list((st.root / "storage").glob("jobs/*")))
         assert jobs_left == len(ids), "a refused job left files"
     return out
@@ -181,11 +193,24 @@ def percentile(xs: list[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
+def slot_seconds(run: Run) -> list[float]:
+    """How long each short job held its worker: from its start to the next start on the
+    same worker process (its merge, publish, and the worker's turnaround to the next
+    job: a fresh child per job), for every job some other job followed."""
+    by_worker: dict[int, list[str]] = {}
+    for job_id, n in run.ran_by.items():
+        by_worker.setdefault(n, []).append(job_id)
+    out = []
+    for ids in by_worker.values():
+        ids.sort(key=lambda i: _t(run.records[i]["started_at"]))
+        out += [_t(run.records[b]["started_at"]) - _t(run.records[a]["started_at"])
+                for a, b in itertools.pairwise(ids) if run.kinds[a] == "short"]
+    return out
+
+
 def figures(run: Run) -> dict[str, float]:
     recs = run.records
-    short = [i for i in recs if run.kinds[i] == "short"]
-    unit = statistics.median(_t(recs[i]["finished_at"]) - _t(recs[i]["started_at"])
-                             for i in short)
+    unit = statistics.median(slot_seconds(run))
     b_waits = [(_t(recs[i]["started_at"]) - _t(recs[i]["created_at"])) / unit
                for i in recs if run.owners[i] == "B"]
     first = min(_t(r["created_at"]) for r in recs.values())
@@ -213,7 +238,7 @@ def lost_and_duplicated(run: Run) -> tuple[int, int]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--runs", type=int, default=2)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:
         root = Path(tmp)
@@ -230,10 +255,10 @@ def main() -> int:
             order = ("fair", "fifo") if i % 2 == 0 else ("fifo", "fair")
             for policy in order:
                 t0 = time.monotonic()
-                run = run_once(policy, models, pools, root / f"r{i}")
+                run = run_once(policy, models, pools, root / f"r{i}", root)
                 f = figures(run)
                 print(f"run {i} {policy}: b_wait_p95_jobs={f['b_wait_p95_jobs']:.2f} "
-                      f"jobs_per_s={f['jobs_per_s']:.3f} median_short_job_s={f['unit_s']:.2f} "
+                      f"jobs_per_s={f['jobs_per_s']:.3f} median_job_slot_s={f['unit_s']:.2f} "
                       f"({time.monotonic() - t0:.0f} s)", flush=True)
                 runs.append(run)
     fair = [figures(r) for r in runs if r.policy == "fair"]
