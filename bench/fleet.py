@@ -267,6 +267,13 @@ def main() -> int:
     ratio = statistics.median(fa["jobs_per_s"] / fi["jobs_per_s"]
                               for fa, fi in zip(fair, fifo, strict=True))
     print(f"fifo b_wait_p95_jobs={statistics.median(f['b_wait_p95_jobs'] for f in fifo):.2f}")
+    for kind in ("short", "medium"):
+        pairs = [(r.records[i]["measured"]["peak_rss_bytes"],
+                  r.records[i]["estimate"]["host_memory_bytes"])
+                 for r in runs for i in r.records if r.kinds[i] == kind]
+        print(f"{kind} jobs: measured peak RSS {statistics.median(m for m, _ in pairs) / 2**20:.0f}"
+              f" MiB, estimate {statistics.median(e for _, e in pairs) / 2**20:.0f} MiB, "
+              f"max measured/estimate {max(m / e for m, e in pairs):.2f}")
     right = [routed_right(r, pools) for r in runs]
     ld = [lost_and_duplicated(r) for r in runs]
     refused = sum(r.refused for r in runs)
