@@ -138,7 +138,7 @@ class AbilityEntry(BaseModel):
     name: str | None = None
 
 
-class OutputSpec(BaseModel):
+class OutputFormat(BaseModel):
     """What a merge publishes: the merged checkpoint (``model``), or a PEFT LoRA adapter
     of rank ``rank`` approximating the merge's change to its base (``lora``)."""
 
@@ -151,7 +151,7 @@ class OutputSpec(BaseModel):
     target_modules: list[str] | None = Field(default=None, min_length=1)
 
     @model_validator(mode="after")
-    def _lora_fields(self) -> OutputSpec:
+    def _lora_fields(self) -> OutputFormat:
         if self.format == "lora" and self.rank is None:
             raise ValueError("output format lora needs a rank")
         if self.format == "model" and (self.rank is not None or self.target_modules):
@@ -209,7 +209,7 @@ class Recipe(BaseModel):
     language_base: str | None = None
     abilities: list[AbilityEntry] = Field(default_factory=list)
     artifact: str | None = None
-    output: OutputSpec | None = None
+    output: OutputFormat | None = None
     # Evaluation and sweeps: what the job does with the merged model (the merge itself
     # ignores them). Eval set paths are sources, like the checkpoints'.
     evaluate: list[EvalSetSpec] | None = Field(default=None, min_length=1,

@@ -38,7 +38,7 @@ from maec_core.lora.adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS, LORA_A, LORA
 from maec_core.maec.artifact import Artifact, load_artifact
 from maec_core.maec.rowio import RowReader
 from maec_core.manifest import MANIFEST_NAME, build_manifest
-from maec_core.recipe import OutputSpec, Recipe
+from maec_core.recipe import OutputFormat, Recipe
 from maec_core.runtime import MergeResult, best_device
 
 REPORT_NAME = "lora_report.json"
@@ -217,7 +217,7 @@ def export_merge(recipe: Recipe, out: Path, ctx: RunContext,
     removed whatever happens. Of ``ctx`` the progress, cancel, device and overwrite
     apply to the adapter (``merge`` runs as it was made to)."""
     overwrite = ctx.overwrite
-    spec = recipe.output or OutputSpec()
+    spec = recipe.output or OutputFormat()
     assert spec.format == "lora" and spec.rank is not None and recipe.lora_base is not None
     out = Path(out)
     if out.exists() and not overwrite:
