@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup run test lint docs demo test-faults soak bench-engine bench-maec bench-api bench-conformance bench-gpu experiment experiment-smoke
+.PHONY: setup run test lint docs demo test-faults soak bench-engine bench-maec bench-api bench-conformance bench-gpu bench-fleet experiment experiment-smoke
 
 setup:
 	@bash scripts/setup.sh
@@ -60,6 +60,13 @@ bench-api: setup
 .PHONY: bench-fetch
 bench-fetch: setup
 	$(PY) -m bench.s3_fetch
+
+# Fair share and routing by size (docs/scheduling.md): a real stack with 3 workers in
+# two pools, key A's 30 jobs then key B's 3, fair scheduler against FIFO in the same
+# run. BENCH_FLEET_ARGS=--runs 3 (medians)
+BENCH_FLEET_ARGS ?=
+bench-fleet: setup
+	$(PY) -m bench.fleet $(BENCH_FLEET_ARGS)
 
 # Evaluation throughput (perplexity and generation) against a plain transformers loop.
 .PHONY: bench-eval

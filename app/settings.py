@@ -17,7 +17,15 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from app.webhooks.hosts import AllowList
@@ -27,6 +35,12 @@ log = logging.getLogger("maec.settings")
 
 # Credentials that ship in examples; accepting them outside dev mode would be a hole.
 _DEFAULT_SECRETS = frozenset({"", "minioadmin", "admin", "secret", "changeme", "dev"})
+
+
+# The owner every request acts as in dev mode. Reserved: no configured API key may use
+# this id, or that key would see (and delete) every job created earlier in dev mode
+# against the same Redis.
+DEV_OWNER = "dev"
 
 
 def hash_key(raw: str) -> str:
@@ -42,6 +56,30 @@ class SettingsInvalid(MaecError):
 
 def env_name(field: str) -> str:
     return f"MAEC_{field.upper()}"
+
+
+Priority = Literal["low", "normal", "high"]
+PRIORITIES: tuple[Priority, ...] = ("low", "normal", "high")
+GIB = 1 << 30
+_POOL_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,39}$")
+
+
+class PoolSpec(BaseModel):
+    """What every worker of one pool can hold: host memory, GPU memory (0: a CPU pool)
+    and local disk, in GiB; null is "no limit" (the single-machine default)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host_memory_gib: float | None = Field(default=None, gt=0)
+    gpu_memory_gib: float = Field(default=0.0, ge=0)
+    disk_gib: float | None = Field(default=None, gt=0)
+
+    def limits(self) -> tuple[float, float, float]:
+        """(host, gpu, disk) bytes, infinity for no limit."""
+        inf = float("inf")
+        return (inf if self.host_memory_gib is None else self.host_memory_gib * GIB,
+                self.gpu_memory_gib * GIB,
+                inf if self.disk_gib is None else self.disk_gib * GIB)
 
 
 class Settings(BaseSettings):
@@ -167,6 +205,29 @@ class Settings(BaseSettings):
     are frozen (0: Python's default, 700). Many requests parked on Redis at once keep the
     default firing thousands of times a second; see `app/api/gc_tuning.py`."""
 
+    # Pools and fair share (docs/scheduling.md).
+    pools: dict[str, PoolSpec] = Field(default_factory=lambda: {"merges": PoolSpec()})
+    """Every pool a deployment runs, by name (its Celery queue), with what each of its
+    workers holds; the API routes each job to the smallest pool that fits its estimate and
+    refuses one none fits (422 `no_capable_worker`). E.g. `{"cpu": {"host_memory_gib": 32,
+    "disk_gib": 200}, "gpu-80g": {"host_memory_gib": 256, "gpu_memory_gib": 80,
+    "disk_gib": 2000}}`. The default is one pool without limits."""
+    worker_pool: str | None = None
+    """The pool this worker belongs to (a key of `MAEC_POOLS`; unset: the first pool). It
+    also takes the jobs of every pool it covers (no larger on any of the three) when its
+    own has none. The API ignores it."""
+    scheduler_policy: Literal["fair", "fifo"] = "fair"
+    """`fair`: a free worker takes the next job of the key with the least running work per
+    weight (a sweep counts its candidates); `fifo`: the oldest queued job."""
+    key_weights: dict[str, float] = Field(default_factory=dict)
+    """JSON `{"key id": weight}` (default 1): a key of weight 2 gets twice the workers of a
+    key of weight 1 while both have jobs waiting."""
+    priority_cap_default: Priority = "normal"
+    """The highest priority (`low`, `normal`, `high`) a key may submit at, unless
+    `MAEC_PRIORITY_CAPS` names it (403 `priority_not_allowed` above it)."""
+    priority_caps: dict[str, Priority] = Field(default_factory=dict)
+    """JSON `{"key id": "low" | "normal" | "high"}`: per-key priority caps."""
+
     # Retention and quotas (docs/api.md, "Retention").
     job_ttl_days: float | None = Field(default=None, gt=0)
     """Finished, unpinned jobs and their outputs are removed this many days after they
@@ -222,10 +283,39 @@ class Settings(BaseSettings):
     @classmethod
     def _hashes(cls, v: dict[str, str]) -> dict[str, str]:
         for key_id, digest in v.items():
+            if key_id.strip().casefold() == DEV_OWNER:
+                raise ValueError(f"key id {key_id!r} is reserved for dev mode's owner; "
+                                 "name the key something else")
             if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest.lower()):
                 raise ValueError(f"the entry for key id {key_id!r} must be a hex sha256 of "
                                  "the key (64 hex digits), never the key itself")
         return {k: d.lower() for k, d in v.items()}
+
+    @field_validator("pools")
+    @classmethod
+    def _pool_names(cls, v: dict[str, PoolSpec]) -> dict[str, PoolSpec]:
+        if not v:
+            raise ValueError("at least one pool is needed")
+        for name in v:
+            if not _POOL_NAME.match(name) or name == "webhooks":
+                raise ValueError(f"pool name {name!r} must be 1-40 of a-z 0-9 _ - (not "
+                                 "'webhooks': that queue is the webhooks')")
+        return v
+
+    @field_validator("key_weights")
+    @classmethod
+    def _weights(cls, v: dict[str, float]) -> dict[str, float]:
+        for key_id, w in v.items():
+            if not 0 < w <= 1000:
+                raise ValueError(f"the weight of key id {key_id!r} must be in (0, 1000]")
+        return v
+
+    @model_validator(mode="after")
+    def _known_pool(self) -> Settings:
+        if self.worker_pool is not None and self.worker_pool not in self.pools:
+            raise ValueError(f"MAEC_WORKER_POOL {self.worker_pool!r} is not one of "
+                             f"MAEC_POOLS ({', '.join(sorted(self.pools))})")
+        return self
 
     @field_validator("local_roots")
     @classmethod
@@ -264,10 +354,19 @@ class Settings(BaseSettings):
         """hash -> key id, so authenticating a request is one dict lookup."""
         return {digest: key_id for key_id, digest in self.api_keys.items()}
 
+    @property
+    def own_pool(self) -> str:
+        """This worker's pool: MAEC_WORKER_POOL, else the first of MAEC_POOLS."""
+        return self.worker_pool if self.worker_pool is not None else next(iter(self.pools))
+
+    def priority_cap(self, key_id: str) -> Priority:
+        return self.priority_caps.get(key_id, self.priority_cap_default)
+
     def warn_if_dev(self) -> None:
         if self.dev_mode:
             log.warning(
-                "#### MAEC DEV MODE: authentication is OFF; every request acts as key 'dev'. "
+                "#### MAEC DEV MODE: authentication is OFF; every request acts as key "
+                f"{DEV_OWNER!r}. "
                 "Never expose this process beyond 127.0.0.1. ####"
             )
 

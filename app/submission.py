@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from app.scheduler.estimate import Need, estimate, estimate_moe
 from app.settings import Settings
 from app.sources import (
     Source,
@@ -59,11 +60,15 @@ def build_job(req: JobRequest) -> Recipe | MoeConfig:
 
 
 def check_job_sources(job: Recipe | MoeConfig, settings: Settings, storage: Storage
-                      ) -> dict[str, dict[str, Any]]:
-    """:func:`check_sources` for either kind of job."""
+                      ) -> tuple[dict[str, dict[str, Any]], Need]:
+    """:func:`check_and_estimate` for either kind of job: the sources pinned, and the
+    job's needs, which route it to a pool."""
     if isinstance(job, MoeConfig):
-        return check_moe_sources(job, settings, storage)
-    return check_sources(job, settings, storage)
+        sources = check_moe_sources(job, settings, storage)
+        # The hidden gate modes hold the base model while the prompts run.
+        holds_base = job.gate_mode.startswith("hidden")
+        return sources, estimate_moe(job.base_model, holds_base, sources)
+    return check_and_estimate(job, settings, storage)
 
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
@@ -181,6 +186,14 @@ def check_sources(
 
     Blocking (file and S3 I/O): the API calls it in a worker thread.
     """
+    return check_and_estimate(recipe, settings, storage)[0]
+
+
+def check_and_estimate(
+    recipe: Recipe, settings: Settings, storage: Storage
+) -> tuple[dict[str, dict[str, Any]], Need]:
+    """:func:`check_sources`, and the job's needs estimated from the same headers
+    (:mod:`app.scheduler.estimate`), which route it to a pool."""
     # What the job reads, as the worker's plan will say: the same plan, made here.
     plan = plan_job(recipe)
     check_tokenizer_source(plan)
@@ -194,14 +207,16 @@ def check_sources(
     for uri in [*plan.checkpoints, *plan.corpora]:
         parsed[uri] = parse_source(uri, settings)
     folders = inspect_models(plan, parsed, storage)
-    check_against_plan(recipe, plan_recipe(recipe, folders))
+    merge_plan = plan_recipe(recipe, folders)
+    check_against_plan(recipe, merge_plan)
     # Pinned after the checks: a file replaced in between is pinned as replaced, which
     # lets nothing unchecked through (the engine validates the folder it reads).
     pinned = {uri: pin_source(parsed[uri], storage) for uri in plan.checkpoints}
     for uri in plan.corpora:
         pinned[uri] = check_corpus(parsed[uri], storage, settings.max_corpus_bytes)
     pinned.update(check_eval_sets(plan, settings, storage))
-    return {uri: s.to_dict() for uri, s in pinned.items()}
+    sources = {uri: s.to_dict() for uri, s in pinned.items()}
+    return sources, estimate(recipe, merge_plan, sources)
 
 
 def check_eval_sets(plan: JobPlan, settings: Settings, storage: Storage

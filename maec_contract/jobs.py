@@ -139,6 +139,16 @@ class WebhookDelivery(_Answer):
     delivered_at: str | None = None
 
 
+class QueuePlace(_Answer):
+    """A queued job's place: ``position`` jobs can start before it (0: it is next), and
+    about ``eta_s`` seconds until it starts, from its pool's recent throughput (null
+    until the pool has finished a job)."""
+
+    position: int = 0
+    eta_s: float | None = None
+    pool: str | None = None
+
+
 class Job(_Answer):
     id: str
     status: StatusText
@@ -159,6 +169,17 @@ class Job(_Answer):
     webhook: WebhookDelivery | None = None
     # Kept past the service's retention period until unpinned or deleted.
     pinned: bool = False
+    # Scheduling (docs/scheduling.md). ``priority``: low, normal or high. ``pool``: the
+    # worker pool the job was routed to; ``ran_pool``: the pool of the worker that ran
+    # it (the same, or a larger one that covers it). ``estimate``: what routing assumed
+    # (host_memory_bytes, gpu_memory_bytes, disk_bytes, cost); ``measured``: the last
+    # attempt's peak_rss_bytes. ``queue``: while queued, {position, eta_s, pool}.
+    priority: str = "normal"
+    pool: str | None = None
+    ran_pool: str | None = None
+    estimate: dict[str, Any] | None = None
+    measured: dict[str, Any] | None = None
+    queue: QueuePlace | None = None
 
     @property
     def done(self) -> bool:

@@ -41,6 +41,10 @@ class JobRequest(BaseModel):
     callback_url: str | None = Field(default=None, min_length=1, max_length=2048)
     # Keep the job and its outputs past the retention period (until unpinned or deleted).
     pinned: bool | None = None
+    # Which of the queued jobs a free worker takes first (docs/scheduling.md): every
+    # high job before any normal one, every normal before any low; fair share between
+    # keys within each. Capped per key by the service (403 priority_not_allowed).
+    priority: Literal["low", "normal", "high"] | None = None
     # Either form: eval sets scored after the merge (each {name, language, kind, path:
     # a source, ...eval settings}), whether the inputs are scored too, and a parameter
     # sweep ({grid, objective, constraint, tie_break, publish}). In the recipe form they may also be

@@ -25,10 +25,12 @@ from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown
 
 from app.jobs.worker_store import WorkerJobStore
 from app.queue import WEBHOOK_QUEUE
+from app.scheduler.pools import served_by
 from app.settings import get_settings
 from app.storage import make_storage
 from worker.celery_config import celery_settings
-from worker.sweeper import sweep_expired, sweep_retention
+from worker.drain import draining, install_drain
+from worker.sweeper import sweep_expired, sweep_retention, top_up_wakeups
 
 log = logging.getLogger("maec.worker")
 
@@ -47,8 +49,10 @@ def _heartbeat() -> None:
     storage = make_storage(settings)
     while True:
         try:
-            store.heartbeat(_NAME)
+            store.heartbeat(_NAME, None if draining() else settings.own_pool)
             sweep_expired(store, celery, settings)
+            if not draining():
+                top_up_wakeups(store, celery, settings)
             store.clean_orphans(storage)
             sweep_retention(store, storage, settings)
         except Exception as exc:  # Redis down: keep trying, readyz shows it meanwhile
@@ -56,12 +60,19 @@ def _heartbeat() -> None:
         if _stop.wait(settings.worker_heartbeat_seconds):
             break
     with contextlib.suppress(Exception):
-        store.forget_worker(_NAME)
+        store.forget_worker(_NAME, settings.own_pool)
 
 
 @celeryd_after_setup.connect  # type: ignore[untyped-decorator]
 def _consume_webhooks(sender: str, instance: Any, **_kw: Any) -> None:
     instance.app.amqp.queues.select_add(WEBHOOK_QUEUE)
+    # The worker's pool's queue and those of the pools it covers, whatever -Q names.
+    settings = get_settings()
+    for pool in served_by(settings.own_pool, settings.pools):
+        instance.app.amqp.queues.select_add(pool)
+
+
+install_drain(_NAME)
 
 
 @worker_ready.connect  # type: ignore[untyped-decorator]

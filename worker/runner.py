@@ -23,7 +23,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from app.artifacts import StorageArtifactStore
 from app.disk_cache import Hold
 from app.jobs.accounting import finish_increments
-from app.jobs.calls import QuotaExceeded
+from app.jobs.calls import Claim, QuotaExceeded
 from app.jobs.record import JobRecord, now_iso
 from app.jobs.worker_store import WorkerJobStore
 from app.settings import Settings
@@ -39,6 +39,7 @@ from maec_core.moe.config import MOE_METHOD
 from maec_core.parsing import parse_recipe
 from maec_core.runtime import EngineOptions
 from worker.inputs import InputCache, fetch_source
+from worker.measure import measured
 from worker.moe import execute_moe
 from worker.publish import ShardUploads, publish
 from worker.result import Finished
@@ -170,7 +171,13 @@ class JobRunner:
         claim = self.store.claim(job_id, worker=self.worker,
                                  lease_s=self.settings.lease_seconds,
                                  max_attempts=self.settings.max_attempts,
-                                 time_limit_s=self.settings.task_time_limit)
+                                 time_limit_s=self.settings.task_time_limit,
+                                 pool=self.settings.own_pool)
+        return self.run_claimed(job_id, claim)
+
+    def run_claimed(self, job_id: str, claim: Claim) -> str:
+        """Go on from ``claim`` (this runner's, or the scheduler's take, which claims in
+        the same call that chooses the job: worker.dispatch)."""
         if claim.outcome != "claimed":
             log.info("job %s: not run (%s)", job_id, claim.outcome)
             if claim.outcome in ENDED_BY_CLAIM:
@@ -247,7 +254,8 @@ class JobRunner:
     def _end(self, rec: JobRecord, att: Attempt, status: str, error: dict[str, Any] | None,
              started: float, result: Finished | None = None) -> str:
         seconds = time.monotonic() - started
-        fields: dict[str, Any] = {"finished_at": now_iso(), "stage": None, "error": error}
+        fields: dict[str, Any] = {"finished_at": now_iso(), "stage": None, "error": error,
+                                  "measured": measured(seconds)}
         if status != "succeeded":
             self._release(rec, att)
         nbytes = 0

@@ -18,7 +18,8 @@ from celery import Celery
 
 from app.artifacts import StorageArtifactStore
 from app.jobs.worker_store import WorkerJobStore
-from app.queue import QUEUE, TASK_NAME
+from app.queue import QUEUE, TASK_NAME, send_take
+from app.scheduler.pools import served_by
 from app.settings import Settings
 from app.storage.base import Storage
 
@@ -27,10 +28,13 @@ DAY_S = 86400.0
 
 
 def sweep_expired(store: WorkerJobStore, celery: Celery, settings: Settings) -> list[str]:
-    """Every job re-enqueued by this sweep."""
+    """Every job re-enqueued by this sweep (on the queue of the pool that ran it)."""
 
     def requeue(job_id: str) -> None:
-        celery.send_task(TASK_NAME, args=[job_id], queue=QUEUE)
+        rec = store.get(job_id)
+        pool = (rec.ran_pool or rec.pool) if rec is not None else None
+        queue = pool if pool in settings.pools else QUEUE
+        celery.send_task(TASK_NAME, args=[job_id], queue=queue)
 
     # The marker lasts one lease: other workers sweeping meanwhile skip the job.
     return store.sweep_expired(requeue, marker_ttl_s=max(2, settings.lease_seconds))
@@ -59,3 +63,31 @@ def sweep_retention(store: WorkerJobStore, storage: Storage, settings: Settings)
         log.info("retention: %d job(s) expired, %d artifact(s) collected",
                  len(out.jobs), len(out.artifacts))
     return out
+
+
+# Most wake-ups one top-up sends for a pool (the next heartbeat sends more).
+MAX_TOPUP = 100
+
+
+def top_up_wakeups(store: WorkerJobStore, celery: Celery, settings: Settings
+                   ) -> dict[str, int]:
+    """Send a pool as many wake-up messages as it has queued jobs beyond the messages
+    waiting; returns what was sent, by pool.
+
+    One wake-up goes out per submitted job, so this sends nothing in the normal course.
+    It repairs the rare loss of one (Redis restarted from an AOF a second behind the
+    job's record, a broker hiccup between the record and its message): a job never
+    waits for a message that will not come. A spare wake-up finds nothing and ends, so
+    erring high costs a no-op task. One worker per pool per heartbeat does it.
+    """
+    sent: dict[str, int] = {}
+    for pool in served_by(settings.own_pool, settings.pools):
+        if not store.try_topup_lock(pool, settings.worker_heartbeat_seconds):
+            continue
+        missing = store.pending(pool) - store.messages_waiting(pool)
+        for _ in range(min(MAX_TOPUP, max(0, missing))):
+            send_take(celery, pool)
+        if missing > 0:
+            sent[pool] = min(MAX_TOPUP, missing)
+            log.warning("pool %s: %d queued job(s) had no wake-up; sent", pool, missing)
+    return sent

@@ -11,10 +11,11 @@ from celery import shared_task
 # (a merge child then starts in milliseconds). Importing torch does not initialise CUDA.
 import maec_core.run  # noqa: F401
 from app.jobs.worker_store import WorkerJobStore
-from app.queue import TASK_NAME, WEBHOOK_TASK_NAME, send_webhook
+from app.queue import TAKE_TASK_NAME, TASK_NAME, WEBHOOK_TASK_NAME, send_webhook
 from app.settings import get_settings
 from app.storage import make_storage
 from app.webhooks.delivery import SOFT_TIME_LIMIT_S, TIME_LIMIT_S, deliver
+from worker import dispatch
 from worker.runner import JobRunner
 
 log = logging.getLogger("maec.worker")
@@ -23,13 +24,22 @@ for _module in get_settings().preload_modules:
     importlib.import_module(_module)
 
 
+def _runner() -> JobRunner:
+    settings = get_settings()
+    return JobRunner(settings, WorkerJobStore.from_url(settings.redis_url),
+                     make_storage(settings),
+                     on_finished=lambda ended: send_webhook(run_job.app, ended))
+
+
 @shared_task(name=TASK_NAME, acks_late=True, ignore_result=True)  # type: ignore[untyped-decorator]
 def run_job(job_id: str) -> str:
-    settings = get_settings()
-    runner = JobRunner(settings, WorkerJobStore.from_url(settings.redis_url),
-                       make_storage(settings),
-                       on_finished=lambda ended: send_webhook(run_job.app, ended))
-    return runner.run(job_id)
+    return _runner().run(job_id)
+
+
+@shared_task(name=TAKE_TASK_NAME, acks_late=True, ignore_result=True)  # type: ignore[untyped-decorator]
+def take_next(pool: str) -> str:
+    """A wake-up for ``pool``: run whichever job the scheduler hands this worker."""
+    return dispatch.take_next(_runner(), pool)
 
 
 # Short limits of its own: one delivery attempt is a few network round trips; a later

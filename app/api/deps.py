@@ -11,7 +11,8 @@ from app.api.errors import ApiError
 from app.api.limits import Admission, Limits, owner_of
 from app.jobs.api_store import ApiJobStore
 from app.queue import Enqueuer
-from app.settings import Settings
+from app.scheduler.view import QueueView
+from app.settings import DEV_OWNER, Settings
 from app.storage.base import Storage
 
 
@@ -24,6 +25,8 @@ class Services:
     # sha256 -> key id, built once: authenticating a request is one hash + one lookup.
     keys: dict[str, str]
     limits: Limits
+    # The scheduler's read side: a queued job's place, GET /v1/queue, the gauges.
+    queue: QueueView
 
 
 async def get_services(request: Request) -> Services:
@@ -67,7 +70,7 @@ async def identify(request: Request) -> Caller:
     awaited before answering. Dev mode: key ``dev``, no limits."""
     svc: Services = request.app.state.services
     if svc.settings.dev_mode:
-        return Caller("dev", svc)
+        return Caller(DEV_OWNER, svc)
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
@@ -77,7 +80,7 @@ async def identify(request: Request) -> Caller:
     if owner is None:
         await svc.limits.failed_auth(client_address(request))
         raise _unauthorized("unknown API key")
-    return Caller(owner, svc, svc.limits.request(owner, client_address(request)))
+    return Caller(owner, svc, svc.limits.request(owner))
 
 
 async def authenticate(request: Request) -> Caller:

@@ -63,7 +63,7 @@ async def _require_docs_key(request: Request) -> None:
         raise ApiError(401, "unauthorized", "the API docs need an API key (Authorization: "
                        "Bearer <key>, or the key as the password of HTTP Basic)",
                        headers={"WWW-Authenticate": _REALM})
-    await svc.limits.request(owner, address).check()
+    await svc.limits.request(owner).check()
 
 
 def install(app: FastAPI) -> None:

@@ -44,6 +44,8 @@ STATUS_BY_CODE: dict[str, int] = {
     "invalid_corpus": 422,
     "invalid_eval_set": 422, "no_feasible_candidate": 422,
     "invalid_callback": 422,
+    # No configured worker pool can hold the job (app/scheduler/pools.py).
+    "no_capable_worker": 422,
     "output_exists": 409,
     "cancelled": 409,
     "storage_unavailable": 503,

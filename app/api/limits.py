@@ -5,9 +5,11 @@ Token buckets, held in Redis so that N API processes enforce one limit:
 - requests per key: ``rate_limit_per_minute`` tokens a minute, ``rate_limit_burst`` saved;
 - job submissions per key: ``submissions_per_minute``, as many saved;
 - failed authentications per client address: ``auth_failures_per_minute``,
-  ``auth_failure_burst`` saved. While an address's bucket is empty every request from it
-  is refused, a right key included: otherwise a guesser would keep going at full speed,
-  reading its one success from the difference between a 200 and the 429s.
+  ``auth_failure_burst`` saved. Only failed attempts take from it, and only failed
+  attempts are refused while it is empty: a valid key from the same address (everyone
+  behind one NAT or proxy) keeps working, so a guesser cannot lock the others out. What
+  stops guessing is the key space (keys are long random strings, stored as sha256);
+  the bucket bounds the log noise and the work a guesser costs the service.
 
 Exceeding one answers 429 ``rate_limited`` with ``Retry-After`` (whole seconds until the
 next token). Concurrent jobs are limited separately, atomically with the job record
@@ -190,9 +192,7 @@ class Admission:
         self._owner = owner
 
     async def check(self) -> None:
-        address_wait, key_wait = await self._fut
-        if address_wait:
-            raise _limited("too many failed authentications from this address", address_wait)
+        (key_wait,) = await self._fut
         if key_wait:
             raise _limited(f"too many requests for key {self._owner}", key_wait)
 
@@ -202,10 +202,8 @@ class Limits:
         self._client = client
         self._s = settings
         self._batcher = _Batcher(client)
-        # Per-request checks reuse their bucket descriptions (keys are few; addresses are
-        # many, so that cache is dropped whenever it grows large).
+        # Per-request checks reuse their bucket descriptions (keys are few).
         self._keys: dict[str, Bucket] = {}
-        self._looks: dict[str, Bucket] = {}
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Limits:
@@ -220,20 +218,16 @@ class Limits:
         s = self._s
         return _bucket("auth", address, s.auth_failures_per_minute, s.auth_failure_burst, cost)
 
-    def request(self, owner: str, address: str) -> Admission:
-        """Start the check of one request by ``owner`` from ``address`` (one token from the
-        key's bucket; the address must not be blocked); the caller awaits ``check()``."""
+    def request(self, owner: str) -> Admission:
+        """Start the check of one request by ``owner`` (one token from the key's bucket);
+        the caller awaits ``check()``. The address's failed-login bucket is not looked
+        at: an authenticated request is never refused for others' failures."""
         key = self._keys.get(owner)
         if key is None:
             s = self._s
             key = self._keys[owner] = _bucket("req", owner, s.rate_limit_per_minute,
                                               s.rate_limit_burst)
-        look = self._looks.get(address)
-        if look is None:
-            if len(self._looks) >= 10_000:
-                self._looks.clear()
-            look = self._looks[address] = self._address(address, 0)
-        return Admission(self._batcher.check((look, key)), owner)
+        return Admission(self._batcher.check((key,)), owner)
 
     async def failed_auth(self, address: str) -> None:
         """Count one failed authentication from ``address``; 429 once over its limit."""

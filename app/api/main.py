@@ -15,10 +15,11 @@ from app.api import docs, errors
 from app.api.deps import Services
 from app.api.gc_tuning import tune_gc
 from app.api.limits import Limits
-from app.api.routes import files, health, jobs
+from app.api.routes import files, health, jobs, queue
 from app.api.ui import router as ui_router
 from app.jobs.api_store import ApiJobStore
 from app.queue import Enqueuer
+from app.scheduler.view import QueueView
 from app.settings import Settings, get_settings
 from app.storage import make_storage
 
@@ -117,6 +118,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         limits = Limits.from_settings(settings)
         app.state.services = Services(
             settings, store, storage, enqueuer, settings.key_lookup, limits,
+            QueueView(store.client, settings),
         )
         tune_gc(settings.api_gc_threshold)
         try:
@@ -138,6 +140,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     errors.install(app)
     # Route matching is first-match over the list: the polled job route goes first.
     app.include_router(jobs.router)
+    app.include_router(queue.router)
     app.include_router(files.router)
     app.include_router(health.router)
     docs.install(app)

@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector
 from app.jobs.accounting import DURATION_BUCKETS, bucket_field
 from app.jobs.api_store import ApiJobStore
 from app.jobs.record import STATUSES
+from app.scheduler.view import QueueView
 from app.settings import Settings
 
 
@@ -33,7 +34,39 @@ class _Snapshot(Collector):
         return self.metrics
 
 
-async def render_metrics(store: ApiJobStore, settings: Settings) -> bytes:
+async def _scheduler_families(view: QueueView) -> list[Metric]:
+    """Per pool: queued, active, live workers; per key: queued and running jobs (what a
+    KEDA scaler or a dashboard reads; counts only, never a job's details)."""
+    running = await view.running_by()
+    queued = await view.queued_by()
+    pools = await view.pools(running, queued)
+    pq = GaugeMetricFamily("maec_pool_queued", "Jobs waiting in a pool's queue",
+                           labels=["pool"])
+    pa = GaugeMetricFamily("maec_pool_active", "Jobs a pool's workers are running",
+                           labels=["pool"])
+    pw = GaugeMetricFamily("maec_pool_workers", "Live workers of a pool", labels=["pool"])
+    for name, state in sorted(pools.items()):
+        pq.add_metric([name], state.queued)
+        pa.add_metric([name], state.active)
+        pw.add_metric([name], state.workers)
+    kq = GaugeMetricFamily("maec_key_queued", "Queued jobs per API key", labels=["key"])
+    kr = GaugeMetricFamily("maec_key_running", "Running jobs per API key", labels=["key"])
+    per_key: dict[str, int] = {}
+    for per in queued.values():
+        for owner, n in per.items():
+            per_key[owner] = per_key.get(owner, 0) + n
+    for owner, n in sorted(per_key.items()):
+        kq.add_metric([owner], n)
+    runs: dict[str, int] = {}
+    for owner, _, _ in running:
+        runs[owner] = runs.get(owner, 0) + 1
+    for owner, n in sorted(runs.items()):
+        kr.add_metric([owner], n)
+    return [pq, pa, pw, kq, kr]
+
+
+async def render_metrics(store: ApiJobStore, settings: Settings,
+                         view: QueueView | None = None) -> bytes:
     counts = await store.status_counts()
     raw = await store.metrics_hash()
     workers = await store.live_workers(3 * settings.worker_heartbeat_seconds)
@@ -60,5 +93,6 @@ async def render_metrics(store: ApiJobStore, settings: Settings) -> bytes:
     live.add_metric([], workers)
 
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Snapshot([jobs, finished, duration, published, live]))
+    extra = await _scheduler_families(view) if view is not None else []
+    registry.register(_Snapshot([jobs, finished, duration, published, live, *extra]))
     return generate_latest(registry)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
@@ -33,6 +33,8 @@ from app.jobs.keys import (
 from app.jobs.record import INTERNAL_FIELDS, STATUSES, JobRecord, decode, now_iso, text
 
 T = TypeVar("T")
+# Reads a queued job's place from its raw record (app.scheduler.view.QueueView.place).
+Place = Callable[[dict[bytes, bytes]], Awaitable[dict[str, Any] | None]]
 PUBLIC_FIELDS = tuple(f.encode() for f in JobRecord.model_fields if f not in INTERNAL_FIELDS)
 # What a public field reads as when its record predates it (e.g. ``pinned``): the
 # field's default, as JSON, so old records still parse as the contract's Job.
@@ -96,15 +98,22 @@ class ApiJobStore:
             return None
         return rec
 
-    async def get_public_json(self, job_id: str, owner: str) -> bytes | None:
+    async def get_public_json(self, job_id: str, owner: str,
+                              place: Place | None = None) -> bytes | None:
         """The public Job as JSON bytes, or None (missing or another owner's).
 
         The hot read path (clients poll it): the hash values are already JSON text, so
         the body is assembled from them without parsing or re-serialising the record.
+        ``place`` fills ``queue`` of a queued job (its position and ETA, read from the
+        scheduler) from the raw record; nothing else is read for a job that has started.
         """
         raw = await self._reader.hgetall(job_key(job_id))
         if not raw or raw.get(b"owner") != json.dumps(owner).encode():
             return None
+        if place is not None and raw.get(b"status") == b'"queued"':
+            where = await place(raw)
+            if where is not None:
+                raw = {**raw, b"queue": json.dumps(where, separators=(",", ":")).encode()}
         parts = [b'"' + name + b'":' + raw.get(name, _DEFAULTS[name]) for name in PUBLIC_FIELDS]
         return b"{" + b",".join(parts) + b"}"
 

@@ -17,12 +17,16 @@ from app.jobs.keys import (
     METRICS_KEY,
     ORPHANS_KEY,
     REFS_PREFIX,
+    SCHED_SEQ_KEY,
+    SCHED_SERVED_KEY,
     UNREFERENCED_KEY,
     active_key,
     idem_key,
     job_key,
     owner_key,
     requeue_key,
+    sched_owners_key,
+    sched_queue_key,
     status_key,
     usage_key,
 )
@@ -76,12 +80,16 @@ def create(record: JobRecord, *, max_active: int) -> Call[tuple[CreateOutcome, s
     """Store a new queued job unless its owner has ``max_active`` active jobs or its
     idempotency key names an earlier job (``existing``, with that job's id)."""
     owner = record.owner
+    pool = record.pool or ""
     keys, args = scripts.CREATE.pack(
         {"job": job_key(record.id), "owner": owner_key(owner), "active": active_key(owner),
-         "queued": status_key("queued"), "idem": idem_key(owner, record.idempotency_key or "")},
+         "queued": status_key("queued"), "idem": idem_key(owner, record.idempotency_key or ""),
+         "sched_queue": sched_queue_key(pool, owner), "sched_owners": sched_owners_key(pool),
+         "seq": SCHED_SEQ_KEY, "served": SCHED_SERVED_KEY},
         {"id": record.id, "max_active": max_active,
-         "has_idem": "1" if record.idempotency_key else "0", "now_ms": _now_ms()},
-        _pairs(record.model_dump(mode="json")),
+         "has_idem": "1" if record.idempotency_key else "0", "now_ms": _now_ms(),
+         "owner_name": owner, "band": band(record.priority) if pool else ""},
+        _pairs(record.model_dump(mode="json", exclude={"queue"})),
     )
 
     def parse(reply: list[Any]) -> tuple[CreateOutcome, str]:
@@ -90,17 +98,56 @@ def create(record: JobRecord, *, max_active: int) -> Call[tuple[CreateOutcome, s
     return Call(scripts.CREATE, keys, args, parse)
 
 
-def claim(job_id: str, *, worker: str, lease_s: float, max_attempts: int,
-          time_limit_s: float) -> Call[Claim]:
-    """Compare-and-set ``queued`` (or ``running`` with a lapsed lease) to ``running`` as
-    the next attempt, or end the job when it must not run again."""
-    now = time.time()
-    exhausted = {
+def band(priority: str) -> int:
+    """The priority's band in the scheduler's score: 0 (high) is taken first."""
+    return {"high": 0, "normal": 1, "low": 2}[priority]
+
+
+def _exhausted(max_attempts: int) -> dict[str, Any]:
+    return {
         "code": "worker_lost",
         "message": f"the job was started {max_attempts} time(s) and never finished "
         "(its worker died or lost its lease each time); not retrying",
         "details": {"max_attempts": max_attempts},
     }
+
+
+@dataclass(frozen=True)
+class Taken:
+    """What a free worker's take found: ``claimed`` (``job_id`` is now its attempt
+    ``attempt``), ``exhausted`` (that job failed instead) or ``empty``."""
+
+    outcome: Literal["claimed", "exhausted", "empty"]
+    job_id: str
+    attempt: int
+
+
+def take(pools: list[str], *, worker: str, pool: str, lease_s: float, max_attempts: int,
+         policy: str, weights: Mapping[str, float]) -> Call[Taken]:
+    """Choose the next job of ``pools`` (in order) by the scheduler's policy and claim
+    it as ``worker`` of ``pool``, in one atomic call."""
+    now = time.time()
+    keys, args = scripts.TAKE.pack({"served": SCHED_SERVED_KEY}, {
+        "pools_json": json.dumps(pools), "policy": policy,
+        "weights_json": json.dumps(dict(weights)), "now_s": repr(now),
+        "lease_until": repr(now + lease_s), "worker_json": json.dumps(worker),
+        "max_attempts": max_attempts, "now_iso": json.dumps(now_iso()),
+        "now_ms": _now_ms(now), "exhausted_error": json.dumps(_exhausted(max_attempts)),
+        "job_prefix": job_key(""), "pool_json": json.dumps(pool),
+    })
+
+    def parse(reply: list[Any]) -> Taken:
+        return Taken(cast(Any, text(reply[0])), text(reply[1]), int(reply[2]))
+
+    return Call(scripts.TAKE, keys, args, parse)
+
+
+def claim(job_id: str, *, worker: str, lease_s: float, max_attempts: int,
+          time_limit_s: float, pool: str | None = None) -> Call[Claim]:
+    """Compare-and-set ``queued`` (or ``running`` with a lapsed lease) to ``running`` as
+    the next attempt, or end the job when it must not run again."""
+    now = time.time()
+    exhausted = _exhausted(max_attempts)
     timed_out = {
         "code": "time_limit",
         "message": f"the job ran past its {time_limit_s:g} s time limit and was stopped",
@@ -112,7 +159,7 @@ def claim(job_id: str, *, worker: str, lease_s: float, max_attempts: int,
         "now_iso": json.dumps(now_iso()), "now_ms": _now_ms(now),
         "exhausted_error": json.dumps(exhausted),
         "time_limit_s": _NO_LIMIT if time_limit_s == float("inf") else repr(time_limit_s),
-        "time_limit_error": json.dumps(timed_out),
+        "time_limit_error": json.dumps(timed_out), "pool_json": json.dumps(pool),
     })
 
     def parse(reply: list[Any]) -> Claim:

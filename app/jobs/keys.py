@@ -27,6 +27,23 @@ REFS_PREFIX = f"{PREFIX}artifact-refs:"
 # Held by the one worker running the retention sweep (expiry, artifact collection).
 RETENTION_LOCK_KEY = f"{PREFIX}retention-lock"
 
+# The fair-share scheduler (docs/scheduling.md). Every name below starts with
+# SCHED_PREFIX, which the scripts that build keys from a record's pool and owner get:
+#   q:<pool>:<owner>   sorted set of the owner's queued jobs in the pool, scored
+#                      band * BAND_SPAN + sequence (high priority first, then oldest)
+#   owners:<pool>      set of the owners with queued jobs in the pool
+#   done:<pool>        list of the durations (s) of the pool's recent jobs, newest first
+#   workers:<pool>     sorted set of the pool's live workers by heartbeat time
+SCHED_PREFIX = f"{PREFIX}sched:"
+SCHED_SEQ_KEY = f"{SCHED_PREFIX}seq"
+# owner -> service received (cost / weight of the jobs taken): ties between owners with
+# equal running work go to the one served least.
+SCHED_SERVED_KEY = f"{SCHED_PREFIX}served"
+# Sequence numbers stay below this; a job's score is band * BAND_SPAN + sequence.
+BAND_SPAN = 10**12
+# Jobs of the pool's recent past whose durations feed the queue's ETA.
+RECENT_DONE = 50
+
 
 def job_key(job_id: str) -> str:
     return f"{PREFIX}job:{job_id}"
@@ -65,3 +82,24 @@ def requeue_key(job_id: str) -> str:
 
 
 STATUS_KEYS: tuple[str, ...] = tuple(status_key(s) for s in STATUSES)
+
+
+def sched_queue_key(pool: str, owner: str) -> str:
+    return f"{SCHED_PREFIX}q:{pool}:{owner}"
+
+
+def sched_owners_key(pool: str) -> str:
+    return f"{SCHED_PREFIX}owners:{pool}"
+
+
+def sched_done_key(pool: str) -> str:
+    return f"{SCHED_PREFIX}done:{pool}"
+
+
+def sched_workers_key(pool: str) -> str:
+    return f"{SCHED_PREFIX}workers:{pool}"
+
+
+def sched_topup_key(pool: str) -> str:
+    """Held for one heartbeat by the worker checking the pool's wake-up messages."""
+    return f"{SCHED_PREFIX}topup:{pool}"

@@ -56,6 +56,19 @@ class JobRecord(BaseModel):
     webhook: WebhookDelivery | None = None
     # Kept past the retention period (MAEC_JOB_TTL_DAYS) until unpinned or deleted.
     pinned: bool = False
+    # Scheduling (docs/scheduling.md): the priority band, the pool the job was routed
+    # to and the one whose worker ran it, the estimate that routed it and the measured
+    # peak of its last attempt, and (read only while queued) its place in the queue.
+    priority: str = "normal"
+    pool: str | None = None
+    ran_pool: str | None = None
+    estimate: dict[str, Any] | None = None
+    measured: dict[str, Any] | None = None
+    queue: dict[str, Any] | None = None
+    # Units of work against the owner's fair share (a sweep's candidates), and the
+    # job's place in the scheduler's order (set when queued).
+    cost: int = 1
+    seq: int = 0
     idempotency_key: str | None = None
     lease_until: float = 0.0
     # Epoch seconds the current attempt was claimed: an expired lease on an attempt

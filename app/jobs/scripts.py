@@ -19,26 +19,54 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from app.jobs.keys import ACTIVE_PREFIX, STATUS_KEYS
+from app.jobs.keys import ACTIVE_PREFIX, BAND_SPAN, RECENT_DONE, SCHED_PREFIX, STATUS_KEYS
 from app.jobs.record import STATUSES, TERMINAL
 
 # What redis-py sends as an ARGV entry.
 Arg = str | int | float
 _LUA_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
-# The move helper's one argument beyond a script's own (its name is used in _MOVE).
-_MOVE_ARG = "active_prefix"
+# The move helper's arguments beyond a script's own (their names are used in _MOVE).
+_MOVE_ARGS = ("active_prefix", "sched_prefix")
 _LUA_KEYWORDS = frozenset((
     "and", "break", "do", "else", "elseif", "end", "false", "for", "function", "if", "in",
     "local", "nil", "not", "or", "repeat", "return", "then", "true", "until", "while",
 ))
 
-_MOVE = "local TERMINAL = {" + ", ".join(f"{s} = true" for s in STATUSES if s in TERMINAL) + """}
-local function move(id, from, to, now_ms)
+_MOVE = "local TERMINAL = {" + ", ".join(f"{s} = true" for s in STATUSES if s in TERMINAL) + f"""}}
+local RECENT = {RECENT_DONE}
+""" + """
+-- ``job``: the record's key (default K.job). Besides the status sets and the owner's
+-- active set, a job leaving ``queued`` leaves its pool's fair-share queue, and a job
+-- that succeeded adds its attempt's duration to the recent durations of the pool that
+-- ran it (the queue's ETA).
+local function move(id, from, to, now_ms, job)
+  job = job or K.job
   redis.call('ZREM', SETS[from], id)
   redis.call('ZADD', SETS[to], now_ms, id)
+  local owner = cjson.decode(redis.call('HGET', job, 'owner'))
   if TERMINAL[to] then
-    local owner = cjson.decode(redis.call('HGET', K.job, 'owner'))
     redis.call('SREM', A.active_prefix .. owner, id)
+  end
+  if from == to then return end
+  if from == 'queued' then
+    local raw = redis.call('HGET', job, 'pool')
+    if raw and raw ~= 'null' then
+      local pool = cjson.decode(raw)
+      local q = A.sched_prefix .. 'q:' .. pool .. ':' .. owner
+      redis.call('ZREM', q, id)
+      if redis.call('ZCARD', q) == 0 then
+        redis.call('SREM', A.sched_prefix .. 'owners:' .. pool, owner)
+      end
+    end
+  end
+  if to == 'succeeded' then
+    local ran = redis.call('HGET', job, 'ran_pool')
+    local began = tonumber(redis.call('HGET', job, 'attempt_started') or '0') or 0
+    if ran and ran ~= 'null' and began > 0 then
+      local done = A.sched_prefix .. 'done:' .. cjson.decode(ran)
+      redis.call('LPUSH', done, tostring(now_ms / 1000 - began))
+      redis.call('LTRIM', done, 0, RECENT - 1)
+    end
   end
 end
 """
@@ -54,7 +82,7 @@ class Script:
 
     ARGV entries after the named ones (from index ``TAIL``) are the script's variable part,
     e.g. field/value pairs. With ``moves`` the script also gets every status set (``SETS``
-    by status name), the active-set prefix and the ``move`` helper.
+    by status name), the active-set and scheduler prefixes and the ``move`` helper.
     """
 
     name: str
@@ -67,7 +95,7 @@ class Script:
     def __post_init__(self) -> None:
         names = (*self.keys, *self.args)
         bad = [n for n in names
-               if not _LUA_NAME.match(n) or n in _LUA_KEYWORDS or n == _MOVE_ARG]
+               if not _LUA_NAME.match(n) or n in _LUA_KEYWORDS or n in _MOVE_ARGS]
         if bad or len(set(self.keys)) != len(self.keys) or len(set(self.args)) != len(
             self.args
         ):
@@ -75,7 +103,7 @@ class Script:
         object.__setattr__(self, "lua", self._source())
 
     def _source(self) -> str:
-        args = (*self.args, _MOVE_ARG) if self.moves else self.args
+        args = (*self.args, *_MOVE_ARGS) if self.moves else self.args
         head = [f"local K = {_table(self.keys, 'KEYS', 1)}",
                 f"local A = {_table(args, 'ARGV', 1)}",
                 f"local TAIL = {len(args) + 1}"]
@@ -94,20 +122,42 @@ class Script:
         packed_args: list[Arg] = [args[n] for n in self.args]
         if self.moves:
             packed_keys.extend(STATUS_KEYS)
-            packed_args.append(ACTIVE_PREFIX)
+            packed_args.extend((ACTIVE_PREFIX, SCHED_PREFIX))
         packed_args.extend(tail)
         return packed_keys, packed_args
 
 
-# Tail: field, value, ... of the new record.
-CREATE = Script("create", ("job", "owner", "active", "queued", "idem"),
-                ("id", "max_active", "has_idem", "now_ms"), """
+# Tail: field, value, ... of the new record. The job enters its pool's fair-share queue
+# (``sched_queue``, scored band * BAND_SPAN + sequence). An owner that had nothing queued
+# in the pool starts level with the least-served owner already waiting there, so a key
+# idle for a week does not win every tie until it has caught up.
+CREATE = Script("create", ("job", "owner", "active", "queued", "idem", "sched_queue",
+                           "sched_owners", "seq", "served"),
+                ("id", "max_active", "has_idem", "now_ms", "owner_name", "band"), f"""
+local BAND = {BAND_SPAN}
+""" + """
 if A.has_idem == '1' then
   local existing = redis.call('GET', K.idem)
   if existing then return {'existing', existing} end
 end
 if redis.call('SCARD', K.active) >= tonumber(A.max_active) then return {'too_many', ''} end
 redis.call('HSET', K.job, unpack(ARGV, TAIL, #ARGV))
+-- band '': a job with no pool (made outside the API), run only by a message naming it.
+if A.band ~= '' then
+  local seq = redis.call('INCR', K.seq)
+  redis.call('HSET', K.job, 'seq', tostring(seq))
+  redis.call('ZADD', K.sched_queue, tonumber(A.band) * BAND + seq, A.id)
+  local others = redis.call('SMEMBERS', K.sched_owners)
+  if redis.call('SADD', K.sched_owners, A.owner_name) == 1 then
+    local least = nil
+    for _, o in ipairs(others) do
+      local v = tonumber(redis.call('ZSCORE', K.served, o) or '0')
+      if not least or v < least then least = v end
+    end
+    local mine = tonumber(redis.call('ZSCORE', K.served, A.owner_name) or '0')
+    if least and mine < least then redis.call('ZADD', K.served, least, A.owner_name) end
+  end
+end
 redis.call('ZADD', K.owner, 0, A.id)
 redis.call('SADD', K.active, A.id)
 redis.call('ZADD', K.queued, A.now_ms, A.id)
@@ -118,7 +168,8 @@ return {'created', A.id}
 # Values ending in _json (and now_iso) are JSON text, stored as they are.
 CLAIM = Script("claim", ("job",),
                ("id", "now_s", "lease_until", "worker_json", "max_attempts", "now_iso",
-                "now_ms", "exhausted_error", "time_limit_s", "time_limit_error"), """
+                "now_ms", "exhausted_error", "time_limit_s", "time_limit_error",
+                "pool_json"), """
 local raw = redis.call('HGET', K.job, 'status')
 if not raw then return {'missing', 0} end
 local st = cjson.decode(raw)
@@ -153,13 +204,106 @@ end
 attempts = attempts + 1
 redis.call('HSET', K.job, 'status', '"running"', 'attempts', tostring(attempts),
            'lease_until', A.lease_until, 'worker', A.worker_json, 'stage', '"fetch"',
-           'attempt_started', A.now_s,
+           'attempt_started', A.now_s, 'ran_pool', A.pool_json,
            'progress', '{"fraction":0.0,"done":0,"total":0}')
 if redis.call('HGET', K.job, 'started_at') == 'null' then
   redis.call('HSET', K.job, 'started_at', A.now_iso)
 end
 move(A.id, st, 'running', A.now_ms)
 return {'claimed', attempts}
+""", moves=True)
+
+# A free worker takes the next job: the fair-share choice and the claim in one atomic
+# call, so no job is ever popped and then lost (a worker killed after this call holds a
+# lease that expires; one killed before it took nothing). ``pools_json``: the pools'
+# queues to look in, in order (the wake-up message's pool, the worker's own, then those
+# it covers); the first with a queued job decides. Within a pool: the highest priority
+# band, then (policy ``fair``) the owner with the least running work per weight (a sweep
+# counts its candidates), ties to the least served, then the owner's oldest job;
+# (``fifo``) the oldest job. Returns {'claimed', id, attempt}, {'exhausted', id, n} (a
+# requeued job out of attempts, now failed) or {'empty', '', 0}.
+TAKE = Script("take", ("served",),
+              ("pools_json", "policy", "weights_json", "now_s", "lease_until", "worker_json",
+               "max_attempts", "now_iso", "now_ms", "exhausted_error", "job_prefix",
+               "pool_json"), f"""
+local BAND = {BAND_SPAN}
+""" + """
+local weights = cjson.decode(A.weights_json)
+local function weight(o) return tonumber(weights[o]) or 1 end
+local load = nil
+local function loads()
+  if load then return load end
+  load = {}
+  for _, st in ipairs({'running', 'publishing'}) do
+    for _, id in ipairs(redis.call('ZRANGE', SETS[st], 0, -1)) do
+      local f = redis.call('HMGET', A.job_prefix .. id, 'owner', 'cost')
+      if f[1] then
+        local o = cjson.decode(f[1])
+        load[o] = (load[o] or 0) + (tonumber(f[2]) or 1)
+      end
+    end
+  end
+  return load
+end
+local function less(a, b)
+  for i = 1, #a do
+    if a[i] ~= b[i] then return a[i] < b[i] end
+  end
+  return false
+end
+for _, pool in ipairs(cjson.decode(A.pools_json)) do
+  local okey = A.sched_prefix .. 'owners:' .. pool
+  while true do
+    local best, owner, id = nil, nil, nil
+    for _, o in ipairs(redis.call('SMEMBERS', okey)) do
+      local head = redis.call('ZRANGE', A.sched_prefix .. 'q:' .. pool .. ':' .. o, 0, 0,
+                              'WITHSCORES')
+      if #head == 0 then
+        redis.call('SREM', okey, o)
+      else
+        local score = tonumber(head[2])
+        local rank
+        if A.policy == 'fifo' then
+          rank = {score % BAND, 0, 0, 0}
+        else
+          rank = {math.floor(score / BAND), (loads()[o] or 0) / weight(o),
+                  tonumber(redis.call('ZSCORE', K.served, o) or '0'), score}
+        end
+        if not best or less(rank, best) then best, owner, id = rank, o, head[1] end
+      end
+    end
+    if not id then break end
+    local job = A.job_prefix .. id
+    local raw = redis.call('HGET', job, 'status')
+    if not raw or cjson.decode(raw) ~= 'queued' then
+      -- A stale entry (its record gone): drop it and choose again.
+      local q = A.sched_prefix .. 'q:' .. pool .. ':' .. owner
+      redis.call('ZREM', q, id)
+      if redis.call('ZCARD', q) == 0 then redis.call('SREM', okey, owner) end
+    else
+      local attempts = tonumber(redis.call('HGET', job, 'attempts')) or 0
+      if attempts >= tonumber(A.max_attempts) then
+        redis.call('HSET', job, 'status', '"failed"', 'finished_at', A.now_iso,
+                   'error', A.exhausted_error)
+        move(id, 'queued', 'failed', A.now_ms, job)
+        return {'exhausted', id, attempts}
+      end
+      attempts = attempts + 1
+      redis.call('HSET', job, 'status', '"running"', 'attempts', tostring(attempts),
+                 'lease_until', A.lease_until, 'worker', A.worker_json, 'stage', '"fetch"',
+                 'attempt_started', A.now_s, 'ran_pool', A.pool_json,
+                 'progress', '{"fraction":0.0,"done":0,"total":0}')
+      if redis.call('HGET', job, 'started_at') == 'null' then
+        redis.call('HSET', job, 'started_at', A.now_iso)
+      end
+      move(id, 'queued', 'running', A.now_ms, job)
+      local cost = tonumber(redis.call('HGET', job, 'cost') or '1') or 1
+      redis.call('ZINCRBY', K.served, cost / weight(owner), owner)
+      return {'claimed', id, attempts}
+    end
+  end
+end
+return {'empty', '', 0}
 """, moves=True)
 
 # Progress / lease / report fields of the attempt that owns the job; returns the cancel
@@ -343,5 +487,5 @@ redis.call('ZREM', K.unreferenced, A.key)
 return 1
 """)
 
-ALL: tuple[Script, ...] = (CREATE, CLAIM, UPDATE, TRANSITION, CANCEL, PIN, RESERVE, REMOVE,
+ALL: tuple[Script, ...] = (CREATE, CLAIM, TAKE, UPDATE, TRANSITION, CANCEL, PIN, RESERVE, REMOVE,
                            TOUCH_ARTIFACT, COLLECT_ARTIFACT)

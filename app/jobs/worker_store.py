@@ -17,7 +17,7 @@ from typing import Any, TypeVar, cast
 import redis
 
 from app.jobs import calls, scripts
-from app.jobs.calls import Call, Claim, RemoveOutcome, ReserveOutcome
+from app.jobs.calls import Call, Claim, RemoveOutcome, ReserveOutcome, Taken
 from app.jobs.keys import (
     ORPHANS_KEY,
     RETENTION_LOCK_KEY,
@@ -25,6 +25,10 @@ from app.jobs.keys import (
     WORKERS_KEY,
     job_key,
     requeue_key,
+    sched_owners_key,
+    sched_queue_key,
+    sched_topup_key,
+    sched_workers_key,
     status_key,
 )
 from app.jobs.record import TERMINAL, JobRecord, decode, text
@@ -60,10 +64,37 @@ class WorkerJobStore:
 
     def claim(
         self, job_id: str, *, worker: str, lease_s: float, max_attempts: int,
-        time_limit_s: float = float("inf"),
+        time_limit_s: float = float("inf"), pool: str | None = None,
     ) -> Claim:
         return self._run(calls.claim(job_id, worker=worker, lease_s=lease_s,
-                                     max_attempts=max_attempts, time_limit_s=time_limit_s))
+                                     max_attempts=max_attempts, time_limit_s=time_limit_s,
+                                     pool=pool))
+
+    def take(self, pools: list[str], *, worker: str, pool: str, lease_s: float,
+             max_attempts: int, policy: str, weights: Mapping[str, float]) -> Taken:
+        """Choose and claim the next job of ``pools`` (the fair-share scheduler's pick),
+        atomically; see :data:`app.jobs.scripts.TAKE`."""
+        return self._run(calls.take(pools, worker=worker, pool=pool, lease_s=lease_s,
+                                    max_attempts=max_attempts, policy=policy,
+                                    weights=weights))
+
+    def pending(self, pool: str) -> int:
+        """Jobs waiting in ``pool``'s fair-share queue."""
+        owners = [text(o) for o in cast(set[bytes], self._r.smembers(sched_owners_key(pool)))]
+        if not owners:
+            return 0
+        pipe = self._r.pipeline(transaction=False)
+        for o in owners:
+            pipe.zcard(sched_queue_key(pool, o))
+        return sum(int(n) for n in pipe.execute())
+
+    def messages_waiting(self, queue: str) -> int:
+        """Messages in a Celery queue not yet delivered (the Redis transport's list)."""
+        return int(cast(int, self._r.llen(queue)))
+
+    def try_topup_lock(self, pool: str, seconds: float) -> bool:
+        return bool(self._r.set(sched_topup_key(pool), "1", nx=True,
+                                px=max(1, int(seconds * 1000))))
 
     def update(self, job_id: str, attempt: int, fields: dict[str, Any]) -> int:
         """Write ``fields`` if ``attempt`` still owns the job. 1 = cancel requested,
@@ -88,15 +119,18 @@ class WorkerJobStore:
         flag = cast(bytes | None, self._r.hget(job_key(job_id), "cancel_requested"))
         return flag is not None and text(flag) == "true"
 
-    def heartbeat(self, worker: str) -> None:
+    def heartbeat(self, worker: str, pool: str | None = None) -> None:
         now = time.time()
         pipe = self._r.pipeline(transaction=False)
-        pipe.zadd(WORKERS_KEY, {worker: now})
-        pipe.zremrangebyscore(WORKERS_KEY, "-inf", now - _FORGET_WORKER_AFTER_S)
+        for key in (WORKERS_KEY, *([sched_workers_key(pool)] if pool else [])):
+            pipe.zadd(key, {worker: now})
+            pipe.zremrangebyscore(key, "-inf", now - _FORGET_WORKER_AFTER_S)
         pipe.execute()
 
-    def forget_worker(self, worker: str) -> None:
+    def forget_worker(self, worker: str, pool: str | None = None) -> None:
         self._r.zrem(WORKERS_KEY, worker)
+        if pool:
+            self._r.zrem(sched_workers_key(pool), worker)
 
     def expired_jobs(self, now: float) -> list[str]:
         """Jobs running or publishing whose lease ended before ``now``."""

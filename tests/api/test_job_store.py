@@ -79,7 +79,10 @@ def test_cancelled_before_claim_is_never_run(api: Api) -> None:
 
 
 def test_reading_a_job_is_one_round_trip(api: Api) -> None:
+    """A started job (what clients poll longest): one HGETALL. A queued one also reads
+    its place in the scheduler's queue (checked below)."""
     jid = _job(api)
+    WorkerJobStore(api.r).claim(jid, worker="w", lease_s=30, max_attempts=3)
 
     def counts() -> dict[str, int]:
         stats = api.r.info("commandstats")
@@ -241,3 +244,14 @@ def test_the_worker_never_touches_the_redis_client() -> None:
             assert not [n for n in names if n.split(".")[0] == "redis"], path.name
             if isinstance(node, ast.Attribute):
                 assert node.attr not in ("r", "_r", "client"), f"{path.name}:{node.lineno}"
+
+
+def test_reading_a_queued_job_also_reads_its_place(api: Api) -> None:
+    jid = _job(api)
+    calls = api.r.info("stats")["total_commands_processed"]
+    job = api.client.get(f"/v1/jobs/{jid}", headers=api.auth()).json()
+    total = api.r.info("stats")["total_commands_processed"] - calls
+    assert job["queue"]["position"] == 0 and job["queue"]["pool"] == job["pool"]
+    # HGETALL, the limiter's script (and what it runs), the pool's owners, one count per
+    # owner and band, the workers and recent durations: a handful, not a scan.
+    assert total <= 14

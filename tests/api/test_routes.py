@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from app.queue import QUEUE, TASK_NAME
+from app.queue import QUEUE, TAKE_TASK_NAME
 from tests.api.conftest import Api
 from tests.stack import ROOT
 
@@ -50,6 +50,26 @@ def test_dev_mode_acts_as_dev_key(api_factory: object) -> None:
     assert api.r.hget(f"maec:job:{job['id']}", "owner") == b'"dev"'
 
 
+def test_no_key_can_reach_dev_modes_jobs(api_factory: object,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Jobs made in dev mode stay dev mode's: the service, restarted with keys over the
+    same Redis, refuses to start with a key named after dev mode's owner."""
+    from app.settings import SettingsInvalid, get_settings
+
+    dev: Api = api_factory(dev_mode=True, api_keys={})  # type: ignore[operator]
+    job = dev.client.post("/v1/jobs", json=dev.named()).json()
+    assert dev.r.hget(f"maec:job:{job['id']}", "owner") == b'"dev"'
+    monkeypatch.setenv("MAEC_DEV_MODE", "false")
+    monkeypatch.setenv("MAEC_API_KEYS", json.dumps({"dev": "0" * 64, "alice": "1" * 64}))
+    get_settings.cache_clear()
+    try:
+        with pytest.raises(SettingsInvalid, match="reserved for dev mode") as err:
+            get_settings()
+        assert "0" * 64 not in str(err.value)
+    finally:
+        get_settings.cache_clear()
+
+
 def test_submit_queues_a_job_and_a_message(api: Api) -> None:
     r = api.client.post("/v1/jobs", json=api.named(name="first"), headers=api.auth())
     assert r.status_code == 202
@@ -63,13 +83,20 @@ def test_submit_queues_a_job_and_a_message(api: Api) -> None:
                         "created_at", "started_at", "finished_at", "attempts",
                         "cancel_requested", "artifact_reused", "error", "result",
                         "callback_url", "webhook",
-                        "pinned"}
-    # The Celery message names the task and carries only the job id.
+                        "pinned", "priority", "pool", "ran_pool", "estimate", "measured",
+                        "queue"}
+    assert job["pool"] == QUEUE and job["priority"] == "normal"
+    assert job["estimate"]["host_memory_bytes"] > 0 and job["estimate"]["cost"] == 1
+    # The Celery message wakes a worker of the job's pool; the job is the scheduler's.
     messages = [json.loads(m) for m in api.r.lrange(QUEUE, 0, -1)]
     assert [(m["headers"]["task"], json.loads(
         __import__("base64").b64decode(m["body"]))[0]) for m in messages] == [
-        (TASK_NAME, [job["id"]])]
-    assert api.client.get(f"/v1/jobs/{job['id']}", headers=api.auth()).json() == job
+        (TAKE_TASK_NAME, [QUEUE])]
+    read = api.client.get(f"/v1/jobs/{job['id']}", headers=api.auth()).json()
+    # Read while queued, the job also shows its place (first; no worker live yet).
+    assert read.pop("queue") == {"position": 0, "eta_s": None, "pool": QUEUE}
+    assert job.pop("queue") is None
+    assert read == job
 
 
 def test_named_form_per_model_parameters(api: Api) -> None:

@@ -40,6 +40,17 @@ def test_keys_must_be_sha256_and_roots_absolute() -> None:
         Settings(api_keys=KEYS, local_roots=["relative/dir"])
 
 
+@pytest.mark.parametrize("key_id", ["dev", "DEV", " dev "])
+def test_dev_modes_owner_is_reserved(key_id: str) -> None:
+    """A configured key named like dev mode's owner would see every job made in dev mode
+    against the same Redis: the key id is refused, in either mode."""
+    for dev in (False, True):
+        with pytest.raises(ValidationError, match="reserved for dev mode") as err:
+            Settings(dev_mode=dev, api_keys={**KEYS, key_id: hash_key("k2")})
+        assert hash_key("k2") not in str(err.value)
+    Settings(api_keys={**KEYS, "developers": hash_key("k2")})  # only that id
+
+
 def test_env_prefix_and_key_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MAEC_API_KEYS", json.dumps({"bob": hash_key("secret")}))
     monkeypatch.setenv("MAEC_MAX_ATTEMPTS", "5")

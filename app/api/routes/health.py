@@ -42,6 +42,7 @@ async def readyz(auth: Auth) -> JSONResponse:
 
 @router.get("/metrics", response_class=Response)
 async def metrics(auth: Auth) -> Response:
-    """Prometheus text: jobs by status, durations, bytes published, live workers."""
-    return Response(await render_metrics(auth.svc.store, auth.svc.settings),
+    """Prometheus text: jobs by status, durations, bytes published, live workers, and
+    per pool (queued, active, workers) and per key (queued, running)."""
+    return Response(await render_metrics(auth.svc.store, auth.svc.settings, auth.svc.queue),
                     media_type=CONTENT_TYPE_LATEST)

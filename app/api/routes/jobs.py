@@ -15,6 +15,8 @@ from app.api.errors import ApiError
 from app.api.schemas import LIST_LINKS, PROBLEMS, SUBMIT_LINKS, JobBody, JobList, JobOut, to_request
 from app.jobs.calls import job_storage_prefix
 from app.jobs.record import STATUSES, JobRecord, new_job_id, now_iso
+from app.scheduler.pools import route
+from app.settings import PRIORITIES, Settings
 from app.storage.base import StorageError
 from app.submission import build_job, check_job_sources
 from app.webhooks.delivery import accept_callback
@@ -50,7 +52,7 @@ async def get_job(job_id: str, request: Request) -> Response:
     if len(job_id) > MAX_ID_CHARS:
         await auth.admitted()
         raise not_found(job_id)
-    body = await auth.svc.store.get_public_json(job_id, auth.owner)
+    body = await auth.svc.store.get_public_json(job_id, auth.owner, auth.svc.queue.place)
     await auth.admitted()
     if body is None:
         raise not_found(job_id)
@@ -73,17 +75,22 @@ async def submit(typed: JobBody, auth: Auth) -> JSONResponse:
             return _job(rec, 200, {"Location": f"/v1/jobs/{rec.id}"})
     await svc.limits.submission(owner)
     await _check_quota(auth)
+    priority = _priority(body.priority, owner, svc.settings)
     recipe = build_job(bounded_sizes(body))
     if body.callback_url is not None:  # resolves the host: blocking
         await run_in_threadpool(accept_callback, body.callback_url, svc.settings, owner)
-    sources = await run_in_threadpool(check_job_sources, recipe, svc.settings, svc.storage)
+    sources, need = await run_in_threadpool(check_job_sources, recipe, svc.settings,
+                                            svc.storage)
+    # Refused here (no_capable_worker) rather than sent to a worker to fail.
+    pool = route(need, svc.settings.pools)
     record = JobRecord(
         id=new_job_id(), owner=owner, method=recipe.merge_method,
         name=body.name or recipe.name,
         recipe=recipe.model_dump(mode="json", exclude_none=True, by_alias=True),
         sources=sources, created_at=now_iso(), idempotency_key=body.idempotency_key,
         callback_url=body.callback_url,
-        pinned=bool(body.pinned),
+        pinned=bool(body.pinned), priority=priority, pool=pool,
+        estimate=need.to_dict(), cost=need.cost,
     )
     outcome, job_id = await svc.store.create(
         record, max_active=svc.settings.max_active_jobs_per_key
@@ -99,7 +106,7 @@ async def submit(typed: JobBody, auth: Auth) -> JSONResponse:
             raise not_found(job_id)
         return _job(existing, 200, {"Location": f"/v1/jobs/{job_id}"})
     try:
-        await run_in_threadpool(svc.enqueuer.enqueue, job_id)
+        await run_in_threadpool(svc.enqueuer.wake, pool)
     except Exception as exc:
         log.error("enqueue of %s failed: %s", job_id, exc)
         await svc.store.fail(job_id, {"code": "unavailable",
@@ -107,7 +114,8 @@ async def submit(typed: JobBody, auth: Auth) -> JSONResponse:
                                       "details": {}})
         raise ApiError(503, "unavailable", "the job queue is unreachable; retry later",
                        headers={"Retry-After": "5"}) from None
-    log.info("job %s queued for %s (%s)", job_id, owner, record.method)
+    log.info("job %s queued for %s (%s, pool %s, %s)", job_id, owner, record.method, pool,
+             priority)
     return _job(record, 202, {"Location": f"/v1/jobs/{job_id}"})
 
 
@@ -156,6 +164,17 @@ async def cancel_job(job_id: str, auth: Auth) -> JSONResponse:
         except Exception as exc:
             log.error("webhook of cancelled job %s not queued: %s", job_id, exc)
     return _job(rec, 202)
+
+
+def _priority(asked: str | None, owner: str, settings: Settings) -> str:
+    """The job's priority; 403 ``priority_not_allowed`` above the key's cap."""
+    priority = asked or "normal"
+    cap = settings.priority_cap(owner)
+    if PRIORITIES.index(priority) > PRIORITIES.index(cap):
+        raise ApiError(403, "priority_not_allowed",
+                       f"key {owner} may submit at priority {cap} at most, not {priority}",
+                       priority=priority, cap=cap)
+    return priority
 
 
 async def _check_quota(auth: Caller) -> None:

@@ -32,6 +32,7 @@ from app.api.routes import jobs as job_routes
 from app.api.ui import sessions, views
 from app.api.ui.sessions import UiSession
 from app.jobs.record import STATUSES
+from app.settings import DEV_OWNER
 from maec_core.errors import MaecError
 
 HERE = Path(__file__).resolve().parent
@@ -109,7 +110,7 @@ async def _limit(request: Request, session: UiSession) -> None:
     """The limits the REST routes apply to a request (the key's bucket, and the address
     not blocked for failed logins); 429 when spent. Dev mode has none."""
     if not session.svc.settings.dev_mode:
-        await session.svc.limits.request(session.owner, client_address(request)).check()
+        await session.svc.limits.request(session.owner).check()
 
 
 async def _page(request: Request, handler: Page, *, limited: bool = True) -> Response:
@@ -172,14 +173,14 @@ async def login(request: Request) -> Response:
             form.get("token", "").encode(), expected.encode()):
         return _login_page(request, "The form expired; try again.", 403)
     key = form.get("api_key", "").strip()
-    owner = "dev" if svc.settings.dev_mode else (owner_of(key, svc.keys) if key else None)
+    owner = DEV_OWNER if svc.settings.dev_mode else (owner_of(key, svc.keys) if key else None)
     try:
         if owner is None:
             # Counted like a failed REST authentication: guessing keys here is no faster.
             await svc.limits.failed_auth(client_address(request))
             return _login_page(request, "Unknown API key.", 401)
-        if not svc.settings.dev_mode:  # a blocked address is refused, right key or not
-            await svc.limits.request(owner, client_address(request)).check()
+        if not svc.settings.dev_mode:  # the key's own request limit
+            await svc.limits.request(owner).check()
     except ApiError as exc:
         refused = _login_page(request, exc.message, exc.http_status)
         refused.headers.update(exc.headers)
