@@ -16,6 +16,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from pydantic import TypeAdapter  # noqa: E402
+
 from app.settings import Settings, env_name  # noqa: E402
 
 DOCS = ROOT / "docs"
@@ -61,7 +63,8 @@ def _default(field: Any) -> str:
     if isinstance(value, int | float):
         return f"`{value:_}`".replace("_", ",") if isinstance(value, int) else f"`{value:g}`"
     if isinstance(value, list | dict):
-        return f"`{json.dumps(value)}`"
+        # Nested models (a pool's spec) as the JSON the variable takes.
+        return f"`{json.dumps(TypeAdapter(type(value)).dump_python(value, mode='json'))}`"
     return f"`{value}`"
 
 
