@@ -92,6 +92,7 @@ class Proc:
             stderr=subprocess.STDOUT, start_new_session=True,
         )
         self.pid = self.popen.pid
+        self._terminated = False
 
     def alive(self) -> bool:
         return self.popen.poll() is None
@@ -100,10 +101,17 @@ class Proc:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, sig)
 
+    def terminate(self) -> None:
+        """SIGTERM the group without waiting (``stop`` then waits, without a second one),
+        so several processes shut down at once."""
+        if self.alive() and not self._terminated:
+            self._terminated = True
+            self._signal_group(signal.SIGTERM)
+
     def stop(self, timeout: float = 15) -> None:
         """SIGTERM the group, SIGKILL whatever is left after ``timeout``."""
         if self.alive():
-            self._signal_group(signal.SIGTERM)
+            self.terminate()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.popen.wait(timeout)
         self._signal_group(signal.SIGKILL)
@@ -386,10 +394,11 @@ class Stack:
                                    + "\n".join(w.tail() for w in self.workers)) from None
 
     def stop(self) -> None:
-        if self.api is not None:
-            self.api.stop()
-        for w in self.workers:
-            w.stop()
+        procs = [p for p in (self.api, *self.workers) if p is not None]
+        for p in procs:  # all at once: each one's shutdown overlaps the others'
+            p.terminate()
+        for p in procs:
+            p.stop()
         if self.own_redis:
             self.redis.stop()
 
