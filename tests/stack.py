@@ -321,8 +321,12 @@ class Stack:
         ], env=self._env(env), log=log)
         self.workers.append(proc)
         if wait:
-            wait_for(lambda: self._worker_ready(proc), 60, f"worker {name}", interval=0.1)
+            self.wait_worker(proc)
         return proc
+
+    def wait_worker(self, proc: Proc) -> None:
+        """Until a worker started with ``wait=False`` is ready."""
+        wait_for(lambda: self._worker_ready(proc), 60, proc.name, interval=0.1)
 
     def _worker_ready(self, proc: Proc) -> bool:
         if not proc.alive():

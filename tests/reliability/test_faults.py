@@ -243,17 +243,21 @@ def test_worker_killed_repeatedly_fails_worker_lost(stack: Stack, s3_server: S3S
 
 @contextlib.contextmanager
 def only_worker(stack: Stack, env: dict[str, str]) -> Iterator[Proc]:
-    """Replace the stack's workers by one configured with ``env``; restore two after."""
-    for i, w in enumerate(stack.workers):
-        if w.alive():
-            stack.stop_worker(i)
+    """Replace the stack's workers by one configured with ``env``; restore two after.
+    Workers stop together and start together (each takes seconds either way)."""
+    for w in stack.workers:
+        w.terminate()
+    for w in stack.workers:
+        w.stop()
     special = stack.start_worker(env)
     try:
         yield special
     finally:
+        special.terminate()
+        restored = [stack.start_worker(wait=False) for _ in range(2)]
         special.stop()
-        for _ in range(2):
-            stack.start_worker()
+        for w in restored:
+            stack.wait_worker(w)
 
 
 def test_time_limit_fails_with_code(stack: Stack, s3_server: S3Server,
