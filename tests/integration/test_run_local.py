@@ -20,7 +20,8 @@ import pytest
 from app.run_local import port_free
 from tests.stack import ROOT, free_port, wait_for
 
-pytestmark = pytest.mark.integration
+# As on a shared machine: another `make run` holds the default port meanwhile.
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("default_api_port_taken")]
 
 
 def test_run_local_starts_serves_and_stops(tmp_path: Path) -> None:
@@ -113,6 +114,18 @@ def test_run_local_refuses_bad_settings_without_starting_anything(tmp_path: Path
          str(free_port())], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode != 0
     assert "MAEC_API_KEYS" in out.stderr and raw not in out.stdout + out.stderr
+    assert not (tmp_path / "run.json").exists()
+    assert not (tmp_path / "logs" / "redis.log").exists()
+
+
+def test_run_local_on_a_taken_port_says_so_and_starts_nothing(tmp_path: Path) -> None:
+    """Another `make run` holds 8000 (the fixture): the second one stops before starting
+    anything and says which port and how to choose another."""
+    env = {k: v for k, v in os.environ.items() if k != "MAEC_API_PORT"}
+    out = subprocess.run([sys.executable, "-m", "app.run_local", "--var", str(tmp_path)],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0
+    assert "127.0.0.1:8000 is in use" in out.stderr and "MAEC_API_PORT" in out.stderr
     assert not (tmp_path / "run.json").exists()
     assert not (tmp_path / "logs" / "redis.log").exists()
 

@@ -190,17 +190,32 @@ def test_api_restart_mid_download_and_during_jobs(stack: Stack, s3_server: S3Ser
 
 def test_storage_unreachable_during_publish(stack: Stack, s3_server: S3Server,
                                             big: dict[str, Path]) -> None:
+    """The store goes away while the worker waits on its uploads to publish.
+
+    Shards upload while the merge goes on, so by the time the publish stage reports a
+    file nearly everything is stored and the outage has no moment left to land in.
+    The outage is therefore set up, not raced: the store is frozen once a first shard is
+    stored mid-combine (nothing more can complete, the manifest least of all), and
+    killed once the merge is done and the worker waits in the publish stage on the
+    uploads it holds.
+    """
     job = stack.submit(slow_job(big, "storage-down"))
 
-    def publishing(rec: dict[str, Any]) -> bool:
-        return rec.get("stage") == "publish" and rec.get("progress", {}).get("done", 0) >= 1
+    def first_shard_stored(_rec: dict[str, Any]) -> bool:
+        # Listed before the record is read: the shard is stored and the merge is still
+        # combining after it, so the manifest is seconds of work away.
+        return bool(h.job_keys(s3_server, job["id"])) and h.combining(h.record(stack, job["id"]))
 
-    h.wait_record(stack, job["id"], publishing, 90, "first published file", interval=0.01)
-    down_at = time.time()
-    s3_server.stop()  # SIGTERM; weed takes a while to exit, the job may fail meanwhile
     try:
+        h.wait_record(stack, job["id"], first_shard_stored, 90, "a shard stored mid-combine")
+        s3_server.freeze()
+        h.wait_record(stack, job["id"], lambda r: r.get("stage") == "publish", 90,
+                      "the publish stage waiting on the uploads")
+        s3_server.kill()
+        down_at = time.time()
         done = stack.wait(job["id"], timeout=180)
     finally:
+        s3_server.kill()
         s3_server.start()
     finished = datetime.fromisoformat(done["finished_at"].replace("Z", "+00:00"))
     outage = finished.timestamp() - down_at
@@ -239,17 +254,21 @@ def test_worker_killed_repeatedly_fails_worker_lost(stack: Stack, s3_server: S3S
 
 @contextlib.contextmanager
 def only_worker(stack: Stack, env: dict[str, str]) -> Iterator[Proc]:
-    """Replace the stack's workers by one configured with ``env``; restore two after."""
-    for i, w in enumerate(stack.workers):
-        if w.alive():
-            stack.stop_worker(i)
+    """Replace the stack's workers by one configured with ``env``; restore two after.
+    Workers stop together and start together (each takes seconds either way)."""
+    for w in stack.workers:
+        w.terminate()
+    for w in stack.workers:
+        w.stop()
     special = stack.start_worker(env)
     try:
         yield special
     finally:
+        special.terminate()
+        restored = [stack.start_worker(wait=False) for _ in range(2)]
         special.stop()
-        for _ in range(2):
-            stack.start_worker()
+        for w in restored:
+            stack.wait_worker(w)
 
 
 def test_time_limit_fails_with_code(stack: Stack, s3_server: S3Server,

@@ -17,8 +17,10 @@ import pytest
 
 from app.settings import hash_key
 from tests.reliability import results
+from tests.stack import free_port
 
-pytestmark = [pytest.mark.faults]
+# As on a shared machine: another `make run` may hold the API's default port.
+pytestmark = [pytest.mark.faults, pytest.mark.usefixtures("default_api_port_taken")]
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -52,9 +54,11 @@ COMMANDS = {
 def _run(cmd: list[str], env: dict[str, str], tmp: Path) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("MAEC_")}
     # The local run honours MAEC_DEV_MODE=false: it checks settings before starting
-    # anything, so no Redis or port is taken by these cases.
+    # anything, so no Redis or port is taken by these cases. Were one accepted, it would
+    # find no Redis at the URL below rather than the machine's own.
     full = {**clean, **env, "MAEC_DEV_MODE": "false", "MAEC_WORK_DIR": str(tmp / "work"),
-            "MAEC_STORAGE_DIR": str(tmp / "storage")}
+            "MAEC_STORAGE_DIR": str(tmp / "storage"),
+            "MAEC_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}
     return subprocess.run(cmd, cwd=ROOT, env=full, capture_output=True, text=True,
                           timeout=180)
 
@@ -69,7 +73,10 @@ PAIRS = [(command, *case) for command in COMMANDS for case in CASES
 def test_a_bad_secret_setting_is_refused_and_never_echoed(
         command: str, name: str, env: dict[str, str], secret: str, variable: str,
         tmp_path: Path) -> None:
-    out = _run(COMMANDS[command], env, tmp_path)
+    # The local run gets its own folder and a free port, never the default 8000.
+    args = (["--var", str(tmp_path / "var"), "--port", str(free_port())]
+            if command == "local run" else [])
+    out = _run(COMMANDS[command] + args, env, tmp_path)
     text = out.stdout + out.stderr
     echoed = secret in text
     results.add("secret_cases")
