@@ -12,8 +12,6 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
-
 from app.settings import Settings
 from app.sources import (
     Source,
@@ -37,7 +35,6 @@ from maec_core.io.folder import ModelFolder
 from maec_core.maec.params import maec_params
 from maec_core.methods import NamedForm, TensorMethod, get_method
 from maec_core.methods.maec import Maec
-from maec_core.methods.params import validated_params
 from maec_core.plan import MergePlan, plan_recipe
 from maec_core.recipe import Recipe, parse_recipe
 from maec_core.recipe_values import Condition, ParamValue
@@ -219,12 +216,13 @@ def check_against_plan(recipe: Recipe, plan: MergePlan) -> None:
         _check_filters(where, params, names)
     if recipe.slices is not None:
         return  # resolved per slice by maec_core.slices, which names its own failures
+    entries = [m for m in recipe.models if m.model != recipe.base_model]
     for name in (t.name for t in plan.tensors):
-        for where, model, params in _parameter_maps(recipe, method):
-            try:
-                validated_params(model, params, name, plan.num_layers)
-            except RecipeError as exc:
-                raise RecipeError(f"{where}: {exc.message}", **exc.details) from None
+        # The engine's own resolution (a model's value, else the recipe's default).
+        try:
+            method.resolve_models(recipe, entries, name, plan.num_layers)
+        except RecipeError as exc:
+            raise RecipeError(f"parameters: {exc.message}", **exc.details) from None
 
 
 def _parameter_blocks(recipe: Recipe) -> Iterator[tuple[str, Mapping[str, ParamValue]]]:
@@ -236,14 +234,6 @@ def _parameter_blocks(recipe: Recipe) -> Iterator[tuple[str, Mapping[str, ParamV
         yield f"slices[{i}].parameters", sl.parameters
         for j, src in enumerate(sl.sources):
             yield f"slices[{i}].sources[{j}].parameters", src.parameters
-
-
-def _parameter_maps(recipe: Recipe, method: TensorMethod
-                    ) -> Iterator[tuple[str, type[BaseModel], Mapping[str, ParamValue]]]:
-    yield "parameters", method.params, recipe.parameters
-    for i, entry in enumerate(recipe.models):
-        if entry.model != recipe.base_model:  # the engine never resolves the base's
-            yield f"models[{i}].parameters", method.model_params, entry.parameters
 
 
 def _check_filters(where: str, params: Mapping[str, ParamValue], names: list[str]) -> None:

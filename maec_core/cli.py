@@ -13,7 +13,7 @@ from tqdm import tqdm
 
 from maec_core.errors import MaecError
 from maec_core.eval.cli import eval_command
-from maec_core.recipe import parse_recipe
+from maec_core.recipe import Recipe, parse_recipe
 
 
 class _Bar:
@@ -50,6 +50,14 @@ def _run(no_progress: bool, job: Callable[[_Bar | None], T]) -> T:
             bar.close()
     click.echo(f"error: {error}", err=True)
     sys.exit(2)
+
+
+def _warn(recipe: Recipe) -> None:
+    """Every field the recipe gives that the merge does not use, on stderr."""
+    from maec_core.methods.registry import recipe_warnings
+
+    for line in recipe_warnings(recipe):
+        click.echo(f"warning: {line}", err=True)
 
 
 def default_cache_dir() -> Path:
@@ -91,8 +99,10 @@ def merge(recipe: Path, out_dir: Path, device: str | None, overwrite: bool,
     from maec_core.run import run
 
     store = LocalArtifactStore((cache_dir or default_cache_dir()) / "artifacts")
+    parsed = _run(True, lambda _bar: parse_recipe(recipe))
+    _warn(parsed)
     result = _run(no_progress, lambda bar: run(
-        parse_recipe(recipe), out_dir, artifact_store=store, progress=bar, device=device,
+        parsed, out_dir, artifact_store=store, progress=bar, device=device,
         overwrite=overwrite, hash_cache=_hash_cache(cache_dir)))
     click.echo(f"wrote {out_dir} ({result.tensors} tensors, {result.seconds:.1f} s)")
 

@@ -63,7 +63,7 @@ from maec_core.io.writer import (
 )
 from maec_core.manifest import MANIFEST_NAME, build_manifest
 from maec_core.methods import TensorCall, TensorMethod, get_method
-from maec_core.methods.params import layer_index, validated_params
+from maec_core.methods.params import layer_index
 from maec_core.plan import MergePlan, PlannedTensor, build_plan, recipe_vocab, rows_of
 from maec_core.recipe import Recipe
 from maec_core.runtime import (
@@ -648,11 +648,7 @@ def run_method(
         if name not in resolved:
             if len(resolved) > 8:
                 resolved.clear()
-            resolved[name] = (
-                [validated_params(spec.model_params, e.parameters, name, num_layers)
-                 for e in entries],
-                validated_params(spec.params, recipe.parameters, name, num_layers),
-            )
+            resolved[name] = spec.resolve_models(recipe, entries, name, num_layers)
         return resolved[name]
 
     aligner = RowAligner(vocab) if rows_of(vocab) is not None and vocab else None

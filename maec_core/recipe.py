@@ -22,11 +22,19 @@ from maec_core.sweep.spec import SweepSpec
 DType = Literal["float32", "float16", "bfloat16"]
 
 
+def _empty_if_none(v: Any) -> Any:
+    # A bare ``parameters:`` (YAML null), as mergekit's own examples write it: no
+    # parameters, as mergekit reads it.
+    return {} if v is None else v
+
+
 class ModelEntry(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: str
     parameters: dict[str, ParamValue] = Field(default_factory=dict)
+
+    _params = field_validator("parameters", mode="before")(_empty_if_none)
 
 
 class SliceSource(BaseModel):
@@ -37,6 +45,8 @@ class SliceSource(BaseModel):
     model: str
     layer_range: tuple[int, int]
     parameters: dict[str, ParamValue] = Field(default_factory=dict)
+
+    _params = field_validator("parameters", mode="before")(_empty_if_none)
 
     @field_validator("layer_range")
     @classmethod
@@ -61,6 +71,8 @@ class Slice(BaseModel):
 
     sources: list[SliceSource] = Field(min_length=1)
     parameters: dict[str, ParamValue] = Field(default_factory=dict)
+
+    _params = field_validator("parameters", mode="before")(_empty_if_none)
 
     @model_validator(mode="after")
     def _same_length(self) -> Slice:
@@ -194,6 +206,7 @@ class Recipe(BaseModel):
     # mergekit's other shape: runs of layers, each merged from its own sources.
     slices: list[Slice] | None = None
     parameters: dict[str, ParamValue] = Field(default_factory=dict)
+    _params = field_validator("parameters", mode="before")(_empty_if_none)
     # mergekit: ``dtype`` is the compute dtype and ``out_dtype`` the saved one. Merges
     # here always compute in float32, so ``dtype`` only names the output dtype when
     # ``out_dtype`` is absent (what mergekit then saves).

@@ -37,6 +37,11 @@ class Maec(MergeMethod):
                               "not out_dtype", key="out_dtype")
         validate_maec_recipe(recipe)
 
+    def ignored(self, recipe: Recipe) -> list[str]:
+        # MAEC's parameters are its own model (maec_core.maec.params), which refuses an
+        # unknown key: a typo in a MAEC knob must not silently leave the default.
+        return []
+
     def named_form(self, form: NamedForm) -> dict[str, Any]:
         """Each donor is one ability (sharing the control and corpus); ``mu`` is one
         value for all donors or one per donor."""

@@ -69,5 +69,12 @@ def get_method(name: str, kind: type[MergeMethod] = MergeMethod) -> MergeMethod:
 
 
 def validate_recipe(recipe: Recipe) -> None:
-    """Check method name, model counts and every parameter's name and range."""
+    """Check method name, model counts and every parameter's range."""
     get_method(recipe.merge_method).validate(recipe)
+
+
+def recipe_warnings(recipe: Recipe) -> list[str]:
+    """What a valid recipe says that its merge does not use (parameters the method does
+    not read, names no method knows), one line each: the CLI prints them, the job
+    record and the model card list them."""
+    return get_method(recipe.merge_method).ignored(recipe)

@@ -18,6 +18,7 @@ from app.jobs.record import STATUSES, JobRecord, new_job_id, now_iso
 from app.storage.base import StorageError
 from app.submission import build_recipe, check_sources
 from app.webhooks.delivery import accept_callback
+from maec_core.methods.registry import recipe_warnings
 
 log = logging.getLogger("maec.api")
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=PROBLEMS)
@@ -81,7 +82,8 @@ async def submit(typed: JobBody, auth: Auth) -> JSONResponse:
         id=new_job_id(), owner=owner, method=recipe.merge_method,
         name=body.name or recipe.name,
         recipe=recipe.model_dump(mode="json", exclude_none=True, by_alias=True),
-        sources=sources, created_at=now_iso(), idempotency_key=body.idempotency_key,
+        warnings=recipe_warnings(recipe), sources=sources, created_at=now_iso(),
+        idempotency_key=body.idempotency_key,
         callback_url=body.callback_url,
         pinned=bool(body.pinned),
     )
