@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from bench.common import CACHE, Measured, interleaved, median
+from maec_core.context import RunContext
 
 MODEL = CACHE / "eval-model"
 DATA = CACHE / "eval-data"
@@ -226,7 +227,7 @@ def measure_all(runs: int, threads: int) -> None:
                    [it.question for it in gen_set.items], runs)
     del loaded
     t0 = time.perf_counter()
-    report = evaluate(MODEL, spec, device="cpu")
+    report = evaluate(MODEL, spec, RunContext(device="cpu"))
     print(f"whole evaluate() (load + read sets + both sets): {time.perf_counter() - t0:.2f} s; "
           f"ppl {report.models[0].sets[0].value:.1f}", flush=True)
     print(f"RESULT eval ppl_tokens_per_s_ratio={rate['ppl-ours'] / rate['ppl-plain']:.3f} "

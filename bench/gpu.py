@@ -50,6 +50,7 @@ from bench.common import (
     measure,
     median,
 )
+from maec_core.context import RunContext
 
 # About 3.4B parameters: 32 layers of hidden 3072 / MLP 8192, GQA 24:8, 32000 tokens.
 FULL = LlamaShape(hidden=3072, layers=32, intermediate=8192, vocab=32000, heads=24,
@@ -89,7 +90,7 @@ def child(mode: str, device: str, recipe_path: Path, out: Path) -> None:
     # MAEC with an empty store: every run extracts, as a first job with this donor does.
     store = LocalArtifactStore(out.with_name(out.name + ".store")) if mode == "maec" else None
     try:
-        run(parsed, out, device=device, artifact_store=store, hash_cache=hash_cache)
+        run(parsed, out, RunContext(device=device, artifact_store=store, hash_cache=hash_cache))
     finally:
         if store is not None:
             shutil.rmtree(store.root, ignore_errors=True)

@@ -45,6 +45,7 @@ from bench.common import (
     model_bench_parser,
 )
 from bench.engine import FULL, SMALL, ensure_models
+from maec_core.context import RunContext
 
 WORK = CACHE / "maec-work"
 KEY_RATIO = 0.05
@@ -83,7 +84,7 @@ def child(argv: list[str]) -> None:
     if mode == "ta":
         from maec_core.run import run
 
-        run(parsed, out, device="cpu", hash_cache=hash_cache)
+        run(parsed, out, RunContext(device="cpu", hash_cache=hash_cache))
     elif mode == "full":
         from maec_core.maec.store import LocalArtifactStore
         from maec_core.run import run
@@ -91,17 +92,17 @@ def child(argv: list[str]) -> None:
         # An empty store: this run must extract.
         store = LocalArtifactStore(out.with_name(out.name + ".store"))
         try:
-            run(parsed, out, device="cpu", artifact_store=store, hash_cache=hash_cache)
+            run(parsed, out, RunContext(device="cpu", artifact_store=store, hash_cache=hash_cache))
         finally:
             shutil.rmtree(store.root, ignore_errors=True)
     elif mode == "combine":
         from maec_core.maec.pipeline import combine
 
-        combine(parsed, [Path(argv[3])], out, device="cpu", hash_cache=hash_cache)
+        combine(parsed, [Path(argv[3])], out, RunContext(device="cpu", hash_cache=hash_cache))
     elif mode == "extract":
         from maec_core.maec.pipeline import extract
 
-        extract(parsed, 0, out, device="cpu", hash_cache=hash_cache)
+        extract(parsed, 0, out, RunContext(device="cpu", hash_cache=hash_cache))
     else:
         raise SystemExit(f"unknown child mode {mode}")
 

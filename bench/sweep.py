@@ -61,6 +61,7 @@ from typing import Any
 import torch
 
 from bench.common import CACHE, median
+from maec_core.context import RunContext
 
 MODELS = CACHE / "sweep-models"
 VOCAB = 2000
@@ -196,8 +197,8 @@ def library_sweep(data: dict[str, Any]) -> Round:
     with tempfile.TemporaryDirectory(prefix="maec-bench-sweep-") as tmp:
         work = Path(tmp)
         t0 = time.perf_counter()
-        result = run_sweep(recipe, work / "out", artifact_store=LocalArtifactStore(
-            work / "store"), device="cpu", hash_cache=work / "sha")
+        result = run_sweep(recipe, work / "out", RunContext(artifact_store=LocalArtifactStore(
+            work / "store"), device="cpu", hash_cache=work / "sha"))
         wall = time.perf_counter() - t0
     return Round(wall, {r.id: r.scores for r in result.board.rows}, result.extractions)
 
@@ -218,9 +219,18 @@ def library_separate(data: dict[str, Any]) -> Round:
         for cand in candidates(recipe):
             job = Path(tmp) / cand.id
             t0 = time.perf_counter()
-            run(cand.recipe, job / "out", artifact_store=LocalArtifactStore(job / "store"),
-                device="cpu", hash_cache=job / "sha")
-            report = evaluate(job / "out", eval_spec(recipe), device="cpu", label=cand.id)
+            run(
+                cand.recipe,
+                job / "out",
+                RunContext(
+                    artifact_store=LocalArtifactStore(job / "store"),
+                    device="cpu",
+                    hash_cache=job / "sha",
+                ),
+            )
+            report = evaluate(
+                job / "out", eval_spec(recipe), RunContext(device="cpu"), label=cand.id
+            )
             total += time.perf_counter() - t0
             scores[cand.id] = {s.name: s.value for s in report.models[0].sets}
             shutil.rmtree(job)
@@ -236,7 +246,7 @@ def library_warm_up(data: dict[str, Any], inputs: dict[str, Path]) -> None:
     from maec_core.sweep.inputs import eval_spec
     from maec_core.sweep.plot import plot_png
 
-    evaluate(inputs["lang"], eval_spec(parse_recipe(data)), device="cpu")
+    evaluate(inputs["lang"], eval_spec(parse_recipe(data)), RunContext(device="cpu"))
     row = Row(id="c00", values={"mu": 1.0}, scores={"s": 1.0}, objective=1.0, rank=1)
     plot_png(Leaderboard(knobs=["mu"], objective={"set": "s", "metric": "perplexity"},
                          rows=[row], winner="c00", why="warm-up"))

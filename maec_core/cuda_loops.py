@@ -50,6 +50,30 @@ CUDA_IN_FLIGHT = 2
 WRITE_DEPTH = 4
 
 
+@dataclass(frozen=True)
+class LoopRun:
+    """What a loop (CPU or CUDA) runs: consecutive planned tensors (``plan``'s), the
+    stored tensors each reads (``steps``), the method's compute functions, the writer
+    taking the results in plan order, and ``tick(i)`` called as tensor ``i`` starts."""
+
+    plan: MergePlan
+    steps: list[list[TensorInfo]]
+    writer: BackgroundWriter
+    compute: ComputeFn
+    compute_at: OffsetComputeFn | None
+    device: torch.device
+    target: torch.dtype
+    tick: Callable[[int], None]
+    options: EngineOptions
+
+    def computed(self, planned: PlannedTensor, inputs: list[torch.Tensor], offset: int
+                 ) -> torch.Tensor:
+        """The method's result on a flat slice at ``offset`` of ``planned``."""
+        if self.compute_at is None:
+            return self.compute(planned, inputs)
+        return self.compute_at(planned, inputs, offset)
+
+
 def non_finite(name: str) -> NonFiniteOutput:
     return NonFiniteOutput(
         f"merged tensor {name!r} contains NaN or inf; nothing was written "
@@ -110,19 +134,12 @@ def _wait(job: _Launched) -> None:
         raise non_finite(job.planned.name)
 
 
-def whole_tensors_cuda(
-    plan: MergePlan,
-    steps: list[list[TensorInfo]],
-    writer: BackgroundWriter,
-    compute: ComputeFn,
-    device: torch.device,
-    target: torch.dtype,
-    tick: Callable[[int], None],
-    options: EngineOptions,
-) -> None:
+def whole_tensors_cuda(run: LoopRun) -> None:
     """One tensor at a time on the GPU; the host writes tensor ``i`` while the GPU
     computes ``i + 1``. A tensor whose working set is over the GPU budget is computed
     on the CPU with the same arithmetic."""
+    plan, steps, writer, compute = run.plan, run.steps, run.writer, run.compute
+    device, target, tick, options = run.device, run.target, run.tick, run.options
     cdtype = torch_dtype(options.compute_dtype)
     streams = _Streams(device)
     last: _Launched | None = None
@@ -163,20 +180,12 @@ def whole_tensors_cuda(
             prefetch.close()
 
 
-def stream_units_cuda(
-    plan: MergePlan,
-    steps: list[list[TensorInfo]],
-    writer: BackgroundWriter,
-    compute: ComputeFn,
-    device: torch.device,
-    target: torch.dtype,
-    tick: Callable[[int], None],
-    compute_at: OffsetComputeFn | None,
-    options: EngineOptions,
-) -> None:
+def stream_units_cuda(run: LoopRun) -> None:
     """Element-wise units through the GPU: a unit's inputs copy in on the copy stream
     while the previous one computes; results come back to recycled pinned buffers
     that the writer thread hashes and writes, the host waiting one unit behind."""
+    plan, steps, writer, device = run.plan, run.steps, run.writer, run.device
+    target, tick, options = run.target, run.tick, run.options
     cdtype = torch_dtype(options.compute_dtype)
     st_dtype = SAFETENSORS_NAMES[target]
     tsize = torch.empty((), dtype=target).element_size()
@@ -205,8 +214,7 @@ def stream_units_cuda(
                 tick(u.step)
             buf = out_free.get()
             ins = streams.upload(u.tensors, cdtype)
-            merged = (compute(planned, ins) if compute_at is None
-                      else compute_at(planned, ins, u.lo)).to(target)
+            merged = run.computed(planned, ins, u.lo).to(target)
             del ins
             host = buf[: (u.hi - u.lo) * tsize].view(target)
             pending.append((streams.download(planned, merged, host, u), buf))

@@ -40,8 +40,10 @@ import torch
 
 from maec_core.card import model_card
 from maec_core.checksums import BackgroundHasher
+from maec_core.context import OutputSpec, RunContext
 from maec_core.cuda_loops import (
     ComputeFn,
+    LoopRun,
     OffsetComputeFn,
     non_finite,
     stream_units_cuda,
@@ -52,7 +54,6 @@ from maec_core.io.folder import ModelFolder, open_model_folder
 from maec_core.io.headers import TensorInfo
 from maec_core.io.output import StagedOutput, output_config
 from maec_core.io.reader import SAFETENSORS_NAMES, Prefetcher, TensorReader, Unit, UnitReader
-from maec_core.io.resident import ResidentFiles
 from maec_core.io.writer import (
     BackgroundWriter,
     OutputTensor,
@@ -67,10 +68,8 @@ from maec_core.methods.params import layer_index
 from maec_core.plan import MergePlan, PlannedTensor, build_plan, recipe_vocab, rows_of
 from maec_core.recipe import Recipe
 from maec_core.runtime import (
-    CancelFn,
     EngineOptions,
     MergeResult,
-    ProgressFn,
     best_device,
     torch_dtype,
     torch_threads,
@@ -79,7 +78,7 @@ from maec_core.slices import prepare_slices
 from maec_core.vocab.build import is_vocab_tensor
 from maec_core.vocab.rows import RowAligner
 
-__all__ = ["ComputeFn", "OffsetComputeFn", "run_method", "stream_merge"]
+__all__ = ["ComputeFn", "MergeWork", "OffsetComputeFn", "run_method", "stream_merge"]
 
 # Element-wise streaming: elements per read/write unit and per compute slice. A slice of
 # 256K float32 (1 MB per input) keeps a method's few passes inside the CPU cache; units
@@ -120,19 +119,12 @@ def all_finite(t: torch.Tensor) -> bool:
     return math.isfinite(float(lo)) and math.isfinite(float(hi))
 
 
-def _whole_tensors(
-    plan: MergePlan,
-    steps: list[list[TensorInfo]],
-    writer: BackgroundWriter,
-    compute: ComputeFn,
-    device: torch.device,
-    target: torch.dtype,
-    tick: Callable[[int], None],
-    cdtype: torch.dtype = torch.float32,
-    resident: ResidentFiles | None = None,
-) -> None:
+def _whole_tensors(run: LoopRun) -> None:
     """One tensor at a time: for methods that need the whole tensor (TIES, SLERP, ...)."""
-    with TensorReader(resident=resident) as reader, torch_threads() as threads:
+    plan, steps, writer, compute = run.plan, run.steps, run.writer, run.compute
+    device, target, tick = run.device, run.target, run.tick
+    cdtype = torch_dtype(run.options.compute_dtype)
+    with TensorReader(resident=run.options.resident) as reader, torch_threads() as threads:
         prefetch = Prefetcher(reader, steps)
         try:
             for i, (planned, raw) in enumerate(zip(plan.tensors, prefetch, strict=True)):
@@ -157,19 +149,7 @@ def _whole_tensors(
             prefetch.close()
 
 
-def _elementwise(
-    plan: MergePlan,
-    steps: list[list[TensorInfo]],
-    writer: BackgroundWriter,
-    compute: ComputeFn,
-    device: torch.device,
-    target: torch.dtype,
-    tick: Callable[[int], None],
-    compute_at: OffsetComputeFn | None = None,
-    compute_threads: int = 1,
-    cdtype: torch.dtype = torch.float32,
-    resident: ResidentFiles | None = None,
-) -> None:
+def _elementwise(run: LoopRun, compute_threads: int = 1) -> None:
     """Stream fixed-size runs of elements through ``compute``, all buffers recycled.
 
     Valid only when ``compute`` is element-wise: it then sees flat slices of the inputs
@@ -182,19 +162,18 @@ def _elementwise(
     # OpenMP team waiting at a barrier for a descheduled member stalls every op (measured
     # 20x slower on 2 shared cores). Reading and writing run on their own threads.
     with torch_threads(1):
-        _stream_units(plan, steps, writer, compute, device, target, tick, UNIT_CPU,
-                      CHUNK_CPU, compute_at, workers=compute_threads, cdtype=cdtype,
-                      resident=resident)
+        _stream_units(run, UNIT_CPU, CHUNK_CPU, workers=compute_threads)
 
 
 def _unit_buffers(
-    plan: MergePlan, steps: list[list[TensorInfo]], device: torch.device, tsize: int,
-    unit: int, chunk: int, workers: int, outputs: int, cdtype: torch.dtype,
+    run: LoopRun, tsize: int, unit: int, chunk: int, workers: int, outputs: int,
 ) -> tuple[queue.Queue[list[torch.Tensor]], queue.Queue[torch.Tensor]]:
     """The recycled buffers of ``_stream_units``, allocated once per merge: per compute
     worker one compute-dtype slice per input, and ``outputs`` byte buffers of one unit
     each."""
-    slots = max((len(s) for s in steps), default=0)
+    plan, device = run.plan, run.device
+    cdtype = torch_dtype(run.options.compute_dtype)
+    slots = max((len(s) for s in run.steps), default=0)
     scratch: queue.Queue[list[torch.Tensor]] = queue.Queue()
     for _ in range(workers):
         scratch.put([torch.empty(min(chunk, unit), dtype=cdtype, device=device)
@@ -206,28 +185,15 @@ def _unit_buffers(
     return scratch, out_free
 
 
-def _stream_units(
-    plan: MergePlan,
-    steps: list[list[TensorInfo]],
-    writer: BackgroundWriter,
-    compute: ComputeFn,
-    device: torch.device,
-    target: torch.dtype,
-    tick: Callable[[int], None],
-    unit: int,
-    chunk: int,
-    compute_at: OffsetComputeFn | None = None,
-    workers: int = 1,
-    cdtype: torch.dtype = torch.float32,
-    resident: ResidentFiles | None = None,
-) -> None:
+def _stream_units(run: LoopRun, unit: int, chunk: int, workers: int = 1) -> None:
+    plan, steps, writer, target, tick = run.plan, run.steps, run.writer, run.target, run.tick
     st_dtype = SAFETENSORS_NAMES[target]
     tsize = torch.empty((), dtype=target).element_size()
     # Units computed ahead of the oldest: two per worker, so a worker finds its next
     # unit queued even when this thread is slow to be scheduled on a busy machine.
     in_flight = 2 * workers if workers > 1 else 1
-    scratch, out_free = _unit_buffers(plan, steps, device, tsize, unit, chunk, workers,
-                                      WRITE_DEPTH + 1 + in_flight, cdtype)
+    scratch, out_free = _unit_buffers(run, tsize, unit, chunk, workers,
+                                      WRITE_DEPTH + 1 + in_flight)
 
     def work(planned: PlannedTensor, u: Unit, buf: torch.Tensor) -> None:
         """Compute unit ``u`` into ``buf`` (on a worker when ``workers`` > 1)."""
@@ -239,8 +205,7 @@ def _stream_units(
                 ins = [s[: c1 - c0].copy_(t[c0:c1])
                        for s, t in zip(mine, u.tensors, strict=False)]
                 part = out[c0:c1]
-                part.copy_(compute(planned, ins) if compute_at is None
-                           else compute_at(planned, ins, u.lo + c0))
+                part.copy_(run.computed(planned, ins, u.lo + c0))
                 if not all_finite(part):
                     raise non_finite(planned.name)
         finally:
@@ -262,7 +227,8 @@ def _stream_units(
                    last=u.last, done=functools.partial(out_free.put, buf))
 
     try:
-        with UnitReader(steps, unit, depth=in_flight + 1, resident=resident) as units:
+        with UnitReader(steps, unit, depth=in_flight + 1,
+                        resident=run.options.resident) as units:
             for u in units:
                 planned = plan.tensors[u.step]
                 if u.first:
@@ -291,98 +257,98 @@ def _input_hasher(plan: MergePlan, hash_inputs: Mapping[str, Sequence[Path]] | N
     return BackgroundHasher({k: list(v) for k, v in files.items()}, cache=hash_cache)
 
 
-def stream_merge(
-    plan: MergePlan,
-    recipe: Recipe,
-    out_dir: Path,
-    *,
-    compute: ComputeFn,
-    read: Callable[[PlannedTensor], list[TensorInfo]],
-    out_dtype: str,
-    tokenizer_from: str,
-    base_models: list[str],
-    device: torch.device,
-    progress: ProgressFn | None = None,
-    cancel: CancelFn | None = None,
-    stage: str = "merge",
-    extra_json: Mapping[str, Any] | None = None,
-    card_summary: str = "",
-    manifest_extra: Mapping[str, Any] | None = None,
-    overwrite: bool = False,
-    hash_inputs: Mapping[str, Sequence[Path]] | None = None,
-    hash_cache: Path | None = None,
-    elementwise: bool = False,
-    compute_at: OffsetComputeFn | None = None,
-    compute_threads: int = 1,
-    options: EngineOptions | None = None,
-    whole: Callable[[PlannedTensor], bool] | None = None,
-    tokenizer_files: Mapping[str, bytes] | None = None,
-) -> MergeResult:
-    """Run ``compute`` over every planned tensor and publish a complete output folder
-    (or, with ``options.sink``, hand the tensors to that sink and write no weights:
-    at most the model's definition files, at ``options.skeleton`` when given).
+@dataclasses.dataclass(frozen=True)
+class MergeWork:
+    """What the engine computes for each planned tensor, and how it may split the work.
 
     ``read(t)`` names the stored tensors to load for ``t``; ``compute`` receives them as
-    float32 on ``device`` and returns the merged float32 tensor. Nothing appears at
-    ``out_dir`` unless every step succeeds. The input files (``hash_inputs``, by default
-    every model's weight files) are hashed for the manifest on a thread meanwhile,
-    digests kept in the folder ``hash_cache`` when given.
+    float32 on the device and returns the merged float32 tensor. ``stage`` names the
+    progress reports.
 
     ``elementwise=True`` promises that ``compute`` works entry by entry (its inputs may
     then be flat slices of the tensors, and it must not keep or return references that
     outlive the call other than its result): the engine then streams slices instead of
     whole tensors, which is several times faster on CPU and holds a few MB, not a tensor.
-    ``compute_at`` (implies ``elementwise``; ``compute`` is then unused) is such a function
-    that is also given the flat offset of its slice in the tensor.
-    ``compute_threads`` > 1 runs element-wise slices on that many CPU threads at once;
-    only for a ``compute`` that is safe to call concurrently.
-    ``whole(t)`` True sends ``t`` whole to ``compute`` even in an element-wise merge (its
-    inputs differ in rows: a vocabulary remap); ``tokenizer_files`` replace the copied ones.
-    ``options``: compute dtype, GPU budget, finished-shard callback, a sink taking the
-    tensors instead of the folder (``EngineOptions``).
+    ``compute_at`` (implies ``elementwise``; ``compute`` is then used for whole tensors
+    only) is such a function that is also given the flat offset of its slice in the
+    tensor. ``compute_threads`` > 1 runs element-wise slices on that many CPU threads at
+    once; only for a ``compute`` that is safe to call concurrently. ``whole(t)`` True
+    sends ``t`` whole to ``compute`` even in an element-wise merge (its inputs differ in
+    rows: a vocabulary remap).
     """
-    elementwise = elementwise or compute_at is not None
-    options = options or EngineOptions()
+
+    compute: ComputeFn
+    read: Callable[[PlannedTensor], list[TensorInfo]]
+    stage: str = "merge"
+    elementwise: bool = False
+    compute_at: OffsetComputeFn | None = None
+    compute_threads: int = 1
+    whole: Callable[[PlannedTensor], bool] | None = None
+
+    @property
+    def streams(self) -> bool:
+        """Whether the work may stream flat slices (element-wise)."""
+        return self.elementwise or self.compute_at is not None
+
+
+def stream_merge(plan: MergePlan, work: MergeWork, output: OutputSpec, ctx: RunContext
+                 ) -> MergeResult:
+    """Run ``work`` over every planned tensor and publish a complete output folder
+    (``output``), or, with ``ctx.options.sink``, hand the tensors to that sink and write
+    no weights: at most the model's definition files, at ``options.skeleton`` when given.
+
+    Nothing appears at ``output.folder`` unless every step succeeds. The input files
+    (``output.hash_inputs``, by default every model's weight files) are hashed for the
+    manifest on a thread meanwhile, digests kept in the folder ``ctx.hash_cache`` when
+    given.
+    """
+    options = ctx.options
     started = time.perf_counter()
-    target = torch_dtype(out_dtype)
+    target = torch_dtype(output.dtype)
     total = len(plan.tensors)
     outputs = [OutputTensor(t.name, t.shape, SAFETENSORS_NAMES[target]) for t in plan.tensors]
-    tick = _ticker(progress, cancel, stage, total)
+    loop = _Loop(plan, work, best_device(ctx.device), target, options,
+                 _ticker(ctx, work.stage, total))
 
     def write(sink: TensorSink, background: bool = True) -> list[WrittenFile]:
-        files = _write_tensors(sink, background, plan, read, compute, compute_at, device,
-                               target, tick, elementwise, compute_threads, options, whole)
-        if progress is not None and total:
-            progress(stage, total, total)
+        files = _write_tensors(sink, background, loop)
+        if ctx.progress is not None and total:
+            ctx.progress(work.stage, total, total)
         return files
 
     manifest: dict[str, Any] = {}
-    define = functools.partial(_write_definition, plan=plan, out_dtype=out_dtype,
-                               tokenizer_from=tokenizer_from,
-                               tokenizer_files=tokenizer_files)
+    define = functools.partial(_write_definition, plan=plan, output=output)
     if options.sink is not None:
         _to_sink(write, outputs, options.sink, options.skeleton, define)
     else:
-        finish = functools.partial(
-            _finish_folder, define=define, plan=plan, recipe=recipe,
-            base_models=base_models, extra_json=extra_json, card_summary=card_summary,
-            manifest_extra=manifest_extra)
-        manifest = _to_folder(write, outputs, recipe, out_dir, overwrite, options,
-                              _input_hasher(plan, hash_inputs, hash_cache), finish)
+        finish = functools.partial(_finish_folder, define=define, plan=plan, output=output)
+        manifest = _to_folder(write, outputs, output, ctx,
+                              _input_hasher(plan, output.hash_inputs, ctx.hash_cache), finish)
     seconds = time.perf_counter() - started
-    return MergeResult(out_dir, manifest, total, seconds, {stage: seconds})
+    return MergeResult(output.folder, manifest, total, seconds, {work.stage: seconds})
 
 
-def _ticker(progress: ProgressFn | None, cancel: CancelFn | None, stage: str, total: int
-            ) -> Callable[[int], None]:
+def _ticker(ctx: RunContext, stage: str, total: int) -> Callable[[int], None]:
     def tick(i: int) -> None:
         """Called as tensor ``i`` starts: report the ``i`` finished, honour cancel."""
-        if progress is not None and i > 0:
-            progress(stage, i, total)
-        if cancel is not None and cancel():
+        if i > 0:
+            ctx.report(stage, i, total)
+        if ctx.cancelled():
             raise Cancelled("merge cancelled")
 
     return tick
+
+
+@dataclasses.dataclass(frozen=True)
+class _Loop:
+    """One merge's loop settings, shared by every run of its tensors."""
+
+    plan: MergePlan
+    work: MergeWork
+    device: torch.device
+    target: torch.dtype
+    options: EngineOptions
+    tick: Callable[[int], None]
 
 
 def _to_sink(
@@ -408,19 +374,18 @@ def _to_sink(
 def _to_folder(
     write: Callable[[TensorSink], list[WrittenFile]],
     outputs: list[OutputTensor],
-    recipe: Recipe,
-    out_dir: Path,
-    overwrite: bool,
-    options: EngineOptions,
+    output: OutputSpec,
+    ctx: RunContext,
     hasher: BackgroundHasher,
     finish: Callable[..., dict[str, Any]],
 ) -> dict[str, Any]:
     """The merge's tensors written as shards of a staged folder, ``finish`` adding the
     other files and the manifest, then the folder renamed into place; its manifest."""
-    with StagedOutput(out_dir, overwrite=overwrite) as staged:
+    options = ctx.options
+    with StagedOutput(output.folder, overwrite=ctx.overwrite) as staged:
         try:
             staged.add(write(ShardedWriter(
-                staged.folder, outputs, recipe.shard_size_bytes(), parallel_io=True,
+                staged.folder, outputs, output.recipe.shard_size_bytes(), parallel_io=True,
                 on_shard=options.on_shard, on_shard_open=options.on_shard_open)))
         except BaseException:
             hasher.stop()
@@ -430,49 +395,33 @@ def _to_folder(
     return manifest
 
 
-def _write_tensors(
-    sink: TensorSink,
-    background: bool,
-    plan: MergePlan,
-    read: Callable[[PlannedTensor], list[TensorInfo]],
-    compute: ComputeFn,
-    compute_at: OffsetComputeFn | None,
-    device: torch.device,
-    target: torch.dtype,
-    tick: Callable[[int], None],
-    elementwise: bool,
-    compute_threads: int,
-    options: EngineOptions,
-    whole: Callable[[PlannedTensor], bool] | None = None,
-) -> list[WrittenFile]:
+def _write_tensors(sink: TensorSink, background: bool, loop: _Loop) -> list[WrittenFile]:
     """Merge every planned tensor into ``sink`` (a staged folder's shards and their
     index, or the caller's sink; on a thread of its own when ``background``); returns
     the files it wrote."""
+    plan, work = loop.plan, loop.work
     writer = BackgroundWriter(
         sink,
         # Whole tensors: one queued while one is written, so memory stays at a couple
         # of tensors; slices are small and recycled, a deeper queue is free.
-        depth=0 if not background else WRITE_DEPTH if elementwise else 1,
+        depth=0 if not background else WRITE_DEPTH if work.streams else 1,
     )
-    steps = [read(t) for t in plan.tensors]
-    cdtype = torch_dtype(options.compute_dtype)
-    cuda = device.type == "cuda"
+    steps = [work.read(t) for t in plan.tensors]
+    cuda = loop.device.type == "cuda"
     try:
-        for lo, hi, alone in _runs(plan, elementwise, whole):
-            part = dataclasses.replace(plan, tensors=plan.tensors[lo:hi])
-            at = functools.partial(_shifted, tick, lo)
+        for lo, hi, alone in _runs(plan, work.streams, work.whole):
+            run = LoopRun(dataclasses.replace(plan, tensors=plan.tensors[lo:hi]),
+                          steps[lo:hi], writer, work.compute, work.compute_at, loop.device,
+                          loop.target, functools.partial(_shifted, loop.tick, lo),
+                          loop.options)
             if alone and cuda:
-                whole_tensors_cuda(part, steps[lo:hi], writer, compute, device, target, at,
-                                   options)
+                whole_tensors_cuda(run)
             elif alone:
-                _whole_tensors(part, steps[lo:hi], writer, compute, device, target, at,
-                               cdtype, options.resident)
+                _whole_tensors(run)
             elif cuda:
-                stream_units_cuda(part, steps[lo:hi], writer, compute, device, target, at,
-                                  compute_at, options)
+                stream_units_cuda(run)
             else:
-                _elementwise(part, steps[lo:hi], writer, compute, device, target, at,
-                             compute_at, compute_threads, cdtype, options.resident)
+                _elementwise(run, work.compute_threads)
         return writer.close()
     except BaseException:
         writer.abort()
@@ -498,52 +447,43 @@ def _runs(
     return runs
 
 
-def _write_definition(
-    staged: StagedOutput,
-    plan: MergePlan,
-    *,
-    out_dtype: str,
-    tokenizer_from: str,
-    tokenizer_files: Mapping[str, bytes] | None,
-) -> None:
+def _write_definition(staged: StagedOutput, plan: MergePlan, *, output: OutputSpec) -> None:
     """Write the files that define the merged model beside its weights, all that
     transformers reads to build the model and its tokenizer: the tokenizer and
     generation files (copied, or a built vocabulary's) and config.json (the output
     dtype and the plan's changes applied). The output folder's first files, and a
     sink's skeleton (``EngineOptions.skeleton``)."""
-    source = plan.models[tokenizer_from]
-    if tokenizer_files:
+    source = plan.models[output.tokenizer_from]
+    if output.tokenizer_files:
         # A built vocabulary: its tokenizer files, and none of the source's slow-tokenizer
         # files (they would describe the old vocabulary).
         staged.copy_side_files(source, skip=STALE_TOKENIZER_FILES)
-        for name, data in tokenizer_files.items():
+        for name, data in output.tokenizer_files.items():
             staged.write_bytes(name, data)
     else:
         staged.copy_side_files(source)
     staged.write_json("config.json",
-                      output_config(source.config, out_dtype, plan.config_updates))
+                      output_config(source.config, output.dtype, plan.config_updates))
 
 
 def _finish_folder(
     staged: StagedOutput,
-    plan: MergePlan,
-    recipe: Recipe,
     hasher: BackgroundHasher,
     *,
     define: Callable[[StagedOutput], None],
-    base_models: list[str],
-    extra_json: Mapping[str, Any] | None,
-    card_summary: str,
-    manifest_extra: Mapping[str, Any] | None,
+    plan: MergePlan,
+    output: OutputSpec,
 ) -> dict[str, Any]:
     """Write the model's definition files (``define``: :func:`_write_definition`), the
     recipe, card and extra documents, then the manifest (last: it lists the others);
     returns the manifest."""
     define(staged)
+    recipe = output.recipe
     recipe_dump = recipe.model_dump(mode="json", exclude_none=True)
     staged.write_bytes("recipe.yaml", recipe.to_yaml().encode())
-    staged.write_bytes("README.md", model_card(recipe, base_models, card_summary).encode())
-    for name, doc in (extra_json or {}).items():
+    staged.write_bytes("README.md", model_card(recipe, list(output.base_models),
+                                               output.card_summary).encode())
+    for name, doc in (output.extra_json or {}).items():
         staged.write_json(name, doc)
     digests = hasher.result()
     inputs_doc = {
@@ -551,7 +491,8 @@ def _finish_folder(
         for key, m in plan.models.items()
     }
     manifest = build_manifest(
-        staged.files, inputs=inputs_doc, recipe=recipe_dump, extra=dict(manifest_extra or {}),
+        staged.files, inputs=inputs_doc, recipe=recipe_dump,
+        extra=dict(output.manifest_extra or {}),
     )
     # Written last and outside staged.files: the manifest lists the others.
     (staged.folder / MANIFEST_NAME).write_text(
@@ -578,46 +519,22 @@ def _model_keys(recipe: Recipe) -> tuple[str | None, list[tuple[str, str]]]:
     return base_key, others
 
 
-def _run_slices(
-    recipe: Recipe,
-    spec: TensorMethod,
-    out_dir: Path,
-    *,
-    progress: ProgressFn | None,
-    cancel: CancelFn | None,
-    device: str | None,
-    overwrite: bool,
-    hash_cache: Path | None,
-    options: EngineOptions | None,
-) -> MergeResult:
+def _run_slices(recipe: Recipe, spec: TensorMethod, out_dir: Path, ctx: RunContext
+                ) -> MergeResult:
     """A slices recipe: its plan, reads and per-tensor calls come from maec_core.slices."""
     job = prepare_slices(recipe, spec)
-    return stream_merge(
-        job.plan, recipe, out_dir, compute=job.compute, read=job.read,
-        out_dtype=job.out_dtype, tokenizer_from=job.tokenizer_from,
-        base_models=job.base_models, device=best_device(device), progress=progress,
-        cancel=cancel, overwrite=overwrite, elementwise=spec.elementwise,
-        compute_threads=COMPUTE_THREADS, hash_cache=hash_cache, options=options,
-    )
+    work = MergeWork(job.compute, job.read, elementwise=spec.elementwise,
+                     compute_threads=COMPUTE_THREADS)
+    output = OutputSpec(out_dir, recipe, job.out_dtype, job.tokenizer_from, job.base_models)
+    return stream_merge(job.plan, work, output, ctx)
 
 
-def run_method(
-    recipe: Recipe,
-    out_dir: Path,
-    *,
-    progress: ProgressFn | None = None,
-    cancel: CancelFn | None = None,
-    device: str | None = None,
-    overwrite: bool = False,
-    hash_cache: Path | None = None,
-    options: EngineOptions | None = None,
-) -> MergeResult:
+def run_method(recipe: Recipe, out_dir: Path, ctx: RunContext | None = None) -> MergeResult:
     """Run one registered (non-MAEC) method of a parsed ``recipe`` into ``out_dir``."""
+    ctx = ctx or RunContext()
     spec = get_method(recipe.merge_method, TensorMethod)
     if recipe.slices is not None:
-        return _run_slices(recipe, spec, Path(out_dir), progress=progress, cancel=cancel,
-                           device=device, overwrite=overwrite, hash_cache=hash_cache,
-                           options=options)
+        return _run_slices(recipe, spec, Path(out_dir), ctx)
     fn = spec.merge
     base_key, others = _model_keys(recipe)
     named = {**({base_key: base_key} if base_key else {}), **dict(others)}
@@ -629,7 +546,6 @@ def run_method(
     entries = [m for m in recipe.models if m.model != recipe.base_model]
     other_keys = [k for k, _ in others]
     keys = ([base_key] if base_key else []) + other_keys
-    dev = best_device(device)
     num_layers = plan.num_layers
 
     def read(t: PlannedTensor) -> list[TensorInfo]:
@@ -668,13 +584,11 @@ def run_method(
         )
         return fn(call)
 
-    return stream_merge(
-        plan, recipe, Path(out_dir), compute=compute, read=read, out_dtype=out_dtype,
-        tokenizer_from=vocab.copy_from if vocab else reference,
-        base_models=list(named.values()), device=dev, progress=progress, cancel=cancel,
-        overwrite=overwrite, hash_cache=hash_cache, elementwise=spec.elementwise,
-        compute_threads=COMPUTE_THREADS, tokenizer_files=vocab.files if vocab else None,
-        whole=None if aligner is None else lambda t: is_vocab_tensor(t.name),
-        options=options,
-    )
+    work = MergeWork(compute, read, elementwise=spec.elementwise,
+                     compute_threads=COMPUTE_THREADS,
+                     whole=None if aligner is None else lambda t: is_vocab_tensor(t.name))
+    output = OutputSpec(Path(out_dir), recipe, out_dtype,
+                        vocab.copy_from if vocab else reference, list(named.values()),
+                        tokenizer_files=vocab.files if vocab else None)
+    return stream_merge(plan, work, output, ctx)
 

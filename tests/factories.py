@@ -70,11 +70,13 @@ def read_config(path: Path) -> dict:
 
 
 def run_recipe(source: object, out: Path | str, **kwargs: object) -> object:
-    """Parse ``source`` (a dict, YAML text or path) and merge it through the one entry."""
+    """Parse ``source`` (a dict, YAML text or path) and merge it through the one entry,
+    in the run context ``kwargs`` make (``device="cpu"``, ...)."""
+    from maec_core.context import RunContext
     from maec_core.recipe import parse_recipe
     from maec_core.run import run
 
-    return run(parse_recipe(source), Path(out), **kwargs)  # type: ignore[arg-type]
+    return run(parse_recipe(source), Path(out), RunContext(**kwargs))  # type: ignore[arg-type]
 
 def bos_tokenizer(vocab: dict[str, int]) -> PreTrainedTokenizerFast:
     """A whitespace word-level tokenizer over ``vocab`` (which holds ``<unk>``, ``<s>`` as

@@ -1,4 +1,5 @@
-"""Code structure: no import cycle inside a package, no over-long function.
+"""Code structure: no import cycle inside a package, no over-long function, no function
+of the library taking more than a handful of parameters.
 
 The import graph counts every import that runs, including those inside functions (a lazy
 import only postpones the cycle), and leaves out imports under ``TYPE_CHECKING``, which
@@ -20,6 +21,10 @@ PACKAGES = ("maec_core", "app", "worker", "maec_client",
             *(["maec_contract"] if (ROOT / "maec_contract" / "__init__.py").is_file() else []))
 LENGTH_CHECKED = ("maec_core", "app", "worker")
 MAX_FUNCTION_LINES = 80
+# Beyond this a signature re-lists what belongs in one object (a run context, an output
+# spec, the work of a loop): callers then pass that object whole.
+PARAMS_CHECKED = ("maec_core",)
+MAX_PARAMETERS = 8
 
 
 def strongly_connected(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -141,3 +146,64 @@ def test_no_function_longer_than_limit() -> None:
     ]
     assert not offenders, (f"{len(offenders)} function(s) longer than {MAX_FUNCTION_LINES} "
                            "lines (def to last line):\n" + "\n".join(offenders))
+
+
+def parameter_count(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """Every parameter but a leading ``self``/``cls``: positional-only, positional,
+    keyword-only, and ``*args`` and ``**kwargs`` one each (a catch-all is still a way in)."""
+    a = fn.args
+    names = [p.arg for p in (*a.posonlyargs, *a.args, *a.kwonlyargs)]
+    if names and names[0] in ("self", "cls"):
+        names = names[1:]
+    return len(names) + (a.vararg is not None) + (a.kwarg is not None)
+
+
+def functions_with_more_parameters(limit: int, path: Path) -> Iterator[tuple[int, str, int]]:
+    """(def line, qualified name, parameter count) of each function over ``limit``."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+
+    def walk(node: ast.AST, prefix: str) -> Iterator[tuple[int, str, int]]:
+        for child in ast.iter_child_nodes(node):
+            name = prefix
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                name = f"{prefix}{child.name}."
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                count = parameter_count(child)
+                if count > limit:
+                    yield child.lineno, name[:-1], count
+            yield from walk(child, name)
+
+    yield from walk(tree, "")
+
+
+def test_parameter_counter(tmp_path: Path) -> None:
+    # The counter itself: self and cls are not counted; *args, **kwargs, keyword-only and
+    # positional-only parameters are, in methods and nested functions alike.
+    source = "\n".join([
+        "def fine(a, b, c, d, e, f, g, h): pass",
+        "def star(a, b, c, d, e, f, g, *args, **kwargs): pass",
+        "def kw(a, /, b, *, c, d, e, f, g, h, i): pass",
+        "class C:",
+        "    def method(self, a, b, c, d, e, f, g, h): pass",
+        "    @classmethod",
+        "    def make(cls, a, b, c, d, e, f, g, h, i): pass",
+        "def outer():",
+        "    def inner(a, b, c, d, e, f, g, h, *rest): pass",
+        "    return inner",
+    ])
+    path = tmp_path / "m.py"
+    path.write_text(source + "\n")
+    found = [(name, n) for _, name, n in functions_with_more_parameters(MAX_PARAMETERS, path)]
+    assert sorted(found) == [("C.make", 9), ("kw", 9), ("outer.inner", 9), ("star", 9)]
+
+
+def test_no_function_takes_more_than_limit_parameters() -> None:
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line} {name} ({count} parameters)"
+        for package in PARAMS_CHECKED
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for line, name, count in functions_with_more_parameters(MAX_PARAMETERS, path)
+    ]
+    assert not offenders, (f"{len(offenders)} function(s) taking more than {MAX_PARAMETERS} "
+                           "parameters (self/cls not counted, *args and **kwargs one each):\n"
+                           + "\n".join(offenders))

@@ -29,6 +29,7 @@ from app.jobs.worker_store import WorkerJobStore
 from app.settings import Settings
 from app.sources import Source
 from app.storage.base import Storage, StorageError
+from maec_core.context import RunContext
 from maec_core.errors import Cancelled, MaecError
 from maec_core.manifest import MANIFEST_NAME
 from maec_core.recipe import Recipe, parse_recipe
@@ -363,12 +364,13 @@ class JobRunner:
                                          self.settings.artifact_cache_max_bytes,
                                          on_use=self.store.touch_artifact, hold=hold)
         try:
-            made = produce(recipe, out, store=artifacts, progress=att.progress,
-                           cancel=att.cancel_requested, device=self.settings.device,
-                           hash_cache=self.settings.work_dir / "checksums", work_dir=workdir,
-                           reporter=att, upload=upload,
-                           options=EngineOptions(on_shard=uploads.on_shard,
-                                                 on_shard_open=uploads.on_shard_open))
+            ctx = RunContext(progress=att.progress, cancel=att.cancel_requested,
+                             device=self.settings.device,
+                             hash_cache=self.settings.work_dir / "checksums",
+                             artifact_store=artifacts,
+                             options=EngineOptions(on_shard=uploads.on_shard,
+                                                   on_shard_open=uploads.on_shard_open))
+            made = produce(recipe, out, ctx, work_dir=workdir, reporter=att, upload=upload)
             # Before the manifest can publish anything: a job over its owner's quota
             # fails here, and the shards it uploaded meanwhile go with its prefix.
             self._reserve(rec, att, made.manifest, out, already=uploaded[0])

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from maec_core.context import RunContext
 from maec_core.eval.report import EvalReport
-from maec_core.maec.store import ArtifactStore
 from maec_core.manifest import MANIFEST_NAME
 from maec_core.recipe import Recipe
-from maec_core.runtime import CancelFn, EngineOptions, ProgressFn
+from maec_core.runtime import EngineOptions
 
 # Fraction of the whole job each stage covers, for a job that evaluates.
 EVAL_SPAN = {"fetch": (0.0, 0.05), "extract": (0.05, 0.45), "combine": (0.45, 0.8),
@@ -64,28 +64,23 @@ def evaluation_result(report: EvalReport, label: str) -> dict[str, Any]:
     return {"label": label, "report": "eval_report.json", "table": report.table}
 
 
-def produce(recipe: Recipe, out: Path, *, store: ArtifactStore, progress: ProgressFn,
-            cancel: CancelFn, device: str | None, hash_cache: Path, work_dir: Path,
-            reporter: Reporter, upload: Upload,
-            options: EngineOptions | None = None) -> Produced:
-    """Merge (and evaluate, or sweep) ``recipe`` into ``out``. ``options`` (the output's
-    finished-shard callbacks) apply to a plain merge only: a sweep's candidates are not
-    the output."""
+def produce(recipe: Recipe, out: Path, ctx: RunContext, *, work_dir: Path,
+            reporter: Reporter, upload: Upload) -> Produced:
+    """Merge (and evaluate, or sweep) ``recipe`` into ``out``. ``ctx.options`` (the
+    output's finished-shard callbacks) apply to a plain merge only: a sweep's candidates
+    are not the output."""
     if recipe.sweep is not None:
-        return _sweep(recipe, out, store=store, cancel=cancel, device=device,
-                      hash_cache=hash_cache, work_dir=work_dir, reporter=reporter,
-                      upload=upload)
+        return _sweep(recipe, out, ctx.but(options=EngineOptions()), work_dir=work_dir,
+                      reporter=reporter, upload=upload)
     from maec_core.run import run
     from maec_core.sweep.runner import evaluate_folder
 
-    merged = run(recipe.merge_only(), out, artifact_store=store, progress=progress,
-                 cancel=cancel, device=device, hash_cache=hash_cache, options=options)
+    merged = run(recipe.merge_only(), out, ctx)
     report = merged.report or {}
     produced = Produced(merged.manifest, report, merged.stage_seconds, merged.seconds,
                         [bool(a.get("artifact_reused")) for a in report.get("abilities", [])])
     if recipe.evaluate:
-        evaluated = evaluate_folder(recipe, out, device=device, progress=progress,
-                                    cancel=cancel)
+        evaluated = evaluate_folder(recipe, out, ctx)
         produced.manifest = json.loads((out / MANIFEST_NAME).read_text())
         produced.result["evaluation"] = evaluation_result(evaluated, "merged")
     return produced
@@ -113,11 +108,10 @@ class SweepProgress:
                              candidates=self.slots - 1)
 
 
-def _sweep(recipe: Recipe, out: Path, *, store: ArtifactStore, cancel: CancelFn,
-           device: str | None, hash_cache: Path, work_dir: Path, reporter: Reporter,
-           upload: Upload) -> Produced:
+def _sweep(recipe: Recipe, out: Path, ctx: RunContext, *, work_dir: Path,
+           reporter: Reporter, upload: Upload) -> Produced:
     from maec_core.sweep.grid import Candidate
-    from maec_core.sweep.runner import run_sweep
+    from maec_core.sweep.runner import SweepOptions, run_sweep
 
     track = SweepProgress(reporter)
     uploaded: list[dict[str, Any]] = []
@@ -131,9 +125,8 @@ def _sweep(recipe: Recipe, out: Path, *, store: ArtifactStore, cancel: CancelFn,
             uploaded.append({**f, "path": f"{prefix}/{f['path']}"})
         where[cand.id] = prefix + "/"
 
-    result = run_sweep(recipe, out, artifact_store=store, work_dir=work_dir,
-                       progress=track, cancel=cancel, device=device, hash_cache=hash_cache,
-                       keep=keep, announce=track.announce)
+    result = run_sweep(recipe, out, ctx.but(progress=track), SweepOptions(
+        work_dir=work_dir, keep=keep, announce=track.announce))
     board = result.board
     summary = {**board.model_dump(mode="json", exclude={"version"}), "candidates": where}
     return Produced(

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.transfer.config import Config
+from maec_core.context import RunContext
 from maec_core.eval import EvalSpec
 
 
@@ -117,8 +118,14 @@ def sweep(recipe: dict[str, Any], out_dir: Path, cache: Path) -> SweepOutcome:
 
     if out_dir.exists():
         shutil.rmtree(out_dir)
-    result = run_sweep(parse_recipe(recipe), out_dir, device="cpu",
-                       artifact_store=LocalArtifactStore(cache / "artifacts"),
-                       hash_cache=cache / "sha256")
+    result = run_sweep(
+        parse_recipe(recipe),
+        out_dir,
+        RunContext(
+            device="cpu",
+            artifact_store=LocalArtifactStore(cache / "artifacts"),
+            hash_cache=cache / "sha256",
+        ),
+    )
     return SweepOutcome(out_dir, result.board.model_dump(mode="json"), result.extractions,
                         result.seconds)

@@ -28,6 +28,7 @@ from experiments.transfer import model as M
 from experiments.transfer.config import DEBUG, FULL, SMOKE, Config
 from experiments.transfer.lang import Problem, ProblemSplits
 from experiments.transfer.merges import Checkpoints, sweep, sweep_recipes
+from maec_core.context import RunContext
 from maec_core.eval import EvalReport, EvalSpec
 from maec_core.runtime import torch_threads
 
@@ -202,7 +203,9 @@ def scores(report: EvalReport) -> dict[str, dict[str, float]]:
 def evaluate_folders(folders: dict[str, Path], spec: EvalSpec) -> dict[str, dict[str, float]]:
     from maec_core.eval.runner import evaluate_many
 
-    return scores(evaluate_many({k: str(v) for k, v in folders.items()}, spec, device="cpu"))
+    return scores(
+        evaluate_many({k: str(v) for k, v in folders.items()}, spec, RunContext(device="cpu"))
+    )
 
 
 def evaluate_folder(folder: Path, spec: EvalSpec) -> dict[str, float]:

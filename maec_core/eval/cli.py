@@ -6,31 +6,11 @@ Torch is imported only when the command runs, so registering the command costs t
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
-from tqdm import tqdm
 
-from maec_core.errors import MaecError
-
-
-class _Bars:
-    """One progress bar per eval set, on stderr."""
-
-    def __init__(self) -> None:
-        self._bars: dict[str, tqdm[None]] = {}
-
-    def __call__(self, stage: str, done: int, total: int) -> None:
-        bar = self._bars.get(stage)
-        if bar is None:
-            bar = self._bars[stage] = tqdm(total=total, desc=stage, unit="batch",
-                                           file=sys.stderr, dynamic_ncols=True)
-        bar.update(done - bar.n)
-
-    def close(self) -> None:
-        for bar in self._bars.values():
-            bar.close()
+from maec_core.cli_options import RunFlags, run_flags
 
 
 @click.command("eval")
@@ -40,12 +20,11 @@ class _Bars:
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
               default=Path("eval_report.json"), show_default=True,
               help="where to write the report (every item of every set)")
-@click.option("--device", default=None, help="cuda, cpu, ... (default: CUDA when present)")
 @click.option("--label", default=None, help="the model's row name (default: MODEL_DIR's name)")
 @click.option("--markdown", is_flag=True, help="print a markdown table (for model cards)")
-@click.option("--no-progress", is_flag=True, help="no progress bars")
-def eval_command(model_dir: Path, spec: Path, out: Path, device: str | None,
-                 label: str | None, markdown: bool, no_progress: bool) -> None:
+@run_flags("device", "no_progress", bars="bars")
+def eval_command(model_dir: Path, spec: Path, out: Path, label: str | None, markdown: bool,
+                 flags: RunFlags) -> None:
     """Score MODEL_DIR on the eval sets listed in EVAL.yaml; print the table, write the report.
 
     EVAL.yaml lists sets: {name, language, kind: perplexity|accuracy, path, ...}; set paths
@@ -54,19 +33,7 @@ def eval_command(model_dir: Path, spec: Path, out: Path, device: str | None,
     from maec_core.eval.report import write_report
     from maec_core.eval.runner import evaluate
 
-    bars = None if no_progress else _Bars()
-    error: MaecError | None = None
-    try:
-        report = evaluate(model_dir, spec, device=device, progress=bars, label=label)
-    except MaecError as exc:
-        error = exc
-    finally:
-        # Bars closed first, so the table or the error line is not drawn over.
-        if bars is not None:
-            bars.close()
-    if error is not None:
-        click.echo(f"error: {error}", err=True)
-        sys.exit(2)
+    report = flags.run(lambda ctx: evaluate(model_dir, spec, ctx, label=label), unit="batch")
     write_report(report, out)
     click.echo(report.markdown_table() if markdown else report.text_table(), nl=False)
     click.echo(f"wrote {out}", err=True)

@@ -19,6 +19,15 @@ from maec_core.runtime import CancelFn
 
 # on_batch(done, total), called after each batch.
 BatchFn = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class BatchHooks:
+    """Called between batches: ``on_batch(done, total)`` after each, ``cancel()`` before
+    each (True stops the scoring with ``Cancelled``)."""
+
+    on_batch: BatchFn | None = None
+    cancel: CancelFn | None = None
 IGNORE = -100
 
 
@@ -92,8 +101,7 @@ def window_nll(model: Any, rows: Sequence[Sequence[int]], score_from: Sequence[i
 
 def score_texts(model: Any, tokenizer: Any, texts: Sequence[str], *, context: int,
                 stride: int, batch_size: int, device: torch.device,
-                on_batch: BatchFn | None = None,
-                cancel: CancelFn | None = None) -> list[DocumentScore]:
+                hooks: BatchHooks = BatchHooks()) -> list[DocumentScore]:
     """Per-document token counts and summed NLL under sliding windows, batched.
 
     Each document is tokenized on its own (with the tokenizer's special tokens, as the
@@ -110,14 +118,14 @@ def score_texts(model: Any, tokenizer: Any, texts: Sequence[str], *, context: in
     batches = [windows[i: i + batch_size] for i in range(0, len(windows), batch_size)]
     pad = pad_id(tokenizer, model)
     for b, batch in enumerate(batches, 1):
-        _check_cancel(cancel)
+        _check_cancel(hooks.cancel)
         rows = [ids[d][s:e] for d, s, e, _ in batch]
         sums = window_nll(model, rows, [f - s for _, s, _, f in batch], pad, device)
         for (d, _, e, f), v in zip(batch, sums, strict=True):
             nll[d] += v
             tokens[d] += e - f
-        if on_batch is not None:
-            on_batch(b, len(batches))
+        if hooks.on_batch is not None:
+            hooks.on_batch(b, len(batches))
     return [DocumentScore(index=d, tokens=tokens[d], nll=nll[d]) for d in range(len(texts))]
 
 
@@ -145,8 +153,7 @@ def _cut(text: str, stop: Sequence[str]) -> str:
 @torch.inference_mode()
 def generate(model: Any, tokenizer: Any, prompts: Sequence[str], *, max_new_tokens: int,
              batch_size: int, stop: Sequence[str], device: torch.device,
-             on_batch: BatchFn | None = None,
-             cancel: CancelFn | None = None) -> list[Generation]:
+             hooks: BatchHooks = BatchHooks()) -> list[Generation]:
     """Greedy continuations of ``prompts``, batched with left padding.
 
     A row ends at an end-of-sequence token, at a stop string (cut from the output), or
@@ -159,14 +166,14 @@ def generate(model: Any, tokenizer: Any, prompts: Sequence[str], *, max_new_toke
     eos, pad = eos_ids(tokenizer, model), pad_id(tokenizer, model)
     out: list[Generation | None] = [None] * len(ids)
     for b, batch in enumerate(batches, 1):
-        _check_cancel(cancel)
+        _check_cancel(hooks.cancel)
         rows = _generate_batch(model, tokenizer, [ids[i] for i in batch], eos, pad,
                                max_new_tokens, stop, device)
         for i, row in zip(batch, rows, strict=True):
             out[i] = Generation(_cut(tokenizer.decode(row, skip_special_tokens=True), stop),
                                 len(row))
-        if on_batch is not None:
-            on_batch(b, len(batches))
+        if hooks.on_batch is not None:
+            hooks.on_batch(b, len(batches))
     return [g for g in out if g is not None]
 
 

@@ -11,57 +11,52 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-import torch
-
+from maec_core.context import RunContext
 from maec_core.errors import EvalSetError
 from maec_core.eval.answers import extract_answer, is_correct
 from maec_core.eval.loading import LoadedModel, load_model, release
-from maec_core.eval.measure import generate, score_texts
+from maec_core.eval.measure import BatchHooks, generate, score_texts
 from maec_core.eval.report import AccuracyItem, EvalReport, ModelResult, SetResult
 from maec_core.eval.sets import EvalSpec, LoadedSet, load_sets, load_spec
-from maec_core.runtime import CancelFn, ProgressFn, best_device
+from maec_core.runtime import CancelFn, best_device
 
 # Perplexity context when the spec leaves it open: the model's window, at most this.
 DEFAULT_CONTEXT = 1024
 
 
 def evaluate(model_dir: str | Path, spec: EvalSpec | str | Path,
-             device: str | torch.device | None = None, progress: ProgressFn | None = None,
-             cancel: CancelFn | None = None, *, label: str | None = None) -> EvalReport:
-    """Score one model folder on every set of ``spec`` (a parsed spec or a spec file)."""
+             ctx: RunContext | None = None, *, label: str | None = None) -> EvalReport:
+    """Score one model folder on every set of ``spec`` (a parsed spec or a spec file).
+    Of ``ctx`` the device, progress and cancel apply."""
     name = label or Path(model_dir).name
-    return evaluate_many({name: model_dir}, spec, device, progress, cancel)
+    return evaluate_many({name: model_dir}, spec, ctx)
 
 
 def evaluate_many(models: Mapping[str, str | Path], spec: EvalSpec | str | Path,
-                  device: str | torch.device | None = None,
-                  progress: ProgressFn | None = None,
-                  cancel: CancelFn | None = None) -> EvalReport:
+                  ctx: RunContext | None = None) -> EvalReport:
     """Score several folders ``{label: folder}``, one at a time, freeing each model
     before loading the next. The sets are read (and checked) once, before any model."""
     sets = load_sets(load_spec(spec) if isinstance(spec, str | Path) else spec)
-    dev = device if isinstance(device, torch.device) else best_device(device)
-    return EvalReport(models=[_evaluate_one(label, folder, sets, dev, progress, cancel)
+    ctx = ctx or RunContext()
+    return EvalReport(models=[_evaluate_one(label, folder, sets, ctx)
                               for label, folder in models.items()])
 
 
 def evaluate_loaded(label: str, model_dir: str | Path, sets: list[LoadedSet],
-                    device: torch.device, progress: ProgressFn | None = None,
-                    cancel: CancelFn | None = None) -> ModelResult:
+                    ctx: RunContext) -> ModelResult:
     """Score one folder on sets already read (a sweep reads its sets once and scores
     every candidate with them), freeing the model before returning."""
-    return _evaluate_one(label, model_dir, sets, device, progress, cancel)
+    return _evaluate_one(label, model_dir, sets, ctx)
 
 
 def _evaluate_one(label: str, model_dir: str | Path, sets: list[LoadedSet],
-                  device: torch.device, progress: ProgressFn | None,
-                  cancel: CancelFn | None) -> ModelResult:
+                  ctx: RunContext) -> ModelResult:
+    device = best_device(ctx.device)
     t0 = time.perf_counter()
     loaded = load_model(model_dir, device)
     alive = loaded.references()
     try:
-        results = [evaluate_set(loaded, s, progress=progress, cancel=cancel, stage=label)
-                   for s in sets]
+        results = [evaluate_set(loaded, s, ctx, stage=label) for s in sets]
         dtype = loaded.dtype
     finally:
         # Drop the only reference before the next model loads.
@@ -71,9 +66,11 @@ def _evaluate_one(label: str, model_dir: str | Path, sets: list[LoadedSet],
                        dtype=dtype, seconds=time.perf_counter() - t0, sets=results)
 
 
-def evaluate_set(loaded: LoadedModel, s: LoadedSet, *, progress: ProgressFn | None = None,
-                 cancel: CancelFn | None = None, stage: str = "eval") -> SetResult:
-    """Score one loaded set with an already loaded model."""
+def evaluate_set(loaded: LoadedModel, s: LoadedSet, ctx: RunContext, *,
+                 stage: str = "eval") -> SetResult:
+    """Score one loaded set with an already loaded model (``ctx``'s progress and cancel
+    apply; its device is the model's)."""
+    progress, cancel = ctx.progress, ctx.cancel
     where = f"{stage}: {s.spec.name}"
 
     def on_batch(done: int, total: int) -> None:
@@ -107,7 +104,7 @@ def _perplexity(loaded: LoadedModel, s: LoadedSet, on_batch: Callable[[int, int]
     context, stride = _window(loaded, s)
     docs = score_texts(loaded.model, loaded.tokenizer, s.texts, context=context,
                        stride=stride, batch_size=spec.batch_size, device=loaded.device,
-                       on_batch=on_batch, cancel=cancel)
+                       hooks=BatchHooks(on_batch, cancel))
     tokens = sum(d.tokens for d in docs)
     if tokens == 0:
         raise EvalSetError(f"eval set {spec.name!r} has no token to score (every document "
@@ -129,8 +126,8 @@ def _accuracy(loaded: LoadedModel, s: LoadedSet, on_batch: Callable[[int, int], 
     prompts = [s.prompt(item.question) for item in s.items]
     outputs = generate(loaded.model, loaded.tokenizer, prompts,
                        max_new_tokens=spec.new_tokens, batch_size=spec.batch_size,
-                       stop=spec.stop_strings, device=loaded.device, on_batch=on_batch,
-                       cancel=cancel)
+                       stop=spec.stop_strings, device=loaded.device,
+                       hooks=BatchHooks(on_batch, cancel))
     items = []
     for i, (item, prompt, out) in enumerate(zip(s.items, prompts, outputs, strict=True)):
         extracted = extract_answer(out.output)

@@ -28,6 +28,7 @@ import torch
 from safetensors.torch import save_file
 
 from maec_core.checksums import sha256_file
+from maec_core.context import RunContext
 from maec_core.errors import Cancelled, OutputExists, RecipeError
 from maec_core.io.folder import ModelFolder, open_model_folder
 from maec_core.io.output import StagedOutput
@@ -209,19 +210,13 @@ def _publish(staged: StagedOutput, report: dict[str, Any], recipe: Recipe | None
     return manifest
 
 
-def export_merge(
-    recipe: Recipe,
-    out: Path,
-    merge: Callable[[Path], MergeResult],
-    *,
-    progress: ProgressFn | None = None,
-    cancel: CancelFn | None = None,
-    device: str | None = None,
-    overwrite: bool = False,
-) -> MergeResult:
+def export_merge(recipe: Recipe, out: Path, ctx: RunContext,
+                 merge: Callable[[Path], MergeResult]) -> MergeResult:
     """Run ``merge`` into a temporary folder beside ``out``, then publish at ``out`` the
     adapter approximating its change to ``recipe.lora_base``; the temporary folder is
-    removed whatever happens."""
+    removed whatever happens. Of ``ctx`` the progress, cancel, device and overwrite
+    apply to the adapter (``merge`` runs as it was made to)."""
+    progress, cancel, overwrite = ctx.progress, ctx.cancel, ctx.overwrite
     spec = recipe.output or OutputSpec()
     assert spec.format == "lora" and spec.rank is not None and recipe.lora_base is not None
     out = Path(out)
@@ -238,7 +233,7 @@ def export_merge(
                                spec.target_modules)
         with StagedOutput(out, overwrite=overwrite) as staged:
             factors = _factor_all(_merge_deltas(merged, base, names), len(names), spec.rank,
-                                  best_device(device), progress, cancel)
+                                  best_device(ctx.device), progress, cancel)
             report = write_adapter(staged, factors, spec.rank, recipe.lora_base,
                                    base.config, _adapter_dtype(recipe))
             report["untargeted_changed"] = _untargeted_changes(merged, base, set(names))
@@ -272,21 +267,20 @@ def _artifact_deltas(art: Artifact, names: list[str]) -> Iterator[tuple[str, tor
 def export_artifact(
     artifact_dir: Path,
     out: Path,
+    ctx: RunContext,
     rank: int,
     *,
     target_modules: list[str] | None = None,
     base_ref: str | None = None,
-    device: str | None = None,
-    overwrite: bool = False,
-    progress: ProgressFn | None = None,
 ) -> dict[str, Any]:
     """Publish at ``out`` the adapter approximating a MAEC ability vector (the artifact's
-    sparse delta, weight 1); returns the report."""
+    sparse delta, weight 1); returns the report. Of ``ctx`` the progress, device and
+    overwrite apply (an export is not cancelled)."""
     art = load_artifact(artifact_dir)
     names = select_targets(((n, t.shape) for n, t in art.tensors.items()), target_modules)
-    with StagedOutput(out, overwrite=overwrite) as staged:
+    with StagedOutput(out, overwrite=ctx.overwrite) as staged:
         factors = _factor_all(_artifact_deltas(art, names), len(names), rank,
-                              best_device(device), progress, None)
+                              best_device(ctx.device), ctx.progress, None)
         report = write_adapter(staged, factors, rank, base_ref, None, torch.float32)
         report["artifact_key"] = art.key
         _publish(staged, report, None, {"artifact": {"path": str(artifact_dir),

@@ -16,26 +16,20 @@ import bisect
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import torch
 
-from maec_core.engine import stream_merge
+from maec_core.context import OutputSpec, RunContext
+from maec_core.engine import MergeWork, stream_merge
 from maec_core.errors import Cancelled
 from maec_core.io.headers import TensorInfo
-from maec_core.io.resident import ResidentFiles
 from maec_core.maec.artifact import Artifact
 from maec_core.maec.params import MaecParams
 from maec_core.maec.rowio import RowReader
 from maec_core.maec.select import select_tensors
 from maec_core.plan import MergePlan, PlannedTensor
-from maec_core.recipe import Recipe
 from maec_core.runtime import (
-    CancelFn,
-    EngineOptions,
     MergeResult,
-    ProgressFn,
     cpu_single_thread,
 )
 from maec_core.vocab.build import is_vocab_tensor
@@ -99,26 +93,27 @@ def select(
     params: MaecParams,
     plan: MergePlan,
     artifacts: list[Artifact],
+    ctx: RunContext,
     *,
-    base_key: str,
-    language_key: str,
+    keys: tuple[str, str],
     step: StepFn | None = None,
-    cancel: CancelFn | None = None,
     remap: RowRemap | None = None,
     known: Mapping[str, Mapping[str, float]] | None = None,
-    resident: ResidentFiles | None = None,
 ) -> Selection:
     """c_t of every tensor each artifact carries, and the tensors kept by the selection
-    parameters. ``known`` (artifact key -> tensor -> c_t, from an earlier combination of
-    the same inputs) spares reading the key rows again: c_t depends on the artifact and
-    the two checkpoints only, not on μ or the selection parameters. Key rows of
-    ``resident`` files are taken from memory."""
+    parameters. ``keys``: the plan's (base, language base) model keys. ``known``
+    (artifact key -> tensor -> c_t, from an earlier combination of the same inputs)
+    spares reading the key rows again: c_t depends on the artifact and the two
+    checkpoints only, not on μ or the selection parameters. Key rows of the files
+    ``ctx.options.resident`` holds are taken from memory; ``ctx.cancel`` is honoured
+    between tensors (not ``ctx.progress``: ``step(done, total)`` reports)."""
+    base_key, language_key = keys
     by_name = {t.name: t for t in plan.tensors}
     total = sum(len(a.tensors) for a in artifacts)
     done = 0
     cosines: list[dict[str, float]] = []
     kept: list[set[str]] = []
-    with RowReader(resident) as io, cpu_single_thread(torch.device("cpu")):
+    with RowReader(ctx.options.resident) as io, cpu_single_thread(torch.device("cpu")):
         for art in artifacts:
             cs: dict[str, float] = {}
             given = (known or {}).get(art.key)
@@ -126,7 +121,7 @@ def select(
                 if given is not None:
                     cs[name] = given[name]
                     continue
-                if cancel is not None and cancel():
+                if ctx.cancelled():
                     raise Cancelled("combination cancelled")
                 t = by_name[name]
                 idx, r_a = art.read(name, io)
@@ -146,28 +141,25 @@ def select(
     return Selection(cosines, kept)
 
 
-def merge(
-    recipe: Recipe,
-    plan: MergePlan,
-    artifacts: list[Artifact],
-    selection: Selection,
-    mus: list[float],
-    out_dir: Path,
-    *,
-    language_key: str,
-    out_dtype: str,
-    device: torch.device,
-    base_models: list[str],
-    extra_json: dict[str, Any],
-    card_summary: str,
-    manifest_extra: dict[str, Any],
-    progress: ProgressFn | None,
-    cancel: CancelFn | None,
-    overwrite: bool,
-    hash_cache: Path | None = None,
-    remap: RowRemap | None = None,
-    options: EngineOptions | None = None,
-) -> MergeResult:
+@dataclass(frozen=True)
+class Combination:
+    """What combination adds to the language base (the plan's ``language_key`` model):
+    per ability its artifact, the tensors ``selection`` kept and its weight ``mus[k]``;
+    ``remap`` moves vocabulary rows from θ0's token order to the language base's."""
+
+    artifacts: list[Artifact]
+    selection: Selection
+    mus: list[float]
+    language_key: str
+    remap: RowRemap | None = None
+
+
+def merge(plan: MergePlan, combination: Combination, output: OutputSpec, ctx: RunContext
+          ) -> MergeResult:
+    """θ* = θL + Σ_k μ_k R(A_k) over the selected tensors, published as ``output``
+    (``output.tokenizer_from`` is the language base's key)."""
+    artifacts, selection, mus = combination.artifacts, combination.selection, combination.mus
+    language_key, remap = combination.language_key, combination.remap
     # Which abilities add to each tensor, in ability order (the float32 sums are ordered).
     adds: dict[str, list[int]] = {}
     for k, kept in enumerate(selection.kept):
@@ -177,7 +169,7 @@ def merge(
         for name in sorted(kept):
             adds.setdefault(name, []).append(k)
     # The stored ability vectors come from memory too when the options hold them.
-    reader = RowReader(options.resident if options is not None else None)
+    reader = RowReader(ctx.options.resident)
     adder = SparseAdder(artifacts, adds, mus, reader, remap)
 
     def read(t: PlannedTensor) -> list[TensorInfo]:
@@ -189,13 +181,8 @@ def merge(
     try:
         # Element-wise streaming over θL with slice offsets: the engine's fastest loop,
         # and a few MB of memory whatever the tensor sizes.
-        return stream_merge(
-            plan, recipe, out_dir, compute=whole, compute_at=adder, read=read,
-            out_dtype=out_dtype, tokenizer_from=language_key, base_models=base_models,
-            device=device, progress=progress, cancel=cancel, stage="combine",
-            extra_json=extra_json, card_summary=card_summary, manifest_extra=manifest_extra,
-            overwrite=overwrite, hash_cache=hash_cache, options=options,
-        )
+        return stream_merge(plan, MergeWork(whole, read, stage="combine", compute_at=adder),
+                            output, ctx)
     finally:
         reader.close()
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from maec_core.context import RunContext
 from maec_core.errors import Cancelled
 from maec_core.io.folder import ModelFolder
 from maec_core.io.output import StagedOutput
@@ -44,7 +45,7 @@ from maec_core.maec.rowio import RowReader
 from maec_core.maec.select import check_scores, global_top_k, top_k_indices
 from maec_core.maec.store import META_NAME
 from maec_core.plan import PlannedTensor, build_plan
-from maec_core.runtime import CancelFn, cpu_single_thread, torch_dtype
+from maec_core.runtime import CancelFn, best_device, cpu_single_thread, torch_dtype
 
 StepFn = Callable[[], None]
 # An artifact is one file however large: shards would only add an index to keep in sync.
@@ -270,25 +271,34 @@ class _Scores:
     gradient: dict[str, Any] | None = None
 
 
+@dataclass(frozen=True)
+class AbilityInputs:
+    """The checkpoints one extraction reads: θ0, the donor θA, the optional control
+    (the reference the donor's change is measured from instead of θ0), and the gradient
+    corpus when importance is ``gradient``."""
+
+    base: ModelFolder
+    ability: ModelFolder
+    control: ModelFolder | None = None
+    corpus: str | None = None
+
+
 def extract_ability(
     params: MaecParams,
     key_document: dict[str, Any],
-    base: ModelFolder,
-    ability: ModelFolder,
-    control: ModelFolder | None,
-    corpus: str | None,
+    inputs: AbilityInputs,
     out_dir: Path,
-    *,
-    device: torch.device,
+    ctx: RunContext,
     step: StepFn | None = None,
-    cancel: CancelFn | None = None,
-    overwrite: bool = False,
 ) -> ExtractResult:
     """Write the artifact of one ability to ``out_dir`` (atomically).
 
     ``key_document`` comes from ``keys.key_document`` for the same inputs and parameters;
-    ``step()`` is called once per tensor per pass (see ``passes``).
+    ``step()`` is called once per tensor per pass (see ``passes``); of ``ctx`` the device,
+    cancel and overwrite apply (progress goes through ``step``).
     """
+    base, ability, control, corpus = inputs.base, inputs.ability, inputs.control, inputs.corpus
+    device, cancel = best_device(ctx.device), ctx.cancel
     started = time.perf_counter()
     models = {"base": base, "ability": ability}
     if control is not None:
@@ -306,7 +316,7 @@ def extract_ability(
     first = _first_pass(job, base, corpus, cancel)
     counts, chosen = _key_counts(job, first)
     art_dtype = key_document["parameters"]["artifact_dtype"]
-    with StagedOutput(out_dir, overwrite=overwrite) as staged, RowReader() as rows_io:
+    with StagedOutput(out_dir, overwrite=ctx.overwrite) as staged, RowReader() as rows_io:
         sink = _ArtifactSink(staged, params, art_dtype, counts)
         try:
             if first.scores is not None:

@@ -1,10 +1,11 @@
 """MAEC end to end: extract each ability (or reuse its stored artifact), then combine.
 
-Public entry points (``maec_core.run`` and the CLI call them, with a parsed recipe):
-- ``run_maec(recipe, out_dir, ...)``: the one-run merge; artifacts are looked up in and
-  added to an ``ArtifactStore`` by content-addressed key, when one is given.
-- ``extract(recipe, ability_index, artifact_dir, ...)``: stage 1 alone.
-- ``combine(recipe, artifact_dirs, out_dir, ...)``: stage 2 alone, from artifacts.
+Public entry points (``maec_core.run`` and the CLI call them, with a parsed recipe and
+a :class:`~maec_core.context.RunContext`):
+- ``run_maec(recipe, out_dir, ctx)``: the one-run merge; artifacts are looked up in and
+  added to ``ctx.artifact_store`` by content-addressed key, when one is given.
+- ``extract(recipe, ability_index, artifact_dir, ctx)``: stage 1 alone.
+- ``combine(recipe, artifact_dirs, out_dir, ctx)``: stage 2 alone, from artifacts.
 - ``artifact_key(recipe, ability_index)`` (from ``keys``): the key an artifact is stored under.
 - ``report_cosines(report)``: the c_t a combination computed, for the next ``combine`` of
   the same checkpoints to reuse.
@@ -13,7 +14,7 @@ The report file (``maec_report.json``) holds only what the inputs determine, so 
 one-run merge and extract-then-combine publish identical folders; run facts (seconds,
 whether an artifact was reused) are added to ``MergeResult.report`` only.
 
-``hash_cache`` everywhere is the folder where input-file digests are kept between
+``ctx.hash_cache`` everywhere is the folder where input-file digests are kept between
 processes (None: remembered for this process only).
 """
 
@@ -23,14 +24,21 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from maec_core.context import OutputSpec, RunContext
 from maec_core.errors import CheckpointError, OutputExists
 from maec_core.io.folder import ModelFolder, open_model_folder
 from maec_core.maec.artifact import Artifact, check_compatible, load_artifact
-from maec_core.maec.combine import RowRemap, Selection, fmt_cos, merge, select
-from maec_core.maec.extract import ExtractResult, extract_ability, included_tensors
+from maec_core.maec.combine import Combination, RowRemap, Selection, fmt_cos, merge, select
+from maec_core.maec.extract import (
+    AbilityInputs,
+    ExtractResult,
+    extract_ability,
+    included_tensors,
+)
 from maec_core.maec.keys import (
     artifact_key,
     checkpoint_dtype,
@@ -42,7 +50,7 @@ from maec_core.maec.params import MaecParams, validate_maec_recipe
 from maec_core.maec.store import ArtifactStore, LocalArtifactStore
 from maec_core.plan import MergePlan, build_plan
 from maec_core.recipe import Recipe
-from maec_core.runtime import CancelFn, EngineOptions, MergeResult, ProgressFn, best_device
+from maec_core.runtime import MergeResult, ProgressFn
 from maec_core.vocab.maec import maec_token_map
 
 __all__ = ["ArtifactStore", "LocalArtifactStore", "artifact_key", "combine", "extract",
@@ -87,18 +95,10 @@ def _counter(progress: ProgressFn | None, stage: str, total: int) -> Callable[[]
     return tick
 
 
-def extract(
-    recipe: Recipe,
-    ability_index: int,
-    artifact_dir: str | Path,
-    *,
-    progress: ProgressFn | None = None,
-    cancel: CancelFn | None = None,
-    device: str | None = None,
-    overwrite: bool = False,
-    hash_cache: Path | None = None,
-) -> ExtractResult:
+def extract(recipe: Recipe, ability_index: int, artifact_dir: str | Path,
+            ctx: RunContext | None = None) -> ExtractResult:
     """Extract ability ``ability_index`` of ``recipe`` into the folder ``artifact_dir``."""
+    ctx = ctx or RunContext()
     params = _params(recipe)
     if not 0 <= ability_index < len(recipe.abilities):
         raise CheckpointError(
@@ -111,25 +111,29 @@ def extract(
     total = _passes(params) * len(included_tensors(params, plan_tensors))
     ability, control = _ability_folders(recipe, ability_index)
     corpus = recipe.abilities[ability_index].corpus
-    doc = key_document(params, base, ability, control, corpus, hash_cache)
-    return extract_ability(
-        params, doc, base, ability, control, corpus, Path(artifact_dir),
-        device=best_device(device), step=_counter(progress, "extract", total),
-        cancel=cancel, overwrite=overwrite,
-    )
+    doc = key_document(params, base, ability, control, corpus, ctx.hash_cache)
+    return extract_ability(params, doc, AbilityInputs(base, ability, control, corpus),
+                           Path(artifact_dir), ctx, _counter(ctx.progress, "extract", total))
+
+
+@dataclass
+class _Found:
+    """The artifact folders a combination reads, one per ability, and how they came:
+    whether each was reused (not extracted by this run), the seconds extraction took,
+    and when the run started (``perf_counter``; None: when combination starts)."""
+
+    dirs: list[Path]
+    reused: list[bool]
+    extract_seconds: float = 0.0
+    started: float | None = None
 
 
 def combine(
     recipe: Recipe,
     artifact_dirs: Sequence[str | Path],
     out_dir: str | Path,
+    ctx: RunContext | None = None,
     *,
-    progress: ProgressFn | None = None,
-    cancel: CancelFn | None = None,
-    device: str | None = None,
-    overwrite: bool = False,
-    hash_cache: Path | None = None,
-    options: EngineOptions | None = None,
     cosines: Mapping[str, Mapping[str, float]] | None = None,
 ) -> MergeResult:
     """Combine stored artifacts (one per ability, in recipe order) into θL.
@@ -143,63 +147,43 @@ def combine(
             f"combine needs one artifact per ability: the recipe has "
             f"{len(recipe.abilities)}, got {len(artifact_dirs)}"
         )
-    return _combine(recipe, params, [Path(d) for d in artifact_dirs], Path(out_dir),
-                    reused=[True] * len(artifact_dirs), extract_seconds=0.0,
-                    progress=progress, cancel=cancel, device=device, overwrite=overwrite,
-                    hash_cache=hash_cache, options=options, cosines=cosines)
+    found = _Found([Path(d) for d in artifact_dirs], [True] * len(artifact_dirs))
+    return _combine(recipe, params, found, Path(out_dir), ctx or RunContext(), cosines)
 
 
-def run_maec(
-    recipe: Recipe,
-    out_dir: str | Path,
-    *,
-    progress: ProgressFn | None = None,
-    cancel: CancelFn | None = None,
-    device: str | None = None,
-    overwrite: bool = False,
-    artifact_store: ArtifactStore | None = None,
-    hash_cache: Path | None = None,
-    options: EngineOptions | None = None,
-) -> MergeResult:
+def run_maec(recipe: Recipe, out_dir: str | Path, ctx: RunContext | None = None
+             ) -> MergeResult:
     """The full MAEC merge: extraction (or artifact reuse) then combination.
 
-    Artifacts are looked up in and added to ``artifact_store``; without one, every
+    Artifacts are looked up in and added to ``ctx.artifact_store``; without one, every
     ability is extracted into a temporary folder that is removed afterwards.
     """
+    ctx = ctx or RunContext()
     started = time.perf_counter()
     params = _params(recipe)
     assert recipe.base_model is not None and recipe.language_base is not None
     out = Path(out_dir)
-    if out.exists() and not overwrite:
+    if out.exists() and not ctx.overwrite:
         # Before minutes of extraction, not after.
         raise OutputExists(f"output folder {out} already exists", path=str(out))
     if recipe.artifact is not None:
-        return _combine(recipe, params, [Path(recipe.artifact)], out, reused=[True],
-                        extract_seconds=0.0, progress=progress, cancel=cancel,
-                        device=device, overwrite=overwrite, hash_cache=hash_cache,
-                        options=options)
+        return _combine(recipe, params, _Found([Path(recipe.artifact)], [True]), out, ctx)
     tmp: Path | None = None
     try:
-        dirs, reused, tmp = _abilities(recipe, params, out, artifact_store, progress=progress,
-                                       cancel=cancel, device=device, hash_cache=hash_cache)
-        extract_seconds = time.perf_counter() - started
-        return _combine(recipe, params, dirs, out, reused=reused,
-                        extract_seconds=extract_seconds, progress=progress, cancel=cancel,
-                        device=device, overwrite=overwrite, hash_cache=hash_cache,
-                        started=started, options=options)
+        dirs, reused, tmp = _abilities(recipe, params, out, ctx)
+        found = _Found(dirs, reused, time.perf_counter() - started, started)
+        return _combine(recipe, params, found, out, ctx)
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _abilities(
-    recipe: Recipe, params: MaecParams, out: Path, store: ArtifactStore | None, *,
-    progress: ProgressFn | None, cancel: CancelFn | None, device: str | None,
-    hash_cache: Path | None,
-) -> tuple[list[Path], list[bool], Path | None]:
-    """Each ability's artifact folder, reused from ``store`` or extracted now (into a
-    temporary folder beside ``out``, returned for the caller to remove); and whether
-    each was reused."""
+def _abilities(recipe: Recipe, params: MaecParams, out: Path, ctx: RunContext
+               ) -> tuple[list[Path], list[bool], Path | None]:
+    """Each ability's artifact folder, reused from ``ctx.artifact_store`` or extracted
+    now (into a temporary folder beside ``out``, returned for the caller to remove); and
+    whether each was reused."""
+    store, hash_cache = ctx.artifact_store, ctx.hash_cache
     assert recipe.base_model is not None and recipe.language_base is not None
     base = open_model_folder(recipe.base_model)
     folders = {BASE: base, LANG: open_model_folder(recipe.language_base, base=recipe.base_model)}
@@ -221,7 +205,7 @@ def _abilities(
     # Two abilities with the same donor and parameters share one key: extract it once.
     todo = {keys[i] for i, f in enumerate(found) if f is None}
     total = _passes(params) * len(included_tensors(params, plan.tensors)) * len(todo)
-    tick = _counter(progress, "extract", total)
+    tick = _counter(ctx.progress, "extract", total)
     if todo:
         # The scratch folder sits beside the output, whose parents may not exist yet.
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -234,10 +218,10 @@ def _abilities(
             hit = found[i] or made.get(keys[i])
             if hit is None:
                 assert tmp is not None
-                hit = extract_ability(
-                    params, docs[i], base, ability, control, recipe.abilities[i].corpus,
-                    tmp / keys[i], device=best_device(device), step=tick, cancel=cancel,
-                ).folder
+                inputs = AbilityInputs(base, ability, control, recipe.abilities[i].corpus)
+                # A fresh folder in the scratch one: nothing there to overwrite.
+                hit = extract_ability(params, docs[i], inputs, tmp / keys[i],
+                                      ctx.but(overwrite=False), tick).folder
                 if store is not None:
                     store.put(keys[i], hit)
                 made[keys[i]] = hit
@@ -252,22 +236,14 @@ def _abilities(
 def _combine(
     recipe: Recipe,
     params: MaecParams,
-    artifact_dirs: list[Path],
+    found: _Found,
     out_dir: Path,
-    *,
-    reused: list[bool],
-    extract_seconds: float,
-    progress: ProgressFn | None,
-    cancel: CancelFn | None,
-    device: str | None,
-    overwrite: bool,
-    hash_cache: Path | None = None,
-    started: float | None = None,
-    options: EngineOptions | None = None,
+    ctx: RunContext,
     cosines: Mapping[str, Mapping[str, float]] | None = None,
 ) -> MergeResult:
     t0 = time.perf_counter()
-    started = started if started is not None else t0
+    started = found.started if found.started is not None else t0
+    reused, extract_seconds, progress = found.reused, found.extract_seconds, ctx.progress
     assert recipe.base_model is not None and recipe.language_base is not None
     base = open_model_folder(recipe.base_model)
     lang = open_model_folder(recipe.language_base, base=recipe.base_model)
@@ -275,7 +251,7 @@ def _combine(
     plan = build_plan({BASE: base, LANG: lang}, LANG, tmap.lang_rows if tmap else None)
     # Artifacts are in θ0's coordinates (its vocabulary rows): checked against θ0's shapes.
     artifacts = _checked_artifacts(params, base, build_plan({BASE: base}, BASE) if tmap
-                                   else plan, artifact_dirs, reused, hash_cache)
+                                   else plan, found.dirs, reused, ctx.hash_cache)
     n_sel = sum(len(a.tensors) for a in artifacts)
     total = n_sel + len(plan.tensors)
 
@@ -284,9 +260,8 @@ def _combine(
             progress("combine", done, total)
 
     remap = RowRemap(tmap) if tmap else None
-    selection = select(params, plan, artifacts, base_key=BASE, language_key=LANG,
-                       step=sel_step, cancel=cancel, remap=remap, known=cosines,
-                       resident=options.resident if options is not None else None)
+    selection = select(params, plan, artifacts, ctx, keys=(BASE, LANG), step=sel_step,
+                       remap=remap, known=cosines)
     select_seconds = time.perf_counter() - t0
     report = build_report(recipe, params, plan, artifacts, selection)
     if tmap is not None:
@@ -302,15 +277,13 @@ def _combine(
     filled = {k: v for k, v in params.model_dump(mode="json").items() if v is not None}
     recorded = recipe.model_copy(update={"parameters": filled})
     t1 = time.perf_counter()
-    result = merge(
-        recorded, plan, artifacts, selection, mus, out_dir, language_key=LANG, remap=remap,
-        out_dtype=recipe.dtype or plan.input_dtype, device=best_device(device), options=options,
-        base_models=[recipe.language_base, recipe.base_model,
-                     *[ab.model for ab in recipe.abilities]],
+    output = OutputSpec(
+        out_dir, recorded, recipe.dtype or plan.input_dtype, LANG,
+        [recipe.language_base, recipe.base_model, *[ab.model for ab in recipe.abilities]],
         extra_json={REPORT_NAME: report}, card_summary=card_summary(report),
-        manifest_extra={"maec": {"artifact_keys": report["artifact_keys"]}},
-        progress=merge_progress, cancel=cancel, overwrite=overwrite, hash_cache=hash_cache,
-    )
+        manifest_extra={"maec": {"artifact_keys": report["artifact_keys"]}})
+    result = merge(plan, Combination(artifacts, selection, mus, LANG, remap), output,
+                   ctx.but(progress=merge_progress))
     now = time.perf_counter()
     seconds = {"extract": extract_seconds, "select": select_seconds,
                "combine": now - t0, "merge": now - t1, "total": now - started}

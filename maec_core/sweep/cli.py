@@ -16,6 +16,7 @@ from typing import Any
 import click
 import yaml
 
+from maec_core.cli_options import RunFlags, run_flags
 from maec_core.errors import MaecError, SweepError
 
 
@@ -62,25 +63,20 @@ def load_sweep_recipe(recipe_path: Path, sweep_path: Path) -> Any:
 @click.argument("sweep", metavar="SWEEP.yaml",
                 type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.argument("out_dir", metavar="OUT", type=click.Path(path_type=Path))
-@click.option("--device", default=None, help="cuda, cpu, ... (default: CUDA when present)")
-@click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              envvar="MAEC_CACHE_DIR",
-              help="keeps input digests and MAEC artifacts between runs "
-                   "(default: $XDG_CACHE_HOME/maec or ~/.cache/maec)")
+@run_flags("device", "cache_dir")
 @click.option("--resident-mb", type=click.IntRange(min=0), default=None,
               help="MB of memory a MAEC sweep may hold its language base (then ability "
                    "vectors) in, to read them once for all candidates (default: half the "
                    "available memory less the scoring model; 0: read them per candidate)")
-def sweep_command(recipe: Path, sweep: Path, out_dir: Path, device: str | None,
-                  cache_dir: Path | None, resident_mb: int | None) -> None:
+def sweep_command(recipe: Path, sweep: Path, out_dir: Path, resident_mb: int | None,
+                  flags: RunFlags) -> None:
     """Merge and evaluate every candidate of SWEEP.yaml's grid over RECIPE.yaml; write the
     winner to OUT with eval_report.json, leaderboard.json and sweep.png."""
-    from maec_core.cli import default_cache_dir
     from maec_core.maec.store import LocalArtifactStore
     from maec_core.sweep.grid import Candidate
-    from maec_core.sweep.runner import run_sweep
+    from maec_core.sweep.runner import SweepOptions, run_sweep
 
-    cache = cache_dir or default_cache_dir()
+    cache = flags.cache
     staged = out_dir.with_name(f".{out_dir.name}.candidates")
 
     def keep(cand: Candidate, folder: Path, _manifest: dict[str, Any]) -> None:
@@ -92,10 +88,10 @@ def sweep_command(recipe: Path, sweep: Path, out_dir: Path, device: str | None,
 
     try:
         parsed = load_sweep_recipe(recipe, sweep)
-        result = run_sweep(parsed, out_dir, artifact_store=LocalArtifactStore(
-            cache / "artifacts"), device=device, hash_cache=cache / "sha256", keep=keep,
-            announce=announce,
-            resident_budget=None if resident_mb is None else resident_mb * 10**6)
+        ctx = flags.context().but(artifact_store=LocalArtifactStore(cache / "artifacts"))
+        result = run_sweep(parsed, out_dir, ctx, SweepOptions(
+            keep=keep, announce=announce,
+            resident_budget=None if resident_mb is None else resident_mb * 10**6))
     except MaecError as exc:
         shutil.rmtree(staged, ignore_errors=True)
         click.echo(f"error: {exc}", err=True)

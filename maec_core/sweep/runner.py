@@ -29,6 +29,7 @@ Cost discipline (the point of a sweep over separate jobs):
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import shutil
@@ -39,12 +40,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from maec_core.context import RunContext
 from maec_core.errors import Cancelled, NamesDiffer, OutputExists
 from maec_core.eval.report import EvalReport, ModelResult
 from maec_core.eval.sets import LoadedSet, load_sets
 from maec_core.maec.store import ArtifactStore, LocalArtifactStore
 from maec_core.recipe import Recipe
-from maec_core.runtime import CancelFn, EngineOptions, ProgressFn, best_device
+from maec_core.runtime import ProgressFn, best_device
 from maec_core.sweep.attach import attach_evaluation
 from maec_core.sweep.board import Leaderboard, Row, rank, score_rows, sort_key
 from maec_core.sweep.grid import Candidate, candidates
@@ -94,21 +96,21 @@ class _State:
     extractions: int = 0
 
 
-def evaluate_folder(recipe: Recipe, folder: Path, *, device: str | None = None,
-                    progress: ProgressFn | None = None, cancel: CancelFn | None = None,
+def evaluate_folder(recipe: Recipe, folder: Path, ctx: RunContext | None = None, *,
                     label: str = MERGED) -> EvalReport:
     """Score a merged ``folder`` (and with ``evaluate_inputs`` the language base and the
     donors) on the recipe's eval sets, and publish the report in the folder (files, card,
-    manifest). The recipe's eval set paths must be local."""
+    manifest). The recipe's eval set paths must be local. Of ``ctx`` the device,
+    progress (as stage ``evaluate``) and cancel apply."""
     from maec_core.eval.runner import evaluate_loaded
 
+    ctx = ctx or RunContext()
     sets = load_sets(eval_spec(recipe))
-    dev = best_device(device)
-    step = _eval_progress(progress)
+    scoring = ctx.but(progress=_eval_progress(ctx.progress))
     models = {label: str(folder)}
     if recipe.evaluate_inputs:
         models.update(input_models(recipe))
-    report = EvalReport(models=[evaluate_loaded(name, path, sets, dev, step, cancel)
+    report = EvalReport(models=[evaluate_loaded(name, path, sets, scoring)
                                 for name, path in models.items()])
     attach_evaluation(folder, report, label=label)
     return report
@@ -125,43 +127,49 @@ def _eval_progress(progress: ProgressFn | None) -> ProgressFn | None:
     return step
 
 
-def run_sweep(
-    recipe: Recipe,
-    out: Path,
-    *,
-    artifact_store: ArtifactStore | None = None,
-    work_dir: Path | None = None,
-    progress: ProgressFn | None = None,
-    cancel: CancelFn | None = None,
-    device: str | None = None,
-    hash_cache: Path | None = None,
-    keep: KeepFn | None = None,
-    announce: AnnounceFn | None = None,
-    resident_budget: int | None = None,
-) -> SweepResult:
+@dataclass(frozen=True)
+class SweepOptions:
+    """What a sweep adds to a run's context.
+
+    ``work_dir``: where the candidates' temporary folders go (default: beside the
+    output). ``keep`` receives each candidate when ``publish: all``; ``announce`` each
+    candidate as it starts. ``resident_budget``: bytes of memory a MAEC sweep may hold
+    its language base (then ability vectors) in, to read them once for all candidates
+    (None: half the available memory less the scoring model; 0: read them from disk
+    for each candidate).
+    """
+
+    work_dir: Path | None = None
+    keep: KeepFn | None = None
+    announce: AnnounceFn | None = None
+    resident_budget: int | None = None
+
+
+def run_sweep(recipe: Recipe, out: Path, ctx: RunContext | None = None,
+              sweep_options: SweepOptions | None = None) -> SweepResult:
     """Run every candidate of ``recipe.sweep`` and publish the winner in ``out`` with
     ``eval_report.json`` (every model, every item), ``leaderboard.json`` and
-    ``sweep.png``. ``keep`` receives each candidate when ``publish: all``.
+    ``sweep.png``.
 
-    Without ``artifact_store`` ability vectors are kept in a temporary store for the
-    sweep's duration. ``resident_budget``: bytes of memory a MAEC sweep may hold its
-    language base (then ability vectors) in, to read them once for all candidates
-    (None: half the available memory less the scoring model; 0: read them from disk
-    for each candidate). Raises NoFeasibleCandidate when the constraint leaves none.
+    Without ``ctx.artifact_store`` ability vectors are kept in a temporary store for the
+    sweep's duration. A sweep never replaces ``out`` (``ctx.overwrite`` is not used);
+    ``ctx.options`` apply to every candidate's merge. Raises NoFeasibleCandidate when
+    the constraint leaves none.
     """
+    ctx = ctx or RunContext()
+    opts = sweep_options or SweepOptions()
     started = time.perf_counter()
     out = Path(out)
     if out.exists():
         raise OutputExists(f"output folder {out} already exists", path=str(out))
     cands = candidates(recipe)
-    parent = Path(work_dir) if work_dir is not None else out.parent
+    parent = Path(opts.work_dir) if opts.work_dir is not None else out.parent
     parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.sweep-", dir=parent))
     try:
-        sweep = _Sweep(recipe, cands, tmp, artifact_store or LocalArtifactStore(tmp / "art"),
-                       device=device, progress=progress, cancel=cancel,
-                       hash_cache=hash_cache, keep=keep, resident_budget=resident_budget)
-        board, report, folder = sweep.run(announce)
+        store = ctx.artifact_store or LocalArtifactStore(tmp / "art")
+        sweep = _Sweep(recipe, cands, tmp, ctx.but(artifact_store=store), opts)
+        board, report, folder = sweep.run(opts.announce)
         from maec_core.sweep.plot import plot_png
 
         manifest = attach_evaluation(folder, report, label=board.winner or "",
@@ -193,27 +201,28 @@ class _Sweep:
     """One sweep's run: the candidates in grid order, the best so far remembered (kept
     on disk when candidates are written)."""
 
-    def __init__(self, recipe: Recipe, cands: list[Candidate], tmp: Path,
-                 store: ArtifactStore, *, device: str | None, progress: ProgressFn | None,
-                 cancel: CancelFn | None, hash_cache: Path | None, keep: KeepFn | None,
-                 resident_budget: int | None = None) -> None:
-        assert recipe.sweep is not None
+    def __init__(self, recipe: Recipe, cands: list[Candidate], tmp: Path, ctx: RunContext,
+                 opts: SweepOptions) -> None:
+        assert recipe.sweep is not None and ctx.artifact_store is not None
         self.recipe, self.spec, self.cands, self.tmp = recipe, recipe.sweep, cands, tmp
-        self.store, self.device, self.progress = _CountingStore(store), device, progress
-        self.cancel, self.hash_cache = cancel, hash_cache
-        self.keep = keep if recipe.sweep.publish == "all" else None
+        self.store = _CountingStore(ctx.artifact_store)
+        # Every candidate's merge runs in this context: into a fresh folder of its own.
+        self.ctx = ctx.but(artifact_store=self.store, overwrite=False)
+        # Scoring reports its progress as the ``evaluate`` stage.
+        self.scoring = ctx.but(progress=_eval_progress(ctx.progress))
+        self.keep = opts.keep if recipe.sweep.publish == "all" else None
         # A LoRA output is an adapter of the merge, not the merge a sink receives.
         lora = recipe.output is not None and recipe.output.format == "lora"
         self.in_memory = recipe.sweep.publish == "best" and not lora
         self.state = _State()
-        self.resident_budget = resident_budget
+        self.resident_budget = opts.resident_budget
         self.memory: SweepMemory | None = None
         # Each extraction group's last candidate: its held ability vectors go after it.
         self.last_of: dict[Any, int] = {c.group: c.index for c in cands
                                         if c.group is not None}
 
     def _check_cancel(self) -> None:
-        if self.cancel is not None and self.cancel():
+        if self.ctx.cancelled():
             raise Cancelled("the sweep was cancelled")
 
     def run(self, announce: AnnounceFn | None) -> tuple[Leaderboard, EvalReport, Path]:
@@ -224,16 +233,16 @@ class _Sweep:
         from maec_core.sweep.scoring import ModelSlot
 
         sets = load_sets(eval_spec(self.recipe))
-        dev = best_device(self.device)
-        step = _eval_progress(self.progress)
+        dev = best_device(self.ctx.device)
         refs = self._references()
-        inputs = [evaluate_loaded(label, path, sets, dev, step, self.cancel)
+        inputs = [evaluate_loaded(label, path, sets, self.scoring)
                   for label, path in refs.items()]
         reference = {s.name: s.value for m in inputs if m.label == LANGUAGE_BASE
                      for s in m.sets}
         # After the references: their models are freed, so the memory available now is
         # what the candidates share.
-        self.memory = SweepMemory.start(self.recipe, dev, self.resident_budget, self.cancel)
+        self.memory = SweepMemory.start(self.recipe, dev, self.resident_budget,
+                                         self.ctx.cancel)
         try:
             self._score_candidates(sets, ModelSlot(dev), inputs, reference, announce)
             winner, why = rank(self.state.rows, self.spec, reference)
@@ -305,8 +314,7 @@ class _Sweep:
             self.memory.release_group(cand.group)  # no later candidate needs them
         self._check_cancel()
         # ``folder`` names the candidate in the report even when it was never written.
-        result = slot.score(cand.id, str(folder), sets, _eval_progress(self.progress),
-                            self.cancel)
+        result = slot.score(cand.id, str(folder), sets, self.scoring)
         self.state.results.append(result)
         report = EvalReport(models=[result])
         row = score_rows(report, [cand.id], {cand.id: cand.values}, self.spec, reference)[0]
@@ -354,15 +362,14 @@ class _Sweep:
 
         stored = self.state.groups.get(cand.group) if cand.group is not None else None
         resident = self.memory.resident(cand.group) if self.memory is not None else None
-        kw: dict[str, Any] = {
-            "progress": self.progress, "cancel": self.cancel, "device": self.device,
-            "hash_cache": self.hash_cache,
-            "options": (EngineOptions(sink=sink, resident=resident, skeleton=skeleton)
-                        if sink is not None or resident is not None else None)}
+        ctx = self.ctx
+        if sink is not None or resident is not None:
+            ctx = ctx.but(options=dataclasses.replace(
+                ctx.options, sink=sink, resident=resident, skeleton=skeleton))
         if stored is not None:
-            combine(cand.recipe, stored[0], folder, cosines=stored[1], **kw)
+            combine(cand.recipe, stored[0], folder, ctx, cosines=stored[1])
             return
-        result = run(cand.recipe, folder, artifact_store=self.store, **kw)
+        result = run(cand.recipe, folder, ctx)
         if cand.group is None:
             return
         report = result.report or {}

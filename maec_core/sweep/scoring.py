@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from maec_core.context import RunContext
 from maec_core.errors import CheckpointError, MaecError, NamesDiffer
 from maec_core.eval.loading import LoadedModel, build_model, load_model, release
 from maec_core.eval.report import ModelResult
@@ -33,7 +34,6 @@ from maec_core.eval.sets import LoadedSet
 from maec_core.io.folder import open_model_folder
 from maec_core.io.reader import TORCH_DTYPES
 from maec_core.io.writer import OutputTensor, WrittenFile
-from maec_core.runtime import CancelFn, ProgressFn
 
 
 def _targets(model: Any) -> tuple[dict[str, torch.Tensor], set[str]]:
@@ -202,15 +202,15 @@ class ModelSlot:
         self._config, self._by_name = config, True
         return self.loaded
 
-    def score(self, label: str, model_dir: str, sets: list[LoadedSet],
-              progress: ProgressFn | None, cancel: CancelFn | None) -> ModelResult:
-        """Evaluate the model in the slot on ``sets`` as the row ``label``."""
+    def score(self, label: str, model_dir: str, sets: list[LoadedSet], ctx: RunContext
+              ) -> ModelResult:
+        """Evaluate the model in the slot on ``sets`` as the row ``label`` (``ctx``'s
+        progress and cancel apply)."""
         if self.loaded is None:
             raise MaecError("the model slot is empty: nothing to score")
         t0 = time.perf_counter()
         loaded = self.loaded
-        results = [evaluate_set(loaded, s, progress=progress, cancel=cancel, stage=label)
-                   for s in sets]
+        results = [evaluate_set(loaded, s, ctx, stage=label) for s in sets]
         return ModelResult(label=label, model_dir=model_dir, device=str(self.device),
                            dtype=loaded.dtype, seconds=time.perf_counter() - t0,
                            sets=results)

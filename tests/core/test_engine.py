@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoTokenizer, LlamaForCausalLM
 
+from maec_core.context import RunContext
 from maec_core.engine import all_finite
 from maec_core.errors import Cancelled, IncompatibleCheckpoints
 from maec_core.methods import get_method
@@ -212,13 +213,17 @@ def test_layer_swap_copies_whole_blocks(zoo: dict[str, Path], tmp_path: Path) ->
 def test_progress_reports_and_cancel_leaves_nothing(zoo: dict[str, Path],
                                                    tmp_path: Path) -> None:
     seen: list[tuple[str, int, int]] = []
-    run(parse_recipe(ta_recipe(zoo)), tmp_path / "ok", progress=lambda *a: seen.append(a))
+    run(
+        parse_recipe(ta_recipe(zoo)),
+        tmp_path / "ok",
+        RunContext(progress=lambda *a: seen.append(a)),
+    )
     total = len(tensors(zoo["base"]))
     assert seen[-1] == ("merge", total, total) and len(seen) == total
     calls = iter(range(100))
     out = tmp_path / "cancelled"
     with pytest.raises(Cancelled):
-        run(parse_recipe(ta_recipe(zoo)), out, cancel=lambda: next(calls) >= 3)
+        run(parse_recipe(ta_recipe(zoo)), out, RunContext(cancel=lambda: next(calls) >= 3))
     assert leftovers(out) == []
 
 

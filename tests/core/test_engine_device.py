@@ -12,6 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from maec_core.context import RunContext
 from maec_core.errors import MaecError, RecipeError
 from maec_core.io.writer import OutputTensor, WrittenFile
 from maec_core.recipe import parse_recipe
@@ -59,8 +60,8 @@ def test_test_device_matches_the_cpu(zoo: dict[str, Path], tmp_path: Path, test_
     # Units that split every tensor at odd places, so a GPU run crosses unit edges.
     monkeypatch.setattr(cuda_loops, "UNIT_CUDA", 1000)
     r = parse_recipe(recipe(zoo, method))
-    run(r, tmp_path / "cpu", device="cpu")
-    run(r, tmp_path / "dev", device=test_device)
+    run(r, tmp_path / "cpu", RunContext(device="cpu"))
+    run(r, tmp_path / "dev", RunContext(device=test_device))
     assert_same_or_close(tensors(tmp_path / "dev"), tensors(tmp_path / "cpu"),
                          exact=test_device == "cpu")
 
@@ -69,17 +70,24 @@ def test_tensors_over_the_gpu_budget_compute_on_the_cpu(zoo: dict[str, Path], tm
                                                         test_device: str) -> None:
     """With no GPU budget every whole tensor is computed on the CPU: the CPU's bytes."""
     r = parse_recipe(recipe(zoo, "ties"))
-    run(r, tmp_path / "cpu", device="cpu")
-    run(r, tmp_path / "dev", device=test_device, options=EngineOptions(gpu_budget_bytes=0))
+    run(r, tmp_path / "cpu", RunContext(device="cpu"))
+    run(
+        r,
+        tmp_path / "dev",
+        RunContext(device=test_device, options=EngineOptions(gpu_budget_bytes=0)),
+    )
     assert_same_or_close(tensors(tmp_path / "dev"), tensors(tmp_path / "cpu"), exact=True)
 
 
 def test_bfloat16_compute_is_close_to_float32(zoo: dict[str, Path], tmp_path: Path,
                                               test_device: str) -> None:
     r = parse_recipe(recipe(zoo, "task_arithmetic"))
-    run(r, tmp_path / "f32", device=test_device)
-    run(r, tmp_path / "bf16", device=test_device,
-        options=EngineOptions(compute_dtype="bfloat16"))
+    run(r, tmp_path / "f32", RunContext(device=test_device))
+    run(
+        r,
+        tmp_path / "bf16",
+        RunContext(device=test_device, options=EngineOptions(compute_dtype="bfloat16")),
+    )
     f32, bf16 = tensors(tmp_path / "f32"), tensors(tmp_path / "bf16")
     differ = 0
     for name, want in f32.items():
@@ -92,8 +100,12 @@ def test_bfloat16_compute_is_close_to_float32(zoo: dict[str, Path], tmp_path: Pa
 
 def test_default_options_give_the_same_bytes(zoo: dict[str, Path], tmp_path: Path) -> None:
     r = parse_recipe(recipe(zoo, "ties"))
-    run(r, tmp_path / "plain", device="cpu")
-    run(r, tmp_path / "opts", device="cpu", options=EngineOptions(compute_dtype="float32"))
+    run(r, tmp_path / "plain", RunContext(device="cpu"))
+    run(
+        r,
+        tmp_path / "opts",
+        RunContext(device="cpu", options=EngineOptions(compute_dtype="float32")),
+    )
     for f in sorted((tmp_path / "plain").glob("*.safetensors")):
         assert f.read_bytes() == (tmp_path / "opts" / f.name).read_bytes()
 
@@ -116,8 +128,11 @@ def test_each_shard_is_handed_over_complete_before_the_folder_exists(
         seen.append((written.path, out.exists(), hashlib.sha256(data).hexdigest()))
         assert written.sha256 == seen[-1][2]
 
-    result = run(parse_recipe(recipe(zoo, method, out_shard_size="16KB")), out,
-                 device="cpu", options=EngineOptions(on_shard=on_shard))
+    result = run(
+        parse_recipe(recipe(zoo, method, out_shard_size="16KB")),
+        out,
+        RunContext(device="cpu", options=EngineOptions(on_shard=on_shard)),
+    )
     shards = [f for f in result.manifest["files"] if f["path"].endswith(".safetensors")]
     assert len(shards) >= 3
     assert [name for name, _, _ in seen] == [f["path"] for f in shards]
@@ -130,8 +145,8 @@ def test_a_lora_output_hands_over_no_shard_of_its_intermediate_merge(
     seen: list[str] = []
     r = recipe(zoo, "task_arithmetic", out_shard_size="16KB",
                output={"format": "lora", "rank": 4})
-    result = run(parse_recipe(r), tmp_path / "out", device="cpu",
-                 options=EngineOptions(on_shard=lambda _p, w: seen.append(w.path)))
+    result = run(parse_recipe(r), tmp_path / "out", RunContext(
+        device="cpu", options=EngineOptions(on_shard=lambda _p, w: seen.append(w.path))))
     assert seen == []
     assert any(f["path"].startswith("adapter") for f in result.manifest["files"])
 
@@ -142,8 +157,8 @@ def test_maec_on_the_test_device_matches_the_cpu(zoo: dict[str, Path], tmp_path:
         "merge_method": "maec", "base_model": str(zoo["base"]),
         "language_base": str(zoo["b"]), "abilities": [{"model": str(zoo["a"]), "name": "a"}],
         "parameters": {"key_ratio": 0.1, "importance": "delta"}})
-    run(r, tmp_path / "cpu", device="cpu")
-    run(r, tmp_path / "dev", device=test_device)
+    run(r, tmp_path / "cpu", RunContext(device="cpu"))
+    run(r, tmp_path / "dev", RunContext(device=test_device))
     assert_same_or_close(tensors(tmp_path / "dev"), tensors(tmp_path / "cpu"),
                          exact=test_device == "cpu")
 
@@ -192,8 +207,9 @@ def test_a_sink_gets_the_bytes_the_shards_hold_and_nothing_is_written(
         made.append(_Collect(outputs))
         return made[-1]
 
-    result = run(r, tmp_path / "sunk", device=test_device, options=EngineOptions(sink=sink))
-    run(r, tmp_path / "folder", device=test_device)
+    result = run(r, tmp_path / "sunk",
+                 RunContext(device=test_device, options=EngineOptions(sink=sink)))
+    run(r, tmp_path / "folder", RunContext(device=test_device))
     assert not (tmp_path / "sunk").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["folder"]
     assert result.manifest == {}
@@ -208,8 +224,8 @@ def test_a_sink_gets_the_bytes_the_shards_hold_and_nothing_is_written(
 def test_a_sink_is_refused_for_a_lora_output(zoo: dict[str, Path], tmp_path: Path) -> None:
     r = recipe(zoo, "task_arithmetic", output={"format": "lora", "rank": 4})
     with pytest.raises(MaecError, match="lora"):
-        run(parse_recipe(r), tmp_path / "out", device="cpu",
-            options=EngineOptions(sink=_Collect))
+        run(parse_recipe(r), tmp_path / "out",
+            RunContext(device="cpu", options=EngineOptions(sink=_Collect)))
     assert not (tmp_path / "out").exists()
 
 
@@ -251,9 +267,9 @@ def test_a_sink_merge_writes_the_folder_definition_files_to_its_skeleton(
         seen_at_sink.append({p.name for p in skeleton.iterdir()})
         return _Collect(outputs)
 
-    run(r, tmp_path / "sunk", device="cpu",
-        options=EngineOptions(sink=sink, skeleton=skeleton))
-    run(r, tmp_path / "folder", device="cpu")
+    run(r, tmp_path / "sunk",
+        RunContext(device="cpu", options=EngineOptions(sink=sink, skeleton=skeleton)))
+    run(r, tmp_path / "folder", RunContext(device="cpu"))
     assert not (tmp_path / "sunk").exists()
     folder = tmp_path / "folder"
     defining = {p.name for p in folder.iterdir()

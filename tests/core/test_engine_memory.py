@@ -27,6 +27,7 @@ LARGE = LlamaShape(hidden=128, layers=64, intermediate=512, vocab=512, heads=4, 
 
 _CHILD = r"""
 import json, sys
+from maec_core.context import RunContext
 from maec_core.recipe import parse_recipe
 from maec_core.run import run
 
@@ -41,7 +42,7 @@ for i, recipe in enumerate(json.loads(sys.argv[1])):
     # (Linux: "5" > clear_refs).
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
-    run(parse_recipe(recipe), f"{sys.argv[2]}-{i}", device="cpu")
+    run(parse_recipe(recipe), f"{sys.argv[2]}-{i}", RunContext(device="cpu"))
     peaks.append(hwm())
 print(json.dumps(peaks))
 """

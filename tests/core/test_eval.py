@@ -12,6 +12,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from maec_core.context import RunContext
 from maec_core.errors import Cancelled, EvalSetError
 from maec_core.eval.measure import sliding_windows
 from maec_core.eval.report import read_report
@@ -116,7 +117,7 @@ def memorised_spec(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_memorised_sets_score_perfectly_and_unseen_sets_do_not(memoriser: Path,
                                                                memorised_spec: Path) -> None:
-    report = evaluate(memoriser, memorised_spec, device="cpu", label="mem")
+    report = evaluate(memoriser, memorised_spec, RunContext(device="cpu"), label="mem")
     (model,) = report.models
     r = {s.name: s for s in model.sets}
     # Every token after the first word of a text is determined by what came before;
@@ -142,7 +143,7 @@ def test_batched_generation_equals_one_at_a_time(memoriser: Path, tmp_path: Path
         spec = _spec(tmp_path, [{"name": "qa", "language": "sw", "kind": "accuracy",
                                  "path": "qa.jsonl", "template": TEMPLATE,
                                  "max_new_tokens": 6, "batch_size": bs}])
-        (res,) = evaluate(memoriser, spec, device="cpu").models[0].sets
+        (res,) = evaluate(memoriser, spec, RunContext(device="cpu")).models[0].sets
         outs.append([(it.output, it.extracted, it.correct, it.output_tokens) for it in res.items])
     assert outs[0] == outs[1]
     assert sum(c for _, _, c, _ in outs[0]) == 3
@@ -153,7 +154,7 @@ def test_stop_strings_cut_the_output(memoriser: Path, tmp_path: Path) -> None:
     spec = _spec(tmp_path, [{"name": "qa", "language": "sw", "kind": "accuracy",
                              "path": "qa.tsv", "template": TEMPLATE, "max_new_tokens": 6,
                              "stop": ["is"]}])
-    (res,) = evaluate(memoriser, spec, device="cpu").models[0].sets
+    (res,) = evaluate(memoriser, spec, RunContext(device="cpu")).models[0].sets
     assert [it.output for it in res.items] == ["the answer "] * 3
     assert res.value == 0.0 and all(it.extracted is None for it in res.items)
 
@@ -165,7 +166,7 @@ def test_few_shot_exemplars_are_prompted_and_recorded(memoriser: Path, tmp_path:
                              "path": "qa.tsv", "template": TEMPLATE, "max_new_tokens": 4,
                              "few_shot": {"path": "shots.tsv", "k": 2,
                                           "language": "source"}}])
-    (res,) = evaluate(memoriser, spec, device="cpu").models[0].sets
+    (res,) = evaluate(memoriser, spec, RunContext(device="cpu")).models[0].sets
     expected = ("Question : w1 w2 ? Answer : the answer is 3\n\n"
                 "Question : w3 w4 ? Answer : 4\n\n"
                 "Question : w5 w6 w7 ? Answer :")
@@ -208,7 +209,7 @@ def test_perplexity_equals_a_direct_transformers_computation(
     spec = _spec(tmp_path, [{"name": "t", "language": "sw", "kind": "perplexity",
                              "path": "t.jsonl", "context": context, "stride": stride,
                              "batch_size": 3}])
-    (res,) = evaluate(tiny_models.base, spec, device="cpu").models[0].sets
+    (res,) = evaluate(tiny_models.base, spec, RunContext(device="cpu")).models[0].sets
     model = AutoModelForCausalLM.from_pretrained(tiny_models.base, dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(tiny_models.base)
     nll, count = 0.0, 0
@@ -238,7 +239,7 @@ def test_batched_perplexity_equals_one_window_at_a_time(tiny_models, tmp_path: P
         spec = _spec(tmp_path, [{"name": "t", "language": "sw", "kind": "perplexity",
                                  "path": "t.jsonl", "context": 24, "stride": 10,
                                  "batch_size": bs}])
-        results.append(evaluate(tiny_models.base, spec, device="cpu").models[0].sets[0])
+        results.append(evaluate(tiny_models.base, spec, RunContext(device="cpu")).models[0].sets[0])
     one, many = results
     assert one.count == many.count
     assert [d.tokens for d in one.documents] == [d.tokens for d in many.documents]
@@ -266,9 +267,13 @@ def test_evaluate_many_rows_models_columns_sets(tiny_models, memoriser: Path,
                                                 memorised_spec: Path, tmp_path: Path) -> None:
     spec = load_spec(memorised_spec)
     seen: list[tuple[str, int, int]] = []
-    report = evaluate_many({"mem": memoriser, "base": tiny_models.base},
-                           spec.model_copy(update={"sets": spec.sets[:2]}), device="cpu",
-                           progress=lambda stage, done, total: seen.append((stage, done, total)))
+    report = evaluate_many(
+        {"mem": memoriser, "base": tiny_models.base},
+        spec.model_copy(update={"sets": spec.sets[:2]}),
+        RunContext(
+            device="cpu", progress=lambda stage, done, total: seen.append((stage, done, total))
+        ),
+    )
     assert [m.label for m in report.models] == ["mem", "base"]
     table = report.table
     assert [c["name"] for c in table["columns"]] == ["texts", "unseen-text"]
@@ -299,15 +304,18 @@ def test_evaluate_many_holds_one_model_at_a_time(tiny_models, memoriser: Path,
 
     monkeypatch.setattr(runner, "load_model", load)
     spec = load_spec(memorised_spec)
-    report = evaluate_many({"a": memoriser, "b": tiny_models.base, "c": memoriser},
-                           spec.model_copy(update={"sets": spec.sets[:1]}), device="cpu")
+    report = evaluate_many(
+        {"a": memoriser, "b": tiny_models.base, "c": memoriser},
+        spec.model_copy(update={"sets": spec.sets[:1]}),
+        RunContext(device="cpu"),
+    )
     assert [m.label for m in report.models] == ["a", "b", "c"] and len(alive) == 3
     assert all(ref() is None for ref in alive)
 
 
 def test_cancel_stops_between_batches(memoriser: Path, memorised_spec: Path) -> None:
     with pytest.raises(Cancelled):
-        evaluate(memoriser, memorised_spec, device="cpu", cancel=lambda: True)
+        evaluate(memoriser, memorised_spec, RunContext(device="cpu", cancel=lambda: True))
 
 
 def test_context_beyond_the_model_is_refused(tiny_models, tmp_path: Path) -> None:
@@ -315,7 +323,7 @@ def test_context_beyond_the_model_is_refused(tiny_models, tmp_path: Path) -> Non
     spec = _spec(tmp_path, [{"name": "t", "language": "sw", "kind": "perplexity",
                              "path": "t.jsonl", "context": 4096}])
     with pytest.raises(EvalSetError, match="exceeds the model's 64 positions"):
-        evaluate(tiny_models.base, spec, device="cpu")
+        evaluate(tiny_models.base, spec, RunContext(device="cpu"))
 
 
 def test_cli_prints_the_table_and_writes_every_item(memoriser: Path, memorised_spec: Path,

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from maec_core.context import RunContext
 from maec_core.errors import CorruptCheckpoint, MaecError
 from maec_core.io.folder import open_model_folder
 from maec_core.io.headers import read_header
@@ -147,7 +148,7 @@ def test_file_truncated_during_merge_publishes_nothing(good: Path, tmp_path: Pat
 
     out = tmp_path / "out" / "merged"
     with pytest.raises(CorruptCheckpoint) as info:
-        run(parse_recipe(_recipe(good, victim)), out, progress=progress)
+        run(parse_recipe(_recipe(good, victim)), out, RunContext(progress=progress))
     assert "truncated" in info.value.message
     assert 1 <= len(calls) < 21, calls  # it failed mid-stream, not before or after
     assert not out.exists()

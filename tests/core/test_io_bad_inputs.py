@@ -16,6 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from maec_core.context import RunContext
 from maec_core.errors import (
     CheckpointError,
     CorruptCheckpoint,
@@ -151,7 +152,7 @@ def test_file_shrinking_during_the_merge(zoo: dict[str, Path], tmp_path: Path) -
             cut.append(done)
 
     with pytest.raises(CorruptCheckpoint, match="truncated"):
-        run(parse_recipe(ta(zoo["base"], zoo["a"], bad)), out, progress=progress)
+        run(parse_recipe(ta(zoo["base"], zoo["a"], bad)), out, RunContext(progress=progress))
     assert cut and leftovers(out) == []
 
 

@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 from transformers import LlamaForCausalLM
 
 from maec_core.cli import main
+from maec_core.context import RunContext
 from maec_core.errors import CheckpointError, MaecError, RecipeError
 from maec_core.io.folder import open_model_folder
 from maec_core.io.reader import TensorReader
@@ -407,7 +408,7 @@ def test_extract_lora_cli_writes_the_ability_vector(lora: dict[str, Path],
                            "abilities": [{"model": str(lora["ft"])}],
                            "parameters": {"key_ratio": 0.25}})
     art = tmp_path / "art"
-    extract(recipe, 0, art, device="cpu")
+    extract(recipe, 0, art, RunContext(device="cpu"))
     out = tmp_path / "adapter"
     result = CliRunner().invoke(main, ["extract-lora", str(art), str(out), "--rank", "32",
                                        "--base", str(lora["lang"]), "--no-progress",

@@ -19,6 +19,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from maec_core.context import RunContext
 from maec_core.errors import CorpusError
 from maec_core.maec.keys import artifact_key
 from maec_core.maec.pipeline import extract
@@ -96,7 +97,7 @@ def test_gradient_mode_is_deterministic_and_combines(models: dict[str, Path],
                                                      tmp_path: Path) -> None:
     r = _recipe(models, models["corpus"], importance="gradient")
     store = LocalArtifactStore(tmp_path / "store")
-    res = run(r, tmp_path / "out", artifact_store=store)
+    res = run(r, tmp_path / "out", RunContext(artifact_store=store))
     assert res.report is not None and res.report["abilities"][0]["gradient"]["batches"] == 4
     a = extract(r, 0, tmp_path / "a")
     assert [a.key] == res.report["artifact_keys"] and a.key == artifact_key(r, 0)

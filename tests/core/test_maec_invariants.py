@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from maec_core.context import RunContext
 from maec_core.maec.keys import artifact_key
 from maec_core.maec.store import LocalArtifactStore
 from maec_core.run import run
@@ -89,7 +90,7 @@ def test_planted_rows_are_the_key_rows_and_parallel_tensor_is_dropped(tmp_path: 
     base, ability, lang = planted(tmp_path)
     r = maec_recipe(base, lang, [{"model": str(ability)}], key_ratio=KEY_RATIO)
     store = LocalArtifactStore(tmp_path / "store")
-    res = run(r, tmp_path / "out", artifact_store=store)
+    res = run(r, tmp_path / "out", RunContext(artifact_store=store))
     report = json.loads((tmp_path / "out" / "maec_report.json").read_text())
     # The artifact holds exactly the planted rows.
     folder = store.get(report["artifact_keys"][0])
@@ -117,8 +118,8 @@ def test_planted_rows_are_the_key_rows_and_parallel_tensor_is_dropped(tmp_path: 
 def test_same_inputs_give_identical_bytes_and_key(tmp_path: Path) -> None:
     base, ability, lang = planted(tmp_path, torch.bfloat16)
     r = maec_recipe(base, lang, [{"model": str(ability)}], key_ratio=KEY_RATIO)
-    run(r, tmp_path / "one", artifact_store=LocalArtifactStore(tmp_path / "s1"))
-    run(r, tmp_path / "two", artifact_store=LocalArtifactStore(tmp_path / "s2"))
+    run(r, tmp_path / "one", RunContext(artifact_store=LocalArtifactStore(tmp_path / "s1")))
+    run(r, tmp_path / "two", RunContext(artifact_store=LocalArtifactStore(tmp_path / "s2")))
     files = sorted(p.name for p in (tmp_path / "one").iterdir())
     assert files == sorted(p.name for p in (tmp_path / "two").iterdir())
     for name in files:

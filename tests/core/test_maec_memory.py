@@ -25,6 +25,7 @@ CHILD = r"""
 import json, sys
 from pathlib import Path
 import torch
+from maec_core.context import RunContext
 from maec_core.maec.store import LocalArtifactStore
 from maec_core.recipe import parse_recipe
 from maec_core.run import run
@@ -45,8 +46,8 @@ recipe = {"merge_method": "maec", "base_model": str(root / "base"),
           "language_base": str(root / "lang"), "abilities": [{"model": str(root / "ability")}],
           "parameters": {"key_ratio": 0.05}}
 with torch_threads(1):
-    run(parse_recipe(recipe), root / "out", artifact_store=LocalArtifactStore(root / "store"),
-        device="cpu")
+    run(parse_recipe(recipe), root / "out",
+        RunContext(artifact_store=LocalArtifactStore(root / "store"), device="cpu"))
 after = hwm_kb()
 print(json.dumps({"before_kb": before, "peak_kb": after}))
 """

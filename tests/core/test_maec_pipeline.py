@@ -11,6 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from maec_core.context import RunContext
 from maec_core.errors import ArtifactMismatch, CorruptCheckpoint, IncompatibleCheckpoints
 from maec_core.maec.keys import artifact_key
 from maec_core.maec.pipeline import combine, extract, report_cosines
@@ -72,7 +73,7 @@ def test_rank_scope_global_ranks_across_tensors(tmp_path: Path) -> None:
     r = maec_recipe(base, lang, [{"model": str(ability)}], key_ratio=0.1, rank_scope="global",
                     selection_ratio=1.0)
     store = LocalArtifactStore(tmp_path / "store")
-    res = run(r, tmp_path / "out", artifact_store=store)
+    res = run(r, tmp_path / "out", RunContext(artifact_store=store))
     assert res.report is not None
     assert [t["name"] for t in res.report["tensors"]] == [UP0]
     art = _artifact(store.get(res.report["artifact_keys"][0]))  # type: ignore[arg-type]
@@ -95,7 +96,7 @@ def test_element_granularity_keeps_planted_weights(tmp_path: Path) -> None:
     r = maec_recipe(base, lang, [{"model": str(ability)}], key_ratio=0.03,
                     granularity="element", selection_ratio=1.0)
     store = LocalArtifactStore(tmp_path / "store")
-    res = run(r, tmp_path / "out", artifact_store=store)
+    res = run(r, tmp_path / "out", RunContext(artifact_store=store))
     assert res.report is not None
     art = _artifact(store.get(res.report["artifact_keys"][0]))  # type: ignore[arg-type]
     out, w0s, was, wl = (load(p) for p in (tmp_path / "out", base, ability, lang))
@@ -162,7 +163,7 @@ def test_several_abilities_with_their_own_mu(tmp_path: Path) -> None:
 def test_extract_store_combine_equals_one_run(tmp_path: Path) -> None:
     base, ability, lang = planted(tmp_path, torch.bfloat16)
     r = maec_recipe(base, lang, [{"model": str(ability)}], key_ratio=KEY_RATIO)
-    one = run(r, tmp_path / "one", artifact_store=LocalArtifactStore(tmp_path / "s1"))
+    one = run(r, tmp_path / "one", RunContext(artifact_store=LocalArtifactStore(tmp_path / "s1")))
     assert one.report is not None and one.report["abilities"][0]["artifact_reused"] is False
     ex = extract(r, 0, tmp_path / "artifact")
     assert ex.key == artifact_key(r, 0) == one.report["artifact_keys"][0]
@@ -174,7 +175,9 @@ def test_extract_store_combine_equals_one_run(tmp_path: Path) -> None:
     assert res.report is not None and res.report["abilities"][0]["artifact_reused"] is True
     _same_folder(tmp_path / "one", tmp_path / "two")
     # And a second one-run merge with the first store reuses the artifact, same bytes.
-    again = run(r, tmp_path / "three", artifact_store=LocalArtifactStore(tmp_path / "s1"))
+    again = run(
+        r, tmp_path / "three", RunContext(artifact_store=LocalArtifactStore(tmp_path / "s1"))
+    )
     assert again.report is not None and again.report["abilities"][0]["artifact_reused"] is True
     _same_folder(tmp_path / "one", tmp_path / "three")
 
@@ -187,7 +190,7 @@ def test_combine_reuses_known_cosines(tmp_path: Path, monkeypatch: pytest.Monkey
     base, ability, lang = planted(tmp_path, torch.float32)
     r = maec_recipe(base, lang, [{"model": str(ability)}], key_ratio=KEY_RATIO,
                     selection_ratio=0.5)
-    first = run(r, tmp_path / "one", artifact_store=LocalArtifactStore(tmp_path / "s"))
+    first = run(r, tmp_path / "one", RunContext(artifact_store=LocalArtifactStore(tmp_path / "s")))
     assert first.report is not None
     art = LocalArtifactStore(tmp_path / "s").get(first.report["artifact_keys"][0])
     assert art is not None
@@ -343,7 +346,7 @@ def test_one_donor_twice_is_extracted_once(tmp_path: Path) -> None:
                                  {"model": str(ability), "mu": 0.5, "name": "y"}],
                     key_ratio=KEY_RATIO)
     steps: list[tuple[str, int, int]] = []
-    res = run(r, tmp_path / "out", progress=lambda s, d, t: steps.append((s, d, t)))
+    res = run(r, tmp_path / "out", RunContext(progress=lambda s, d, t: steps.append((s, d, t))))
     assert res.report is not None and len(set(res.report["artifact_keys"])) == 1
     extract_steps = [s for s in steps if s[0] == "extract"]
     assert extract_steps[-1] == ("extract", len(INCLUDED), len(INCLUDED))
@@ -392,7 +395,7 @@ def test_progress_stages_and_cancel(tmp_path: Path) -> None:
     base, ability, lang = planted(tmp_path)
     r = maec_recipe(base, lang, [{"model": str(ability)}], key_ratio=KEY_RATIO)
     seen: list[tuple[str, int, int]] = []
-    run(r, tmp_path / "out", progress=lambda s, d, t: seen.append((s, d, t)))
+    run(r, tmp_path / "out", RunContext(progress=lambda s, d, t: seen.append((s, d, t))))
     # Extraction is announced before its first step (a gradient corpus pass comes first):
     # a job's status says "extract" from the start, not the stage before it.
     assert seen[0][:2] == ("extract", 0)
@@ -417,8 +420,11 @@ def _cancel_during(r: object, tmp_path: Path, stage: str) -> None:
 
     store = LocalArtifactStore(tmp_path / f"store-{stage}")
     with pytest.raises(Cancelled):
-        run(r, tmp_path / f"cancel-{stage}", progress=progress,  # type: ignore[arg-type]
-                 cancel=lambda: flag["on"], artifact_store=store)
+        run(
+            r,
+            tmp_path / f"cancel-{stage}",
+            RunContext(progress=progress, cancel=lambda: flag["on"], artifact_store=store),
+        )
     assert not (tmp_path / f"cancel-{stage}").exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".cancel")] == []
     if stage == "extract":
@@ -437,7 +443,7 @@ def test_element_granularity_with_global_ranking(tmp_path: Path) -> None:
     r = maec_recipe(base, lang, [{"model": str(ability)}], key_ratio=0.0125,
                     granularity="element", rank_scope="global", selection_ratio=1.0)
     store = LocalArtifactStore(tmp_path / "store")
-    res = run(r, tmp_path / "out", artifact_store=store)
+    res = run(r, tmp_path / "out", RunContext(artifact_store=store))
     assert res.report is not None
     art = _artifact(store.get(res.report["artifact_keys"][0]))  # type: ignore[arg-type]
     assert {k: v.tolist() for k, v in art.items() if k.endswith("::index")} == {
@@ -457,9 +463,9 @@ def test_existing_output_is_refused_before_extraction(tmp_path: Path) -> None:
     r = maec_recipe(base, lang, [{"model": str(ability)}], key_ratio=KEY_RATIO)
     steps: list[str] = []
     with pytest.raises(OutputExists):
-        run(r, tmp_path / "out", progress=lambda s, d, t: steps.append(s))
+        run(r, tmp_path / "out", RunContext(progress=lambda s, d, t: steps.append(s)))
     assert steps == []
-    run(r, tmp_path / "out", overwrite=True)
+    run(r, tmp_path / "out", RunContext(overwrite=True))
     assert (tmp_path / "out" / "maec_report.json").is_file()
 
 

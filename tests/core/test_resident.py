@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import maec_core.io.reader as reader_mod
+from maec_core.context import RunContext
 from maec_core.io.folder import open_model_folder
 from maec_core.io.headers import read_header
 from maec_core.io.reader import TensorReader, UnitReader
@@ -98,11 +99,11 @@ def test_a_merge_from_held_inputs_reads_none_of_them_and_gives_the_same_bytes(
                                                                "density": 0.5}}]})
     files = [f for k in ("base", "a", "b") for f in tensor_files(
         open_model_folder(bf16_zoo[k]).tensors)]
-    run(recipe, tmp_path / "read", device="cpu")
+    run(recipe, tmp_path / "read", RunContext(device="cpu"))
     assert all(reads[os.path.realpath(f)] for f in files)
     held = ResidentFiles.read(files)
     reads.clear()
-    run(recipe, tmp_path / "held", device="cpu", options=EngineOptions(resident=held))
+    run(recipe, tmp_path / "held", RunContext(device="cpu", options=EngineOptions(resident=held)))
     assert not any(reads[os.path.realpath(f)] for f in files)
     for name in ("model.safetensors", "manifest.json"):
         assert (tmp_path / "held" / name).read_bytes() == (

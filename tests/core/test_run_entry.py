@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from maec_core.context import RunContext
 from maec_core.maec.store import LocalArtifactStore
 from maec_core.recipe import parse_recipe
 from maec_core.run import run
@@ -33,10 +34,11 @@ def test_the_engine_knows_nothing_of_maec() -> None:
 
 
 def test_maec_modules_take_only_the_streaming_loop_from_the_engine() -> None:
+    # The loop and the description of the work it runs (its argument type).
     for path in (ROOT / "maec_core" / "maec").glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module == "maec_core.engine":
-                assert {a.name for a in node.names} <= {"stream_merge"}, path.name
+                assert {a.name for a in node.names} <= {"stream_merge", "MergeWork"}, path.name
 
 
 def test_runtime_types_import_without_torch() -> None:
@@ -75,8 +77,11 @@ def test_run_writes_only_where_the_caller_says(zoo: dict[str, Path], tmp_path: P
     assert list(home.iterdir()) == []
     # Named caches are used: the artifact lands in the store, digests in the hash cache.
     store = LocalArtifactStore(tmp_path / "store")
-    res = run(maec_recipe(base, lang, [{"model": str(ability)}], key_ratio=0.1),
-              tmp_path / "m2", artifact_store=store, hash_cache=tmp_path / "sha256")
+    res = run(
+        maec_recipe(base, lang, [{"model": str(ability)}], key_ratio=0.1),
+        tmp_path / "m2",
+        RunContext(artifact_store=store, hash_cache=tmp_path / "sha256"),
+    )
     assert res.report is not None
     assert store.get(res.report["artifact_keys"][0]) is not None
     assert any((tmp_path / "sha256").iterdir())

@@ -18,6 +18,7 @@ import torch
 import yaml
 from click.testing import CliRunner
 
+from maec_core.context import RunContext
 from maec_core.errors import Cancelled, CheckpointError, NoFeasibleCandidate, SweepError
 from maec_core.eval.report import ModelResult, read_report
 from maec_core.maec.store import LocalArtifactStore
@@ -25,7 +26,7 @@ from maec_core.recipe import parse_recipe
 from maec_core.runtime import torch_threads
 from maec_core.sweep.board import read_leaderboard
 from maec_core.sweep.grid import candidates
-from maec_core.sweep.runner import evaluate_folder, run_sweep
+from maec_core.sweep.runner import SweepOptions, evaluate_folder, run_sweep
 from tests.factories import make_llama, tiny_tokenizer
 
 TEXTS = [
@@ -96,8 +97,12 @@ def test_maec_sweep_finds_the_constructed_best(world: dict[str, Path], tmp_path:
     store = LocalArtifactStore(tmp_path / "store")
     seen: list[tuple[int, int]] = []
     with torch_threads(1):
-        result = run_sweep(recipe, tmp_path / "out", artifact_store=store, device="cpu",
-                           announce=lambda i, n: seen.append((i, n)))
+        result = run_sweep(
+            recipe,
+            tmp_path / "out",
+            RunContext(artifact_store=store, device="cpu"),
+            SweepOptions(announce=lambda i, n: seen.append((i, n))),
+        )
     board = result.board
     assert [r.id for r in board.rows] == ["c00", "c01", "c02", "c03"]
     assert board.winner == "c03" and board.row("c03").values == {"key_ratio": 1.0,
@@ -144,7 +149,7 @@ def test_constraint_against_language_base(world: dict[str, Path], tmp_path: Path
                             "max_ratio_to": "language_base", "value": 1.001}}
     recipe = _maec(world, sweep, parameters={"key_ratio": 1.0, "selection_ratio": 1.0})
     with torch_threads(1):
-        result = run_sweep(recipe, tmp_path / "out", device="cpu")
+        result = run_sweep(recipe, tmp_path / "out", RunContext(device="cpu"))
     board = result.board
     ref = board.reference["other"]
     for r in board.rows:
@@ -163,7 +168,7 @@ def test_no_feasible_candidate_leaves_nothing(world: dict[str, Path], tmp_path: 
     sweep = {"grid": {"mu": [0.0, 1.0]}, "objective": OBJ,
              "constraint": {"set": "other", "metric": "perplexity", "max": 1.0}}
     with torch_threads(1), pytest.raises(NoFeasibleCandidate) as err:
-        run_sweep(_maec(world, sweep), tmp_path / "out", device="cpu")
+        run_sweep(_maec(world, sweep), tmp_path / "out", RunContext(device="cpu"))
     assert err.value.code == "no_feasible_candidate"
     assert list(tmp_path.iterdir()) == []
 
@@ -171,9 +176,12 @@ def test_no_feasible_candidate_leaves_nothing(world: dict[str, Path], tmp_path: 
 def test_cancelled_sweep_leaves_nothing(world: dict[str, Path], tmp_path: Path) -> None:
     started: list[int] = []
     with torch_threads(1), pytest.raises(Cancelled):
-        run_sweep(_maec(world, {"grid": GRID, "objective": OBJ}), tmp_path / "out",
-                  device="cpu", work_dir=tmp_path / "work",
-                  announce=lambda i, n: started.append(i), cancel=lambda: len(started) >= 2)
+        run_sweep(
+            _maec(world, {"grid": GRID, "objective": OBJ}),
+            tmp_path / "out",
+            RunContext(device="cpu", cancel=lambda: len(started) >= 2),
+            SweepOptions(work_dir=tmp_path / "work", announce=lambda i, n: started.append(i)),
+        )
     assert started == [0, 1]
     assert list((tmp_path / "work").iterdir()) == []
     assert not (tmp_path / "out").exists()
@@ -226,7 +234,9 @@ def test_task_arithmetic_sweep_and_publish_all(world: dict[str, Path], tmp_path:
                                           "kind": "perplexity", "path": "t.jsonl"}]))
     for cid in ("c00", "c01"):
         with torch_threads(1):
-            fresh = evaluate(out / "candidates" / cid, load_spec(spec_file), device="cpu")
+            fresh = evaluate(
+                out / "candidates" / cid, load_spec(spec_file), RunContext(device="cpu")
+            )
         assert fresh.models[0].sets[0].value == board.row(cid).scores["memorised"]
 
 
@@ -239,8 +249,8 @@ def test_evaluate_folder_attaches_report(world: dict[str, Path], tmp_path: Path)
                    {"model": str(world["lang"]), "parameters": {"weight": 1.0}}],
         "evaluate": _sets(world), "evaluate_inputs": True})
     with torch_threads(1):
-        run(recipe.merge_only(), tmp_path / "m", device="cpu")
-        report = evaluate_folder(recipe, tmp_path / "m", device="cpu")
+        run(recipe.merge_only(), tmp_path / "m", RunContext(device="cpu"))
+        report = evaluate_folder(recipe, tmp_path / "m", RunContext(device="cpu"))
     assert [m.label for m in report.models] == ["merged", "language_base", "donor"]
     card = (tmp_path / "m" / "README.md").read_text()
     assert "| merged |" in card and "memorised [en]" in card
@@ -327,8 +337,8 @@ def _separately(recipe: Any, root: Path) -> dict[str, ModelResult]:
     results = {}
     for cand in candidates(recipe):
         with torch_threads(1):
-            run(cand.recipe, root / cand.id, device="cpu")
-            report = evaluate(root / cand.id, eval_spec(recipe), device="cpu")
+            run(cand.recipe, root / cand.id, RunContext(device="cpu"))
+            report = evaluate(root / cand.id, eval_spec(recipe), RunContext(device="cpu"))
         results[cand.id] = report.models[0]
     return results
 
@@ -385,8 +395,12 @@ def test_candidates_scored_from_memory_equal_separate_jobs(
                    language_base=str(generating["lang"]),
                    evaluate=[*_sets(world), generating["set"]])
     with torch_threads(1):
-        result = run_sweep(recipe, tmp_path / "out", device="cpu",
-                           work_dir=tmp_path / "work")
+        result = run_sweep(
+            recipe,
+            tmp_path / "out",
+            RunContext(device="cpu"),
+            SweepOptions(work_dir=tmp_path / "work"),
+        )
     board = result.board
     assert board.winner == "c03"
     # No candidate was written to be scored, not even the first (the model is built
@@ -429,7 +443,7 @@ def test_whole_tensor_method_in_memory_with_output_cast(
         "evaluate": _sets(world),
         "sweep": {"grid": {"density": [0.9, 0.5, 0.2]}, "objective": OBJ}})
     with torch_threads(1):
-        result = run_sweep(recipe, tmp_path / "out", device="cpu")
+        result = run_sweep(recipe, tmp_path / "out", RunContext(device="cpu"))
     board = result.board
     assert board.rows[0].scores != board.rows[1].scores  # the candidates differ
     assert shard_folders == [board.winner]
@@ -447,9 +461,10 @@ def _cancelled_sweep(world: dict[str, Path], tmp_path: Path, progress: Any,
     its work folder nor at its output."""
     with torch_threads(1), pytest.raises(Cancelled):
         run_sweep(_maec(world, {"grid": GRID, "objective": OBJ}), tmp_path / "out",
-                  device="cpu", work_dir=tmp_path / "work", progress=progress,
-                  announce=lambda i, n: started.append(i),
-                  cancel=lambda: "combine" in stages)
+                  RunContext(device="cpu", progress=progress,
+                             cancel=lambda: "combine" in stages),
+                  SweepOptions(work_dir=tmp_path / "work",
+                               announce=lambda i, n: started.append(i)))
     assert list((tmp_path / "work").iterdir()) == []
     assert not (tmp_path / "out").exists()
 
@@ -509,7 +524,7 @@ def test_tied_embeddings_and_an_output_cast_score_as_separate_jobs(
         "dtype": "bfloat16", "evaluate": _sets(world),
         "sweep": {"grid": {"models[0].weight": [0.0, 0.5, 1.0]}, "objective": OBJ}})
     with torch_threads(1):
-        result = run_sweep(recipe, tmp_path / "out", device="cpu")
+        result = run_sweep(recipe, tmp_path / "out", RunContext(device="cpu"))
     board = result.board
     assert len({json.dumps(r.scores, sort_keys=True) for r in board.rows}) == 3
     assert shard_folders == [board.winner]
@@ -621,8 +636,8 @@ def test_tie_break_decides_between_equal_objectives(world: dict[str, Path],
     broken = _maec(world, {"grid": GRID, "objective": accuracy, "tie_break": OBJ},
                    evaluate=sets)
     with torch_threads(1):
-        first = run_sweep(plain, tmp_path / "plain", device="cpu").board
-        second = run_sweep(broken, tmp_path / "broken", device="cpu").board
+        first = run_sweep(plain, tmp_path / "plain", RunContext(device="cpu")).board
+        second = run_sweep(broken, tmp_path / "broken", RunContext(device="cpu")).board
     assert {r.scores["qa"] for r in first.rows} == {0.0}
     assert first.winner == "c00" and "decided by grid order" in first.why
     best = min(second.rows, key=lambda r: r.scores["memorised"])
@@ -664,9 +679,9 @@ def held_and_streamed(world: dict[str, Path], tmp_path_factory: pytest.TempPathF
         for name, budget in (("held", None), ("streamed", 0)):
             reads.clear()
             with torch_threads(1):
-                out[name] = run_sweep(recipe, root / name / "out", device="cpu",
-                                      artifact_store=LocalArtifactStore(root / name / "st"),
-                                      resident_budget=budget)
+                out[name] = run_sweep(recipe, root / name / "out", RunContext(
+                    device="cpu", artifact_store=LocalArtifactStore(root / name / "st")),
+                    SweepOptions(resident_budget=budget))
             out[name + "_reads"] = dict(reads)
             out[name + "_store"] = root / name / "st"
     return out
@@ -780,19 +795,20 @@ def test_a_model_whose_checkpoint_names_transformers_converts_is_swept_from_fold
         "sweep": {"grid": {"key_ratio": [0.5], "mu": [0.5, 1.0]}, "objective": OBJ}})
     work = tmp_path / "work"
     with torch_threads(1):
-        result = run_sweep(recipe, tmp_path / "out", device="cpu", work_dir=work)
+        result = run_sweep(recipe, tmp_path / "out", RunContext(device="cpu"),
+                           SweepOptions(work_dir=work))
         board = result.board
         assert result.extractions == 1 and [r.extracted for r in board.rows] == [True, False]
         store = LocalArtifactStore(tmp_path / "store")
         for cand in candidates(recipe):
-            run(cand.recipe, tmp_path / cand.id, artifact_store=store, device="cpu")
-            alone = evaluate(tmp_path / cand.id, eval_spec(recipe), device="cpu")
+            run(cand.recipe, tmp_path / cand.id, RunContext(artifact_store=store, device="cpu"))
+            alone = evaluate(tmp_path / cand.id, eval_spec(recipe), RunContext(device="cpu"))
             assert board.row(cand.id).scores == {s.name: s.value
                                                  for s in alone.models[0].sets}
         # Candidates written anyway (publish: all) are loaded afresh the same way.
         every = run_sweep(recipe.model_copy(update={"sweep": recipe.sweep.model_copy(
-            update={"publish": "all"})}), tmp_path / "all", device="cpu",
-            work_dir=work).board  # type: ignore[union-attr]
+            update={"publish": "all"})}), tmp_path / "all", RunContext(device="cpu"),
+            SweepOptions(work_dir=work)).board  # type: ignore[union-attr]
         assert [r.scores for r in every.rows] == [r.scores for r in board.rows]
     assert list(work.iterdir()) == []
     assert (tmp_path / "out" / "leaderboard.json").is_file()

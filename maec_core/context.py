@@ -1,0 +1,89 @@
+"""How a run goes (``RunContext``) and what its output folder holds (``OutputSpec``).
+
+Every entry of the library takes ``(recipe, out, ctx)``: the recipe says what to compute,
+``out`` where to publish it, and the context how to run it (progress, cancellation,
+device, whether to replace ``out``, the input-digest cache, the MAEC artifact store and
+the engine's options). A layer passes its context on whole, changing a field with
+:meth:`RunContext.but` where a step needs another value (a stage's own progress, no
+overwrite for an intermediate folder), so a new run option is declared once, here.
+
+Importing this module does not import torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from maec_core.runtime import CancelFn, EngineOptions, ProgressFn
+
+if TYPE_CHECKING:
+    from maec_core.maec.store import ArtifactStore
+    from maec_core.recipe import Recipe
+
+__all__ = ["OutputSpec", "RunContext"]
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """How one run goes; never what it computes (except ``options.compute_dtype``).
+
+    ``progress(stage, done, total)`` is called as tensors finish; ``cancel()`` returning
+    True stops the run with ``Cancelled``. ``device`` defaults to CUDA when present.
+    ``overwrite`` replaces an existing output folder. ``hash_cache`` is a folder keeping
+    input-file digests between processes (None: this process only). ``artifact_store``
+    keeps MAEC ability artifacts between runs (other methods have none; without a store
+    MAEC extracts every ability afresh). ``options``: compute dtype, GPU budget,
+    finished-shard callbacks, a sink taking the tensors instead of a folder
+    (:class:`~maec_core.runtime.EngineOptions`).
+    """
+
+    progress: ProgressFn | None = None
+    cancel: CancelFn | None = None
+    device: str | None = None
+    overwrite: bool = False
+    hash_cache: Path | None = None
+    artifact_store: ArtifactStore | None = None
+    options: EngineOptions = field(default_factory=EngineOptions)
+
+    def but(self, **changes: Any) -> RunContext:
+        """This context with ``changes`` applied (a new one: contexts are frozen)."""
+        return dataclasses.replace(self, **changes)
+
+    def cancelled(self) -> bool:
+        """Whether the caller asked the run to stop."""
+        return self.cancel is not None and self.cancel()
+
+    def report(self, stage: str, done: int, total: int) -> None:
+        """Report progress, when someone listens."""
+        if self.progress is not None:
+            self.progress(stage, done, total)
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """What a merge's output folder holds beside its weights, and where it goes.
+
+    ``folder``: the output folder. ``recipe``: recorded as recipe.yaml and in the card
+    and manifest (its ``out_shard_size`` sizes the shards). ``dtype``: the stored dtype
+    of the weights. ``tokenizer_from``: the model key whose tokenizer, generation and
+    config files are copied (``tokenizer_files`` replace the tokenizer's when a
+    vocabulary was built). ``base_models``: named in the model card. ``extra_json``:
+    further documents (name -> JSON), ``card_summary`` the card's method section,
+    ``manifest_extra`` more manifest fields. ``hash_inputs``: the input files whose
+    digests the manifest records (None: every model's weight files).
+    """
+
+    folder: Path
+    recipe: Recipe
+    dtype: str
+    tokenizer_from: str
+    base_models: Sequence[str] = ()
+    extra_json: Mapping[str, Any] | None = None
+    card_summary: str = ""
+    manifest_extra: Mapping[str, Any] | None = None
+    tokenizer_files: Mapping[str, bytes] | None = None
+    hash_inputs: Mapping[str, Sequence[Path]] | None = None
