@@ -140,7 +140,7 @@ def whole_tensors_cuda(run: LoopRun) -> None:
     on the CPU with the same arithmetic."""
     plan, steps, writer, compute = run.plan, run.steps, run.writer, run.compute
     device, target, tick, options = run.device, run.target, run.tick, run.options
-    cdtype = torch_dtype(options.compute_dtype)
+    cdtype = torch_dtype(options.compute_dtype or "float32")
     streams = _Streams(device)
     last: _Launched | None = None
 
@@ -186,7 +186,7 @@ def stream_units_cuda(run: LoopRun) -> None:
     that the writer thread hashes and writes, the host waiting one unit behind."""
     plan, steps, writer, device = run.plan, run.steps, run.writer, run.device
     target, tick, options = run.target, run.tick, run.options
-    cdtype = torch_dtype(options.compute_dtype)
+    cdtype = torch_dtype(options.compute_dtype or "float32")
     st_dtype = SAFETENSORS_NAMES[target]
     tsize = torch.empty((), dtype=target).element_size()
     streams = _Streams(device)

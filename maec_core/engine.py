@@ -71,6 +71,7 @@ from maec_core.runtime import (
     EngineOptions,
     MergeResult,
     best_device,
+    compute_dtype_for,
     torch_dtype,
     torch_threads,
 )
@@ -123,7 +124,7 @@ def _whole_tensors(run: LoopRun) -> None:
     """One tensor at a time: for methods that need the whole tensor (TIES, SLERP, ...)."""
     plan, steps, writer, compute = run.plan, run.steps, run.writer, run.compute
     device, target, tick = run.device, run.target, run.tick
-    cdtype = torch_dtype(run.options.compute_dtype)
+    cdtype = torch_dtype(run.options.compute_dtype or "float32")
     with TensorReader(resident=run.options.resident) as reader, torch_threads() as threads:
         prefetch = Prefetcher(reader, steps)
         try:
@@ -172,7 +173,7 @@ def _unit_buffers(
     worker one compute-dtype slice per input, and ``outputs`` byte buffers of one unit
     each."""
     plan, device = run.plan, run.device
-    cdtype = torch_dtype(run.options.compute_dtype)
+    cdtype = torch_dtype(run.options.compute_dtype or "float32")
     slots = max((len(s) for s in run.steps), default=0)
     scratch: queue.Queue[list[torch.Tensor]] = queue.Queue()
     for _ in range(workers):
@@ -302,7 +303,15 @@ def stream_merge(plan: MergePlan, work: MergeWork, output: OutputSpec, ctx: RunC
     manifest on a thread meanwhile, digests kept in the folder ``ctx.hash_cache`` when
     given.
     """
-    options = ctx.options
+    recipe = output.recipe
+    # Resolved once here, so every loop below sees a concrete compute dtype.
+    options = dataclasses.replace(ctx.options, compute_dtype=compute_dtype_for(
+        ctx.options, recipe.dtype, plan.input_dtype, maec=recipe.merge_method == "maec"))
+    if options.compute_dtype != "float32" and work.streams:
+        # 16-bit arithmetic on the CPU rounds differently in its vectorised and scalar
+        # loops, so a slice boundary would change bytes: whole tensors keep a 16-bit
+        # merge the same however it is cut (the float32 path streams as before).
+        work = dataclasses.replace(work, elementwise=False, compute_at=None)
     started = time.perf_counter()
     target = torch_dtype(output.dtype)
     total = len(plan.tensors)

@@ -53,11 +53,7 @@ FAST = {"basic_linear", "basic_ties", "basic_slerp", "example_gpt2_small",
         "basic_passthrough_scale"}
 # Recipes whose outputs are known to differ, and why (docs/compatibility.md has the
 # evidence). Not hidden: the test expects them to fail and the benchmark counts them.
-KNOWN_DIFFERENCES: dict[str, str] = {
-    "basic_ties": "mergekit computes TIES in the recipe's bfloat16, the engine in float32",
-    "example_bio_merge": "mergekit computes TIES in the recipe's float16, the engine in "
-                         "float32",
-}
+KNOWN_DIFFERENCES: dict[str, str] = {}
 
 
 def recipe_files(only_fast: bool = False) -> list[Path]:
