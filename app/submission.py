@@ -216,7 +216,7 @@ def check_against_plan(recipe: Recipe, plan: MergePlan) -> None:
         _check_filters(where, params, names)
     if recipe.slices is not None:
         return  # resolved per slice by maec_core.slices, which names its own failures
-    entries = [m for m in recipe.models if m.model != recipe.base_model]
+    entries = method.merged_entries(recipe)
     for name in (t.name for t in plan.tensors):
         # The engine's own resolution (a model's value, else the recipe's default).
         try:

@@ -77,6 +77,7 @@ from maec_core.runtime import (
 )
 from maec_core.slices import prepare_slices
 from maec_core.vocab.build import is_vocab_tensor
+from maec_core.vocab.chat_template import resolve_chat_template, with_chat_template
 from maec_core.vocab.rows import RowAligner
 
 __all__ = ["ComputeFn", "MergeWork", "OffsetComputeFn", "run_method", "stream_merge"]
@@ -463,14 +464,17 @@ def _write_definition(staged: StagedOutput, plan: MergePlan, *, output: OutputSp
     dtype and the plan's changes applied). The output folder's first files, and a
     sink's skeleton (``EngineOptions.skeleton``)."""
     source = plan.models[output.tokenizer_from]
-    if output.tokenizer_files:
-        # A built vocabulary: its tokenizer files, and none of the source's slow-tokenizer
-        # files (they would describe the old vocabulary).
-        staged.copy_side_files(source, skip=STALE_TOKENIZER_FILES)
-        for name, data in output.tokenizer_files.items():
-            staged.write_bytes(name, data)
-    else:
-        staged.copy_side_files(source)
+    # A built vocabulary: its tokenizer files, and none of the source's slow-tokenizer
+    # files (they would describe the old vocabulary).
+    skip = STALE_TOKENIZER_FILES if output.tokenizer_files else ()
+    files = {p.name: p.read_bytes() for p in source.side_files() if p.name not in skip}
+    files.update(output.tokenizer_files or {})
+    template = resolve_chat_template(output.recipe.chat_template,
+                                     [m.root for m in plan.models.values()])
+    if template is not None:
+        files = with_chat_template(files, template)
+    for name, data in files.items():
+        staged.write_bytes(name, data)
     staged.write_json("config.json",
                       output_config(source.config, output.dtype, plan.config_updates))
 
@@ -510,15 +514,17 @@ def _finish_folder(
     return manifest
 
 
-def _model_keys(recipe: Recipe) -> tuple[str | None, list[tuple[str, str]]]:
-    """(base key, [(key, path)] for the other models); keys are unique, readable names."""
+def _model_keys(recipe: Recipe, separate_base: bool = True
+                ) -> tuple[str | None, list[tuple[str, str]]]:
+    """(base key, [(key, path)] for the other models); keys are unique, readable names.
+    Without ``separate_base`` the base, listed among the models, is one of them."""
     others: list[tuple[str, str]] = []
     seen: set[str] = set()
-    base_key = recipe.base_model
+    base_key = recipe.base_model if separate_base else None
     if base_key:
         seen.add(base_key)
     for m in recipe.models:
-        if m.model == recipe.base_model:
+        if separate_base and m.model == recipe.base_model:
             continue
         key, n = m.model, 2
         while key in seen:
@@ -545,14 +551,18 @@ def run_method(recipe: Recipe, out_dir: Path, ctx: RunContext | None = None) -> 
     if recipe.slices is not None:
         return _run_slices(recipe, spec, Path(out_dir), ctx)
     fn = spec.merge
-    base_key, others = _model_keys(recipe)
+    # A method that merges its base like any other model (linear) reads the base's own
+    # parameters when the base is listed among the models, as mergekit does.
+    separate = spec.separate_base(recipe)
+    base_key, others = _model_keys(recipe, separate)
     named = {**({base_key: base_key} if base_key else {}), **dict(others)}
     folders = open_models(named, recipe.base_model)
-    reference = base_key or others[0][0]
+    reference = base_key or (recipe.base_model if recipe.base_model in named
+                             else others[0][0])
     vocab = recipe_vocab(recipe, folders)
     plan = build_plan(folders, reference, rows_of(vocab))
     out_dtype = recipe.output_dtype or plan.input_dtype
-    entries = [m for m in recipe.models if m.model != recipe.base_model]
+    entries = spec.merged_entries(recipe)
     other_keys = [k for k, _ in others]
     keys = ([base_key] if base_key else []) + other_keys
     num_layers = plan.num_layers

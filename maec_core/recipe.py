@@ -18,6 +18,7 @@ from maec_core.errors import EvalSetError, MaecError, RecipeError, SweepError
 from maec_core.eval.sets import MAX_SETS, EvalSetSpec
 from maec_core.recipe_values import ParamValue
 from maec_core.sweep.spec import SweepSpec
+from maec_core.vocab.chat_template import check_chat_template
 
 DType = Literal["float32", "float16", "bfloat16"]
 
@@ -218,6 +219,9 @@ class Recipe(BaseModel):
     tokenizer: TokenizerSpec | None = None
     out_shard_size: int | str = "5GB"
     name: str | None = None
+    # mergekit's: a built-in template's name, literal Jinja, or "auto" (the template
+    # most inputs carry); written beside the output's tokenizer.
+    chat_template: str | None = Field(default=None, max_length=1 << 20)
     # MAEC only (merge_method: maec).
     language_base: str | None = None
     abilities: list[AbilityEntry] = Field(default_factory=list)
@@ -234,6 +238,13 @@ class Recipe(BaseModel):
     @classmethod
     def _lower(cls, v: str) -> str:
         return v.strip().lower()
+
+    @field_validator("chat_template")
+    @classmethod
+    def _template(cls, v: str | None) -> str | None:
+        if v is not None:
+            check_chat_template(v)
+        return v
 
     @model_validator(mode="after")
     def _one_shape(self) -> Recipe:

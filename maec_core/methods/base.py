@@ -203,6 +203,8 @@ class MergeMethod:
     def _models_counted(self, recipe: Recipe) -> int:
         """The models a models recipe merges besides its base (the base alone counts as
         one model for a method that merges it like any other)."""
+        if not self.uses_base:
+            return len(recipe.models)
         others = len([m for m in recipe.models if m.model != recipe.base_model])
         if others == 0 and not self.needs_base and recipe.base_model is not None:
             return 1
@@ -234,6 +236,17 @@ class MergeMethod:
                            f"'{self.name}', not of one model")
                 out.append(f"{where}.{key} ignored: {why}")
         return out
+
+    def separate_base(self, recipe: Recipe) -> bool:
+        """Whether a models recipe's base is read apart from its models (as the call's
+        ``base``): always for a method that uses a base; for one that does not (linear),
+        only when the base is not listed among the models."""
+        return self.uses_base or all(m.model != recipe.base_model for m in recipe.models)
+
+    def merged_entries(self, recipe: Recipe) -> list[Any]:
+        """The models entries the call's ``models`` hold, in order."""
+        separate = self.separate_base(recipe)
+        return [m for m in recipe.models if not separate or m.model != recipe.base_model]
 
     def resolve_models(self, recipe: Recipe, entries: Sequence[Any], name: str,
                        num_layers: int) -> tuple[list[Any], Any]:

@@ -205,7 +205,7 @@ def compare_other(ours: Path, theirs: Path) -> list[str]:
     for folder in (ours, theirs):
         try:
             tok = AutoTokenizer.from_pretrained(folder)
-            toks.append((tok.get_vocab(), tok.chat_template))
+            toks.append((tok.get_vocab(), _rendered(tok)))
         except Exception as exc:  # no tokenizer files, or unreadable ones
             toks.append((f"no tokenizer ({type(exc).__name__})", None))
     if toks[0][0] != toks[1][0]:
@@ -221,6 +221,20 @@ def compare_other(ours: Path, theirs: Path) -> list[str]:
             problems.append(f"transformers cannot load {who}: {type(exc).__name__}: "
                             f"{str(exc)[:120]}")
     return problems
+
+
+# A conversation both tools' chat templates render: templates are compared by what they
+# produce (the named ones are written independently, so their text differs).
+CONVERSATION = [{"role": "user", "content": "Hi there "},
+                {"role": "assistant", "content": "Hello."},
+                {"role": "user", "content": "Add 2 and 3."}]
+
+
+def _rendered(tok: Any) -> str | None:
+    if not tok.chat_template:
+        return None
+    return str(tok.apply_chat_template(CONVERSATION, tokenize=False,
+                                       add_generation_prompt=True))
 
 
 def _base_tensors(recipe: dict[str, Any]) -> dict[str, torch.Tensor]:
