@@ -270,3 +270,11 @@ def test_a_misspelt_parameter_is_a_warning_naming_it() -> None:
                            "models": [{"model": "a"}], "parameters": {"densty": 0.5}})
     assert recipe_warnings(recipe) == [
         "parameters.densty ignored: no merge method knows this name"]
+
+
+def test_ram_averages_shared_entries_and_keeps_unique_ones() -> None:
+    # Entry 0: both change it (averaged); 1: only a (kept); 2: neither (base).
+    base, a, b = [0.0, 0.0, 5.0], [2.0, 3.0, 5.0], [4.0, 0.0, 5.0]
+    close(call("ram", base, [a, b]), [3.0, 3.0, 5.0])
+    # RAM+: a has 1 shared and 1 unique entry, rho = 1 -> lambda = 1 + 0.1 * min(1, 0.2).
+    close(call("ramplus_tl", base, [a, b]), [3.0, 3.0 * 1.02, 5.0])
