@@ -226,12 +226,18 @@ def open_model_folder(path: str | Path, *, base: str | Path | ModelFolder | None
                       config_base: bool = False) -> ModelFolder:
     """Validate ``path`` as a safetensors checkpoint folder; read headers, no data.
 
-    A PEFT LoRA adapter folder opens as the checkpoint it makes of its base: ``base``
+    A PEFT LoRA adapter folder opens as the checkpoint it makes of its base: the base
+    named before a ``+`` (mergekit's ``base+adapter``), else ``base``
     when given (the recipe's base model: its path, or the folder already opened), else,
     only with ``config_base``, the local folder its config names. Off by default: a path
     inside an untrusted adapter must not lead a service past its allow-listed roots.
     """
     root = Path(path)
+    if not root.is_dir() and "+" in str(path):
+        # mergekit's "base+adapter": the adapter applied to the base it names.
+        model, adapter = str(path).rsplit("+", 1)
+        if Path(model).is_dir() and is_adapter_folder(Path(adapter)):
+            return _open_adapter(Path(adapter), model, False)
     if not root.is_dir():
         raise SourceNotFound(f"checkpoint folder not found: {root}", path=str(root))
     if is_adapter_folder(root):

@@ -120,7 +120,9 @@ def run_mergekit(recipe: dict[str, Any], out: Path) -> Verdict:
     try:
         config = MergeConfiguration.model_validate(recipe)
         with contextlib.redirect_stdout(io.StringIO()):
-            run_merge(config, str(out), MergeOptions(quiet=True))
+            # A LoRA donor needs somewhere to put its merged copy (--lora-merge-cache).
+            run_merge(config, str(out), MergeOptions(
+                quiet=True, lora_merge_cache=str(out.parent / "lora-merge-cache")))
     except Exception as exc:  # mergekit refuses with bare exceptions of every kind
         return Verdict(False, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
                        if str(exc) else type(exc).__name__)

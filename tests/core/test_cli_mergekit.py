@@ -69,3 +69,10 @@ def test_parameter_counts() -> None:
     for bad in ("", "x", "-1", "5Q"):
         with pytest.raises(RecipeError, match="--out-shard-size"):
             parse_parameter_count(bad)
+
+
+def test_the_compatibility_page_lists_every_option_as_handled() -> None:
+    page = (Path(__file__).parents[2] / "docs" / "compatibility.md").read_text()
+    for flag in MERGEKIT_FLAGS:
+        row = f"| `{' / '.join(flag.decls)}` | {flag.handling.replace('_', ' ')} | {flag.why} |"
+        assert row in page, row
