@@ -26,6 +26,7 @@ import functools
 import queue
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -80,6 +81,17 @@ def non_finite(name: str) -> NonFiniteOutput:
         "(check the inputs and parameters)",
         tensor=name,
     )
+
+
+def computed(compute: Callable[..., Any], planned: Any, inputs: list[Any]) -> Any:
+    """``compute(planned, inputs)``; a parameter too large for a 16-bit compute dtype
+    (torch refuses to convert it) is the same failure as an infinite result."""
+    try:
+        return compute(planned, inputs)
+    except RuntimeError as exc:
+        if "without overflow" in str(exc):
+            raise non_finite(planned.name) from None
+        raise
 
 
 @dataclass
@@ -161,14 +173,14 @@ def whole_tensors_cuda(run: LoopRun) -> None:
                 if need > options.gpu_budget_bytes:
                     flush()  # in order: the writer takes tensors as planned
                     threads.use(threads.saved)
-                    merged = compute(planned, [r.to(cdtype) for r in raw]).to(target)
+                    merged = computed(compute, planned, [r.to(cdtype) for r in raw]).to(target)
                     if not bool(torch.isfinite(merged).all()):
                         raise non_finite(planned.name)
                     writer.write(planned.name, merged)
                     continue
                 inputs = streams.upload(raw, cdtype)
                 del raw
-                merged = compute(planned, inputs).to(target)
+                merged = computed(compute, planned, inputs).to(target)
                 del inputs
                 host = torch.empty(merged.shape, dtype=target, pin_memory=True)
                 launched = streams.download(planned, merged, host)

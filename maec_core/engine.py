@@ -45,6 +45,7 @@ from maec_core.cuda_loops import (
     ComputeFn,
     LoopRun,
     OffsetComputeFn,
+    computed,
     non_finite,
     stream_units_cuda,
     whole_tensors_cuda,
@@ -138,7 +139,7 @@ def _whole_tensors(run: LoopRun) -> None:
                     threads.use(threads.saved if planned.numel >= THREADED_MIN_NUMEL else 1)
                 inputs = [r.to(device=device, dtype=cdtype) for r in raw]
                 del raw
-                merged = compute(planned, inputs).to(device="cpu", dtype=target)
+                merged = computed(compute, planned, inputs).to(device="cpu", dtype=target)
                 del inputs
                 # Checked after the cast: a float32 value beyond float16's range only
                 # becomes inf there, and the cast tensor is the smaller one to scan.
