@@ -32,11 +32,10 @@ from maec_core.errors import (
 )
 from maec_core.eval.sets import SET_MAX_BYTES, load_set
 from maec_core.io.folder import ModelFolder
-from maec_core.maec.params import maec_params
 from maec_core.methods import NamedForm, TensorMethod, get_method
-from maec_core.methods.maec import Maec
+from maec_core.parsing import parse_recipe
 from maec_core.plan import MergePlan, plan_recipe
-from maec_core.recipe import Recipe, parse_recipe
+from maec_core.recipe import Recipe
 from maec_core.recipe_values import Condition, ParamValue
 from maec_core.sweep.grid import candidates
 from maec_core.sweep.inputs import eval_sources, with_eval_sources
@@ -204,9 +203,8 @@ def check_against_plan(recipe: Recipe, plan: MergePlan) -> None:
     will validate them. Raises EmptySelection or RecipeError.
     """
     method = get_method(recipe.merge_method)
-    if isinstance(method, Maec):
-        maec_params(recipe).check_selection((t.name, len(t.shape)) for t in plan.tensors)
-        return
+    # The method's own checks (MAEC's selection); the rest applies to tensor methods.
+    method.check_plan(recipe, ((t.name, len(t.shape)) for t in plan.tensors))
     if not isinstance(method, TensorMethod):
         return
     # Output names, and for a slices recipe the input names its sources are read under.

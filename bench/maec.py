@@ -76,7 +76,7 @@ def ta_recipe(folders: list[Path]) -> dict[str, Any]:
 def child(argv: list[str]) -> None:
     mode, recipe_path, out = argv[0], Path(argv[1]), Path(argv[2])
     recipe = yaml.safe_load(recipe_path.read_text())
-    from maec_core.recipe import parse_recipe
+    from maec_core.parsing import parse_recipe
 
     parsed = parse_recipe(recipe)
     # The input-digest cache the parent chose (kept with the benchmark, not in ~/.cache).

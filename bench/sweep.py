@@ -190,7 +190,7 @@ class Level:
 def library_sweep(data: dict[str, Any]) -> Round:
     """One sweep with a fresh artifact store."""
     from maec_core.maec.store import LocalArtifactStore
-    from maec_core.recipe import parse_recipe
+    from maec_core.parsing import parse_recipe
     from maec_core.sweep.runner import run_sweep
 
     recipe = parse_recipe(data)
@@ -208,7 +208,7 @@ def library_separate(data: dict[str, Any]) -> Round:
     store, so each extracts its ability vector."""
     from maec_core.eval.runner import evaluate
     from maec_core.maec.store import LocalArtifactStore
-    from maec_core.recipe import parse_recipe
+    from maec_core.parsing import parse_recipe
     from maec_core.run import run
     from maec_core.sweep.grid import candidates
     from maec_core.sweep.inputs import eval_spec
@@ -241,7 +241,7 @@ def library_warm_up(data: dict[str, Any], inputs: dict[str, Path]) -> None:
     """One-time costs paid before either side is timed, as a long-lived worker has paid
     them: imports, the first model load and generation, matplotlib's first figure."""
     from maec_core.eval.runner import evaluate
-    from maec_core.recipe import parse_recipe
+    from maec_core.parsing import parse_recipe
     from maec_core.sweep.board import Leaderboard, Row
     from maec_core.sweep.inputs import eval_spec
     from maec_core.sweep.plot import plot_png

@@ -204,7 +204,7 @@ def sweep_body(data: dict[str, Any]) -> dict[str, Any]:
 def candidate_bodies(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Each candidate of the sweep as its own job: its concrete recipe (no sweep), with
     the same eval sets."""
-    from maec_core.recipe import parse_recipe
+    from maec_core.parsing import parse_recipe
     from maec_core.sweep.grid import candidates
 
     bodies = {}
@@ -217,7 +217,7 @@ def candidate_bodies(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def groups(data: dict[str, Any]) -> int:
     """How many ability vectors the grid needs (candidates with equal extraction
     parameters share one): what a sweep from an empty store extracts."""
-    from maec_core.recipe import parse_recipe
+    from maec_core.parsing import parse_recipe
     from maec_core.sweep.grid import candidates
 
     return len({c.group for c in candidates(parse_recipe(data))})

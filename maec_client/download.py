@@ -30,7 +30,7 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from urllib.parse import quote
 
 import httpx
@@ -46,9 +46,18 @@ from maec_client.errors import (
     error_from_response,
 )
 from maec_client.models import FileInfo, Job
+from maec_client.retry import RetryPolicy
 
-if TYPE_CHECKING:
-    from maec_client.client import Client
+
+class Connection(Protocol):
+    """What a download uses of its :class:`maec_client.client.Client` (the client calls
+    this module, so the type is spelled here instead of imported back): the HTTP
+    connection, the retry policy and the sleep its waits go through."""
+
+    http: httpx.Client
+    retry: RetryPolicy
+    _sleep: Callable[[float], None]
+
 
 MARKER = ".maec-download.json"
 MiB = 1 << 20
@@ -244,7 +253,7 @@ def expected_files(job: Job) -> list[FileInfo]:
     return files
 
 
-def download_job(client: Client, job: Job, dest: Path, *, workers: int = 8,
+def download_job(client: Connection, job: Job, dest: Path, *, workers: int = 8,
                  part_size: int = 64 * MiB, progress: bool = False,
                  on_bytes: ByteCallback | None = None, overwrite: bool = False,
                  redirect: bool = False, retries: int = 5) -> Path:
@@ -282,7 +291,7 @@ def download_job(client: Client, job: Job, dest: Path, *, workers: int = 8,
     return dest
 
 
-def _download_into(client: Client, job: Job, files: list[FileInfo], partial: Path,
+def _download_into(client: Connection, job: Job, files: list[FileInfo], partial: Path,
                    dest: Path, *, workers: int, part_size: int, progress: bool,
                    on_bytes: ByteCallback | None, overwrite: bool, redirect: bool,
                    retries: int) -> None:
@@ -418,12 +427,12 @@ def _file_url(job_id: str, f: FileInfo) -> str:
     return f.url or f"/v1/jobs/{quote(job_id, safe='')}/files/{quote(f.path)}"
 
 
-def _fetch_task(client: Client, job_id: str, r: _Range, bar: _Progress, redirect: bool,
+def _fetch_task(client: Connection, job_id: str, r: _Range, bar: _Progress, redirect: bool,
                 retries: int) -> Callable[[], None]:
     return lambda: _fetch_range(client, job_id, r, bar, redirect, retries)
 
 
-def _fetch_range(client: Client, job_id: str, r: _Range, bar: _Progress, redirect: bool,
+def _fetch_range(client: Connection, job_id: str, r: _Range, bar: _Progress, redirect: bool,
                  retries: int) -> None:
     url = _file_url(job_id, r.file)
     params = {"redirect": "true"} if redirect else None
@@ -460,7 +469,7 @@ class _Stopped(Exception):
     """Another range failed (or Ctrl-C): this one stops, its bytes stay for a resume."""
 
 
-def _stream_into(client: Client, url: str, params: dict[str, str] | None, r: _Range,
+def _stream_into(client: Connection, url: str, params: dict[str, str] | None, r: _Range,
                  have: int, bar: _Progress) -> None:
     first = r.start + have
     headers = {"Range": f"bytes={first}-{r.end}"}

@@ -8,7 +8,7 @@ from maec_core.recipe import Recipe
 
 
 def model_card(recipe: Recipe, base_models: list[str], summary: str = "") -> str:
-    from maec_core.methods.registry import recipe_warnings
+    from maec_core.parsing import recipe_warnings
 
     front = {
         "base_model": base_models,

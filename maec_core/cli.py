@@ -12,12 +12,13 @@ from maec_core.cli_mergekit import MergekitFlags, mergekit_flags
 from maec_core.cli_options import FLAG_NAMES as ALL_FLAGS
 from maec_core.cli_options import RunFlags, run_flags
 from maec_core.eval.cli import eval_command
-from maec_core.recipe import Recipe, parse_recipe
+from maec_core.parsing import parse_recipe
+from maec_core.recipe import Recipe
 
 
 def _warn(recipe: Recipe) -> None:
     """Every field the recipe gives that the merge does not use, on stderr."""
-    from maec_core.methods.registry import recipe_warnings
+    from maec_core.parsing import recipe_warnings
 
     for line in recipe_warnings(recipe):
         click.echo(f"warning: {line}", err=True)

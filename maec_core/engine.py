@@ -308,7 +308,8 @@ def stream_merge(plan: MergePlan, work: MergeWork, output: OutputSpec, ctx: RunC
     recipe = output.recipe
     # Resolved once here, so every loop below sees a concrete compute dtype.
     options = dataclasses.replace(ctx.options, compute_dtype=compute_dtype_for(
-        ctx.options, recipe.dtype, plan.input_dtype, maec=recipe.merge_method == "maec"))
+        ctx.options, recipe.dtype, plan.input_dtype,
+        float32_only=get_method(recipe.merge_method).float32_only))
     if options.compute_dtype != "float32" and work.streams:
         # 16-bit arithmetic on the CPU rounds differently in its vectorised and scalar
         # loops, so a slice boundary would change bytes: whole tensors keep a 16-bit

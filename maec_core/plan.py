@@ -206,7 +206,7 @@ def plan_recipe(recipe: Recipe, models: Mapping[str, ModelFolder]) -> MergePlan:
         return build_slice_plan(recipe, models).plan
     keys = _distinct(recipe)
     folders = {k: models[k] for k in keys}
-    if recipe.merge_method == "maec":
+    if get_method(recipe.merge_method).needs_language_base:
         from maec_core.vocab.maec import maec_token_map
 
         assert recipe.base_model is not None and recipe.language_base is not None

@@ -151,7 +151,7 @@ class AbilityEntry(BaseModel):
     name: str | None = None
 
 
-class OutputSpec(BaseModel):
+class OutputFormat(BaseModel):
     """What a merge publishes: the merged checkpoint (``model``), or a PEFT LoRA adapter
     of rank ``rank`` approximating the merge's change to its base (``lora``)."""
 
@@ -164,7 +164,7 @@ class OutputSpec(BaseModel):
     target_modules: list[str] | None = Field(default=None, min_length=1)
 
     @model_validator(mode="after")
-    def _lora_fields(self) -> OutputSpec:
+    def _lora_fields(self) -> OutputFormat:
         if self.format == "lora" and self.rank is None:
             raise ValueError("output format lora needs a rank")
         if self.format == "model" and (self.rank is not None or self.target_modules):
@@ -226,7 +226,7 @@ class Recipe(BaseModel):
     language_base: str | None = None
     abilities: list[AbilityEntry] = Field(default_factory=list)
     artifact: str | None = None
-    output: OutputSpec | None = None
+    output: OutputFormat | None = None
     # Evaluation and sweeps: what the job does with the merged model (the merge itself
     # ignores them). Eval set paths are sources, like the checkpoints'.
     evaluate: list[EvalSetSpec] | None = Field(default=None, min_length=1,
@@ -301,9 +301,10 @@ class Recipe(BaseModel):
 
     @property
     def lora_base(self) -> str | None:
-        """The checkpoint a LoRA export's adapter applies to: MAEC's language base, else
-        the base model."""
-        return self.language_base if self.merge_method == "maec" else self.base_model
+        """The checkpoint a LoRA export's adapter applies to: the language base of a
+        method built on one (validation refuses a language_base to any other), else the
+        base model."""
+        return self.language_base if self.language_base is not None else self.base_model
 
     @property
     def vocab_source(self) -> str | None:
@@ -454,8 +455,10 @@ def _error_class(exc: ValidationError) -> type[MaecError]:
     return EvalSetError if tops == {"evaluate"} else RecipeError
 
 
-def parse_recipe(source: Recipe | Mapping[str, Any] | str | Path) -> Recipe:
-    """Load a recipe from a model, a mapping, a YAML file path, or YAML text."""
+def load_recipe(source: Recipe | Mapping[str, Any] | str | Path) -> Recipe:
+    """Load the recipe data model from a model, a mapping, a YAML file path, or YAML
+    text: its shape and fields checked, not yet what its method makes of them
+    (:func:`maec_core.parsing.parse_recipe` checks both; this model knows no method)."""
     if isinstance(source, Recipe):
         return source
     data: Any
@@ -480,10 +483,4 @@ def parse_recipe(source: Recipe | Mapping[str, Any] | str | Path) -> Recipe:
         recipe = Recipe.model_validate(data)
     except ValidationError as exc:
         raise _explain(exc) from None
-    from maec_core.methods.registry import validate_recipe
-
-    validate_recipe(recipe)
-    # Checked here, not only when the writer asks: the API validates with parse_recipe
-    # before queueing, and a bad size must be a 422, not a failed job.
-    recipe.shard_size_bytes()
     return recipe

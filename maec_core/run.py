@@ -1,8 +1,8 @@
 """The one entry for any recipe: a parsed ``Recipe`` in, a published output folder out.
 
-``merge_method: maec`` goes to the MAEC pipeline (extraction or artifact reuse, then
-combination); every other method to the engine's streaming merge. Callers parse the
-recipe once (``maec_core.recipe.parse_recipe``) and pass it on typed, with the run's
+A tensor method goes to the engine's streaming merge; a method with a pipeline of its own
+(MAEC: extraction or artifact reuse, then combination) runs it. Callers parse the
+recipe once (``maec_core.parsing.parse_recipe``) and pass it on typed, with the run's
 :class:`~maec_core.context.RunContext`.
 """
 
@@ -16,7 +16,7 @@ from maec_core.context import RunContext
 from maec_core.engine import run_method
 from maec_core.errors import MaecError
 from maec_core.lora.export import export_merge
-from maec_core.maec.pipeline import run_maec
+from maec_core.methods import TensorMethod, get_method
 from maec_core.recipe import Recipe
 from maec_core.runtime import MergeResult
 
@@ -48,6 +48,7 @@ def run(recipe: Recipe, out: Path, ctx: RunContext | None = None) -> MergeResult
 
 def _merge(recipe: Recipe, out: Path, ctx: RunContext) -> MergeResult:
     """The merged checkpoint itself, by the recipe's method."""
-    if recipe.merge_method == "maec":
-        return run_maec(recipe, out, ctx)
-    return run_method(recipe, Path(out), ctx)
+    method = get_method(recipe.merge_method)
+    if isinstance(method, TensorMethod):
+        return run_method(recipe, Path(out), ctx)
+    return method.run(recipe, Path(out), ctx)

@@ -130,12 +130,13 @@ class EngineOptions:
 
 
 def compute_dtype_for(options: EngineOptions, recipe_dtype: str | None, input_dtype: str,
-                      maec: bool = False) -> str:
-    """The dtype a merge computes in: the option when set; MAEC float32; otherwise the
-    recipe's ``dtype`` or, without one, the inputs' (mergekit's compute dtype)."""
+                      float32_only: bool = False) -> str:
+    """The dtype a merge computes in: the option when set; float32 for a method that
+    computes only in it (MAEC); otherwise the recipe's ``dtype`` or, without one, the
+    inputs' (mergekit's compute dtype)."""
     if options.compute_dtype is not None:
         return options.compute_dtype
-    if maec:
+    if float32_only:
         return "float32"
     chosen = recipe_dtype or input_dtype
     return chosen if chosen in COMPUTE_DTYPES else "float32"

@@ -73,7 +73,7 @@ def run_recipe(source: object, out: Path | str, **kwargs: object) -> object:
     """Parse ``source`` (a dict, YAML text or path) and merge it through the one entry,
     in the run context ``kwargs`` make (``device="cpu"``, ...)."""
     from maec_core.context import RunContext
-    from maec_core.recipe import parse_recipe
+    from maec_core.parsing import parse_recipe
     from maec_core.run import run
 
     return run(parse_recipe(source), Path(out), RunContext(**kwargs))  # type: ignore[arg-type]

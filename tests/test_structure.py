@@ -1,14 +1,17 @@
 """Code structure: no import cycle inside a package, no over-long function, no function
-of the library taking more than a handful of parameters.
+of the library taking more than a handful of parameters, no method recognised by name
+outside its own unit.
 
-The import graph counts every import that runs, including those inside functions (a lazy
-import only postpones the cycle), and leaves out imports under ``TYPE_CHECKING``, which
-never run. Each check prints every offender, not only the first.
+The import graph counts every import, including those inside functions (a lazy import
+only postpones the cycle) and those under ``TYPE_CHECKING`` (a typing-only import still
+ties the two modules: neither can be read, moved or typed without the other). Each
+check prints every offender, not only the first.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -84,7 +87,7 @@ def describe_cycle(graph: grimp.ImportGraph, component: list[str]) -> str:
 
 @pytest.mark.parametrize("package", PACKAGES)
 def test_no_import_cycle_inside_package(package: str) -> None:
-    graph = grimp.build_graph(package, exclude_type_checking_imports=True, cache_dir=None)
+    graph = grimp.build_graph(package, exclude_type_checking_imports=False, cache_dir=None)
     edges = {m: set(graph.find_modules_directly_imported_by(m)) for m in graph.modules}
     cycles = strongly_connected(edges)
     report = "\n".join(describe_cycle(graph, c) for c in cycles)
@@ -207,3 +210,54 @@ def test_no_function_takes_more_than_limit_parameters() -> None:
     assert not offenders, (f"{len(offenders)} function(s) taking more than {MAX_PARAMETERS} "
                            "parameters (self/cls not counted, *args and **kwargs one each):\n"
                            + "\n".join(offenders))
+
+
+# A method's facts (its stages, whether it builds on a language base, how it runs) are
+# asked of its unit; only the unit itself may know it is MAEC.
+METHOD_UNIT = ("maec_core/maec/", "maec_core/methods/maec.py")
+NAME_CHECKED = ("maec_core", "app", "worker")
+NAME_TESTS = re.compile(
+    r"""[=!]=\s*["']maec["']|["']maec["']\s*[=!]="""
+    r"""|\bin\s*[(\[{](?:\s*["'][^"']*["']\s*,)*\s*["']maec["']"""
+    r"""|\bis_maec\b|isinstance\([^)]*\bMaec\b|import\s+Maec\b|\bMaec\s*\)""")
+
+
+def name_tests(text: str) -> Iterator[tuple[int, str]]:
+    """(line, text) of each place ``text`` tells MAEC apart by its name or class."""
+    for i, line in enumerate(text.splitlines(), 1):
+        if NAME_TESTS.search(line):
+            yield i, line.strip()
+
+
+def test_name_test_finder() -> None:
+    # The finder itself: comparisons, membership, flags and class checks, not mentions.
+    found = [line for _, line in name_tests("\n".join([
+        'if recipe.merge_method == "maec":',
+        "ok = 'maec' != method",
+        'if name in ("maec", "ties"):',
+        "is_maec = True",
+        "if isinstance(method, Maec):",
+        "from maec_core.methods.maec import Maec",
+        's3_bucket: str = "maec"',
+        'log = logging.getLogger("maec.worker")',
+        'keys = manifest.get("maec")',
+        'for k in (manifest.get("maec") or {}):',
+        'if name in ["ties", "maec"]:',
+    ]))]
+    assert found == ['if recipe.merge_method == "maec":', "ok = 'maec' != method",
+                     'if name in ("maec", "ties"):', "is_maec = True",
+                     "if isinstance(method, Maec):", "from maec_core.methods.maec import Maec",
+                     'if name in ["ties", "maec"]:']
+
+
+def test_no_method_is_told_apart_by_name_outside_its_unit() -> None:
+    offenders = [
+        f"{rel}:{line} {text}"
+        for package in NAME_CHECKED
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if not (rel := path.relative_to(ROOT).as_posix()).startswith(METHOD_UNIT)
+        for line, text in name_tests(path.read_text())
+    ]
+    assert not offenders, (f"{len(offenders)} place(s) outside the MAEC unit tell MAEC apart "
+                           "by name (ask the method: stages, needs_language_base, run, "
+                           "check_plan):\n" + "\n".join(offenders))

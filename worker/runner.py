@@ -32,12 +32,13 @@ from app.storage.base import Storage, StorageError
 from maec_core.context import RunContext
 from maec_core.errors import Cancelled, MaecError
 from maec_core.manifest import MANIFEST_NAME
-from maec_core.recipe import Recipe, parse_recipe
+from maec_core.parsing import parse_recipe
+from maec_core.recipe import Recipe
 from maec_core.runtime import EngineOptions
 from maec_core.sweep.inputs import eval_sources, with_eval_sources
 from worker.inputs import InputCache, check_adapter_bases, fetch_source
 from worker.publish import ShardUploads, publish
-from worker.stages import produce, spans_for
+from worker.stages import extracts, produce, spans_for
 
 log = logging.getLogger("maec.worker")
 
@@ -74,7 +75,9 @@ class Attempt:
     settings: Settings
     job_id: str
     attempt: int
-    is_maec: bool
+    # Whether the job's method extracts (its stages: STAGE_SPAN, else
+    # STAGE_SPAN_NO_EXTRACT); known once the recipe is parsed.
+    extracts: bool = False
     stage: str = "fetch"
     # Stage spans of a job that evaluates (None: STAGE_SPAN or STAGE_SPAN_NO_EXTRACT).
     spans: dict[str, tuple[float, float]] | None = None
@@ -96,7 +99,7 @@ class Attempt:
 
     def progress(self, stage: str, done: int, total: int) -> None:
         stage = STAGE_ALIASES.get(stage, stage)
-        spans = self.spans or (STAGE_SPAN if self.is_maec else STAGE_SPAN_NO_EXTRACT)
+        spans = self.spans or (STAGE_SPAN if self.extracts else STAGE_SPAN_NO_EXTRACT)
         lo, hi = spans.get(stage, (0.0, 1.0))
         self.report(stage, lo + (hi - lo) * (done / total if total else 1.0), done, total)
 
@@ -188,8 +191,7 @@ class JobRunner:
         rec = self.store.get(job_id)
         assert rec is not None
         started = time.monotonic()
-        att = Attempt(self.store, self.settings, job_id, claim.attempt,
-                      is_maec=rec.method == "maec")
+        att = Attempt(self.store, self.settings, job_id, claim.attempt)
         prefix = result_prefix(job_id, claim.attempt)
         workdir = self.settings.work_dir / "jobs" / job_id / f"a{claim.attempt}"
         att.start_lease()
@@ -339,7 +341,7 @@ class JobRunner:
                  hold: Hold) -> dict[str, Any]:
         # The recipe was parsed once from the job record; passed on typed.
         recipe = parse_recipe(rec.recipe)
-        att.spans = spans_for(recipe, att.is_maec)
+        att.extracts, att.spans = extracts(recipe), spans_for(recipe)
         local = self._fetch(rec, recipe, att, workdir, hold)
         # The recipe was parsed once from the job record; passed on typed.
         recipe = with_eval_sources(recipe.with_sources(local), local)

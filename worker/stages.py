@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from maec_core.context import RunContext
 from maec_core.eval.report import EvalReport
 from maec_core.manifest import MANIFEST_NAME
+from maec_core.methods import get_method
 from maec_core.recipe import Recipe
 from maec_core.runtime import EngineOptions
 
@@ -53,11 +54,16 @@ class Produced:
     files: list[dict[str, Any]] = field(default_factory=list)
 
 
-def spans_for(recipe: Recipe, is_maec: bool) -> dict[str, tuple[float, float]] | None:
+def extracts(recipe: Recipe) -> bool:
+    """Whether the recipe's method has an extraction stage (its progress spans differ)."""
+    return "extract" in get_method(recipe.merge_method).stages
+
+
+def spans_for(recipe: Recipe) -> dict[str, tuple[float, float]] | None:
     """The stage spans of a job that evaluates (None: the runner's defaults)."""
     if not recipe.evaluate or recipe.sweep is not None:
         return None
-    return EVAL_SPAN if is_maec else EVAL_SPAN_NO_EXTRACT
+    return EVAL_SPAN if extracts(recipe) else EVAL_SPAN_NO_EXTRACT
 
 
 def evaluation_result(report: EvalReport, label: str) -> dict[str, Any]:
@@ -133,8 +139,8 @@ def _sweep(recipe: Recipe, out: Path, ctx: RunContext, *, work_dir: Path,
         result.manifest, {"sweep": {"candidates": len(board.rows),
                                     "extractions": result.extractions}},
         {"sweep": result.seconds}, result.seconds,
-        # MAEC: reused when no candidate had to extract.
-        [result.extractions == 0] if recipe.merge_method == "maec" else [],
+        # A method that extracts: reused when no candidate had to extract.
+        [result.extractions == 0] if extracts(recipe) else [],
         result={"evaluation": evaluation_result(result.report, board.winner or ""),
                 "sweep": summary},
         files=uploaded)

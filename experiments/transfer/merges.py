@@ -113,7 +113,7 @@ def sweep(recipe: dict[str, Any], out_dir: Path, cache: Path) -> SweepOutcome:
     so a rerun reuses every extraction and only combines.
     """
     from maec_core.maec.store import LocalArtifactStore
-    from maec_core.recipe import parse_recipe
+    from maec_core.parsing import parse_recipe
     from maec_core.sweep.runner import run_sweep
 
     if out_dir.exists():

@@ -38,8 +38,8 @@ from maec_core.lora.adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS, LORA_A, LORA
 from maec_core.maec.artifact import Artifact, load_artifact
 from maec_core.maec.rowio import RowReader
 from maec_core.manifest import MANIFEST_NAME, build_manifest
-from maec_core.recipe import OutputSpec, Recipe
-from maec_core.runtime import CancelFn, MergeResult, ProgressFn, best_device
+from maec_core.recipe import OutputFormat, Recipe
+from maec_core.runtime import MergeResult, best_device
 
 REPORT_NAME = "lora_report.json"
 _SUFFIX = ".weight"
@@ -151,16 +151,16 @@ def write_adapter(staged: StagedOutput, factors: list[ModuleFactors], rank: int,
 
 
 def _factor_all(deltas: Iterator[tuple[str, torch.Tensor]], total: int, rank: int,
-                device: torch.device, progress: ProgressFn | None,
-                cancel: CancelFn | None) -> list[ModuleFactors]:
+                ctx: RunContext) -> list[ModuleFactors]:
+    """Each module's rank-``rank`` factors, on ``ctx``'s device, reporting stage ``lora``."""
+    device = best_device(ctx.device)
     out: list[ModuleFactors] = []
     for i, (name, delta) in enumerate(deltas):
-        if cancel is not None and cancel():
+        if ctx.cancelled():
             raise Cancelled("LoRA export cancelled")
         a, b, energy = low_rank_factors(delta.to(device), rank)
         out.append(ModuleFactors(_module(name), a.cpu(), b.cpu(), energy))
-        if progress is not None:
-            progress("lora", i + 1, total)
+        ctx.report("lora", i + 1, total)
     return out
 
 
@@ -216,8 +216,8 @@ def export_merge(recipe: Recipe, out: Path, ctx: RunContext,
     adapter approximating its change to ``recipe.lora_base``; the temporary folder is
     removed whatever happens. Of ``ctx`` the progress, cancel, device and overwrite
     apply to the adapter (``merge`` runs as it was made to)."""
-    progress, cancel, overwrite = ctx.progress, ctx.cancel, ctx.overwrite
-    spec = recipe.output or OutputSpec()
+    overwrite = ctx.overwrite
+    spec = recipe.output or OutputFormat()
     assert spec.format == "lora" and spec.rank is not None and recipe.lora_base is not None
     out = Path(out)
     if out.exists() and not overwrite:
@@ -233,7 +233,7 @@ def export_merge(recipe: Recipe, out: Path, ctx: RunContext,
                                spec.target_modules)
         with StagedOutput(out, overwrite=overwrite) as staged:
             factors = _factor_all(_merge_deltas(merged, base, names), len(names), spec.rank,
-                                  best_device(ctx.device), progress, cancel)
+                                  ctx)
             report = write_adapter(staged, factors, spec.rank, recipe.lora_base,
                                    base.config, _adapter_dtype(recipe))
             report["untargeted_changed"] = _untargeted_changes(merged, base, set(names))
@@ -280,7 +280,7 @@ def export_artifact(
     names = select_targets(((n, t.shape) for n, t in art.tensors.items()), target_modules)
     with StagedOutput(out, overwrite=ctx.overwrite) as staged:
         factors = _factor_all(_artifact_deltas(art, names), len(names), rank,
-                              best_device(ctx.device), ctx.progress, None)
+                              ctx.but(cancel=None))
         report = write_adapter(staged, factors, rank, base_ref, None, torch.float32)
         report["artifact_key"] = art.key
         _publish(staged, report, None, {"artifact": {"path": str(artifact_dir),

@@ -6,7 +6,7 @@ Every module here is importable without torch.
 """
 
 from maec_core.methods.base import MergeMethod, NamedForm, TensorCall, TensorMethod
-from maec_core.methods.registry import all_methods, get_method, validate_recipe
+from maec_core.methods.registry import all_methods, get_method
 
 __all__ = [
     "MergeMethod",
@@ -15,5 +15,4 @@ __all__ = [
     "TensorMethod",
     "all_methods",
     "get_method",
-    "validate_recipe",
 ]

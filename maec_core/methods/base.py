@@ -10,7 +10,7 @@ under ``TYPE_CHECKING``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
@@ -20,9 +20,13 @@ from maec_core.errors import RecipeError
 from maec_core.methods.params import candidate_values
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import torch
 
+    from maec_core.context import RunContext
     from maec_core.recipe import Recipe
+    from maec_core.runtime import MergeResult
 
 
 # The largest magnitude a float parameter may have: every real recipe value is far
@@ -155,9 +159,21 @@ class MergeMethod:
     # Whether a given base_model takes part in the merge (passthrough copies its one
     # source whatever base_model says, as mergekit's does).
     uses_base: ClassVar[bool] = True
+    # Whether the method computes in float32 whatever the recipe's dtype says (MAEC:
+    # its selection statistics are sums over whole tensors that 16 bits distort).
+    float32_only: ClassVar[bool] = False
     # Models besides base_model the recipe must list (max None: no upper bound).
     min_models: ClassVar[int] = 1
     max_models: ClassVar[int | None] = None
+    # The stages a run reports progress under, in order (the engine's one pass is
+    # ``merge``); a method with an ``extract`` stage extracts once per donor and
+    # parameters, and a sweep groups its candidates by what they extract.
+    stages: ClassVar[tuple[str, ...]] = ("merge",)
+    # Whether the merge is built on the recipe's language_base (its plan follows that
+    # model's vocabulary, and a sweep may hold it in memory for every candidate).
+    needs_language_base: ClassVar[bool] = False
+    # Per-ability parameters a sweep may vary (``mu`` or ``abilities[i].mu``).
+    ability_knobs: ClassVar[frozenset[str]] = frozenset()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -305,6 +321,16 @@ class MergeMethod:
         raise RecipeError(
             f"merge_method '{self.name}' takes {want} model(s){besides}{where}, got {n}"
         )
+
+    def check_plan(self, recipe: Recipe, tensors: Iterable[tuple[str, int]]) -> None:
+        """Refuse, from the checkpoints' headers (the planned tensors' ``(name, ndim)``),
+        a recipe that would fail once its weights are read; the default checks nothing
+        (the submission checks tensor methods' filters and parameters itself)."""
+
+    def run(self, recipe: Recipe, out: Path, ctx: RunContext) -> MergeResult:
+        """Merge ``recipe`` into ``out`` by a method's own pipeline; a tensor method is
+        run by the engine instead (``maec_core.engine.run_method``)."""
+        raise NotImplementedError(f"merge method {self.name!r} has no pipeline of its own")
 
     def per_model_keys(self) -> set[str]:
         """Named-form parameters that are split over the models (the rest are global)."""

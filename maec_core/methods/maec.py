@@ -7,14 +7,19 @@ torch-free ``maec_core.maec.params`` so the API finds MAEC like any other method
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from maec_core.errors import RecipeError
-from maec_core.maec.params import AbilityParams, MaecParams, validate_maec_recipe
+from maec_core.maec.params import AbilityParams, MaecParams, maec_params, validate_maec_recipe
 from maec_core.methods.base import MergeMethod, NamedForm, per_model
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    from maec_core.context import RunContext
     from maec_core.recipe import Recipe
+    from maec_core.runtime import MergeResult
 
 
 class Maec(MergeMethod):
@@ -26,6 +31,21 @@ class Maec(MergeMethod):
     model_params = AbilityParams
     min_models = 0
     max_models = 0
+    float32_only = True
+    stages = ("extract", "combine")
+    needs_language_base = True
+    ability_knobs = frozenset({"mu"})
+
+    def check_plan(self, recipe: Recipe, tensors: Iterable[tuple[str, int]]) -> None:
+        """Every include pattern matches a tensor and the selection is not empty."""
+        maec_params(recipe).check_selection(tensors)
+
+    def run(self, recipe: Recipe, out: Path, ctx: RunContext) -> MergeResult:
+        """Extraction (or artifact reuse), then combination (``maec_core.maec.pipeline``;
+        imported here, when run: it needs torch and this module must not)."""
+        from maec_core.maec.pipeline import run_maec
+
+        return run_maec(recipe, out, ctx)
 
     def validate(self, recipe: Recipe) -> None:
         # mergekit's recipe shapes the MAEC pipeline does not read: refused, not ignored.

@@ -10,13 +10,10 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import threading
-from typing import TYPE_CHECKING, TypeVar, overload
+from typing import TypeVar, overload
 
 from maec_core.errors import RecipeError
 from maec_core.methods.base import _REGISTRY, MergeMethod
-
-if TYPE_CHECKING:
-    from maec_core.recipe import Recipe
 
 M = TypeVar("M", bound=MergeMethod)
 
@@ -67,14 +64,3 @@ def get_method(name: str, kind: type[MergeMethod] = MergeMethod) -> MergeMethod:
                           merge_method=name)
     return method
 
-
-def validate_recipe(recipe: Recipe) -> None:
-    """Check method name, model counts and every parameter's range."""
-    get_method(recipe.merge_method).validate(recipe)
-
-
-def recipe_warnings(recipe: Recipe) -> list[str]:
-    """What a valid recipe says that its merge does not use (parameters the method does
-    not read, names no method knows), one line each: the CLI prints them, the job
-    record and the model card list them."""
-    return get_method(recipe.merge_method).ignored(recipe)

@@ -40,7 +40,7 @@ def _local_sets(sets: Any, base_dir: Path) -> list[dict[str, Any]]:
 
 def load_sweep_recipe(recipe_path: Path, sweep_path: Path) -> Any:
     """The recipe with the sweep (and eval sets) of SWEEP.yaml, paths made absolute."""
-    from maec_core.recipe import parse_recipe
+    from maec_core.parsing import parse_recipe
 
     data = _read_yaml(recipe_path)
     block = _read_yaml(sweep_path)

@@ -68,13 +68,13 @@ def _field(model: type[BaseModel], key: str) -> tuple[str, bool] | None:
 def _knob(name: str, method: MergeMethod, recipe: Recipe) -> _Knob:
     m = _TARGETED.match(name)
     scope, index, key = (m.group(1), int(m.group(2)), m.group(3)) if m else ("", None, name)
-    is_maec = method.name == "maec"
-    if scope == "abilities" or (not scope and key == "mu" and is_maec):
-        if not is_maec or key != "mu":
+    per_ability = key in method.ability_knobs
+    if scope == "abilities" or (not scope and per_ability):
+        if not per_ability:
             raise SweepError(f"sweep knob {name!r}: only MAEC abilities have a swept "
                              "value, mu", knob=name)
         _check_index(name, index, len(recipe.abilities))
-        return _Knob(name, "abilities", "mu", index)
+        return _Knob(name, "abilities", key, index)
     found = None if scope else _field(method.params, key)
     where = "global"
     if found is None:
@@ -149,7 +149,7 @@ def _name(recipe: Recipe, cid: str) -> str:
 def _group(recipe: Recipe, method: MergeMethod) -> tuple[tuple[str, Number], ...] | None:
     """The extraction parameters as given (defaults left to the key): equal tuples mean
     one ability vector per donor serves every candidate of the group."""
-    if method.name != "maec":
+    if "extract" not in method.stages:
         return None
     fields = (*EXTRACTION_FIELDS, *GRADIENT_FIELDS)
     return tuple(sorted((k, v) for k, v in recipe.parameters.items()

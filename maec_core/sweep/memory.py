@@ -32,6 +32,7 @@ import torch
 from maec_core.io.folder import open_model_folder
 from maec_core.io.resident import ResidentFiles, held_bytes, tensor_files
 from maec_core.maec.artifact import WEIGHTS_NAME
+from maec_core.methods.registry import get_method
 from maec_core.recipe import Recipe
 from maec_core.runtime import CancelFn
 from maec_core.sweep.board import Residency
@@ -59,7 +60,8 @@ class SweepMemory:
               cancel: CancelFn | None = None) -> SweepMemory:
         """Hold ``recipe``'s language base when it fits ``budget`` (None: the default
         for scoring on ``device``). A sweep without a language base holds nothing."""
-        if recipe.merge_method != "maec" or recipe.language_base is None:
+        if (not get_method(recipe.merge_method).needs_language_base
+                or recipe.language_base is None):
             return cls(budget or 0, cancel)
         lang = open_model_folder(recipe.language_base, base=recipe.base_model)
         files = tensor_files(lang.tensors)

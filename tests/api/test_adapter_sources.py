@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from app.queue import QUEUE
 from app.storage.local import LocalStorage
 from maec_core.errors import CheckpointError
-from maec_core.recipe import parse_recipe
+from maec_core.parsing import parse_recipe
 from tests.api.conftest import Api
 from tests.core.test_lora import make_adapter
 from tests.factories import run_recipe

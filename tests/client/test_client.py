@@ -22,7 +22,7 @@ from maec_client import (
     ValidationFailed,
     WaitTimeout,
 )
-from maec_core.recipe import parse_recipe
+from maec_core.parsing import parse_recipe
 from tests.client.conftest import BASE
 
 MERGEKIT_YAML = """\

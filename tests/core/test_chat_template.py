@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from maec_core.errors import RecipeError
-from maec_core.recipe import parse_recipe
+from maec_core.parsing import parse_recipe
 from maec_core.vocab.chat_template import NAMED, resolve_chat_template, with_chat_template
 from tests.factories import tiny_tokenizer
 

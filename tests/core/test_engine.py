@@ -17,7 +17,7 @@ from maec_core.context import RunContext
 from maec_core.engine import all_finite
 from maec_core.errors import Cancelled, IncompatibleCheckpoints
 from maec_core.methods import get_method
-from maec_core.recipe import parse_recipe
+from maec_core.parsing import parse_recipe
 from maec_core.run import run
 from tests.core.conftest import leftovers
 from tests.factories import make_llama, read_config

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from maec_core.context import RunContext
 from maec_core.errors import MaecError, RecipeError
 from maec_core.io.writer import OutputTensor, WrittenFile
-from maec_core.recipe import parse_recipe
+from maec_core.parsing import parse_recipe
 from maec_core.run import run
 from maec_core.runtime import EngineOptions
 

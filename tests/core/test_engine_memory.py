@@ -28,7 +28,7 @@ LARGE = LlamaShape(hidden=128, layers=64, intermediate=512, vocab=512, heads=4, 
 _CHILD = r"""
 import json, sys
 from maec_core.context import RunContext
-from maec_core.recipe import parse_recipe
+from maec_core.parsing import parse_recipe
 from maec_core.run import run
 
 def hwm():

@@ -18,8 +18,8 @@ from maec_core.context import RunContext
 from maec_core.errors import CorruptCheckpoint, MaecError
 from maec_core.io.folder import open_model_folder
 from maec_core.io.headers import read_header
+from maec_core.parsing import parse_recipe
 from maec_core.plan import build_plan
-from maec_core.recipe import parse_recipe
 from maec_core.run import run
 from tests.factories import make_llama
 from tests.hostile import HOSTILE, Hostile, marker_path, payload_bytes, torch_zip_bytes

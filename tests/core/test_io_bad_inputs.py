@@ -28,7 +28,7 @@ from maec_core.errors import (
     UnsupportedDtype,
 )
 from maec_core.io.headers import read_header
-from maec_core.recipe import parse_recipe
+from maec_core.parsing import parse_recipe
 from maec_core.run import run
 from tests.core.conftest import leftovers
 

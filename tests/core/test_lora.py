@@ -27,7 +27,7 @@ from maec_core.io.reader import TensorReader
 from maec_core.lora.export import low_rank_factors, select_targets
 from maec_core.maec.pipeline import extract
 from maec_core.maec.rowio import RowReader
-from maec_core.recipe import parse_recipe
+from maec_core.parsing import parse_recipe
 from tests.factories import make_llama, run_recipe
 
 TARGETS = ["q_proj", "v_proj", "down_proj"]

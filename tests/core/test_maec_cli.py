@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from maec_core.cli import main
 from maec_core.maec.keys import artifact_key
-from maec_core.recipe import parse_recipe
+from maec_core.parsing import parse_recipe
 from tests.core.test_maec_common import _private_cache  # noqa: F401 - autouse fixture
 from tests.core.test_maec_invariants import KEY_RATIO, planted
 

@@ -24,7 +24,8 @@ from maec_core.errors import CorpusError
 from maec_core.maec.keys import artifact_key
 from maec_core.maec.pipeline import extract
 from maec_core.maec.store import LocalArtifactStore
-from maec_core.recipe import Recipe, parse_recipe
+from maec_core.parsing import parse_recipe
+from maec_core.recipe import Recipe
 from maec_core.run import run
 from tests.core.test_maec_common import _private_cache  # noqa: F401 - autouse fixture
 from tests.factories import TINY, make_llama, tiny_tokenizer

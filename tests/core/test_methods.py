@@ -14,7 +14,7 @@ from maec_core.methods import TensorCall, TensorMethod, get_method
 from maec_core.methods._sparsify import tensor_generator
 from maec_core.methods.layer_swap import language_weight
 from maec_core.methods.params import resolve_params
-from maec_core.recipe import parse_recipe
+from maec_core.parsing import parse_recipe
 
 
 def call(
@@ -264,7 +264,7 @@ def test_recipe_errors_name_the_problem(data: dict[str, Any], needle: str) -> No
 
 def test_a_misspelt_parameter_is_a_warning_naming_it() -> None:
     """mergekit ignores a name no method reads; here it is accepted too, and named."""
-    from maec_core.methods.registry import recipe_warnings
+    from maec_core.parsing import recipe_warnings
 
     recipe = parse_recipe({"merge_method": "ties", "base_model": "b",
                            "models": [{"model": "a"}], "parameters": {"densty": 0.5}})

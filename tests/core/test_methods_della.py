@@ -12,7 +12,7 @@ import torch
 
 from maec_core.errors import RecipeError
 from maec_core.methods._sparsify import magprune_, tensor_generator
-from maec_core.recipe import parse_recipe
+from maec_core.parsing import parse_recipe
 from tests.core.test_methods import call, close, lam
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from maec_core.methods.karcher import karcher_mean
-from maec_core.recipe import parse_recipe
+from maec_core.parsing import parse_recipe
 from tests.core.test_methods import call, close
 
 

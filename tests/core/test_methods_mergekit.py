@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from maec_core.recipe import parse_recipe
+from maec_core.parsing import parse_recipe
 from maec_core.run import run
 
 mergekit_config = pytest.importorskip("mergekit.config")

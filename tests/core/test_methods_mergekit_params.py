@@ -17,7 +17,7 @@ registry = pytest.importorskip("mergekit.merge_methods.registry")
 from mergekit.merge_methods.base import ParameterScope  # noqa: E402
 
 from maec_core.methods import all_methods  # noqa: E402
-from maec_core.recipe import parse_recipe  # noqa: E402
+from maec_core.parsing import parse_recipe  # noqa: E402
 
 # Parameters accepted here that mergekit does not know, and why.
 EXTRA_HERE: dict[str, set[str]] = {

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from maec_core.errors import RecipeError
-from maec_core.recipe import parse_recipe
+from maec_core.parsing import parse_recipe
 from tests.core.test_methods import call, close
 
 

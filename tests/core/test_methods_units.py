@@ -23,7 +23,7 @@ from maec_core.methods import (
 )
 from maec_core.methods import base as base_mod
 from maec_core.methods import registry as registry_mod
-from maec_core.recipe import parse_recipe
+from maec_core.parsing import parse_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILTIN = {"breadcrumbs", "breadcrumbs_ties", "dare_linear", "dare_ties", "layer_swap",

@@ -6,7 +6,7 @@ import pytest
 
 from maec_core.errors import RecipeError
 from maec_core.maec.params import maec_params
-from maec_core.recipe import parse_recipe
+from maec_core.parsing import parse_recipe
 
 
 def _maec(parameters: dict[str, object]) -> dict[str, object]:

@@ -22,7 +22,7 @@ from maec_core.io.headers import read_header
 from maec_core.io.reader import TensorReader, UnitReader
 from maec_core.io.resident import ResidentFiles, held_bytes, tensor_files
 from maec_core.maec.rowio import RowReader
-from maec_core.recipe import parse_recipe
+from maec_core.parsing import parse_recipe
 from maec_core.run import run
 from maec_core.runtime import EngineOptions
 from maec_core.sweep.memory import default_budget

@@ -13,7 +13,7 @@ import torch
 
 from maec_core.context import RunContext
 from maec_core.maec.store import LocalArtifactStore
-from maec_core.recipe import parse_recipe
+from maec_core.parsing import parse_recipe
 from maec_core.run import run
 from maec_core.runtime import torch_threads
 from tests.core.test_maec_common import maec_recipe

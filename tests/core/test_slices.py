@@ -12,8 +12,8 @@ from safetensors.torch import load_file
 
 from maec_core.errors import IncompatibleCheckpoints, RecipeError
 from maec_core.io.folder import open_model_folder
+from maec_core.parsing import parse_recipe
 from maec_core.plan import build_slice_plan, plan_recipe
-from maec_core.recipe import parse_recipe
 from tests.core.conftest import leftovers
 from tests.factories import make_llama, read_config, run_recipe
 

@@ -14,8 +14,8 @@ from transformers import AutoTokenizer, LlamaForCausalLM
 
 from maec_core.errors import IncompatibleCheckpoints, RecipeError, TokenizerError
 from maec_core.io.folder import open_model_folder
+from maec_core.parsing import parse_recipe
 from maec_core.plan import plan_recipe
-from maec_core.recipe import parse_recipe
 from tests.factories import make_extended, make_llama, run_recipe
 
 EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"

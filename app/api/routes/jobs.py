@@ -18,7 +18,7 @@ from app.jobs.record import STATUSES, JobRecord, new_job_id, now_iso
 from app.storage.base import StorageError
 from app.submission import build_recipe, check_sources
 from app.webhooks.delivery import accept_callback
-from maec_core.methods.registry import recipe_warnings
+from maec_core.parsing import recipe_warnings
 
 log = logging.getLogger("maec.api")
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=PROBLEMS)

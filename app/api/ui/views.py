@@ -11,7 +11,7 @@ import yaml
 
 from app.jobs.record import TERMINAL, JobRecord
 from maec_core.errors import MaecError
-from maec_core.recipe import parse_recipe
+from maec_core.parsing import parse_recipe
 
 BASE_ROLES = frozenset({"base", "language_base"})
 DONOR_ROLES = frozenset({"ability_donor", "model", "slice_source"})
