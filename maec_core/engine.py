@@ -311,9 +311,9 @@ def stream_merge(plan: MergePlan, work: MergeWork, output: OutputSpec, ctx: RunC
         ctx.options, recipe.dtype, plan.input_dtype,
         float32_only=get_method(recipe.merge_method).float32_only))
     if options.compute_dtype != "float32" and work.streams:
-        # 16-bit arithmetic on the CPU rounds differently in its vectorised and scalar
-        # loops, so a slice boundary would change bytes: whole tensors keep a 16-bit
-        # merge the same however it is cut (the float32 path streams as before).
+        # Streamed in slices, a bf16 merge on the CPU gave other bytes than on whole
+        # tensors (tests/core/test_engine.py): whole tensors keep a 16-bit merge the
+        # same however it is cut (the float32 path streams as before).
         work = dataclasses.replace(work, elementwise=False, compute_at=None)
     started = time.perf_counter()
     target = torch_dtype(output.dtype)

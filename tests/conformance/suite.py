@@ -53,7 +53,19 @@ FAST = {"basic_linear", "basic_ties", "basic_slerp", "example_gpt2_small",
         "basic_passthrough_scale"}
 # Recipes whose outputs are known to differ, and why (docs/compatibility.md has the
 # evidence). Not hidden: the test expects them to fail and the benchmark counts them.
-KNOWN_DIFFERENCES: dict[str, str] = {}
+KNOWN_DIFFERENCES: dict[str, str] = {
+    "example_gradient_slerp": "conditions keyed `pattern:` are refused here; mergekit "
+                              "drops the key, so the condition matches every tensor",
+    "arch_qwen2_frankenmerge": "mergekit 0.1.5 cannot write the config (it changes "
+                               "num_hidden_layers, not layer_types); ours writes both "
+                               "and transformers loads it",
+    "example_arcee_fusion": "mergekit writes float32 tensors for this dtype: bfloat16 "
+                            "recipe (no out_dtype); ours bfloat16; same values",
+    "method_sce_fp16": "float16 SCE: variance and model weights are computed in another "
+                       "order here (weights in float64), so the float16 selection differs",
+    "basic_model_stock_filterwise": "bfloat16 filter-wise model_stock: one tensor "
+                                    "beyond the bf16 tolerance (cause not yet found)",
+}
 
 
 def recipe_files(only_fast: bool = False) -> list[Path]:
