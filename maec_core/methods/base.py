@@ -211,6 +211,10 @@ class MergeMethod:
         # Top-level parameters hold the method's own and, as in mergekit, defaults for
         # every model's; a key the method does not read is reported by ``ignored``.
         self._check_mixed(recipe.parameters, "parameters")
+        # The method's own parameters come from this level only: a required one missing
+        # is named now.
+        check_params(self.params, _only(recipe.parameters, field_keys(self.params)),
+                     "parameters")
         own = field_keys(self.model_params)
         for i, m in enumerate(recipe.models):
             check_params(self.model_params, _only(m.parameters, own),
