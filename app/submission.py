@@ -12,8 +12,6 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
-
 from app.scheduler.estimate import Need, estimate, estimate_moe
 from app.settings import Settings
 from app.sources import (
@@ -38,10 +36,9 @@ from maec_core.eval.sets import SET_MAX_BYTES, load_set
 from maec_core.io.folder import ModelFolder
 from maec_core.job_plan import JobPlan, plan_job
 from maec_core.methods import NamedForm, TensorMethod, get_method
-from maec_core.methods.params import validated_params
 from maec_core.moe.config import MoeConfig, parse_moe_config
 from maec_core.moe.plan import plan_moe
-from maec_core.parsing import parse_recipe
+from maec_core.parsing import parse_recipe, recipe_warnings
 from maec_core.plan import MergePlan, plan_recipe
 from maec_core.recipe import Recipe
 from maec_core.recipe_values import Condition, ParamValue
@@ -57,6 +54,12 @@ def build_job(req: JobRequest) -> Recipe | MoeConfig:
             config = config.model_copy(update={"name": req.name})
         return config
     return build_recipe(req)
+
+
+def job_warnings(job: Recipe | MoeConfig) -> list[str]:
+    """What the job's recipe (or MoE config) says that its build does not read, one line
+    each, for the job record."""
+    return job.warnings if isinstance(job, MoeConfig) else recipe_warnings(job)
 
 
 def check_job_sources(job: Recipe | MoeConfig, settings: Settings, storage: Storage
@@ -279,12 +282,13 @@ def check_against_plan(recipe: Recipe, plan: MergePlan) -> None:
         _check_filters(where, params, names)
     if recipe.slices is not None:
         return  # resolved per slice by maec_core.slices, which names its own failures
+    entries = method.merged_entries(recipe)
     for name in (t.name for t in plan.tensors):
-        for where, model, params in _parameter_maps(recipe, method):
-            try:
-                validated_params(model, params, name, plan.num_layers)
-            except RecipeError as exc:
-                raise RecipeError(f"{where}: {exc.message}", **exc.details) from None
+        # The engine's own resolution (a model's value, else the recipe's default).
+        try:
+            method.resolve_models(recipe, entries, name, plan.num_layers)
+        except RecipeError as exc:
+            raise RecipeError(f"parameters: {exc.message}", **exc.details) from None
 
 
 def _parameter_blocks(recipe: Recipe) -> Iterator[tuple[str, Mapping[str, ParamValue]]]:
@@ -296,14 +300,6 @@ def _parameter_blocks(recipe: Recipe) -> Iterator[tuple[str, Mapping[str, ParamV
         yield f"slices[{i}].parameters", sl.parameters
         for j, src in enumerate(sl.sources):
             yield f"slices[{i}].sources[{j}].parameters", src.parameters
-
-
-def _parameter_maps(recipe: Recipe, method: TensorMethod
-                    ) -> Iterator[tuple[str, type[BaseModel], Mapping[str, ParamValue]]]:
-    yield "parameters", method.params, recipe.parameters
-    for i, entry in enumerate(recipe.models):
-        if entry.model != recipe.base_model:  # the engine never resolves the base's
-            yield f"models[{i}].parameters", method.model_params, entry.parameters
 
 
 def _check_filters(where: str, params: Mapping[str, ParamValue], names: list[str]) -> None:

@@ -8,6 +8,8 @@ from maec_core.recipe import Recipe
 
 
 def model_card(recipe: Recipe, base_models: list[str], summary: str = "") -> str:
+    from maec_core.parsing import recipe_warnings
+
     front = {
         "base_model": base_models,
         "library_name": "transformers",
@@ -26,6 +28,13 @@ def model_card(recipe: Recipe, base_models: list[str], summary: str = "") -> str
     ]
     if summary:
         lines += [summary.rstrip(), ""]
+    ignored = recipe_warnings(recipe)
+    if ignored:
+        # Accepted as mergekit accepts them, and listed so no one reads them as used.
+        lines += ["## Ignored recipe fields", "",
+                  "The recipe gives these, and the merge does not use them:", "",
+                  *(f"- `{w.split(' ignored: ')[0]}`: {w.split(' ignored: ', 1)[-1]}"
+                    for w in ignored), ""]
     lines += [
         "## Recipe",
         "",

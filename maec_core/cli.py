@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+import dataclasses
+import sys
 from pathlib import Path
 
 import click
 
+from maec_core.cli_mergekit import MergekitFlags, mergekit_flags
 from maec_core.cli_options import FLAG_NAMES as ALL_FLAGS
 from maec_core.cli_options import RunFlags, run_flags
 from maec_core.eval.cli import eval_command
 from maec_core.parsing import parse_recipe
+from maec_core.recipe import Recipe
+
+
+def _warn(recipe: Recipe) -> None:
+    """Every field the recipe gives that the merge does not use, on stderr."""
+    from maec_core.parsing import recipe_warnings
+
+    for line in recipe_warnings(recipe):
+        click.echo(f"warning: {line}", err=True)
 
 
 @click.group()
@@ -22,14 +34,29 @@ def main() -> None:
 @click.argument("recipe", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.argument("out_dir", type=click.Path(path_type=Path))
 @run_flags(*ALL_FLAGS)
-def merge(recipe: Path, out_dir: Path, flags: RunFlags) -> None:
-    """Merge the checkpoints named in RECIPE (mergekit YAML shape) into OUT_DIR."""
+@mergekit_flags
+def merge(recipe: Path, out_dir: Path, flags: RunFlags, mergekit: MergekitFlags) -> None:
+    """Merge the checkpoints named in RECIPE (mergekit YAML shape) into OUT_DIR.
+
+    mergekit-yaml's options are accepted with the same meaning, or refused naming the
+    reason (docs/compatibility.md lists each).
+    """
     from maec_core.maec.store import LocalArtifactStore
     from maec_core.run import run
 
+    refused = mergekit.refusals()
+    if refused:
+        for line in refused:
+            click.echo(f"error: {line}", err=True)
+        sys.exit(2)
+    for line in mergekit.notes():
+        click.echo(f"note: {line}", err=True)
+    flags = dataclasses.replace(flags, device=flags.device or mergekit.device,
+                                no_progress=flags.no_progress or mergekit.quiet)
     store = LocalArtifactStore(flags.cache / "artifacts")
-    result = flags.run(lambda ctx: run(parse_recipe(recipe), out_dir,
-                                       ctx.but(artifact_store=store)))
+    parsed = flags.run(lambda _ctx: mergekit.apply(parse_recipe(recipe)))
+    _warn(parsed)
+    result = flags.run(lambda ctx: run(parsed, out_dir, ctx.but(artifact_store=store)))
     click.echo(f"wrote {out_dir} ({result.tensors} tensors, {result.seconds:.1f} s)")
 
 

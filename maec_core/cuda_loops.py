@@ -26,6 +26,7 @@ import functools
 import queue
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -80,6 +81,17 @@ def non_finite(name: str) -> NonFiniteOutput:
         "(check the inputs and parameters)",
         tensor=name,
     )
+
+
+def computed(compute: Callable[..., Any], planned: Any, inputs: list[Any]) -> Any:
+    """``compute(planned, inputs)``; a parameter too large for a 16-bit compute dtype
+    (torch refuses to convert it) is the same failure as an infinite result."""
+    try:
+        return compute(planned, inputs)
+    except RuntimeError as exc:
+        if "without overflow" in str(exc):
+            raise non_finite(planned.name) from None
+        raise
 
 
 @dataclass
@@ -140,7 +152,7 @@ def whole_tensors_cuda(run: LoopRun) -> None:
     on the CPU with the same arithmetic."""
     plan, steps, writer, compute = run.plan, run.steps, run.writer, run.compute
     device, target, tick, options = run.device, run.target, run.tick, run.options
-    cdtype = torch_dtype(options.compute_dtype)
+    cdtype = torch_dtype(options.compute_dtype or "float32")
     streams = _Streams(device)
     last: _Launched | None = None
 
@@ -161,14 +173,14 @@ def whole_tensors_cuda(run: LoopRun) -> None:
                 if need > options.gpu_budget_bytes:
                     flush()  # in order: the writer takes tensors as planned
                     threads.use(threads.saved)
-                    merged = compute(planned, [r.to(cdtype) for r in raw]).to(target)
+                    merged = computed(compute, planned, [r.to(cdtype) for r in raw]).to(target)
                     if not bool(torch.isfinite(merged).all()):
                         raise non_finite(planned.name)
                     writer.write(planned.name, merged)
                     continue
                 inputs = streams.upload(raw, cdtype)
                 del raw
-                merged = compute(planned, inputs).to(target)
+                merged = computed(compute, planned, inputs).to(target)
                 del inputs
                 host = torch.empty(merged.shape, dtype=target, pin_memory=True)
                 launched = streams.download(planned, merged, host)
@@ -186,7 +198,7 @@ def stream_units_cuda(run: LoopRun) -> None:
     that the writer thread hashes and writes, the host waiting one unit behind."""
     plan, steps, writer, device = run.plan, run.steps, run.writer, run.device
     target, tick, options = run.target, run.tick, run.options
-    cdtype = torch_dtype(options.compute_dtype)
+    cdtype = torch_dtype(options.compute_dtype or "float32")
     st_dtype = SAFETENSORS_NAMES[target]
     tsize = torch.empty((), dtype=target).element_size()
     streams = _Streams(device)

@@ -44,6 +44,7 @@ from maec_core.cuda_loops import (
     ComputeFn,
     LoopRun,
     OffsetComputeFn,
+    computed,
     non_finite,
     stream_units_cuda,
     whole_tensors_cuda,
@@ -63,18 +64,20 @@ from maec_core.io.writer import (
 )
 from maec_core.manifest import build_manifest, write_manifest
 from maec_core.methods import TensorCall, TensorMethod, get_method
-from maec_core.methods.params import layer_index, validated_params
+from maec_core.methods.params import layer_index
 from maec_core.plan import MergePlan, PlannedTensor, build_plan, recipe_vocab, rows_of
 from maec_core.recipe import Recipe
 from maec_core.runtime import (
     EngineOptions,
     MergeResult,
     best_device,
+    compute_dtype_for,
     torch_dtype,
     torch_threads,
 )
 from maec_core.slices import prepare_slices
 from maec_core.vocab.build import is_vocab_tensor
+from maec_core.vocab.chat_template import resolve_chat_template, with_chat_template
 from maec_core.vocab.rows import RowAligner
 
 __all__ = ["ComputeFn", "MergeWork", "OffsetComputeFn", "run_method", "stream_merge"]
@@ -122,7 +125,7 @@ def _whole_tensors(run: LoopRun) -> None:
     """One tensor at a time: for methods that need the whole tensor (TIES, SLERP, ...)."""
     plan, steps, writer, compute = run.plan, run.steps, run.writer, run.compute
     device, target, tick = run.device, run.target, run.tick
-    cdtype = torch_dtype(run.options.compute_dtype)
+    cdtype = torch_dtype(run.options.compute_dtype or "float32")
     with TensorReader(resident=run.options.resident) as reader, torch_threads() as threads:
         prefetch = Prefetcher(reader, steps)
         try:
@@ -135,7 +138,7 @@ def _whole_tensors(run: LoopRun) -> None:
                     threads.use(threads.saved if planned.numel >= THREADED_MIN_NUMEL else 1)
                 inputs = [r.to(device=device, dtype=cdtype) for r in raw]
                 del raw
-                merged = compute(planned, inputs).to(device="cpu", dtype=target)
+                merged = computed(compute, planned, inputs).to(device="cpu", dtype=target)
                 del inputs
                 # Checked after the cast: a float32 value beyond float16's range only
                 # becomes inf there, and the cast tensor is the smaller one to scan.
@@ -171,7 +174,7 @@ def _unit_buffers(
     worker one compute-dtype slice per input, and ``outputs`` byte buffers of one unit
     each."""
     plan, device = run.plan, run.device
-    cdtype = torch_dtype(run.options.compute_dtype)
+    cdtype = torch_dtype(run.options.compute_dtype or "float32")
     slots = max((len(s) for s in run.steps), default=0)
     scratch: queue.Queue[list[torch.Tensor]] = queue.Queue()
     for _ in range(workers):
@@ -301,7 +304,16 @@ def stream_merge(plan: MergePlan, work: MergeWork, output: OutputSpec, ctx: RunC
     manifest on a thread meanwhile, digests kept in the folder ``ctx.hash_cache`` when
     given.
     """
-    options = ctx.options
+    recipe = output.recipe
+    # Resolved once here, so every loop below sees a concrete compute dtype.
+    options = dataclasses.replace(ctx.options, compute_dtype=compute_dtype_for(
+        ctx.options, recipe.dtype, plan.input_dtype,
+        float32_only=get_method(recipe.merge_method).float32_only))
+    if options.compute_dtype != "float32" and work.streams:
+        # Streamed in slices, a bf16 merge on the CPU gave other bytes than on whole
+        # tensors (tests/core/test_engine.py): whole tensors keep a 16-bit merge the
+        # same however it is cut (the float32 path streams as before).
+        work = dataclasses.replace(work, elementwise=False, compute_at=None)
     started = time.perf_counter()
     target = torch_dtype(output.dtype)
     total = len(plan.tensors)
@@ -453,14 +465,17 @@ def _write_definition(staged: StagedOutput, plan: MergePlan, *, output: OutputSp
     dtype and the plan's changes applied). The output folder's first files, and a
     sink's skeleton (``EngineOptions.skeleton``)."""
     source = plan.models[output.tokenizer_from]
-    if output.tokenizer_files:
-        # A built vocabulary: its tokenizer files, and none of the source's slow-tokenizer
-        # files (they would describe the old vocabulary).
-        staged.copy_side_files(source, skip=STALE_TOKENIZER_FILES)
-        for name, data in output.tokenizer_files.items():
-            staged.write_bytes(name, data)
-    else:
-        staged.copy_side_files(source)
+    # A built vocabulary: its tokenizer files, and none of the source's slow-tokenizer
+    # files (they would describe the old vocabulary).
+    skip = STALE_TOKENIZER_FILES if output.tokenizer_files else ()
+    files = {p.name: p.read_bytes() for p in source.side_files() if p.name not in skip}
+    files.update(output.tokenizer_files or {})
+    template = resolve_chat_template(output.recipe.chat_template,
+                                     [m.root for m in plan.models.values()])
+    if template is not None:
+        files = with_chat_template(files, template)
+    for name, data in files.items():
+        staged.write_bytes(name, data)
     staged.write_json("config.json",
                       output_config(source.config, output.dtype, plan.config_updates))
 
@@ -498,15 +513,17 @@ def _finish_folder(
     return manifest
 
 
-def _model_keys(recipe: Recipe) -> tuple[str | None, list[tuple[str, str]]]:
-    """(base key, [(key, path)] for the other models); keys are unique, readable names."""
+def _model_keys(recipe: Recipe, separate_base: bool = True
+                ) -> tuple[str | None, list[tuple[str, str]]]:
+    """(base key, [(key, path)] for the other models); keys are unique, readable names.
+    Without ``separate_base`` the base, listed among the models, is one of them."""
     others: list[tuple[str, str]] = []
     seen: set[str] = set()
-    base_key = recipe.base_model
+    base_key = recipe.base_model if separate_base else None
     if base_key:
         seen.add(base_key)
     for m in recipe.models:
-        if m.model == recipe.base_model:
+        if separate_base and m.model == recipe.base_model:
             continue
         key, n = m.model, 2
         while key in seen:
@@ -533,14 +550,18 @@ def run_method(recipe: Recipe, out_dir: Path, ctx: RunContext | None = None) -> 
     if recipe.slices is not None:
         return _run_slices(recipe, spec, Path(out_dir), ctx)
     fn = spec.merge
-    base_key, others = _model_keys(recipe)
+    # A method that merges its base like any other model (linear) reads the base's own
+    # parameters when the base is listed among the models, as mergekit does.
+    separate = spec.separate_base(recipe)
+    base_key, others = _model_keys(recipe, separate)
     named = {**({base_key: base_key} if base_key else {}), **dict(others)}
     folders = open_models(named, recipe.base_model)
-    reference = base_key or others[0][0]
+    reference = base_key or (recipe.base_model if recipe.base_model in named
+                             else others[0][0])
     vocab = recipe_vocab(recipe, folders)
     plan = build_plan(folders, reference, rows_of(vocab))
     out_dtype = recipe.output_dtype or plan.input_dtype
-    entries = [m for m in recipe.models if m.model != recipe.base_model]
+    entries = spec.merged_entries(recipe)
     other_keys = [k for k, _ in others]
     keys = ([base_key] if base_key else []) + other_keys
     num_layers = plan.num_layers
@@ -561,11 +582,7 @@ def run_method(recipe: Recipe, out_dir: Path, ctx: RunContext | None = None) -> 
         if name not in resolved:
             if len(resolved) > 8:
                 resolved.clear()
-            resolved[name] = (
-                [validated_params(spec.model_params, e.parameters, name, num_layers)
-                 for e in entries],
-                validated_params(spec.params, recipe.parameters, name, num_layers),
-            )
+            resolved[name] = spec.resolve_models(recipe, entries, name, num_layers)
         return resolved[name]
 
     aligner = RowAligner(vocab) if rows_of(vocab) is not None and vocab else None

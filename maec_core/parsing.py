@@ -18,12 +18,19 @@ from typing import Any
 from maec_core.methods.registry import get_method
 from maec_core.recipe import Recipe, load_recipe
 
-__all__ = ["parse_recipe", "validate_recipe"]
+__all__ = ["parse_recipe", "recipe_warnings", "validate_recipe"]
 
 
 def validate_recipe(recipe: Recipe) -> None:
     """Check method name, model counts and every parameter's name and range."""
     get_method(recipe.merge_method).validate(recipe)
+
+
+def recipe_warnings(recipe: Recipe) -> list[str]:
+    """What a valid recipe says that its merge does not use (parameters the method does
+    not read, names no method knows), one line each: the CLI prints them, the job
+    record and the model card list them."""
+    return get_method(recipe.merge_method).ignored(recipe)
 
 
 def parse_recipe(source: Recipe | Mapping[str, Any] | str | Path) -> Recipe:

@@ -15,6 +15,7 @@ from typing import Any
 from maec_core.errors import IncompatibleCheckpoints, RecipeError, UnsupportedDtype
 from maec_core.io.folder import ModelFolder
 from maec_core.io.headers import FLOAT_DTYPES, TensorInfo
+from maec_core.methods.params import BLOCK_PATTERN
 from maec_core.methods.registry import get_method
 from maec_core.recipe import Recipe, Slice
 from maec_core.vocab.build import VocabPlan, VocabSpec, is_vocab_tensor, plan_vocab
@@ -70,11 +71,7 @@ class MergePlan:
 
     @property
     def num_layers(self) -> int:
-        cfg = self.models[self.reference].config
-        n = cfg.get("num_hidden_layers") or (cfg.get("text_config") or {}).get(
-            "num_hidden_layers"
-        )
-        return int(n or 0)
+        return config_layers(self.models[self.reference].config)
 
 
 def _lookup(folder: ModelFolder, name: str) -> TensorInfo | None:
@@ -240,12 +237,16 @@ def _distinct(recipe: Recipe) -> list[str]:
     return list(dict.fromkeys(s.ref for s in recipe.sources() if s.kind == "checkpoint"))
 
 
-# Transformer blocks: "<stack>.layers.<i>.<rest>" (Llama, Mistral, Qwen, Gemma, Phi-3).
-_BLOCK = re.compile(r"^(.*\.layers\.)(\d+)(\..+)$")
-# Tensors outside the blocks that sit below them (the token embedding); every other one
-# (final norm, lm_head) sits above them. The split decides which slice's sources a
-# non-layer tensor is merged from, as in mergekit: the first slice's, or the last one's.
-_BELOW_BLOCKS = ("embed",)
+# Transformer blocks: "<stack>.<i>.<rest>", the stack named as the architectures
+# mergekit knows name theirs: "model.layers" (Llama, Mistral, Qwen2, Gemma, Phi,
+# Granite), "language_model.model.layers" (Llava-style), "transformer.h" (GPT-2,
+# Falcon, BLOOM), "gpt_neox.layers".
+_BLOCK = re.compile(BLOCK_PATTERN)
+# Tensors outside the blocks that sit below them (the token and position embeddings:
+# "embed_tokens", GPT-2's "wte" and "wpe"); every other one (final norm, lm_head) sits
+# above them. The split decides which slice's sources a non-layer tensor is merged
+# from, as in mergekit: the first slice's, or the last one's.
+_BELOW_BLOCKS = ("embed", ".wte.", ".wpe.")
 
 
 @dataclass(frozen=True)
@@ -302,8 +303,8 @@ def _stack(key: str, folder: ModelFolder) -> _Stack:
     if len(prefixes) != 1:
         found = ", ".join(sorted(prefixes)) or "none"
         raise RecipeError(
-            f"slices need one stack of blocks named '<prefix>.layers.<i>.*'; {key} has "
-            f"{found}", model=key,
+            f"slices need one stack of blocks named '<prefix>.layers.<i>.*' or "
+            f"'<prefix>.h.<i>.*'; {key} has {found}", model=key,
         )
     if sorted(blocks) != list(range(len(blocks))):
         raise IncompatibleCheckpoints(
@@ -313,11 +314,22 @@ def _stack(key: str, folder: ModelFolder) -> _Stack:
     return _Stack(prefixes.pop(), blocks, other)
 
 
+# Names configs give their layer count under (GPT-2's is n_layer).
+LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+
+
+def layer_count_key(config: Mapping[str, Any]) -> str | None:
+    """The key ``config`` (top level) holds its layer count under, if any."""
+    return next((k for k in LAYER_COUNT_KEYS if isinstance(config.get(k), int)), None)
+
+
 def config_layers(config: Mapping[str, Any]) -> int:
     """The layer count a config declares (top level, or its text model's)."""
-    n = config.get("num_hidden_layers") or (config.get("text_config") or {}).get(
-        "num_hidden_layers")
-    return int(n or 0)
+    for cfg in (config, config.get("text_config") or {}):
+        key = layer_count_key(cfg)
+        if key is not None:
+            return int(cfg[key])
+    return 0
 
 
 def _check_ranges(recipe: Recipe, stacks: Mapping[str, _Stack]) -> None:
@@ -413,7 +425,7 @@ def build_slice_plan(recipe: Recipe, models: Mapping[str, ModelFolder]) -> Slice
     keys = _distinct(recipe)
     # The layer count may differ between sources; everything else must agree.
     check_configs({k: models[k] for k in keys},
-                  tuple(f for f in ARCH_FIELDS if f != "num_hidden_layers"))
+                  tuple(f for f in ARCH_FIELDS if f not in LAYER_COUNT_KEYS))
     stacks = {k: _stack(k, models[k]) for k in keys if any(
         s.model == k for sl in slices for s in sl.sources)}
     _check_ranges(recipe, stacks)
@@ -439,10 +451,13 @@ def _config_updates(config: Mapping[str, Any], layer_types: list[Any]) -> dict[s
     them: ``layer_types[j]`` is output layer j's source layer's type)."""
     layers = len(layer_types)
     updates: dict[str, Any] = {}
-    if "num_hidden_layers" in config or "text_config" not in config:
-        updates["num_hidden_layers"] = layers
+    key = layer_count_key(config)
+    if key is not None or "text_config" not in config:
+        updates[key or "num_hidden_layers"] = layers
     else:
-        updates["text_config"] = {**config["text_config"], "num_hidden_layers": layers}
+        text = config["text_config"]
+        updates["text_config"] = {**text,
+                                  layer_count_key(text) or "num_hidden_layers": layers}
     if isinstance(config.get("layer_types"), list) and None not in layer_types:
         updates["layer_types"] = layer_types
     return updates

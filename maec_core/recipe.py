@@ -18,8 +18,15 @@ from maec_core.errors import EvalSetError, MaecError, RecipeError, SweepError
 from maec_core.eval.sets import MAX_SETS, EvalSetSpec
 from maec_core.recipe_values import ParamValue
 from maec_core.sweep.spec import SweepSpec
+from maec_core.vocab.chat_template import check_chat_template
 
 DType = Literal["float32", "float16", "bfloat16"]
+
+
+def _empty_if_none(v: Any) -> Any:
+    # A bare ``parameters:`` (YAML null), as mergekit's own examples write it: no
+    # parameters, as mergekit reads it.
+    return {} if v is None else v
 
 
 class ModelEntry(BaseModel):
@@ -27,6 +34,8 @@ class ModelEntry(BaseModel):
 
     model: str
     parameters: dict[str, ParamValue] = Field(default_factory=dict)
+
+    _params = field_validator("parameters", mode="before")(_empty_if_none)
 
 
 class SliceSource(BaseModel):
@@ -37,6 +46,8 @@ class SliceSource(BaseModel):
     model: str
     layer_range: tuple[int, int]
     parameters: dict[str, ParamValue] = Field(default_factory=dict)
+
+    _params = field_validator("parameters", mode="before")(_empty_if_none)
 
     @field_validator("layer_range")
     @classmethod
@@ -61,6 +72,8 @@ class Slice(BaseModel):
 
     sources: list[SliceSource] = Field(min_length=1)
     parameters: dict[str, ParamValue] = Field(default_factory=dict)
+
+    _params = field_validator("parameters", mode="before")(_empty_if_none)
 
     @model_validator(mode="after")
     def _same_length(self) -> Slice:
@@ -194,6 +207,7 @@ class Recipe(BaseModel):
     # mergekit's other shape: runs of layers, each merged from its own sources.
     slices: list[Slice] | None = None
     parameters: dict[str, ParamValue] = Field(default_factory=dict)
+    _params = field_validator("parameters", mode="before")(_empty_if_none)
     # mergekit: ``dtype`` is the compute dtype and ``out_dtype`` the saved one. Merges
     # here always compute in float32, so ``dtype`` only names the output dtype when
     # ``out_dtype`` is absent (what mergekit then saves).
@@ -205,6 +219,9 @@ class Recipe(BaseModel):
     tokenizer: TokenizerSpec | None = None
     out_shard_size: int | str = "5GB"
     name: str | None = None
+    # mergekit's: a built-in template's name, literal Jinja, or "auto" (the template
+    # most inputs carry); written beside the output's tokenizer.
+    chat_template: str | None = Field(default=None, max_length=1 << 20)
     # MAEC only (merge_method: maec).
     language_base: str | None = None
     abilities: list[AbilityEntry] = Field(default_factory=list)
@@ -221,6 +238,13 @@ class Recipe(BaseModel):
     @classmethod
     def _lower(cls, v: str) -> str:
         return v.strip().lower()
+
+    @field_validator("chat_template")
+    @classmethod
+    def _template(cls, v: str | None) -> str | None:
+        if v is not None:
+            check_chat_template(v)
+        return v
 
     @model_validator(mode="after")
     def _one_shape(self) -> Recipe:

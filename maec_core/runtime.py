@@ -42,7 +42,7 @@ class MergeResult:
 
 
 # Compute dtypes a merge may run its arithmetic in.
-COMPUTE_DTYPES = ("float32", "bfloat16")
+COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
 # GPU memory the engine plans to hold at most (see EngineOptions).
 GPU_BUDGET_BYTES = 8 << 30
 
@@ -51,11 +51,16 @@ GPU_BUDGET_BYTES = 8 << 30
 class EngineOptions:
     """How the engine runs a merge (never what it computes, except ``compute_dtype``).
 
-    ``compute_dtype``: the dtype the arithmetic runs in. ``float32`` (the default) is the
-    reference and the same on every device; ``bfloat16`` halves the GPU memory and
-    traffic of the compute at the cost of precision (bf16 keeps 8 significant bits, so a
-    sum of small task vectors into a large weight loses most of them): opt in only where
-    the output is checked.
+    ``compute_dtype``: the dtype the arithmetic runs in. ``None`` (the default) means
+    mergekit's rule: the recipe's ``dtype`` (mergekit documents it as the dtype used for
+    merging; ``out_dtype`` is the one written), else the inputs' own dtype, so a recipe
+    written for mergekit gives mergekit's tensors. ``float32`` is float32 accumulation
+    whatever the recipe says: the same on every device, and more precise than a bf16
+    recipe's arithmetic (bf16 keeps 8 significant bits, so a sum of small task vectors
+    into a large weight loses most of them); choose it where precision matters more
+    than reproducing mergekit. ``bfloat16`` and ``float16`` halve the GPU memory and
+    traffic of the compute. MAEC always computes in float32 (its own pipeline: its
+    statistics are sums over whole tensors), whatever this says.
 
     ``on_shard(path, written)``: called as each output shard is complete on disk, while
     the merge goes on (the worker uploads it meanwhile). ``path`` lies in the staging
@@ -102,7 +107,7 @@ class EngineOptions:
       matrices on the CPU, and the GPU never holds more than 8 GiB.
     """
 
-    compute_dtype: str = "float32"
+    compute_dtype: str | None = None
     on_shard: ShardFn | None = None
     on_shard_open: ShardOpenFn | None = None
     gpu_budget_bytes: int = GPU_BUDGET_BYTES
@@ -117,11 +122,24 @@ class EngineOptions:
             # A folder output holds these files already; only a sink lacks them.
             raise MaecError("EngineOptions.skeleton goes with a sink: a merge into a "
                             "folder writes its definition files there")
-        if self.compute_dtype not in COMPUTE_DTYPES:
+        if self.compute_dtype is not None and self.compute_dtype not in COMPUTE_DTYPES:
             from maec_core.errors import RecipeError
 
             raise RecipeError(f"compute_dtype must be one of {list(COMPUTE_DTYPES)}, "
                               f"not {self.compute_dtype!r}", compute_dtype=self.compute_dtype)
+
+
+def compute_dtype_for(options: EngineOptions, recipe_dtype: str | None, input_dtype: str,
+                      float32_only: bool = False) -> str:
+    """The dtype a merge computes in: the option when set; float32 for a method that
+    computes only in it (MAEC); otherwise the recipe's ``dtype`` or, without one, the
+    inputs' (mergekit's compute dtype)."""
+    if options.compute_dtype is not None:
+        return options.compute_dtype
+    if float32_only:
+        return "float32"
+    chosen = recipe_dtype or input_dtype
+    return chosen if chosen in COMPUTE_DTYPES else "float32"
 
 
 def whole_tensor_bytes(numel: int, inputs: int, compute_itemsize: int) -> int:

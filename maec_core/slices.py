@@ -19,7 +19,7 @@ from maec_core.io.folder import open_model_folder
 from maec_core.io.headers import TensorInfo
 from maec_core.methods.base import TensorCall, TensorMethod, field_keys
 from maec_core.methods.params import layer_index, resolve_scopes, validate_resolved
-from maec_core.plan import MergePlan, PlannedTensor, SliceCall, build_slice_plan
+from maec_core.plan import MergePlan, PlannedTensor, SliceCall, build_slice_plan, config_layers
 from maec_core.recipe import Recipe
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ def prepare_slices(recipe: Recipe, spec: TensorMethod) -> SliceMerge:
         ref: open_model_folder(ref, base=recipe.base_model, config_base=True) for ref in refs})
     plan = sliced.plan
     calls = {t.name: c for t, c in zip(plan.tensors, sliced.calls, strict=True)}
-    num_layers = int(plan.config_updates.get("num_hidden_layers") or plan.num_layers)
+    num_layers = config_layers(plan.config_updates) or plan.num_layers
     resolve = _resolver(recipe, spec, calls)
 
     def read(t: PlannedTensor) -> list[TensorInfo]:

@@ -232,11 +232,17 @@ def _params_fields(method: MergeMethod, prefix: str, model: type[BaseModel],
     return out
 
 
+# A parameter block also takes names the method does not read: mergekit accepts them
+# (and ignores them), so a recipe written for it runs here; the recipe's own model
+# checks their values' shape and the job record lists them as ignored.
+_PARAMS = ConfigDict(extra="allow", strict=True)
+
+
 def _params_model(name: str, doc: str, *fields: dict[str, Any]) -> type[BaseModel]:
     merged: dict[str, Any] = {}
     for f in fields:
         merged.update(f)
-    return create_model(name, __config__=_STRICT, __doc__=doc, **merged)
+    return create_model(name, __config__=_PARAMS, __doc__=doc, **merged)
 
 
 def _items(item: Any, lo: int = 0) -> Any:

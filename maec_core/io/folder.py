@@ -222,16 +222,35 @@ def _open_adapter(root: Path, base: str | Path | ModelFolder | None, config_base
     )
 
 
+def _base_plus_adapter(root: Path) -> ModelFolder | None:
+    """mergekit's ``base+adapter`` reference (when no folder has that very name): the
+    adapter applied to the base it names; None for any other reference."""
+    if root.is_dir() or "+" not in str(root):
+        return None
+    model, adapter = str(root).rsplit("+", 1)
+    if Path(model).is_dir() and is_adapter_folder(Path(adapter)):
+        return _open_adapter(Path(adapter), model, False)
+    return None
+
+
 def open_model_folder(path: str | Path, *, base: str | Path | ModelFolder | None = None,
                       config_base: bool = False) -> ModelFolder:
     """Validate ``path`` as a safetensors checkpoint folder; read headers, no data.
 
-    A PEFT LoRA adapter folder opens as the checkpoint it makes of its base: ``base``
-    when given (the recipe's base model: its path, or the folder already opened), else,
-    only with ``config_base``, the local folder its config names. Off by default: a path
-    inside an untrusted adapter must not lead a service past its allow-listed roots.
+    A PEFT LoRA adapter folder opens as the checkpoint it makes of its base: the one
+    before a ``+`` (``base+adapter``), else ``base`` when given (the recipe's base
+    model: its path, or the folder already opened), else, only with ``config_base``, the
+    local folder its config names. Off by default: a path inside an untrusted adapter
+    must not lead a service past its allow-listed roots.
     """
     root = Path(path)
+    plus = _base_plus_adapter(root)
+    return plus if plus is not None else _open_folder(root, base, config_base)
+
+
+def _open_folder(root: Path, base: str | Path | ModelFolder | None, config_base: bool
+                 ) -> ModelFolder:
+    """:func:`open_model_folder` of a folder reference."""
     if not root.is_dir():
         raise SourceNotFound(f"checkpoint folder not found: {root}", path=str(root))
     if is_adapter_folder(root):

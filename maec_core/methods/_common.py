@@ -44,9 +44,21 @@ def weighted_deltas(
     the method does), multiplied in place by its weight; and the weights."""
     deltas, weights = [], []
     for i, (t, p) in enumerate(zip(call.models, call.model_params, strict=True)):
-        deltas.append(task_vector(t, p, i).mul_(p.weight))
-        weights.append(p.weight)
+        w = in_compute_dtype(p.weight, t)
+        deltas.append(task_vector(t, p, i).mul_(w))
+        weights.append(w)
     return deltas, weights
+
+
+def in_compute_dtype(value: float, like: torch.Tensor) -> float:
+    """``value`` rounded to ``like``'s dtype when that is a 16-bit one: mergekit holds a
+    merge's weights in its compute dtype, so a bf16 TIES weighs by bf16(0.6) =
+    0.6015625, and so must this, to give its bytes (float32 keeps the value as given)."""
+    import torch
+
+    if like.dtype in (torch.bfloat16, torch.float16):
+        return float(torch.tensor(value, dtype=like.dtype))
+    return value
 
 
 def merge_deltas(

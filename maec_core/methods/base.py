@@ -131,6 +131,10 @@ def check_params(model: type[BaseModel], values: Mapping[str, Any], where: str) 
             raise RecipeError("; ".join(problems), problems=problems) from None
 
 
+def _only(values: Mapping[str, Any], keys: set[str]) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if k in keys}
+
+
 def field_keys(model: type[BaseModel]) -> set[str]:
     """The keys a parameter model accepts (aliases where set: ``lambda``)."""
     return {f.alias or name for name, f in model.model_fields.items()}
@@ -155,6 +159,9 @@ class MergeMethod:
     # Whether a given base_model takes part in the merge (passthrough copies its one
     # source whatever base_model says, as mergekit's does).
     uses_base: ClassVar[bool] = True
+    # Whether the method computes in float32 whatever the recipe's dtype says (MAEC:
+    # its selection statistics are sums over whole tensors that 16 bits distort).
+    float32_only: ClassVar[bool] = False
     # Models besides base_model the recipe must list (max None: no upper bound).
     min_models: ClassVar[int] = 1
     max_models: ClassVar[int | None] = None
@@ -200,10 +207,81 @@ class MergeMethod:
         if recipe.slices is not None:
             self._validate_slices(recipe)
             return
-        self._check_count(len([m for m in recipe.models if m.model != recipe.base_model]))
-        check_params(self.params, recipe.parameters, "parameters")
+        self._check_count(self._models_counted(recipe))
+        # Top-level parameters hold the method's own and, as in mergekit, defaults for
+        # every model's; a key the method does not read is reported by ``ignored``.
+        self._check_mixed(recipe.parameters, "parameters")
+        # The method's own parameters come from this level only: a required one missing
+        # is named now.
+        check_params(self.params, _only(recipe.parameters, field_keys(self.params)),
+                     "parameters")
+        own = field_keys(self.model_params)
         for i, m in enumerate(recipe.models):
-            check_params(self.model_params, m.parameters, f"models[{i}].parameters")
+            check_params(self.model_params, _only(m.parameters, own),
+                         f"models[{i}].parameters")
+
+    def _models_counted(self, recipe: Recipe) -> int:
+        """The models a models recipe merges besides its base (the base alone counts as
+        one model for a method that merges it like any other)."""
+        if not self.uses_base:
+            return len(recipe.models)
+        others = len([m for m in recipe.models if m.model != recipe.base_model])
+        if others == 0 and not self.needs_base and recipe.base_model is not None:
+            return 1
+        return others
+
+    def ignored(self, recipe: Recipe) -> list[str]:
+        """Every parameter the recipe gives that this method does not read, named by
+        where it sits: accepted (mergekit ignores them too, with the same result) and
+        reported, so nothing a user wrote is dropped silently."""
+        shared, own = field_keys(self.params), field_keys(self.model_params)
+        everywhere = shared | own
+        blocks: list[tuple[str, Mapping[str, Any], set[str]]] = [
+            ("parameters", recipe.parameters, everywhere)]
+        blocks += [(f"models[{i}].parameters", m.parameters, own)
+                   for i, m in enumerate(recipe.models)]
+        for i, sl in enumerate(recipe.slices or []):
+            blocks.append((f"slices[{i}].parameters", sl.parameters, everywhere))
+            blocks += [(f"slices[{i}].sources[{j}].parameters", src.parameters, own)
+                       for j, src in enumerate(sl.sources)]
+        known = {k for m in _REGISTRY.values()
+                 for k in field_keys(m.params) | field_keys(m.model_params)}
+        out = []
+        for where, values, keys in blocks:
+            for key in sorted(set(values) - keys):
+                why = (f"merge_method '{self.name}' does not read it" if key in known
+                       else "no merge method knows this name")
+                if key in shared and keys is own:
+                    why = (f"'{key}' is a parameter of the whole merge for "
+                           f"'{self.name}', not of one model")
+                out.append(f"{where}.{key} ignored: {why}")
+        return out
+
+    def separate_base(self, recipe: Recipe) -> bool:
+        """Whether a models recipe's base is read apart from its models (as the call's
+        ``base``): always for a method that uses a base; for one that does not (linear),
+        only when the base is not listed among the models."""
+        return self.uses_base or all(m.model != recipe.base_model for m in recipe.models)
+
+    def merged_entries(self, recipe: Recipe) -> list[Any]:
+        """The models entries the call's ``models`` hold, in order."""
+        separate = self.separate_base(recipe)
+        return [m for m in recipe.models if not separate or m.model != recipe.base_model]
+
+    def resolve_models(self, recipe: Recipe, entries: Sequence[Any], name: str,
+                       num_layers: int) -> tuple[list[Any], Any]:
+        """(each of ``entries``' parameters, the method's) for tensor ``name`` of a
+        models recipe: a model's own value, else the recipe's top-level one (mergekit's
+        precedence), validated; keys the method does not read are left out."""
+        from maec_core.methods.params import layer_fraction, resolve_scopes, validate_resolved
+
+        frac = layer_fraction(name, num_layers)
+        own, shared = field_keys(self.model_params), field_keys(self.params)
+        models = [validate_resolved(self.model_params, resolve_scopes(
+            [e.parameters, recipe.parameters], own, name, frac), name) for e in entries]
+        params = validate_resolved(self.params, resolve_scopes(
+            [recipe.parameters], shared, name, frac), name)
+        return models, params
 
     def _validate_slices(self, recipe: Recipe) -> None:
         """Each slice as its own merge: the base among its sources when the method needs
@@ -222,16 +300,14 @@ class MergeMethod:
             self._check_count(len([m for m in models if m != base]), f" in {where}")
             self._check_mixed(sl.parameters, f"{where}.parameters")
             for j, src in enumerate(sl.sources):
-                check_params(self.model_params, src.parameters,
+                check_params(self.model_params,
+                             _only(src.parameters, field_keys(self.model_params)),
                              f"{where}.sources[{j}].parameters")
 
     def _check_mixed(self, values: Mapping[str, Any], where: str) -> None:
-        """Validate a parameter block that may hold global and per-model keys."""
+        """Validate a parameter block that may hold global and per-model keys (keys the
+        method does not read are reported by ``ignored``, not checked)."""
         shared, own = field_keys(self.params), field_keys(self.model_params)
-        for key in values:
-            if key not in shared and key not in own:
-                raise RecipeError(f"unknown parameter '{key}' in {where}",
-                                  problems=[f"unknown parameter '{key}' in {where}"])
         for model, keys in ((self.params, shared), (self.model_params, own)):
             part = {k: v for k, v in values.items() if k in keys}
             # Only what is given: a required per-model key may come from another level.

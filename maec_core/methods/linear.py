@@ -25,6 +25,9 @@ class Linear(TensorMethod):
     params = LinearParams
     model_params = WeightParams
     needs_base = False
+    # The base takes part like any other model, with its own weight (mergekit's linear
+    # gives base_model no special role).
+    uses_base = False
     min_models = 1
     elementwise = True
 

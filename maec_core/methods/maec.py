@@ -31,6 +31,7 @@ class Maec(MergeMethod):
     model_params = AbilityParams
     min_models = 0
     max_models = 0
+    float32_only = True
     stages = ("extract", "combine")
     needs_language_base = True
     ability_knobs = frozenset({"mu"})
@@ -55,6 +56,11 @@ class Maec(MergeMethod):
             raise RecipeError("merge_method 'maec' sets its output dtype with dtype, "
                               "not out_dtype", key="out_dtype")
         validate_maec_recipe(recipe)
+
+    def ignored(self, recipe: Recipe) -> list[str]:
+        # MAEC's parameters are its own model (maec_core.maec.params), which refuses an
+        # unknown key: a typo in a MAEC knob must not silently leave the default.
+        return []
 
     def named_form(self, form: NamedForm) -> dict[str, Any]:
         """Each donor is one ability (sharing the control and corpus); ``mu`` is one

@@ -11,7 +11,11 @@ from pydantic import BaseModel, ValidationError
 from maec_core.errors import RecipeError
 from maec_core.recipe_values import Condition, ParamValue, Scalar
 
-_LAYER = re.compile(r"\.layers\.(\d+)\.")
+# A transformer block's tensor: "<stack>.<i>.<rest>", the stack "<...>.layers" (Llama
+# and most others) or "<...>.h" (GPT-2, Falcon, BLOOM). Groups: stack with its dot,
+# index, rest with its dot.
+BLOCK_PATTERN = r"^(.*\.(?:layers|h)\.)(\d+)(\..+)$"
+_LAYER = re.compile(r"\.(?:layers|h)\.(\d+)\.")
 
 
 def layer_index(name: str) -> int | None:

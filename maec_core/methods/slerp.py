@@ -3,7 +3,8 @@
 Shoemake 1985. Each tensor is treated as one flat vector: the angle θ between the two
 (normalised) vectors gives ``sin((1−t)θ)/sin θ · v0 + sin(tθ)/sin θ · v1`` on the
 unnormalised vectors. Nearly (anti)parallel pairs, where sin θ → 0, fall back to linear
-interpolation, as do tensors whose norm is below ``eps``.
+interpolation; a tensor whose norm is below ``eps`` counts as orthogonal to the other
+(mergekit's rule).
 """
 
 from __future__ import annotations
@@ -63,10 +64,11 @@ class Slerp(TensorMethod):
         # digits that the angle of two nearly parallel fine-tunes depends on.
         n0 = math.sqrt(dot64(a, a))
         n1 = math.sqrt(dot64(b, b))
-        if n0 < eps or n1 < eps:
-            return lerp(v0, v1, t)
-        dot = dot64(a, b) / (n0 * n1)
-        dot = max(-1.0, min(1.0, dot))
+        # A vector of norm below eps counts as orthogonal to the other (cos θ = 0, so
+        # θ = π/2), not as parallel: mergekit 0.1.5's rule, so a bias that is zero in
+        # the base (GPT-2, Qwen2, Phi) merges to sin(tπ/2)·v1 in both tools.
+        tiny = n0 < eps or n1 < eps
+        dot = 0.0 if tiny else max(-1.0, min(1.0, dot64(a, b) / (n0 * n1)))
         if abs(dot) > DOT_THRESHOLD:
             return lerp(v0, v1, t)
         theta = math.acos(dot)

@@ -125,6 +125,11 @@ class MoeConfig(BaseModel):
                 out += [f"{group}[{i}].{k}" for k in sorted(e.model_extra or {})]
         return out
 
+    @property
+    def warnings(self) -> list[str]:
+        """The ignored keys as the build reports them, one line each."""
+        return [f"{key}: not read by mergekit-moe, ignored" for key in self.ignored]
+
     def all_experts(self) -> list[Expert]:
         return [*self.experts, *(self.shared_experts or [])]
 

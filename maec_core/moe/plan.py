@@ -146,5 +146,5 @@ def plan_moe(config: MoeConfig, folders: dict[str, ModelFolder]) -> MoePlan:
     if len(config.experts) & (len(config.experts) - 1):
         plan.warnings.append(f"{len(config.experts)} experts is not a power of two: "
                              "llama.cpp cannot load the model")
-    plan.warnings += [f"{key}: not read by mergekit-moe, ignored" for key in config.ignored]
+    plan.warnings += config.warnings
     return plan

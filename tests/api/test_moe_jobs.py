@@ -45,6 +45,7 @@ def test_an_moe_job_publishes_mergekit_moes_tensors(api: Api, tmp_path: Path) ->
     assert report["architecture"] == "mixtral" and report["experts"] == 2
     # A key mergekit-moe does not read: accepted, and said on the job record.
     assert report["warnings"] == ["tokenizer_source: not read by mergekit-moe, ignored"]
+    assert done["warnings"] == report["warnings"]
     # The manifest names the base and experts by the config's references, no worker path.
     manifest = api.client.get(files["manifest.json"], headers=api.auth()).json()
     assert manifest == done["result"]["manifest"]

@@ -80,6 +80,7 @@ def test_submit_queues_a_job_and_a_message(api: Api) -> None:
     assert [m["model"] for m in job["recipe"]["models"]] == [
         str(api.models.donor), str(api.models.lang)]
     assert set(job) == {"id", "status", "stage", "progress", "method", "name", "recipe",
+                        "warnings",
                         "created_at", "started_at", "finished_at", "attempts",
                         "cancel_requested", "artifact_reused", "error", "result",
                         "callback_url", "webhook",

@@ -112,7 +112,7 @@ def test_default_options_give_the_same_bytes(zoo: dict[str, Path], tmp_path: Pat
 
 def test_unknown_compute_dtype_is_a_recipe_error() -> None:
     with pytest.raises(RecipeError) as err:
-        EngineOptions(compute_dtype="float16")
+        EngineOptions(compute_dtype="int8")
     assert err.value.code == "invalid_recipe"
 
 

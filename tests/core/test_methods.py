@@ -168,11 +168,13 @@ def test_slerp_closed_form() -> None:
     close(call("slerp", v0, [v1], t=1.0), v1)
 
 
-def test_slerp_falls_back_to_lerp() -> None:
+def test_slerp_falls_back_to_lerp_and_zero_is_orthogonal() -> None:
     # Parallel vectors: sin θ ≈ 0, linear interpolation.
     close(call("slerp", [1.0, 1.0], [[3.0, 3.0]], t=0.25), [1.5, 1.5])
-    # A zero tensor: no direction, linear interpolation.
-    close(call("slerp", [0.0, 0.0], [[4.0, 2.0]], t=0.5), [2.0, 1.0])
+    # A zero tensor counts as orthogonal to the other (mergekit's rule): θ = π/2, so
+    # the result is sin(tπ/2)·v1, not t·v1.
+    s = math.sin(0.5 * math.pi / 2)
+    close(call("slerp", [0.0, 0.0], [[4.0, 2.0]], t=0.5), [4.0 * s, 2.0 * s])
 
 
 @pytest.mark.parametrize(
@@ -245,8 +247,6 @@ def test_filter_overrides_resolve_per_tensor() -> None:
     ("data", "needle"),
     [
         ({"merge_method": "tise", "base_model": "b", "models": [{"model": "a"}]}, "tise"),
-        ({"merge_method": "ties", "base_model": "b", "models": [{"model": "a"}],
-          "parameters": {"densty": 0.5}}, "densty"),
         ({"merge_method": "ties", "base_model": "b",
           "models": [{"model": "a", "parameters": {"density": 1.5}}]}, "density"),
         ({"merge_method": "ties", "base_model": "b", "modles": []}, "modles"),
@@ -260,3 +260,21 @@ def test_filter_overrides_resolve_per_tensor() -> None:
 def test_recipe_errors_name_the_problem(data: dict[str, Any], needle: str) -> None:
     with pytest.raises(RecipeError, match=needle):
         parse_recipe(data)
+
+
+def test_a_misspelt_parameter_is_a_warning_naming_it() -> None:
+    """mergekit ignores a name no method reads; here it is accepted too, and named."""
+    from maec_core.parsing import recipe_warnings
+
+    recipe = parse_recipe({"merge_method": "ties", "base_model": "b",
+                           "models": [{"model": "a"}], "parameters": {"densty": 0.5}})
+    assert recipe_warnings(recipe) == [
+        "parameters.densty ignored: no merge method knows this name"]
+
+
+def test_ram_averages_shared_entries_and_keeps_unique_ones() -> None:
+    # Entry 0: both change it (averaged); 1: only a (kept); 2: neither (base).
+    base, a, b = [0.0, 0.0, 5.0], [2.0, 3.0, 5.0], [4.0, 0.0, 5.0]
+    close(call("ram", base, [a, b]), [3.0, 3.0, 5.0])
+    # RAM+: a has 1 shared and 1 unique entry, rho = 1 -> lambda = 1 + 0.1 * min(1, 0.2).
+    close(call("ramplus_tl", base, [a, b]), [3.0, 3.0 * 1.02, 5.0])

@@ -10,7 +10,7 @@ import torch
 
 from maec_core.errors import RecipeError
 from maec_core.methods.arcee_fusion import importance, upper_fence
-from maec_core.parsing import parse_recipe
+from maec_core.parsing import parse_recipe, recipe_warnings
 from tests.core.test_methods import call, close
 
 
@@ -46,9 +46,11 @@ def test_arcee_fusion_takes_one_model_and_no_parameters() -> None:
                       "models": [{"model": "a"}, {"model": "c"}]})
     with pytest.raises(RecipeError, match="needs base_model"):
         parse_recipe({"merge_method": "arcee_fusion", "models": [{"model": "a"}]})
-    with pytest.raises(RecipeError, match="unknown parameter 'weight'"):
-        parse_recipe({"merge_method": "arcee_fusion", "base_model": "b",
-                      "models": [{"model": "a", "parameters": {"weight": 1}}]})
+    # A weight is accepted and reported, not read (mergekit ignores it too).
+    recipe = parse_recipe({"merge_method": "arcee_fusion", "base_model": "b",
+                           "models": [{"model": "a", "parameters": {"weight": 1}}]})
+    assert recipe_warnings(recipe) == [
+        "models[0].parameters.weight ignored: merge_method 'arcee_fusion' does not read it"]
 
 
 mergekit = pytest.importorskip("mergekit.merge")

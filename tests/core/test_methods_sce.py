@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from maec_core.errors import RecipeError
-from maec_core.parsing import parse_recipe
+from maec_core.parsing import parse_recipe, recipe_warnings
 from tests.core.test_methods import call, close
 
 
@@ -46,9 +46,11 @@ def test_sce_weighs_equally_when_task_vectors_are_tiny() -> None:
 
 
 def test_sce_takes_no_per_model_parameters() -> None:
-    with pytest.raises(RecipeError, match="unknown parameter 'weight'"):
-        parse_recipe({"merge_method": "sce", "base_model": "b",
-                      "models": [{"model": "a", "parameters": {"weight": 1}}]})
+    # A weight is accepted and reported, not read (mergekit ignores it too).
+    recipe = parse_recipe({"merge_method": "sce", "base_model": "b",
+                           "models": [{"model": "a", "parameters": {"weight": 1}}]})
+    assert recipe_warnings(recipe) == [
+        "models[0].parameters.weight ignored: merge_method 'sce' does not read it"]
     with pytest.raises(RecipeError, match="needs base_model"):
         parse_recipe({"merge_method": "sce", "models": [{"model": "a"}]})
     parse_recipe({"merge_method": "sce", "base_model": "b", "models": [{"model": "a"}],

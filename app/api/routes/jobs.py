@@ -18,7 +18,7 @@ from app.jobs.record import STATUSES, JobRecord, new_job_id, now_iso
 from app.scheduler.pools import route
 from app.settings import PRIORITIES, Settings
 from app.storage.base import StorageError
-from app.submission import build_job, check_job_sources
+from app.submission import build_job, check_job_sources, job_warnings
 from app.webhooks.delivery import accept_callback
 
 log = logging.getLogger("maec.api")
@@ -87,7 +87,8 @@ async def submit(typed: JobBody, auth: Auth) -> JSONResponse:
         id=new_job_id(), owner=owner, method=recipe.merge_method,
         name=body.name or recipe.name,
         recipe=recipe.model_dump(mode="json", exclude_none=True, by_alias=True),
-        sources=sources, created_at=now_iso(), idempotency_key=body.idempotency_key,
+        warnings=job_warnings(recipe), sources=sources, created_at=now_iso(),
+        idempotency_key=body.idempotency_key,
         callback_url=body.callback_url,
         pinned=bool(body.pinned), priority=priority, pool=pool,
         estimate=need.to_dict(), cost=need.cost,
