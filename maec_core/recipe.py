@@ -461,22 +461,7 @@ def load_recipe(source: Recipe | Mapping[str, Any] | str | Path) -> Recipe:
     (:func:`maec_core.parsing.parse_recipe` checks both; this model knows no method)."""
     if isinstance(source, Recipe):
         return source
-    data: Any
-    if isinstance(source, Mapping):
-        data = dict(source)
-    else:
-        text: str
-        if isinstance(source, Path) or ("\n" not in source and source.endswith((".yaml", ".yml"))):
-            try:
-                text = Path(source).read_text()
-            except OSError as exc:
-                raise RecipeError(f"cannot read recipe {source}: {exc.strerror}") from None
-        else:
-            text = str(source)
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise RecipeError(f"recipe is not valid YAML: {exc}") from None
+    data = read_yaml(source, "recipe")
     if not isinstance(data, dict):
         raise RecipeError("recipe must be a YAML mapping")
     try:
@@ -484,3 +469,23 @@ def load_recipe(source: Recipe | Mapping[str, Any] | str | Path) -> Recipe:
     except ValidationError as exc:
         raise _explain(exc) from None
     return recipe
+
+
+def read_yaml(source: Mapping[str, Any] | str | Path, what: str) -> Any:
+    """The document ``source`` holds: a mapping as it is, a YAML file's path (a ``Path``,
+    or one line ending ``.yaml``/``.yml``), or YAML text; ``what`` names it in errors
+    (RecipeError). Shared by recipes and MoE configs."""
+    if isinstance(source, Mapping):
+        return dict(source)
+    text: str
+    if isinstance(source, Path) or ("\n" not in source and source.endswith((".yaml", ".yml"))):
+        try:
+            text = Path(source).read_text()
+        except OSError as exc:
+            raise RecipeError(f"cannot read {what} {source}: {exc.strerror}") from None
+    else:
+        text = str(source)
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise RecipeError(f"{what} is not valid YAML: {exc}") from None

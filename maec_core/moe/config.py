@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from maec_core.errors import RecipeError
+from maec_core.recipe import read_yaml
 
 # mergekit-moe's gate modes. ``hidden`` and ``hidden_last`` route by the base model's
 # hidden state at each prompt's last token, ``hidden_avg`` by its mean over the prompt,
@@ -195,29 +196,12 @@ def check_config(config: MoeConfig) -> None:
 def parse_moe_config(source: MoeConfig | Mapping[str, Any] | str | Path, *,
                      allow_all_same: bool = False) -> MoeConfig:
     """Load and check a mergekit-moe config from a model, mapping, YAML path or text."""
-    config = source if isinstance(source, MoeConfig) else _validate(_load(source))
+    config = source if isinstance(source, MoeConfig) else _validate(read_yaml(source, "MoE config"))
     if allow_all_same:
         config = config.model_copy(update={"allow_all_same": True})
     check_config(config)
     config.shard_size_bytes()
     return config
-
-
-def _load(source: Mapping[str, Any] | str | Path) -> Any:
-    if isinstance(source, Mapping):
-        return dict(source)
-    text: str
-    if isinstance(source, Path) or ("\n" not in source and source.endswith((".yaml", ".yml"))):
-        try:
-            text = Path(source).read_text()
-        except OSError as exc:
-            raise RecipeError(f"cannot read MoE config {source}: {exc.strerror}") from None
-    else:
-        text = str(source)
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise RecipeError(f"MoE config is not valid YAML: {exc}") from None
 
 
 def _validate(data: Any) -> MoeConfig:
