@@ -20,6 +20,8 @@ import socket
 from collections.abc import Iterator
 from typing import Any
 
+from app.run_local import port_free
+
 # Port -> whose default it is.
 WELL_KNOWN = {
     8000: "the API's (`make run`)",
@@ -64,14 +66,9 @@ def guard_connections() -> Iterator[None]:
 
 
 def taken(port: int) -> bool:
-    """Whether a server binding 127.0.0.1:``port`` now would fail (as uvicorn's would)."""
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return True
-    return False
+    """Whether a server binding 127.0.0.1:``port`` now would fail (as uvicorn's would):
+    the local run's own check."""
+    return not port_free(port)
 
 
 @contextlib.contextmanager
