@@ -12,7 +12,16 @@ from fastapi.responses import JSONResponse, Response
 from app.api.bounds import MAX_ID_CHARS, bounded_sizes, shown
 from app.api.deps import Auth, Caller, identify
 from app.api.errors import ApiError
-from app.api.schemas import LIST_LINKS, PROBLEMS, SUBMIT_LINKS, JobBody, JobList, JobOut, to_request
+from app.api.schemas import (
+    LIST_LINKS,
+    PROBLEMS,
+    SUBMIT_LINKS,
+    JobBody,
+    JobList,
+    JobOut,
+    Problem,
+    to_request,
+)
 from app.jobs.calls import job_storage_prefix
 from app.jobs.record import STATUSES, JobRecord, new_job_id, now_iso
 from app.scheduler.pools import route
@@ -62,6 +71,8 @@ async def get_job(job_id: str, request: Request) -> Response:
 @router.post("", status_code=202, response_model=JobOut, responses={
     200: {"model": JobOut, "description": "idempotent replay", "links": SUBMIT_LINKS},
     202: {"links": SUBMIT_LINKS},
+    403: {"model": Problem, "description": "priority above the key's cap "
+          "(`priority_not_allowed`)"},
 })
 async def submit(typed: JobBody, auth: Auth) -> JSONResponse:
     """Validate (schema, parameters, sources, headers) and queue a merge job."""
