@@ -10,7 +10,7 @@ by the recipe's own references and their digests, never by where the worker put 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,10 +85,7 @@ class JobPlan:
         """``manifest`` (written from the :meth:`localised` recipe) as clients see it:
         ``inputs`` names each input by its reference with every file's sha256, and the
         recorded recipe names references, not the local copies ``local`` maps them to."""
-        inputs = {ref: {"files": input_digests(Path(local[ref]), hash_cache)}
-                  for ref in self.inputs}
-        return {**manifest, "inputs": inputs,
-                "recipe": self.named(manifest.get("recipe", {}), local)}
+        return published_manifest(manifest, self.inputs, local, hash_cache)
 
     @staticmethod
     def named(doc: Any, local: Mapping[str, str]) -> Any:
@@ -110,6 +107,17 @@ def plan_job(recipe: Recipe) -> JobPlan:
         spans=job_spans(extracts=extracts,
                         evaluates=bool(recipe.evaluate) and recipe.sweep is None),
         adapters=AdapterCheck(recipe.base_model, checkpoints))
+
+
+def published_manifest(manifest: Mapping[str, Any], refs: Iterable[str],
+                       local: Mapping[str, str], hash_cache: Path | None = None
+                       ) -> dict[str, Any]:
+    """``manifest`` as clients see it: ``inputs`` names each of ``refs`` by its reference
+    with every file's sha256, and the recorded recipe (or config) names references, not
+    the local copies ``local`` maps them to. Any kind of job (a merge, an MoE build)."""
+    inputs = {ref: {"files": input_digests(Path(local[ref]), hash_cache)} for ref in refs}
+    return {**manifest, "inputs": inputs,
+            "recipe": JobPlan.named(manifest.get("recipe", {}), local)}
 
 
 def input_digests(path: Path, hash_cache: Path | None = None) -> dict[str, str]:

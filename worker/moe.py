@@ -13,7 +13,7 @@ from app.settings import Settings
 from app.storage.base import Storage
 from maec_contract import FileInfo, JobResult
 from maec_core.context import RunContext
-from maec_core.job_plan import JobPlan, input_digests
+from maec_core.job_plan import JobPlan, published_manifest
 from maec_core.job_progress import StageSpans, job_spans
 from maec_core.manifest import write_manifest
 from maec_core.moe.build import build_moe
@@ -73,7 +73,8 @@ def execute_moe(runner: Runner, rec: JobRecord, att: Attempt, prefix: str,
                          options=EngineOptions(on_shard=uploads.on_shard,
                                                on_shard_open=uploads.on_shard_open))
         made = build_moe(config, out, ctx)
-        manifest = published(made.manifest, local, hash_cache)
+        # Every source of an MoE build is a checkpoint the manifest names.
+        manifest = published_manifest(made.manifest, local, local, hash_cache)
         entry = write_manifest(out, manifest)
         runner._reserve(rec, att, manifest, entry)
         files = runner._publish(rec, att, out, manifest, entry, uploads)
@@ -89,12 +90,3 @@ def execute_moe(runner: Runner, rec: JobRecord, att: Attempt, prefix: str,
         core_seconds=round(made.seconds, 4))
     return Finished(result, prefix, None)
 
-
-def published(manifest: dict[str, Any], local: dict[str, str],
-              hash_cache: Path) -> dict[str, Any]:
-    """The manifest clients read: every input named by the config's own reference with
-    each file's sha256, never by the worker's local copy."""
-    inputs = {ref: {"files": input_digests(Path(path), hash_cache)}
-              for ref, path in local.items()}
-    return {**manifest, "inputs": inputs,
-            "recipe": JobPlan.named(manifest.get("recipe", {}), local)}
