@@ -101,23 +101,32 @@ def test_cycle_finder_finds_cycles_and_only_cycles() -> None:
     assert sorted(strongly_connected(edges)) == [["a", "b", "c"], ["e"]]
 
 
-def functions_over(limit: int, path: Path) -> Iterator[tuple[int, str, int]]:
-    """(def line, qualified name, lines from def to last line) of each too-long function."""
+FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef
+
+
+def functions(path: Path) -> Iterator[tuple[str, FunctionNode]]:
+    """(qualified name, node) of every function and method in ``path``, nested ones too."""
     tree = ast.parse(path.read_text(), filename=str(path))
 
-    def walk(node: ast.AST, prefix: str) -> Iterator[tuple[int, str, int]]:
+    def walk(node: ast.AST, prefix: str) -> Iterator[tuple[str, FunctionNode]]:
         for child in ast.iter_child_nodes(node):
             name = prefix
             if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
                 name = f"{prefix}{child.name}."
             if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
-                # lineno is the ``def`` line (decorators sit above it).
-                length = (child.end_lineno or child.lineno) - child.lineno + 1
-                if length > limit:
-                    yield child.lineno, name[:-1], length
+                yield name[:-1], child
             yield from walk(child, name)
 
     yield from walk(tree, "")
+
+
+def functions_over(limit: int, path: Path) -> Iterator[tuple[int, str, int]]:
+    """(def line, qualified name, lines from def to last line) of each too-long function."""
+    for name, fn in functions(path):
+        # lineno is the ``def`` line (decorators sit above it).
+        length = (fn.end_lineno or fn.lineno) - fn.lineno + 1
+        if length > limit:
+            yield fn.lineno, name, length
 
 
 def test_function_length_counter(tmp_path: Path) -> None:
@@ -151,7 +160,7 @@ def test_no_function_longer_than_limit() -> None:
                            "lines (def to last line):\n" + "\n".join(offenders))
 
 
-def parameter_count(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+def parameter_count(fn: FunctionNode) -> int:
     """Every parameter but a leading ``self``/``cls``: positional-only, positional,
     keyword-only, and ``*args`` and ``**kwargs`` one each (a catch-all is still a way in)."""
     a = fn.args
@@ -163,20 +172,10 @@ def parameter_count(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
 
 def functions_with_more_parameters(limit: int, path: Path) -> Iterator[tuple[int, str, int]]:
     """(def line, qualified name, parameter count) of each function over ``limit``."""
-    tree = ast.parse(path.read_text(), filename=str(path))
-
-    def walk(node: ast.AST, prefix: str) -> Iterator[tuple[int, str, int]]:
-        for child in ast.iter_child_nodes(node):
-            name = prefix
-            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-                name = f"{prefix}{child.name}."
-            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
-                count = parameter_count(child)
-                if count > limit:
-                    yield child.lineno, name[:-1], count
-            yield from walk(child, name)
-
-    yield from walk(tree, "")
+    for name, fn in functions(path):
+        count = parameter_count(fn)
+        if count > limit:
+            yield fn.lineno, name, count
 
 
 def test_parameter_counter(tmp_path: Path) -> None:
