@@ -208,9 +208,9 @@ class Recipe(BaseModel):
     slices: list[Slice] | None = None
     parameters: dict[str, ParamValue] = Field(default_factory=dict)
     _params = field_validator("parameters", mode="before")(_empty_if_none)
-    # mergekit: ``dtype`` is the compute dtype and ``out_dtype`` the saved one. Merges
-    # here always compute in float32, so ``dtype`` only names the output dtype when
-    # ``out_dtype`` is absent (what mergekit then saves).
+    # mergekit: ``dtype`` is the compute dtype and ``out_dtype`` the saved one (``dtype``
+    # too when absent). MAEC, and an engine told ``compute_dtype="float32"``, compute in
+    # float32 whatever ``dtype`` says.
     dtype: DType | None = None
     out_dtype: DType | None = None
     # mergekit: "base" or a model path whose tokenizer files are copied.

@@ -18,6 +18,7 @@ from pydantic import AfterValidator, AllowInfNan, BaseModel, ConfigDict, Validat
 
 from maec_core.errors import RecipeError
 from maec_core.methods.params import candidate_values
+from maec_core.recipe_values import condition_warnings
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -255,6 +256,8 @@ class MergeMethod:
                     why = (f"'{key}' is a parameter of the whole merge for "
                            f"'{self.name}', not of one model")
                 out.append(f"{where}.{key} ignored: {why}")
+            for key in sorted(set(values) & keys):
+                out += condition_warnings(f"{where}.{key}", values[key])
         return out
 
     def separate_base(self, recipe: Recipe) -> bool:

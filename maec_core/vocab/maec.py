@@ -15,7 +15,7 @@ from typing import Any
 from maec_core.errors import IncompatibleCheckpoints, RecipeError, TokenizerError
 from maec_core.io.folder import ModelFolder
 from maec_core.recipe import Recipe
-from maec_core.vocab.build import VocabSpec, embedding_rows
+from maec_core.vocab.build import VocabSpec, embedding_rows, union_vocab
 from maec_core.vocab.tokens import Vocab, read_vocab
 
 
@@ -51,7 +51,7 @@ def maec_token_map(
     spec = VocabSpec.of(recipe)
     if spec is None:
         return None
-    if spec.source != recipe.language_base:
+    if spec.source not in ("union", recipe.language_base):
         raise RecipeError(
             "MAEC keeps the language base's vocabulary: set tokenizer_source to the "
             f"language base ({recipe.language_base})", key="tokenizer_source")
@@ -66,6 +66,8 @@ def maec_token_map(
                 f"base_model has {rows_b}: donors must share the base model's vocabulary",
                 field="vocab_size")
     vb, vl = _vocab(base, "base_model"), _vocab(lang, "language_base")
+    if spec.source == "union":
+        _check_union(vb, vl, rows_b, rows_l, recipe.language_base, donors)
     by_row = {i: t for t, i in vb.ids.items() if i < rows_b}
     to_lang = [-1] * rows_b
     for r, tok in by_row.items():
@@ -76,3 +78,30 @@ def maec_token_map(
     shared = sum(1 for j in to_lang if j >= 0)
     lang_tokens = sum(1 for i in vl.ids.values() if i < rows_l)
     return TokenMap(to_lang, rows_l, shared, lang_tokens - shared, len(by_row) - shared)
+
+
+def _check_union(vb: Vocab, vl: Vocab, rows_b: int, rows_l: int, lang_ref: str | None,
+                 donors: Sequence[ModelFolder]) -> None:
+    """Accept ``tokenizer_source: union`` when mergekit's union of the inputs (θ0 first,
+    then the donors, then θL) is exactly the language base's vocabulary, the usual case
+    of a θL that appends its tokens to θ0's: then the union and what MAEC keeps are the
+    same tokens at the same ids. Otherwise refuse, saying how they differ."""
+    vocabs = {"base_model": vb, "language_base": vl}
+    rows = {"base_model": rows_b, "language_base": rows_l}
+    for i, donor in enumerate(donors):
+        key = f"donor{i}"
+        vocabs[key] = read_vocab(donor, label=key) or vb
+        rows[key] = rows_b
+    order = ["base_model", *[k for k in vocabs if k.startswith("donor")], "language_base"]
+    union = union_vocab(vocabs, rows, order).ids
+    lang = {t: i for t, i in vl.ids.items() if i < rows_l}
+    if union == lang:
+        return
+    missing = sorted(set(union) - set(lang))
+    moved = sorted(t for t in set(union) & set(lang) if union[t] != lang[t])
+    raise RecipeError(
+        "tokenizer_source union is not the language base's vocabulary here "
+        f"({len(missing)} token(s) the language base lacks, e.g. {missing[:3]}; "
+        f"{len(moved)} at other ids, e.g. {moved[:3]}); MAEC keeps the language base's "
+        f"vocabulary: set tokenizer_source to the language base ({lang_ref})",
+        key="tokenizer_source")

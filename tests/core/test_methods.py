@@ -272,6 +272,22 @@ def test_a_misspelt_parameter_is_a_warning_naming_it() -> None:
         "parameters.densty ignored: no merge method knows this name"]
 
 
+
+def test_a_condition_key_other_than_filter_is_a_warning_and_matches_every_tensor() -> None:
+    """mergekit's own gradient-slerp example keys its conditions ``pattern:``; mergekit
+    drops the key, so the condition matches every tensor. Here too, and it is named."""
+    from maec_core.parsing import recipe_warnings
+
+    recipe = parse_recipe({"merge_method": "slerp", "base_model": "b",
+                           "models": [{"model": "b"}, {"model": "a"}],
+                           "parameters": {"t": [{"pattern": "mlp", "value": 0.3},
+                                                {"value": 0.5}]}})
+    assert recipe_warnings(recipe) == [
+        "parameters.t[0].pattern ignored: conditions select tensors by 'filter'; so, as "
+        "in mergekit, this condition matches every tensor"]
+    first = recipe.parameters["t"][0]
+    assert first.filter is None and first.value == 0.3
+
 def test_ram_averages_shared_entries_and_keeps_unique_ones() -> None:
     # Entry 0: both change it (averaged); 1: only a (kept); 2: neither (base).
     base, a, b = [0.0, 0.0, 5.0], [2.0, 3.0, 5.0], [4.0, 0.0, 5.0]

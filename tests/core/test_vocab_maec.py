@@ -95,11 +95,29 @@ def test_mismatch_without_tokenizer_source_names_the_fix(trio: dict[str, Path],
 
 
 def test_other_vocabulary_sources_are_refused(trio: dict[str, Path]) -> None:
+    # The trio's θL dropped two of θ0's tokens: a union there is not θL's vocabulary.
     folders = {str(p): open_model_folder(p) for p in trio.values()}
     for source in ("base", "union", str(trio["base"])):
         with pytest.raises(RecipeError, match="language base"):
             plan_recipe(_recipe(trio, tokenizer_source=source), folders)
 
+
+
+def test_union_is_accepted_when_it_is_the_language_bases_vocabulary(
+        trio: dict[str, Path], tmp_path: Path) -> None:
+    """A language base that appends its tokens to θ0's: mergekit's union of the inputs is
+    then θL's vocabulary, so a recipe written with ``union`` gives what naming θL gives."""
+    lang = make_extended(tmp_path / "appended", 3, like=trio["base"], words=["x0", "x1"],
+                         added=["<lang>"])
+    inputs = {**trio, "lang": lang}
+    named = run(_recipe(inputs, tokenizer_source=str(lang)), tmp_path / "named")
+    union = run(_recipe(inputs, tokenizer_source="union"), tmp_path / "union")
+    assert named.report is not None and union.report is not None
+    assert union.report["vocabulary"]["tokens_added"] == 3
+    a, b = _load(tmp_path / "named"), _load(tmp_path / "union")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert (AutoTokenizer.from_pretrained(tmp_path / "union").get_vocab()
+            == AutoTokenizer.from_pretrained(lang).get_vocab())
 
 def test_plan_accepts_the_extended_language_base(trio: dict[str, Path]) -> None:
     folders = {str(p): open_model_folder(p) for p in trio.values()}
