@@ -25,6 +25,7 @@ from app.sources import (
 from app.storage.base import Storage, StorageError
 from maec_contract import JobRequest as JobRequest  # the body model, shared with the client
 from maec_core.errors import (
+    CheckpointError,
     EmptySelection,
     EvalSetError,
     EvalSetUnreadable,
@@ -34,7 +35,7 @@ from maec_core.errors import (
 )
 from maec_core.eval.sets import SET_MAX_BYTES, load_set
 from maec_core.io.folder import ModelFolder
-from maec_core.job_plan import JobPlan, plan_job
+from maec_core.job_plan import JobPlan, Joined, plan_job
 from maec_core.methods import NamedForm, TensorMethod, get_method
 from maec_core.moe.config import MoeConfig, parse_moe_config
 from maec_core.moe.plan import plan_moe
@@ -154,8 +155,8 @@ def _named_recipe(req: JobRequest) -> Recipe:
 
 def check_tokenizer_source(plan: JobPlan) -> None:
     """A tokenizer_source names one of the checkpoints the job reads (or a keyword)."""
-    if any(s.kind == "tokenizer" and s.ref not in plan.checkpoints
-           for s in plan.recipe.sources()):
+    named = {*plan.checkpoints, *(j.ref for j in plan.joined)}
+    if any(s.kind == "tokenizer" and s.ref not in named for s in plan.recipe.sources()):
         raise RecipeError("tokenizer_source must be 'base', 'union' or one of the recipe's "
                           "models", key="tokenizer_source")
 
@@ -175,10 +176,23 @@ def inspect_models(plan: JobPlan, parsed: dict[str, Source], storage: Storage
     if base_ref is not None and base_ref in parsed:
         folders[base_ref] = inspect_source(parsed[base_ref], storage, tokenizer)
     base = folders.get(base_ref) if base_ref is not None else None
+    # A base+adapter reference's adapter is opened only on the base it names.
+    own = {j.adapter for j in plan.joined}
     for uri in plan.checkpoints:
-        if uri not in folders:
+        if uri not in folders and uri not in own:
             folders[uri] = inspect_source(parsed[uri], storage, tokenizer, base=base)
+    for j in plan.joined:
+        folders[j.ref] = _joined(j, inspect_source(parsed[j.adapter], storage, tokenizer,
+                                                   base=folders[j.base]), folders[j.base])
     return folders
+
+
+def _joined(j: Joined, adapter: ModelFolder, base: ModelFolder) -> ModelFolder:
+    """``adapter`` (opened on ``base``) when it is an adapter of a full checkpoint."""
+    if base.base is not None or adapter.base is None:
+        raise CheckpointError(f"{j.ref}: a base+adapter reference joins a full checkpoint "
+                              "and the LoRA adapter folder applied to it", reference=j.ref)
+    return adapter
 
 
 def check_sources(

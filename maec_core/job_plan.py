@@ -25,14 +25,32 @@ from maec_core.sweep.inputs import eval_sources, with_eval_sources
 
 
 @dataclass(frozen=True)
+class Joined:
+    """mergekit's ``base+adapter`` reference: a LoRA adapter applied to the base named
+    before the ``+``. A job fetches the two as separate inputs and joins them again for
+    the merge. In a job, a ``+`` in a checkpoint reference always means this."""
+
+    ref: str
+    base: str
+    adapter: str
+
+    @staticmethod
+    def of(ref: str) -> Joined | None:
+        base, plus, adapter = ref.rpartition("+")
+        return Joined(ref, base, adapter) if plus and base and adapter else None
+
+
+@dataclass(frozen=True)
 class AdapterCheck:
-    """A LoRA adapter input applies only to the recipe's base, which must be a full
-    checkpoint. Submission refuses other recipes; checked again on the fetched folders so
-    that a job record that got past it cannot lead the engine (which follows an adapter
-    config's base for local command-line use) to a path on the worker's machine."""
+    """A LoRA adapter input applies only to a full checkpoint: the recipe's base, or the
+    base a ``base+adapter`` reference names. Submission refuses other recipes; checked
+    again on the fetched folders so that a job record that got past it cannot lead the
+    engine (which follows an adapter config's base for local command-line use) to a path
+    on the worker's machine."""
 
     base: str | None
     checkpoints: tuple[str, ...]
+    joined: tuple[Joined, ...] = ()
 
     def check(self, local: Mapping[str, str] | None = None) -> None:
         """Raise CheckpointError when an input is an adapter without a full base;
@@ -42,7 +60,14 @@ class AdapterCheck:
         def folder(ref: str) -> Path:
             return Path(where.get(ref, ref))
 
-        adapters = [r for r in self.checkpoints if is_adapter_folder(folder(r))]
+        for j in self.joined:
+            if is_adapter_folder(folder(j.base)) or not is_adapter_folder(folder(j.adapter)):
+                raise CheckpointError(
+                    f"{j.ref}: a base+adapter reference joins a full checkpoint and the "
+                    "LoRA adapter folder applied to it", reference=j.ref)
+        own = {j.adapter for j in self.joined}
+        adapters = [r for r in self.checkpoints
+                    if r not in own and is_adapter_folder(folder(r))]
         if not adapters:
             return
         if self.base is None or is_adapter_folder(folder(self.base)):
@@ -57,7 +82,8 @@ class JobPlan:
     """What one job does, by the recipe's references (``recipe`` as submitted)."""
 
     recipe: Recipe
-    # Checkpoint folders, in recipe order (base first), no repeats.
+    # Checkpoint folders, in recipe order (base first), no repeats; a ``base+adapter``
+    # reference counts as its two parts.
     checkpoints: tuple[str, ...]
     # One-file inputs: ability corpora, then eval sets and few-shot files.
     corpora: tuple[str, ...]
@@ -68,6 +94,10 @@ class JobPlan:
     adapters: AdapterCheck
 
     @property
+    def joined(self) -> tuple[Joined, ...]:
+        return self.adapters.joined
+
+    @property
     def inputs(self) -> tuple[str, ...]:
         """Every reference the job reads, no repeats."""
         return tuple(dict.fromkeys((*self.checkpoints, *self.corpora, *self.eval_inputs)))
@@ -76,16 +106,23 @@ class JobPlan:
         """Whether ``ref`` is read as one file (else a checkpoint folder)."""
         return ref in self.corpora or ref in self.eval_inputs
 
+    def local_refs(self, local: Mapping[str, str]) -> dict[str, str]:
+        """``local`` (each input's local copy) plus each ``base+adapter`` reference joined
+        from its two parts' copies."""
+        return {**local, **{j.ref: f"{local[j.base]}+{local[j.adapter]}"
+                            for j in self.joined}}
+
     def localised(self, local: Mapping[str, str]) -> Recipe:
         """The recipe with every reference (eval sets too) replaced by its local copy."""
-        return with_eval_sources(self.recipe.with_sources(local), local)
+        refs = self.local_refs(local)
+        return with_eval_sources(self.recipe.with_sources(refs), refs)
 
     def published(self, manifest: Mapping[str, Any], local: Mapping[str, str],
                   hash_cache: Path | None = None) -> dict[str, Any]:
         """``manifest`` (written from the :meth:`localised` recipe) as clients see it:
         ``inputs`` names each input by its reference with every file's sha256, and the
         recorded recipe names references, not the local copies ``local`` maps them to."""
-        return published_manifest(manifest, self.inputs, local, hash_cache)
+        return published_manifest(manifest, self.inputs, self.local_refs(local), hash_cache)
 
     @staticmethod
     def named(doc: Any, local: Mapping[str, str]) -> Any:
@@ -97,7 +134,10 @@ class JobPlan:
 def plan_job(recipe: Recipe) -> JobPlan:
     """The plan of ``recipe`` (parsed and validated)."""
     refs = recipe.sources()
-    checkpoints = tuple(dict.fromkeys(s.ref for s in refs if s.kind == "checkpoint"))
+    named = list(dict.fromkeys(s.ref for s in refs if s.kind == "checkpoint"))
+    joined = tuple(j for j in map(Joined.of, named) if j is not None)
+    parts = {j.ref: (j.base, j.adapter) for j in joined}
+    checkpoints = tuple(dict.fromkeys(p for ref in named for p in parts.get(ref, (ref,))))
     # The method's own stages say whether it extracts before it combines.
     extracts = "extract" in get_method(recipe.merge_method).stages
     return JobPlan(
@@ -106,7 +146,7 @@ def plan_job(recipe: Recipe) -> JobPlan:
         eval_inputs=tuple(eval_sources(recipe)), extracts=extracts,
         spans=job_spans(extracts=extracts,
                         evaluates=bool(recipe.evaluate) and recipe.sweep is None),
-        adapters=AdapterCheck(recipe.base_model, checkpoints))
+        adapters=AdapterCheck(recipe.base_model, checkpoints, joined))
 
 
 def published_manifest(manifest: Mapping[str, Any], refs: Iterable[str],

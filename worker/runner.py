@@ -392,7 +392,7 @@ class JobRunner:
         uploads.close()
         result = JobResult(
             manifest=manifest,
-            report=plan.named(_summary(made.report, made.stage_seconds), local),
+            report=plan.named(_summary(made.report, made.stage_seconds), plan.local_refs(local)),
             files=[FileInfo(**f, url=f"/v1/jobs/{rec.id}/files/{f['path']}") for f in files],
             core_seconds=round(made.core_seconds, 4), **made.result)
         reused = all(made.reused) if plan.extracts and made.reused else None

@@ -130,3 +130,72 @@ def test_the_worker_refuses_an_adapter_without_a_full_base(tmp_path: Path) -> No
     with pytest.raises(CheckpointError, match="name its base"):
         plan.adapters.check({"s3://m/base": str(adapter), "s3://m/adapter": str(adapter),
                              "s3://m/full": str(full)})
+
+
+def test_a_base_plus_adapter_donor_runs_and_matches_the_local_merge(api: Api) -> None:
+    """mergekit's ``model: base+adapter``, the adapter on a fine-tune rather than on the
+    recipe's base: fetched as two inputs, joined for the merge, named as two in the
+    manifest, and the result is the command line's."""
+    m = api.models
+    adapter = make_adapter(api.root / "extra" / "donor-adapter", m.donor, seed=7)
+    joined = f"{m.donor}+{adapter}"
+    recipe = {"merge_method": "task_arithmetic", "base_model": str(m.base),
+              "models": [{"model": joined, "parameters": {"weight": 0.7}}]}
+    jid = str(api.submit({"recipe": recipe})["id"])
+    rec = api.worker_store().get(jid)
+    assert rec is not None and set(rec.sources) == {str(m.base), str(m.donor), str(adapter)}
+    runner = JobRunner(api.settings, api.worker_store(), LocalStorage(api.settings.storage_dir),
+                       worker="test")
+    assert runner.run(jid) == "succeeded"
+    job = api.client.get(f"/v1/jobs/{jid}", headers=api.auth()).json()
+    urls = {f["path"]: f["url"] for f in job["result"]["files"]}
+    manifest = api.client.get(urls["manifest.json"], headers=api.auth()).json()
+    assert set(manifest["inputs"]) == {str(m.base), str(m.donor), str(adapter)}
+    assert manifest["recipe"]["models"][0]["model"] == joined
+    out = api.root / "served.safetensors"
+    out.write_bytes(api.client.get(urls["model.safetensors"], headers=api.auth()).content)
+    run_recipe(recipe, api.root / "local")
+    want = load_file(str(api.root / "local" / "model.safetensors"))
+    served = load_file(str(out))
+    assert sorted(served) == sorted(want)
+    for name, t in want.items():
+        assert torch.equal(served[name], t), name
+    # Not vacuous: the adapter changed the donor it was applied to.
+    plain = {**recipe, "models": [{"model": str(m.donor), "parameters": {"weight": 0.7}}]}
+    run_recipe(plain, api.root / "plain")
+    other = load_file(str(api.root / "plain" / "model.safetensors"))
+    assert not torch.equal(other["model.layers.0.self_attn.q_proj.weight"],
+                           want["model.layers.0.self_attn.q_proj.weight"])
+
+
+def test_a_base_plus_adapter_reference_needs_an_adapter_after_the_plus(api: Api) -> None:
+    m = api.models
+    body = {"recipe": {"merge_method": "task_arithmetic", "base_model": str(m.base),
+                       "models": [{"model": f"{m.donor}+{m.base}"}]}}
+    r = _post(api, body)
+    assert r.status_code == 422, r.text
+    assert r.json()["code"] == "invalid_checkpoint"
+    assert "base+adapter" in r.json()["message"]
+    assert api.r.llen(QUEUE) == 0
+
+
+def test_the_worker_checks_both_parts_of_a_base_plus_adapter_reference(tmp_path: Path) -> None:
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "config.json").write_text("{}")
+
+    def plan(ref: str) -> Any:
+        return plan_job(parse_recipe({"merge_method": "task_arithmetic",
+                                      "base_model": str(full), "models": [{"model": ref}]}))
+
+    good = plan("s3://m/donor+s3://m/adapter")
+    assert good.checkpoints == (str(full), "s3://m/donor", "s3://m/adapter")
+    local = {str(full): str(full), "s3://m/donor": str(full), "s3://m/adapter": str(adapter)}
+    good.adapters.check(local)
+    assert good.localised(local).models[0].model == f"{full}+{adapter}"
+    for ref in (f"{full}+{full}", f"{adapter}+{adapter}"):
+        with pytest.raises(CheckpointError, match="base\\+adapter"):
+            plan(ref).adapters.check()
