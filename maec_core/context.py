@@ -48,6 +48,10 @@ class RunContext:
     hash_cache: Path | None = None
     artifact_store: ArtifactStore | None = None
     options: EngineOptions = field(default_factory=EngineOptions)
+    # Local input path -> the reference the output records it by (recipe.yaml, the model
+    # card, extra documents): a job's worker sets it so that nothing it publishes names
+    # the worker's own paths. Empty: paths are recorded as given.
+    names: Mapping[str, str] = field(default_factory=dict)
 
     def but(self, **changes: Any) -> RunContext:
         """This context with ``changes`` applied (a new one: contexts are frozen)."""

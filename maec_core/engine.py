@@ -65,6 +65,7 @@ from maec_core.io.writer import (
 from maec_core.manifest import build_manifest, write_manifest
 from maec_core.methods import TensorCall, TensorMethod, get_method
 from maec_core.methods.params import layer_index
+from maec_core.naming import renamed
 from maec_core.plan import MergePlan, PlannedTensor, build_plan, recipe_vocab, rows_of
 from maec_core.recipe import Recipe
 from maec_core.runtime import (
@@ -332,7 +333,8 @@ def stream_merge(plan: MergePlan, work: MergeWork, output: OutputSpec, ctx: RunC
     if options.sink is not None:
         _to_sink(write, outputs, options.sink, options.skeleton, define)
     else:
-        finish = functools.partial(_finish_folder, define=define, plan=plan, output=output)
+        finish = functools.partial(_finish_folder, define=define, plan=plan,
+                                   output=_recorded(output, ctx.names))
         manifest = _to_folder(write, outputs, output, ctx,
                               _input_hasher(plan, output.hash_inputs, ctx.hash_cache), finish)
     seconds = time.perf_counter() - started
@@ -478,6 +480,18 @@ def _write_definition(staged: StagedOutput, plan: MergePlan, *, output: OutputSp
         staged.write_bytes(name, data)
     staged.write_json("config.json",
                       output_config(source.config, output.dtype, plan.config_updates))
+
+
+def _recorded(output: OutputSpec, names: Mapping[str, str]) -> OutputSpec:
+    """``output`` as it is recorded: every input path in ``names`` replaced by its
+    reference in the recipe, the card's base models and the extra documents."""
+    if not names:
+        return output
+    recipe = Recipe.model_validate(renamed(output.recipe.model_dump(mode="json",
+                                                                    exclude_none=True), names))
+    return dataclasses.replace(
+        output, recipe=recipe, base_models=renamed(list(output.base_models), names),
+        extra_json=renamed(dict(output.extra_json or {}), names) or None)
 
 
 def _finish_folder(

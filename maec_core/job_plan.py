@@ -20,6 +20,7 @@ from maec_core.errors import CheckpointError
 from maec_core.io.folder import is_adapter_folder
 from maec_core.job_progress import StageSpans, job_spans
 from maec_core.methods import get_method
+from maec_core.naming import renamed
 from maec_core.recipe import Recipe
 from maec_core.sweep.inputs import eval_sources, with_eval_sources
 
@@ -128,7 +129,7 @@ class JobPlan:
     def named(doc: Any, local: Mapping[str, str]) -> Any:
         """``doc`` (JSON: a recorded recipe, a report) naming each input by its reference
         where it names the local copy ``local`` maps the reference to."""
-        return _renamed(doc, {path: ref for ref, path in local.items()})
+        return renamed(doc, {path: ref for ref, path in local.items()})
 
 
 def plan_job(recipe: Recipe) -> JobPlan:
@@ -169,13 +170,3 @@ def input_digests(path: Path, hash_cache: Path | None = None) -> dict[str, str]:
     return {f.relative_to(path).as_posix(): sha256_file(f, cache=hash_cache)
             for f in sorted(path.rglob("*")) if f.is_file()}
 
-
-def _renamed(doc: Any, names: Mapping[str, str]) -> Any:
-    """``doc`` (JSON) with every string that ``names`` holds replaced by its value."""
-    if isinstance(doc, str):
-        return names.get(doc, doc)
-    if isinstance(doc, list):
-        return [_renamed(v, names) for v in doc]
-    if isinstance(doc, dict):
-        return {k: _renamed(v, names) for k, v in doc.items()}
-    return doc

@@ -374,6 +374,7 @@ class JobRunner:
             ctx = RunContext(progress=att.progress, cancel=att.cancel_requested,
                              device=self.settings.device, hash_cache=hash_cache,
                              artifact_store=artifacts,
+                             names={path: ref for ref, path in plan.local_refs(local).items()},
                              options=EngineOptions(on_shard=uploads.on_shard,
                                                    on_shard_open=uploads.on_shard_open))
             made = produce(plan.localised(local), out, ctx, work_dir=workdir, reporter=att,

@@ -152,6 +152,11 @@ def test_a_base_plus_adapter_donor_runs_and_matches_the_local_merge(api: Api) ->
     manifest = api.client.get(urls["manifest.json"], headers=api.auth()).json()
     assert set(manifest["inputs"]) == {str(m.base), str(m.donor), str(adapter)}
     assert manifest["recipe"]["models"][0]["model"] == joined
+    # What the folder records names the recipe's references, never the worker's copies.
+    work = str(api.settings.work_dir)
+    for name in ("recipe.yaml", "README.md"):
+        text = api.client.get(urls[name], headers=api.auth()).text
+        assert work not in text and joined in text, (name, text)
     out = api.root / "served.safetensors"
     out.write_bytes(api.client.get(urls["model.safetensors"], headers=api.auth()).content)
     run_recipe(recipe, api.root / "local")
