@@ -43,6 +43,44 @@ def _post(api: Api, body: dict[str, Any]) -> Any:
     return api.client.post("/v1/jobs", json=body, headers=api.auth())
 
 
+def _refused(api: Api, body: dict[str, Any], needle: str) -> None:
+    """Refused at submission as an invalid checkpoint, naming ``needle``; nothing queued."""
+    r = _post(api, body)
+    assert r.status_code == 422, r.text
+    assert r.json()["code"] == "invalid_checkpoint"
+    assert needle in r.json()["message"]
+    assert api.r.llen(QUEUE) == 0
+
+
+def _served_is_local(api: Api, url: str, recipe: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The served model.safetensors equals the command line's merge of ``recipe``,
+    tensor by tensor; returns the local merge's tensors."""
+    got = api.client.get(url, headers=api.auth())
+    assert got.status_code == 200
+    out = api.root / "served.safetensors"
+    out.write_bytes(got.content)
+    run_recipe(recipe, api.root / "local")
+    want = load_file(str(api.root / "local" / "model.safetensors"))
+    served = load_file(str(out))
+    assert sorted(served) == sorted(want)
+    for name, t in want.items():
+        assert torch.equal(served[name], t), name
+    return want
+
+
+def _stand_ins(tmp_path: Path) -> tuple[Path, Path]:
+    """(an adapter folder, a full checkpoint folder): enough for the worker's checks,
+    which look at what a folder is, not at its tensors."""
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "config.json").write_text("{}")
+    (full / "model.safetensors").write_bytes(b"")
+    return adapter, full
+
+
 def test_an_adapter_donor_runs_and_matches_the_local_merge(api: Api) -> None:
     adapter = _make(api)
     recipe = _recipe(api, adapter)
@@ -56,16 +94,7 @@ def test_an_adapter_donor_runs_and_matches_the_local_merge(api: Api) -> None:
     assert runner.run(jid) == "succeeded"
     job = api.client.get(f"/v1/jobs/{jid}", headers=api.auth()).json()
     url = {f["path"]: f["url"] for f in job["result"]["files"]}["model.safetensors"]
-    got = api.client.get(url, headers=api.auth())
-    assert got.status_code == 200
-    out = api.root / "served.safetensors"
-    out.write_bytes(got.content)
-    run_recipe(recipe, api.root / "local")
-    want = load_file(str(api.root / "local" / "model.safetensors"))
-    served = load_file(str(out))
-    assert sorted(served) == sorted(want)
-    for name, t in want.items():
-        assert torch.equal(served[name], t), name
+    want = _served_is_local(api, url, recipe)
     # The adapter changed what it targets: not the merge of the base alone.
     plain = {**recipe, "models": [{"model": str(api.models.base),
                                    "parameters": {"weight": 0.8}}, recipe["models"][1]]}
@@ -81,11 +110,7 @@ def test_an_adapter_for_another_base_is_refused_from_its_headers(api: Api) -> No
     (adapter / "adapter_config.json").write_text(json.dumps({
         "peft_type": "LORA", "r": 2, "lora_alpha": 2, "target_modules": ["q_proj"]}))
     write_lora_file(adapter, [2, 48], [48, 2])  # the tiny base's q_proj is not 48 wide
-    r = _post(api, {"recipe": _recipe(api, adapter)})
-    assert r.status_code == 422, r.text
-    assert r.json()["code"] == "invalid_checkpoint"
-    assert "another base" in r.json()["message"]
-    assert api.r.llen(QUEUE) == 0
+    _refused(api, {"recipe": _recipe(api, adapter)}, "another base")
 
 
 def test_an_adapter_as_the_base_itself_is_refused(api: Api) -> None:
@@ -93,21 +118,11 @@ def test_an_adapter_as_the_base_itself_is_refused(api: Api) -> None:
     body = {"recipe": {**_recipe(api, adapter), "base_model": str(adapter),
                        "models": [{"model": str(api.models.donor),
                                    "parameters": {"weight": 0.5}}]}}
-    r = _post(api, body)
-    assert r.status_code == 422, r.text
-    assert r.json()["code"] == "invalid_checkpoint"
-    assert "name its base in the recipe" in r.json()["message"]
-    assert api.r.llen(QUEUE) == 0
+    _refused(api, body, "name its base in the recipe")
 
 
 def test_the_worker_refuses_an_adapter_without_a_full_base(tmp_path: Path) -> None:
-    adapter = tmp_path / "adapter"
-    adapter.mkdir()
-    (adapter / "adapter_config.json").write_text("{}")
-    full = tmp_path / "full"
-    full.mkdir()
-    (full / "config.json").write_text("{}")
-    (full / "model.safetensors").write_bytes(b"")
+    adapter, full = _stand_ins(tmp_path)
 
     def recipe(base: str | None, method: str = "task_arithmetic") -> Any:
         data: dict[str, Any] = {"merge_method": method,
@@ -157,14 +172,7 @@ def test_a_base_plus_adapter_donor_runs_and_matches_the_local_merge(api: Api) ->
     for name in ("recipe.yaml", "README.md"):
         text = api.client.get(urls[name], headers=api.auth()).text
         assert work not in text and joined in text, (name, text)
-    out = api.root / "served.safetensors"
-    out.write_bytes(api.client.get(urls["model.safetensors"], headers=api.auth()).content)
-    run_recipe(recipe, api.root / "local")
-    want = load_file(str(api.root / "local" / "model.safetensors"))
-    served = load_file(str(out))
-    assert sorted(served) == sorted(want)
-    for name, t in want.items():
-        assert torch.equal(served[name], t), name
+    want = _served_is_local(api, urls["model.safetensors"], recipe)
     # Not vacuous: the adapter changed the donor it was applied to.
     plain = {**recipe, "models": [{"model": str(m.donor), "parameters": {"weight": 0.7}}]}
     run_recipe(plain, api.root / "plain")
@@ -177,20 +185,11 @@ def test_a_base_plus_adapter_reference_needs_an_adapter_after_the_plus(api: Api)
     m = api.models
     body = {"recipe": {"merge_method": "task_arithmetic", "base_model": str(m.base),
                        "models": [{"model": f"{m.donor}+{m.base}"}]}}
-    r = _post(api, body)
-    assert r.status_code == 422, r.text
-    assert r.json()["code"] == "invalid_checkpoint"
-    assert "base+adapter" in r.json()["message"]
-    assert api.r.llen(QUEUE) == 0
+    _refused(api, body, "base+adapter")
 
 
 def test_the_worker_checks_both_parts_of_a_base_plus_adapter_reference(tmp_path: Path) -> None:
-    adapter = tmp_path / "adapter"
-    adapter.mkdir()
-    (adapter / "adapter_config.json").write_text("{}")
-    full = tmp_path / "full"
-    full.mkdir()
-    (full / "config.json").write_text("{}")
+    adapter, full = _stand_ins(tmp_path)
 
     def plan(ref: str) -> Any:
         return plan_job(parse_recipe({"merge_method": "task_arithmetic",
