@@ -13,7 +13,7 @@ Then ``importance: gradient`` on a small model: tokens per second of the gradien
 beside the forward+backward throughput of the same model and batches in plain
 transformers, measured in the same process.
 
-    .venv/bin/python -m bench.maec [--runs 3] [--small]
+    .venv/bin/python -m bench.maec [--runs 3] [--small | --shape 7b]
 
 Ends with exactly one line:
 RESULT maec full_vs_ta=… combine_vs_ta=… artifact_ratio=… rss_ratio_vs_ta=…
@@ -42,9 +42,8 @@ from bench.common import (
     measure,
     measured_runs,
     median,
-    model_bench_parser,
 )
-from bench.engine import FULL, SMALL, ensure_models
+from bench.engine import ensure_models, family, family_parser
 from maec_core.context import RunContext
 
 WORK = CACHE / "maec-work"
@@ -184,11 +183,11 @@ def main() -> None:
     if len(sys.argv) > 2 and sys.argv[1] == "--child":
         child(sys.argv[2:])
         return
-    ap = model_bench_parser(__doc__)
+    ap = family_parser(__doc__)
     ap.add_argument("--no-gradient", action="store_true", help="skip the gradient timing")
     args = ap.parse_args()
 
-    shape, tag = (SMALL, "llama-small") if args.small else (FULL, "llama-0.85b")
+    shape, tag = family(args)
     folders = ensure_models(shape, tag)[:3]
     fresh_dir(WORK)
     recipes = {"maec": WORK / "maec.yaml", "ta": WORK / "ta.yaml"}
