@@ -25,7 +25,6 @@ from app.sources import (
 from app.storage.base import Storage, StorageError
 from maec_contract import JobRequest as JobRequest  # the body model, shared with the client
 from maec_core.errors import (
-    CheckpointError,
     EmptySelection,
     EvalSetError,
     EvalSetUnreadable,
@@ -190,8 +189,7 @@ def inspect_models(plan: JobPlan, parsed: dict[str, Source], storage: Storage
 def _joined(j: Joined, adapter: ModelFolder, base: ModelFolder) -> ModelFolder:
     """``adapter`` (opened on ``base``) when it is an adapter of a full checkpoint."""
     if base.base is not None or adapter.base is None:
-        raise CheckpointError(f"{j.ref}: a base+adapter reference joins a full checkpoint "
-                              "and the LoRA adapter folder applied to it", reference=j.ref)
+        raise j.refused()
     return adapter
 
 

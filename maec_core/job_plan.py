@@ -40,6 +40,12 @@ class Joined:
         base, plus, adapter = ref.rpartition("+")
         return Joined(ref, base, adapter) if plus and base and adapter else None
 
+    def refused(self) -> CheckpointError:
+        """The error for parts that are not a full checkpoint and an adapter of it."""
+        return CheckpointError(f"{self.ref}: a base+adapter reference joins a full "
+                               "checkpoint and the LoRA adapter folder applied to it",
+                               reference=self.ref)
+
 
 @dataclass(frozen=True)
 class AdapterCheck:
@@ -63,9 +69,7 @@ class AdapterCheck:
 
         for j in self.joined:
             if is_adapter_folder(folder(j.base)) or not is_adapter_folder(folder(j.adapter)):
-                raise CheckpointError(
-                    f"{j.ref}: a base+adapter reference joins a full checkpoint and the "
-                    "LoRA adapter folder applied to it", reference=j.ref)
+                raise j.refused()
         own = {j.adapter for j in self.joined}
         adapters = [r for r in self.checkpoints
                     if r not in own and is_adapter_folder(folder(r))]
