@@ -11,7 +11,7 @@ from celery import shared_task
 # (a merge child then starts in milliseconds). Importing torch does not initialise CUDA.
 import maec_core.run  # noqa: F401
 from app.jobs.worker_store import WorkerJobStore
-from app.queue import TAKE_TASK_NAME, TASK_NAME, WEBHOOK_TASK_NAME, send_webhook
+from app.queue import TAKE_TASK_NAME, TASK_NAME, WEBHOOK_TASK_NAME, send_take, send_webhook
 from app.settings import get_settings
 from app.storage import make_storage
 from app.webhooks.delivery import SOFT_TIME_LIMIT_S, TIME_LIMIT_S, deliver
@@ -39,7 +39,8 @@ def run_job(job_id: str) -> str:
 @shared_task(name=TAKE_TASK_NAME, acks_late=True, ignore_result=True)  # type: ignore[untyped-decorator]
 def take_next(pool: str) -> str:
     """A wake-up for ``pool``: run whichever job the scheduler hands this worker."""
-    return dispatch.take_next(_runner(), pool)
+    return dispatch.take_next(_runner(), pool,
+                              wake=lambda other: send_take(take_next.app, other))
 
 
 # Short limits of its own: one delivery attempt is a few network round trips; a later

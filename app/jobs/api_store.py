@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
@@ -81,9 +81,11 @@ class ApiJobStore:
                                                                  args=call.args))
 
     async def create(
-        self, record: JobRecord, *, max_active: int
+        self, record: JobRecord, *, max_active: int, weights: Mapping[str, float],
+        credit: int = 0,
     ) -> tuple[CreateOutcome, str]:
-        return await self._run(calls.create(record, max_active=max_active))
+        return await self._run(calls.create(record, max_active=max_active, weights=weights,
+                                            credit=credit))
 
     async def idempotent_job(self, owner: str, key: str) -> str | None:
         """The job id an earlier submission with this idempotency key created."""

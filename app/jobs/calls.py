@@ -14,9 +14,11 @@ from typing import Any, Generic, Literal, TypeVar, cast
 
 from app.jobs import scripts
 from app.jobs.keys import (
+    HOLD_MS,
     METRICS_KEY,
     ORPHANS_KEY,
     REFS_PREFIX,
+    SCHED_HOLDS_KEY,
     SCHED_SEQ_KEY,
     SCHED_SERVED_KEY,
     UNREFERENCED_KEY,
@@ -76,9 +78,12 @@ def _pairs(fields: Mapping[str, Any]) -> list[Arg]:
     return [x for kv in encode(dict(fields)).items() for x in kv]
 
 
-def create(record: JobRecord, *, max_active: int) -> Call[tuple[CreateOutcome, str]]:
+def create(record: JobRecord, *, max_active: int, weights: Mapping[str, float],
+           credit: int) -> Call[tuple[CreateOutcome, str]]:
     """Store a new queued job unless its owner has ``max_active`` active jobs or its
-    idempotency key names an earlier job (``existing``, with that job's id)."""
+    idempotency key names an earlier job (``existing``, with that job's id). ``credit``
+    and ``weights``: where an owner new to the pool's queue starts in the fair share (one
+    round behind the least served: ``credit`` jobs, the pool's live workers)."""
     owner = record.owner
     pool = record.pool or ""
     keys, args = scripts.CREATE.pack(
@@ -88,7 +93,8 @@ def create(record: JobRecord, *, max_active: int) -> Call[tuple[CreateOutcome, s
          "seq": SCHED_SEQ_KEY, "served": SCHED_SERVED_KEY},
         {"id": record.id, "max_active": max_active,
          "has_idem": "1" if record.idempotency_key else "0", "now_ms": _now_ms(),
-         "owner_name": owner, "band": band(record.priority) if pool else ""},
+         "owner_name": owner, "band": band(record.priority) if pool else "",
+         "credit": credit, "weights_json": json.dumps(dict(weights))},
         _pairs(record.model_dump(mode="json", exclude={"queue"})),
     )
 
@@ -115,11 +121,13 @@ def _exhausted(max_attempts: int) -> dict[str, Any]:
 @dataclass(frozen=True)
 class Taken:
     """What a free worker's take found: ``claimed`` (``job_id`` is now its attempt
-    ``attempt``), ``exhausted`` (that job failed instead) or ``empty``."""
+    ``attempt``), ``exhausted`` (that job failed instead) or ``empty``; ``pool``: the
+    pool's queue the job came from."""
 
     outcome: Literal["claimed", "exhausted", "empty"]
     job_id: str
     attempt: int
+    pool: str = ""
 
 
 def take(pools: list[str], *, worker: str, pool: str, lease_s: float, max_attempts: int,
@@ -127,17 +135,18 @@ def take(pools: list[str], *, worker: str, pool: str, lease_s: float, max_attemp
     """Choose the next job of ``pools`` (in order) by the scheduler's policy and claim
     it as ``worker`` of ``pool``, in one atomic call."""
     now = time.time()
-    keys, args = scripts.TAKE.pack({"served": SCHED_SERVED_KEY}, {
+    keys, args = scripts.TAKE.pack({"served": SCHED_SERVED_KEY, "holds": SCHED_HOLDS_KEY}, {
         "pools_json": json.dumps(pools), "policy": policy,
         "weights_json": json.dumps(dict(weights)), "now_s": repr(now),
         "lease_until": repr(now + lease_s), "worker_json": json.dumps(worker),
         "max_attempts": max_attempts, "now_iso": json.dumps(now_iso()),
         "now_ms": _now_ms(now), "exhausted_error": json.dumps(_exhausted(max_attempts)),
-        "job_prefix": job_key(""), "pool_json": json.dumps(pool),
+        "job_prefix": job_key(""), "pool_json": json.dumps(pool), "hold_ms": HOLD_MS,
     })
 
     def parse(reply: list[Any]) -> Taken:
-        return Taken(cast(Any, text(reply[0])), text(reply[1]), int(reply[2]))
+        return Taken(cast(Any, text(reply[0])), text(reply[1]), int(reply[2]),
+                     text(reply[3]))
 
     return Call(scripts.TAKE, keys, args, parse)
 

@@ -39,6 +39,12 @@ SCHED_SEQ_KEY = f"{SCHED_PREFIX}seq"
 # owner -> service received (cost / weight of the jobs taken): ties between owners with
 # equal running work go to the one served least.
 SCHED_SERVED_KEY = f"{SCHED_PREFIX}served"
+# worker -> id of the job it took last. A worker is held by its job until it takes the
+# next one: the turnaround between jobs (the Celery ack, a fresh merge child, the next
+# message) counts against the job's owner as running work, for at most HOLD_MS after the
+# job ended (a worker that died or drained releases its hold then).
+SCHED_HOLDS_KEY = f"{SCHED_PREFIX}holds"
+HOLD_MS = 10_000
 # Sequence numbers stay below this; a job's score is band * BAND_SPAN + sequence.
 BAND_SPAN = 10**12
 # Jobs of the pool's recent past whose durations feed the queue's ETA.

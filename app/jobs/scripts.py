@@ -129,11 +129,16 @@ class Script:
 
 # Tail: field, value, ... of the new record. The job enters its pool's fair-share queue
 # (``sched_queue``, scored band * BAND_SPAN + sequence). An owner that had nothing queued
-# in the pool starts level with the least-served owner already waiting there, so a key
-# idle for a week does not win every tie until it has caught up.
+# in the pool starts one round behind the least-served owner already waiting there: level
+# with it less ``credit`` of its jobs (the API passes the number of live workers that take
+# the pool's jobs), per that owner's weight. So a newcomer is owed up to one job per worker
+# before it is level with a key that has had every worker to itself (fair share over the
+# recent round, as a usage-decay fair share would give), and a key idle for a week is owed
+# no more than that one round: it does not win every tie until it has caught up.
 CREATE = Script("create", ("job", "owner", "active", "queued", "idem", "sched_queue",
                            "sched_owners", "seq", "served"),
-                ("id", "max_active", "has_idem", "now_ms", "owner_name", "band"), f"""
+                ("id", "max_active", "has_idem", "now_ms", "owner_name", "band",
+                 "credit", "weights_json"), f"""
 local BAND = {BAND_SPAN}
 """ + """
 if A.has_idem == '1' then
@@ -149,12 +154,14 @@ if A.band ~= '' then
   redis.call('ZADD', K.sched_queue, tonumber(A.band) * BAND + seq, A.id)
   local others = redis.call('SMEMBERS', K.sched_owners)
   if redis.call('SADD', K.sched_owners, A.owner_name) == 1 then
+    local weights = cjson.decode(A.weights_json)
     local least = nil
     for _, o in ipairs(others) do
       local v = tonumber(redis.call('ZSCORE', K.served, o) or '0')
+                - tonumber(A.credit) / (tonumber(weights[o]) or 1)
       if not least or v < least then least = v end
     end
-    local mine = tonumber(redis.call('ZSCORE', K.served, A.owner_name) or '0')
+  local mine = tonumber(redis.call('ZSCORE', K.served, A.owner_name) or '0')
     if least and mine < least then redis.call('ZADD', K.served, least, A.owner_name) end
   end
 end
@@ -219,27 +226,48 @@ return {'claimed', attempts}
 # queues to look in, in order (the wake-up message's pool, the worker's own, then those
 # it covers); the first with a queued job decides. Within a pool: the highest priority
 # band, then (policy ``fair``) the owner with the least running work per weight (a sweep
-# counts its candidates), ties to the least served, then the owner's oldest job;
-# (``fifo``) the oldest job. Returns {'claimed', id, attempt}, {'exhausted', id, n} (a
-# requeued job out of attempts, now failed) or {'empty', '', 0}.
-TAKE = Script("take", ("served",),
+# counts its candidates; a job that ended still holds its worker until that worker takes
+# the next, up to ``hold_ms``), ties to the least served, then the owner's oldest job;
+# (``fifo``) the oldest job (see ``choose`` for how the pools combine). Returns
+# {'claimed', id, attempt, pool}, {'exhausted', id, n, pool} (a requeued job out of
+# attempts, now failed) or {'empty', '', 0, ''}; ``pool``: the queue the job came from.
+TAKE = Script("take", ("served", "holds"),
               ("pools_json", "policy", "weights_json", "now_s", "lease_until", "worker_json",
                "max_attempts", "now_iso", "now_ms", "exhausted_error", "job_prefix",
-               "pool_json"), f"""
+               "pool_json", "hold_ms"), f"""
 local BAND = {BAND_SPAN}
 """ + """
 local weights = cjson.decode(A.weights_json)
 local function weight(o) return tonumber(weights[o]) or 1 end
+local me = cjson.decode(A.worker_json)
 local load = nil
+local function add(id)
+  local f = redis.call('HMGET', A.job_prefix .. id, 'owner', 'cost')
+  if f[1] then
+    local o = cjson.decode(f[1])
+    load[o] = (load[o] or 0) + (tonumber(f[2]) or 1)
+  end
+end
 local function loads()
   if load then return load end
   load = {}
   for _, st in ipairs({'running', 'publishing'}) do
-    for _, id in ipairs(redis.call('ZRANGE', SETS[st], 0, -1)) do
-      local f = redis.call('HMGET', A.job_prefix .. id, 'owner', 'cost')
-      if f[1] then
-        local o = cjson.decode(f[1])
-        load[o] = (load[o] or 0) + (tonumber(f[2]) or 1)
+    for _, id in ipairs(redis.call('ZRANGE', SETS[st], 0, -1)) do add(id) end
+  end
+  -- Other workers' jobs that ended (still running ones are counted above): each holds
+  -- its worker until that worker takes again, or for hold_ms.
+  local held = redis.call('HGETALL', K.holds)
+  for i = 1, #held, 2 do
+    local w, id = held[i], held[i + 1]
+    if w ~= me then
+      local raw = redis.call('HGET', A.job_prefix .. id, 'status')
+      local st = raw and cjson.decode(raw)
+      if st and TERMINAL[st] then
+        local ended = tonumber(redis.call('ZSCORE', SETS[st], id) or '0')
+        if tonumber(A.now_ms) - ended <= tonumber(A.hold_ms) then add(id)
+        else redis.call('HDEL', K.holds, w) end
+      elseif not st then
+        redis.call('HDEL', K.holds, w)
       end
     end
   end
@@ -251,10 +279,18 @@ local function less(a, b)
   end
   return false
 end
-for _, pool in ipairs(cjson.decode(A.pools_json)) do
-  local okey = A.sched_prefix .. 'owners:' .. pool
-  while true do
-    local best, owner, id = nil, nil, nil
+local pools = cjson.decode(A.pools_json)
+-- The next job as {pool, owner, id}, or nil. fifo: the first pool in order with a queued
+-- job, its oldest. fair: across every pool this worker serves, the owner by band, then
+-- running work per weight, then service; of that owner's jobs, the first pool in order
+-- (the message's, the worker's own, then the covered ones), then the oldest. So a large
+-- worker gives a key that is owed a turn a small job rather than the next large job of
+-- a key that already has its share, and within one key still prefers the jobs that only
+-- it can run.
+local function choose()
+  local best, pick = nil, nil
+  for pi, pool in ipairs(pools) do
+    local okey = A.sched_prefix .. 'owners:' .. pool
     for _, o in ipairs(redis.call('SMEMBERS', okey)) do
       local head = redis.call('ZRANGE', A.sched_prefix .. 'q:' .. pool .. ':' .. o, 0, 0,
                               'WITHSCORES')
@@ -264,46 +300,54 @@ for _, pool in ipairs(cjson.decode(A.pools_json)) do
         local score = tonumber(head[2])
         local rank
         if A.policy == 'fifo' then
-          rank = {score % BAND, 0, 0, 0}
+          rank = {pi, score % BAND}
         else
           rank = {math.floor(score / BAND), (loads()[o] or 0) / weight(o),
-                  tonumber(redis.call('ZSCORE', K.served, o) or '0'), score}
+                  tonumber(redis.call('ZSCORE', K.served, o) or '0'), pi, score}
         end
-        if not best or less(rank, best) then best, owner, id = rank, o, head[1] end
+        if not best or less(rank, best) then best, pick = rank, {pool, o, head[1]} end
       end
-    end
-    if not id then break end
-    local job = A.job_prefix .. id
-    local raw = redis.call('HGET', job, 'status')
-    if not raw or cjson.decode(raw) ~= 'queued' then
-      -- A stale entry (its record gone): drop it and choose again.
-      local q = A.sched_prefix .. 'q:' .. pool .. ':' .. owner
-      redis.call('ZREM', q, id)
-      if redis.call('ZCARD', q) == 0 then redis.call('SREM', okey, owner) end
-    else
-      local attempts = tonumber(redis.call('HGET', job, 'attempts')) or 0
-      if attempts >= tonumber(A.max_attempts) then
-        redis.call('HSET', job, 'status', '"failed"', 'finished_at', A.now_iso,
-                   'error', A.exhausted_error)
-        move(id, 'queued', 'failed', A.now_ms, job)
-        return {'exhausted', id, attempts}
-      end
-      attempts = attempts + 1
-      redis.call('HSET', job, 'status', '"running"', 'attempts', tostring(attempts),
-                 'lease_until', A.lease_until, 'worker', A.worker_json, 'stage', '"fetch"',
-                 'attempt_started', A.now_s, 'ran_pool', A.pool_json,
-                 'progress', '{"fraction":0.0,"done":0,"total":0}')
-      if redis.call('HGET', job, 'started_at') == 'null' then
-        redis.call('HSET', job, 'started_at', A.now_iso)
-      end
-      move(id, 'queued', 'running', A.now_ms, job)
-      local cost = tonumber(redis.call('HGET', job, 'cost') or '1') or 1
-      redis.call('ZINCRBY', K.served, cost / weight(owner), owner)
-      return {'claimed', id, attempts}
     end
   end
+  return pick
 end
-return {'empty', '', 0}
+while true do
+  local pick = choose()
+  if not pick then break end
+  local pool, owner, id = pick[1], pick[2], pick[3]
+  local job = A.job_prefix .. id
+  local raw = redis.call('HGET', job, 'status')
+  if not raw or cjson.decode(raw) ~= 'queued' then
+    -- A stale entry (its record gone): drop it and choose again.
+    local q = A.sched_prefix .. 'q:' .. pool .. ':' .. owner
+    redis.call('ZREM', q, id)
+    if redis.call('ZCARD', q) == 0 then
+      redis.call('SREM', A.sched_prefix .. 'owners:' .. pool, owner)
+    end
+  else
+    local attempts = tonumber(redis.call('HGET', job, 'attempts')) or 0
+    if attempts >= tonumber(A.max_attempts) then
+      redis.call('HSET', job, 'status', '"failed"', 'finished_at', A.now_iso,
+                 'error', A.exhausted_error)
+      move(id, 'queued', 'failed', A.now_ms, job)
+      return {'exhausted', id, attempts, pool}
+    end
+    attempts = attempts + 1
+    redis.call('HSET', job, 'status', '"running"', 'attempts', tostring(attempts),
+               'lease_until', A.lease_until, 'worker', A.worker_json, 'stage', '"fetch"',
+               'attempt_started', A.now_s, 'ran_pool', A.pool_json,
+               'progress', '{"fraction":0.0,"done":0,"total":0}')
+    if redis.call('HGET', job, 'started_at') == 'null' then
+      redis.call('HSET', job, 'started_at', A.now_iso)
+    end
+    move(id, 'queued', 'running', A.now_ms, job)
+    local cost = tonumber(redis.call('HGET', job, 'cost') or '1') or 1
+    redis.call('ZINCRBY', K.served, cost / weight(owner), owner)
+    redis.call('HSET', K.holds, me, id)
+    return {'claimed', id, attempts, pool}
+  end
+end
+return {'empty', '', 0, ''}
 """, moves=True)
 
 # Progress / lease / report fields of the attempt that owns the job; returns the cancel

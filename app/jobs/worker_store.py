@@ -21,6 +21,7 @@ from app.jobs.calls import Call, Claim, RemoveOutcome, ReserveOutcome, Taken
 from app.jobs.keys import (
     ORPHANS_KEY,
     RETENTION_LOCK_KEY,
+    SCHED_HOLDS_KEY,
     UNREFERENCED_KEY,
     WORKERS_KEY,
     job_key,
@@ -129,6 +130,7 @@ class WorkerJobStore:
 
     def forget_worker(self, worker: str, pool: str | None = None) -> None:
         self._r.zrem(WORKERS_KEY, worker)
+        self._r.hdel(SCHED_HOLDS_KEY, worker)
         if pool:
             self._r.zrem(sched_workers_key(pool), worker)
 

@@ -97,6 +97,11 @@ class QueueView:
         """The pools whose workers take ``pool``'s jobs."""
         return [p for p in self._s.pools if pool in served_by(p, self._s.pools)]
 
+    async def round_size(self, pool: str) -> int:
+        """How many jobs of ``pool`` one round of the fleet starts: the live workers
+        that take its jobs (a newcomer's credit in the fair share)."""
+        return (await self._workers_and_median(self._takers(pool)))[0]
+
     async def _workers_and_median(self, pools: list[str]) -> tuple[int, float | None]:
         since = time.time() - 3 * self._s.worker_heartbeat_seconds
         async with self._r.pipeline(transaction=False) as pipe:

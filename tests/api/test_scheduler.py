@@ -7,13 +7,21 @@ worker process runs here."""
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
 from celery import Celery
 
 from app.jobs.calls import Taken
-from app.jobs.keys import job_key
+from app.jobs.keys import (
+    HOLD_MS,
+    SCHED_SERVED_KEY,
+    job_key,
+    sched_owners_key,
+    sched_queue_key,
+    status_key,
+)
 from app.queue import QUEUE
 from app.scheduler.estimate import GPU_BUDGET_BYTES, whole_tensor_bytes
 from app.scheduler.pools import covers, served_by
@@ -87,6 +95,84 @@ def test_share_follows_running_work_a_sweeps_cost_and_weights(api: Api) -> None:
     assert owner_of(api, take(api, weights={"bob": 4.0}).job_id) == "alice"
 
 
+def live_workers(api: Api, n: int, pool: str = QUEUE) -> None:
+    for i in range(n):
+        api.worker_store().heartbeat(f"w{i}", pool=pool)
+
+
+def test_a_newcomer_is_owed_one_round_of_the_pool(api: Api) -> None:
+    """Three live workers have each just run one of alice's jobs (short jobs: done before
+    the next take, so running work is level at 0) when bob submits three. bob starts one
+    round behind her (3 jobs), so the next three workers take his jobs, then hers again;
+    without that credit the ties would alternate and his third job would wait for the
+    fifth worker."""
+    live_workers(api, 3)
+    for _ in range(8):
+        api.submit()
+    for _ in range(3):
+        got = take(api)
+        assert owner_of(api, got.job_id) == "alice"
+        finish(api, got.job_id)
+    for _ in range(3):
+        api.submit(key="bob")
+    order = []
+    for _ in range(4):
+        got = take(api)
+        order.append(owner_of(api, got.job_id))
+        finish(api, got.job_id)
+    assert order == ["bob", "bob", "bob", "alice"]
+
+
+def test_a_finished_job_holds_its_worker_until_that_worker_takes_again(api: Api) -> None:
+    """w1 has just finished alice's job (turning around to its next: a fresh child, the
+    next message) while w2 runs bob's. For w3 that is one worker each, not 0 against 1, so
+    the tie goes to bob, served less; when w1 itself takes again its own hold no longer
+    counts; a hold older than HOLD_MS counts for nothing."""
+    def take_as(worker: str) -> str:
+        got = api.worker_store().take([QUEUE], worker=worker, pool=QUEUE, lease_s=30,
+                                      max_attempts=3, policy="fair", weights={})
+        assert got.outcome == "claimed"
+        return got.job_id
+
+    for _ in range(4):
+        api.submit()
+    for _ in range(4):
+        api.submit(key="bob")
+    a1 = take_as("w1")
+    assert owner_of(api, a1) == "alice"
+    finish(api, a1)
+    b1 = take_as("w2")
+    assert owner_of(api, b1) == "bob"
+    api.r.zadd(SCHED_SERVED_KEY, {"alice": 1.0, "bob": 0.0})
+    assert owner_of(api, take_as("w3")) == "bob"
+    # w1 takes: its own finished job is behind it; alice 0 running against bob's 2.
+    a2 = take_as("w1")
+    assert owner_of(api, a2) == "alice"
+    # alice's job on w1 and bob's on w2 end; bob still runs one (w3). Held, alice's
+    # counts 1 against bob's 1 and the tie goes to bob (served less); once the hold has
+    # lapsed she has 0 against his 1.
+    finish(api, a2)
+    finish(api, b1)
+    api.r.zadd(SCHED_SERVED_KEY, {"alice": 50.0, "bob": 0.0})
+    api.r.zadd(status_key("succeeded"), {a2: time.time() * 1000 - HOLD_MS - 1000})
+    assert owner_of(api, take_as("w2")) == "alice"
+
+
+@pytest.mark.parametrize(("alice_weight", "start"), [(1.0, 98.0), (2.0, 99.0)])
+def test_a_key_back_from_idle_is_owed_no_more_than_one_round(
+        api_factory: Any, alice_weight: float, start: float) -> None:
+    """alice has been served 100 units when bob, idle since his last job (served 1),
+    queues with two live workers: he starts at 98 (her 100 less one round of 2 jobs), not
+    at 1, so he does not win every tie until he has caught up 99 jobs. Served counts cost
+    per weight, and so does the round taken off it: at weight 2 her 2 jobs count 1."""
+    api = api_factory(key_weights={"alice": alice_weight})
+    live_workers(api, 2)
+    api.submit()
+    api.r.zadd(SCHED_SERVED_KEY, {"alice": 100.0, "bob": 1.0})
+    api.submit(key="bob")
+    assert api.r.zscore(SCHED_SERVED_KEY, "bob") == pytest.approx(start)
+
+
 def test_priority_bands_and_caps(api_factory: Any) -> None:
     api: Api = api_factory(priority_caps={"bob": "high"})
     low = str(api.submit(api.named(priority="low"))["id"])
@@ -144,6 +230,47 @@ def test_routing_by_size_and_refusing_what_no_pool_holds(api_factory: Any) -> No
     assert body["details"]["largest_pool"]["name"] == "tiny-gpu"
     assert body["details"]["need"]["host_memory_bytes"] > 0.3 * GIB
     assert not tight.r.keys("maec:job:*") and tight.r.llen("cpu") == 0
+
+
+def to_pool(api: Api, job_id: str, pool: str) -> None:
+    """Move a queued job of the default route to ``pool``'s queue, as if routed there."""
+    rec = api.worker_store().get(job_id)
+    assert rec is not None and rec.pool is not None
+    score = api.r.zscore(sched_queue_key(rec.pool, rec.owner), job_id)
+    api.r.zrem(sched_queue_key(rec.pool, rec.owner), job_id)
+    api.r.zadd(sched_queue_key(pool, rec.owner), {job_id: score})
+    api.r.sadd(sched_owners_key(pool), rec.owner)
+    api.r.hset(job_key(job_id), "pool", json.dumps(pool))
+
+
+def test_a_large_worker_gives_a_key_owed_a_turn_a_small_job(api_factory: Any) -> None:
+    """alice runs a small job and has a large one queued; bob has a small one. A large
+    worker (serving large, then small) is free: the fair share is decided across both of
+    its pools, so bob (nothing running) gets it, from the small pool, and the large pool's
+    message is sent again for alice's job; when alice is the one owed the turn, her large
+    job comes before her small ones (her jobs only this worker can run, first)."""
+    from app.storage.local import LocalStorage
+    from worker.dispatch import take_next
+    from worker.runner import JobRunner
+
+    pools = {"small": {"host_memory_gib": 1, "disk_gib": 1},
+             "large": {"host_memory_gib": 64, "disk_gib": 500}}
+    api: Api = api_factory(pools=pools, worker_pool="large")
+    a = [str(api.submit()["id"]) for _ in range(3)]
+    to_pool(api, a[1], "large")
+    b1 = str(api.submit(key="bob")["id"])
+    assert take(api, ["small"], worker_pool="small").job_id == a[0]
+    api.r.delete("small", "large")  # the wake-ups, read here by hand
+    sent: list[str] = []
+    runner = JobRunner(api.settings, api.worker_store(),
+                       LocalStorage(api.settings.storage_dir), worker="big")
+    assert take_next(runner, "large", wake=sent.append) == "succeeded"
+    assert api.worker_store().get(b1).status == "succeeded"  # type: ignore[union-attr]
+    assert sent == ["large"]  # alice's large job keeps a message waiting for it
+    # bob is done and alice's small job is over: hers next, the large one first.
+    finish(api, a[0])
+    got = take(api, ["large", "small"], worker_pool="large")
+    assert (got.job_id, got.pool) == (a[1], "large")
 
 
 def test_pool_cover_rules() -> None:

@@ -105,7 +105,9 @@ async def submit(typed: JobBody, auth: Auth) -> JSONResponse:
         estimate=need.to_dict(), cost=need.cost,
     )
     outcome, job_id = await svc.store.create(
-        record, max_active=svc.settings.max_active_jobs_per_key
+        record, max_active=svc.settings.max_active_jobs_per_key,
+        weights=svc.settings.key_weights,
+        credit=await svc.queue.round_size(pool) if pool else 0,
     )
     if outcome == "too_many":
         raise ApiError(429, "too_many_jobs",
