@@ -292,7 +292,7 @@ def check_against_plan(recipe: Recipe, plan: MergePlan) -> None:
                    | {i.name for t in plan.tensors for i in t.sources.values()})
     for where, params in _parameter_blocks(recipe):
         _check_filters(where, params, names)
-    if recipe.slices is not None:
+    if recipe.layered:
         return  # resolved per slice by maec_core.slices, which names its own failures
     entries = method.merged_entries(recipe)
     for name in (t.name for t in plan.tensors):
@@ -308,10 +308,14 @@ def _parameter_blocks(recipe: Recipe) -> Iterator[tuple[str, Mapping[str, ParamV
     yield "parameters", recipe.parameters
     for i, entry in enumerate(recipe.models):
         yield f"models[{i}].parameters", entry.parameters
-    for i, sl in enumerate(recipe.slices or []):
-        yield f"slices[{i}].parameters", sl.parameters
-        for j, src in enumerate(sl.sources):
-            yield f"slices[{i}].sources[{j}].parameters", src.parameters
+    for name, module in (recipe.modules or {}).items():
+        yield f"modules.{name}.parameters", module.parameters
+    for laid in recipe.laid_slices():
+        if laid.slice is not None:
+            yield f"{laid.where}.parameters", laid.slice.parameters
+        kind = "sources" if laid.slice is not None else "models"
+        for j, (_, params) in enumerate(laid.sources):
+            yield f"{laid.where}.{kind}[{j}].parameters", params
 
 
 def _check_filters(where: str, params: Mapping[str, ParamValue], names: list[str]) -> None:

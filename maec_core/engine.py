@@ -561,7 +561,7 @@ def run_method(recipe: Recipe, out_dir: Path, ctx: RunContext | None = None) -> 
     """Run one registered (non-MAEC) method of a parsed ``recipe`` into ``out_dir``."""
     ctx = ctx or RunContext()
     spec = get_method(recipe.merge_method, TensorMethod)
-    if recipe.slices is not None:
+    if recipe.layered:
         return _run_slices(recipe, spec, Path(out_dir), ctx)
     fn = spec.merge
     # A method that merges its base like any other model (linear) reads the base's own

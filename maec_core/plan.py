@@ -17,7 +17,8 @@ from maec_core.io.folder import ModelFolder
 from maec_core.io.headers import FLOAT_DTYPES, TensorInfo
 from maec_core.methods.params import BLOCK_PATTERN
 from maec_core.methods.registry import get_method
-from maec_core.recipe import Recipe, Slice
+from maec_core.model_modules import MODULAR, ModuleLayout, module_layouts, module_of
+from maec_core.recipe import LaidSlice, Recipe, Slice, SliceSource
 from maec_core.vocab.build import VocabPlan, VocabSpec, is_vocab_tensor, plan_vocab
 
 EMBED = "model.embed_tokens.weight"
@@ -202,7 +203,7 @@ def plan_recipe(recipe: Recipe, models: Mapping[str, ModelFolder]) -> MergePlan:
     is planned by :func:`build_slice_plan`. Header-only: the API calls this to reject an
     impossible recipe before anything is queued.
     """
-    if recipe.slices is not None:
+    if recipe.layered:
         return build_slice_plan(recipe, models).plan
     keys = _distinct(recipe)
     folders = {k: models[k] for k in keys}
@@ -276,6 +277,10 @@ class SliceCall:
 class SlicePlan:
     plan: MergePlan
     calls: list[SliceCall]  # one per planned tensor, in order
+    # The recipe's runs of layers as planned (a module given as models is one slice over
+    # all its layers), indexed by ``SliceCall.slice``, and each one's module parameters.
+    slices: list[Slice] = field(default_factory=list)
+    module_parameters: list[Mapping[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -285,6 +290,29 @@ class _Stack:
     prefix: str
     blocks: dict[int, list[str]]  # layer -> suffixes, in file order
     other: list[str]  # non-block tensors, in file order
+
+
+def _module_stack(key: str, folder: ModelFolder, module: ModuleLayout,
+                  layouts: Mapping[str, ModuleLayout]) -> _Stack:
+    """The tensors of ``module`` in ``key``: its blocks and its other tensors."""
+    ordered = sorted(folder.tensors.values(),
+                     key=lambda t: (folder.weight_files.index(t.file), t.start))
+    blocks: dict[int, list[str]] = {}
+    other: list[str] = []
+    for info in ordered:
+        if module_of(info.name, layouts) != module.name:
+            continue
+        if module.block is not None and info.name.startswith(module.block):
+            index, dot, rest = info.name[len(module.block):].partition(".")
+            if index.isdigit() and dot:
+                blocks.setdefault(int(index), []).append("." + rest)
+                continue
+        other.append(info.name)
+    if sorted(blocks) != list(range(len(blocks))):
+        raise IncompatibleCheckpoints(
+            f"{key}: the {module.name} blocks are numbered {sorted(blocks)}, not "
+            f"0..{len(blocks) - 1}", model=key, module=module.name)
+    return _Stack(module.block or "", blocks, other)
 
 
 def _stack(key: str, folder: ModelFolder) -> _Stack:
@@ -304,7 +332,11 @@ def _stack(key: str, folder: ModelFolder) -> _Stack:
         found = ", ".join(sorted(prefixes)) or "none"
         raise RecipeError(
             f"slices need one stack of blocks named '<prefix>.layers.<i>.*' or "
-            f"'<prefix>.h.<i>.*'; {key} has {found}", model=key,
+            f"'<prefix>.h.<i>.*'; {key} has {found}"
+            + (" (a multi-module model: lay out each module under modules:, e.g. "
+               "modules: {text_decoder: {slices: [...]}, vision_tower: {models: [...]}})"
+               if len(prefixes) > 1 and module_layouts(folder.config) else ""),
+            model=key,
         )
     if sorted(blocks) != list(range(len(blocks))):
         raise IncompatibleCheckpoints(
@@ -332,17 +364,16 @@ def config_layers(config: Mapping[str, Any]) -> int:
     return 0
 
 
-def _check_ranges(recipe: Recipe, stacks: Mapping[str, _Stack]) -> None:
-    assert recipe.slices is not None
-    for i, sl in enumerate(recipe.slices):
+def _check_ranges(laid: list[tuple[str, Slice]], stacks: Mapping[str, _Stack]) -> None:
+    for where, sl in laid:
         for j, src in enumerate(sl.sources):
             have = len(stacks[src.model].blocks)
             start, end = src.layer_range
             if end > have:
                 raise RecipeError(
-                    f"slices[{i}].sources[{j}]: layer_range [{start}, {end}] exceeds the "
+                    f"{where}.sources[{j}]: layer_range [{start}, {end}] exceeds the "
                     f"{have} layers of {src.model}",
-                    slice=i, source=j, model=src.model, layers=have,
+                    slice=where, source=j, model=src.model, layers=have,
                 )
 
 
@@ -378,27 +409,28 @@ def _call(
 
 
 def _end_tensors(
-    names: list[str], at: int, slices: list[Slice], base: str | None,
+    names: list[str], sl: Slice, at: int, base: str | None,
     models: Mapping[str, ModelFolder],
 ) -> list[tuple[PlannedTensor, SliceCall]]:
-    """Non-block tensors, merged from the sources of slice ``at`` (gradients at 0)."""
-    sl = slices[at]
+    """Non-block tensors, merged from the sources of ``sl`` (slice ``at``; gradients at
+    0)."""
     return [(_gather(n, [(s.model, n) for s in sl.sources], models),
              _call(sl, at, base, 0.0, [n] * len(sl.sources))) for n in names]
 
 
 def _block_tensors(
-    slices: list[Slice], base: str | None, stacks: Mapping[str, _Stack], prefix: str,
-    models: Mapping[str, ModelFolder],
+    slices: list[tuple[int, Slice]], base: str | None, stacks: Mapping[str, _Stack],
+    prefix: str, models: Mapping[str, ModelFolder],
 ) -> tuple[list[tuple[PlannedTensor, SliceCall]], list[tuple[str, int]]]:
     """Every slice's blocks, renumbered from 0; also (model, layer) of each output layer.
+    ``slices``: (index in the plan, slice).
 
     Block ``k`` of a slice is merged from block ``start + k`` of each source, with
     gradients at depth ``k / (length - 1)`` inside the slice (1 for a one-block slice).
     """
     out: list[tuple[PlannedTensor, SliceCall]] = []
     origin: list[tuple[str, int]] = []
-    for i, sl in enumerate(slices):
+    for i, sl in slices:
         for k in range(sl.length):
             frac = k / (sl.length - 1) if sl.length > 1 else 1.0
             first = sl.sources[0]
@@ -413,37 +445,128 @@ def _block_tensors(
     return out, origin
 
 
-def build_slice_plan(recipe: Recipe, models: Mapping[str, ModelFolder]) -> SlicePlan:
-    """Plan a slices recipe from headers: non-block tensors below the blocks from the
-    first slice's sources, each slice's blocks renumbered consecutively, the rest from
-    the last slice's sources (mergekit's layout). ``models`` holds every reference.
+@dataclass(frozen=True)
+class _Group:
+    """One stack of output layers: the whole model, or one module of a modules recipe."""
 
-    RecipeError when a ``layer_range`` runs past a source's layers.
+    module: ModuleLayout | None
+    slices: list[tuple[int, str, Slice]]  # (index in the plan, where, slice)
+    stacks: dict[str, _Stack]
+
+
+def build_slice_plan(recipe: Recipe, models: Mapping[str, ModelFolder]) -> SlicePlan:
+    """Plan a slices or modules recipe from headers: per stack (the model's, or each
+    module's), non-block tensors below the blocks from the first slice's sources, each
+    slice's blocks renumbered consecutively, the rest from the last slice's sources
+    (mergekit's layout). A modules recipe writes the modules it names, in its order;
+    a module given as models is one slice over all of the module's layers. ``models``
+    holds every reference.
+
+    RecipeError when a ``layer_range`` runs past a source's layers, or a module is not
+    one the architecture has.
     """
-    assert recipe.slices is not None
-    slices = recipe.slices
+    assert recipe.layered
+    laid = recipe.laid_slices()
     keys = _distinct(recipe)
     # The layer count may differ between sources; everything else must agree.
     check_configs({k: models[k] for k in keys},
                   tuple(f for f in ARCH_FIELDS if f not in LAYER_COUNT_KEYS))
-    stacks = {k: _stack(k, models[k]) for k in keys if any(
-        s.model == k for sl in slices for s in sl.sources)}
-    _check_ranges(recipe, stacks)
     base = recipe.base_model if get_method(recipe.merge_method).uses_base else None
     # Config, tokenizer and the non-block tensor list follow base_model, else the first
     # source (mergekit's output config does the same).
-    reference = recipe.base_model or slices[0].sources[0].model
-    first_stack = stacks[slices[0].sources[0].model]
-    other = stacks.get(reference, first_stack).other
-    below = [n for n in other if any(w in n for w in _BELOW_BLOCKS)]
-    blocks, origin = _block_tensors(slices, base, stacks, first_stack.prefix, models)
-    pairs = (_end_tensors(below, 0, slices, base, models) + blocks
-             + _end_tensors([n for n in other if n not in below], len(slices) - 1, slices,
-                            base, models))
-    updates = _config_updates(models[reference].config, [
-        (models[m].config.get("layer_types") or [None] * (n + 1))[n] for m, n in origin])
+    reference = recipe.base_model or laid[0].sources[0][0]
+    groups = (_module_groups(recipe, models, reference) if recipe.modules is not None
+              else [_whole_group(recipe, models)])
+    pairs: list[tuple[PlannedTensor, SliceCall]] = []
+    updates: dict[str, Any] = {}
+    for g in groups:
+        _check_ranges([(w, sl) for _, w, sl in g.slices], g.stacks)
+        (_, _, first), (last_i, _, last) = g.slices[0], g.slices[-1]
+        first_stack = g.stacks[first.sources[0].model]
+        other = g.stacks.get(reference, first_stack).other
+        below_marks = g.module.below if g.module is not None else _BELOW_BLOCKS
+        below = [n for n in other if any(w in n for w in below_marks)]
+        blocks, origin = _block_tensors([(i, sl) for i, _, sl in g.slices], base, g.stacks,
+                                        first_stack.prefix, models)
+        pairs += (_end_tensors(below, first, g.slices[0][0], base, models) + blocks
+                  + _end_tensors([n for n in other if n not in below], last, last_i, base,
+                                 models))
+        types = [(models[m].config.get("layer_types") or [None] * (n + 1))[n]
+                 for m, n in origin]
+        if g.module is None:
+            updates = _config_updates(models[reference].config, types)
+        elif g.module.layers_key is not None:
+            updates.update(_nested_count(models[reference].config, updates,
+                                         g.module.layers_key, len(origin)))
     plan = MergePlan({k: models[k] for k in keys}, reference, [t for t, _ in pairs], updates)
-    return SlicePlan(plan, [c for _, c in pairs])
+    planned = sorted((i, sl) for g in groups for i, _, sl in g.slices)
+    scopes = {i: dict(ls.module_parameters) for i, ls in enumerate(laid)}
+    return SlicePlan(plan, [c for _, c in pairs], [sl for _, sl in planned],
+                     [scopes[i] for i, _ in planned])
+
+
+def _whole_group(recipe: Recipe, models: Mapping[str, ModelFolder]) -> _Group:
+    assert recipe.slices is not None
+    used = {s.model for sl in recipe.slices for s in sl.sources}
+    return _Group(None, [(i, f"slices[{i}]", sl) for i, sl in enumerate(recipe.slices)],
+                  {k: _stack(k, models[k]) for k in _distinct(recipe) if k in used})
+
+
+def _module_groups(recipe: Recipe, models: Mapping[str, ModelFolder], reference: str
+                   ) -> list[_Group]:
+    """Each module the recipe names, with its stacks; a module given as models becomes
+    one slice over every layer of the module (the same count in every model)."""
+    assert recipe.modules is not None
+    layouts = module_layouts(models[reference].config)
+    if layouts is None:
+        kind = models[reference].config.get("model_type") or "unknown"
+        raise RecipeError(
+            f"modules: {reference} ({kind}) is not a multi-module architecture this "
+            f"engine knows ({', '.join(sorted(MODULAR))}); lay out its layers with slices",
+            key="modules", model_type=kind)
+    groups: dict[str, _Group] = {}
+    for i, laid in enumerate(recipe.laid_slices()):
+        assert laid.module is not None
+        layout = layouts.get(laid.module)
+        if layout is None:
+            raise RecipeError(
+                f"modules: {laid.module!r} is not a module of "
+                f"{models[reference].config.get('model_type')} ({', '.join(layouts)})",
+                key=f"modules.{laid.module}", modules=list(layouts))
+        g = groups.setdefault(laid.module, _Group(layout, [], {}))
+        for m, _ in laid.sources:
+            if m not in g.stacks:
+                g.stacks[m] = _module_stack(m, models[m], layout, layouts)
+        sl = laid.slice if laid.slice is not None else _whole_module(laid, g.stacks)
+        g.slices.append((i, laid.where, sl))
+    return list(groups.values())
+
+
+def _whole_module(laid: LaidSlice, stacks: Mapping[str, _Stack]) -> Slice:
+    """A module given as models: one slice over all of its layers."""
+    counts = {m: len(stacks[m].blocks) for m, _ in laid.sources}
+    if len(set(counts.values())) > 1:
+        raise IncompatibleCheckpoints(
+            f"{laid.where}: the models have different numbers of {laid.module} layers "
+            f"({counts}); lay the module out with slices", module=laid.module,
+            layers=counts)
+    n = next(iter(counts.values()))
+    # Built without validation: a module without blocks (a projector) has range [0, 0).
+    return Slice.model_construct(sources=[
+        SliceSource.model_construct(model=m, layer_range=(0, n), parameters=dict(p))
+        for m, p in laid.sources], parameters={})
+
+
+def _nested_count(config: Mapping[str, Any], updates: Mapping[str, Any], key: str,
+                  layers: int) -> dict[str, Any]:
+    """The config update that sets the dotted ``key`` (e.g. ``vision_config.depth``) to
+    ``layers``, on top of ``updates`` already made to the same sub-config."""
+    head, _, leaf = key.rpartition(".")
+    if not head:
+        return {leaf: layers}
+    sub = dict(updates.get(head) or config.get(head) or {})
+    sub[leaf] = layers
+    return {head: sub}
 
 
 def _config_updates(config: Mapping[str, Any], layer_types: list[Any]) -> dict[str, Any]:

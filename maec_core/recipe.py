@@ -7,7 +7,7 @@ Unknown keys are errors that name the key (a typo must not silently change a mer
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -91,6 +91,54 @@ class Slice(BaseModel):
     @property
     def length(self) -> int:
         return self.sources[0].length
+
+
+class ModuleSpec(BaseModel):
+    """One module of a multi-module model (mergekit's ``modules:`` entry, e.g. a VLM's
+    ``text_decoder``, ``vision_tower`` and ``multi_modal_projector``): its output layers
+    as ``slices``, or ``models`` merged over every layer of the module. ``parameters``
+    sit between a slice's and the recipe's in the lookup order."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    slices: list[Slice] | None = None
+    models: list[ModelEntry] | None = None
+    parameters: dict[str, ParamValue] = Field(default_factory=dict)
+
+    _params = field_validator("parameters", mode="before")(_empty_if_none)
+
+    @model_validator(mode="after")
+    def _one_form(self) -> ModuleSpec:
+        if bool(self.slices) == bool(self.models):
+            raise ValueError("a module takes either slices or models (one of them, "
+                             "not empty)")
+        return self
+
+
+@dataclass(frozen=True)
+class LaidSlice:
+    """One run of output layers of a slices or modules recipe, with where it sits.
+
+    ``slice`` is None for a module given as ``models`` (every layer of the module, which
+    the plan counts from the checkpoints); ``sources`` are then those models'.
+    """
+
+    where: str
+    module: str | None
+    slice: Slice | None
+    models: tuple[ModelEntry, ...] = ()
+    module_parameters: Mapping[str, ParamValue] = field(default_factory=dict)
+
+    @property
+    def sources(self) -> list[tuple[str, Mapping[str, ParamValue]]]:
+        """(model, its parameters) of every source, in order."""
+        if self.slice is not None:
+            return [(s.model, s.parameters) for s in self.slice.sources]
+        return [(m.model, m.parameters) for m in self.models]
+
+    @property
+    def parameters(self) -> Mapping[str, ParamValue]:
+        return self.slice.parameters if self.slice is not None else {}
 
 
 class ZeroEmbedding(BaseModel):
@@ -206,6 +254,8 @@ class Recipe(BaseModel):
     models: list[ModelEntry] = Field(default_factory=list)
     # mergekit's other shape: runs of layers, each merged from its own sources.
     slices: list[Slice] | None = None
+    # mergekit's shape for multi-module models (VLMs): slices or models per module.
+    modules: dict[str, ModuleSpec] | None = None
     parameters: dict[str, ParamValue] = Field(default_factory=dict)
     _params = field_validator("parameters", mode="before")(_empty_if_none)
     # mergekit: ``dtype`` is the compute dtype and ``out_dtype`` the saved one (``dtype``
@@ -248,15 +298,20 @@ class Recipe(BaseModel):
 
     @model_validator(mode="after")
     def _one_shape(self) -> Recipe:
-        if self.slices is not None:
-            if not self.slices:
-                raise ValueError("slices is empty; give at least one slice")
-            if self.models:
-                raise ValueError("give either models or slices, not both")
-            if self.tokenizer is not None or self.tokenizer_source == "union":
-                # Rows are remapped by token only for models recipes.
-                raise ValueError("a slices recipe takes tokenizer_source 'base' or a model, "
-                                 "not a union vocabulary or tokenizer settings")
+        if self.modules is not None:
+            if not self.modules:
+                raise ValueError("modules is empty; give at least one module")
+            if self.models or self.slices is not None:
+                raise ValueError("give one of models, slices or modules")
+        if self.slices is not None and not self.slices:
+            raise ValueError("slices is empty; give at least one slice")
+        if self.slices is not None and self.models:
+            raise ValueError("give either models or slices, not both")
+        # Rows are remapped by token only for models recipes.
+        if self.layered and (self.tokenizer is not None or self.tokenizer_source == "union"):
+            shape = "slices" if self.slices is not None else "modules"
+            raise ValueError(f"a {shape} recipe takes tokenizer_source 'base' or a model, "
+                             "not a union vocabulary or tokenizer settings")
         if self.tokenizer is not None and self.tokenizer_source is not None:
             raise ValueError("give either tokenizer_source or tokenizer.source, not both")
         if self.output is not None and self.output.format == "lora":
@@ -265,7 +320,7 @@ class Recipe(BaseModel):
 
     def _check_lora_output(self) -> None:
         # The adapter is the merge's change to one base, tensor for tensor.
-        if self.slices is not None:
+        if self.layered:
             raise ValueError("output format lora needs a merge that keeps its base's "
                              "tensors; a slices recipe changes them")
         if self.lora_base is None:
@@ -293,6 +348,23 @@ class Recipe(BaseModel):
                     raise ValueError(f"sweep.{use}: eval set {target.set!r} measures "
                                      f"{found.kind}, not {target.metric}")
         return self
+
+    @property
+    def layered(self) -> bool:
+        """Whether the recipe lays out its output layers (slices or modules)."""
+        return self.slices is not None or self.modules is not None
+
+    def laid_slices(self) -> list[LaidSlice]:
+        """Every run of output layers, top-level slices then each module's, in order."""
+        out = [LaidSlice(f"slices[{i}]", None, sl) for i, sl in enumerate(self.slices or [])]
+        for name, mod in (self.modules or {}).items():
+            if mod.models:
+                out.append(LaidSlice(f"modules.{name}", name, None, tuple(mod.models),
+                                     mod.parameters))
+            out += [LaidSlice(f"modules.{name}.slices[{i}]", name, sl,
+                              module_parameters=mod.parameters)
+                    for i, sl in enumerate(mod.slices or [])]
+        return out
 
     def merge_only(self) -> Recipe:
         """This recipe without evaluation and sweep: what one merge runs."""
@@ -344,8 +416,8 @@ class Recipe(BaseModel):
         if self.language_base is not None:
             out.append(SourceRef("language_base", self.language_base))
         out += [SourceRef("model", m.model, i) for i, m in enumerate(self.models)]
-        for i, sl in enumerate(self.slices or []):
-            out += [SourceRef("slice_source", s.model, i, j) for j, s in enumerate(sl.sources)]
+        for i, laid in enumerate(self.laid_slices()):
+            out += [SourceRef("slice_source", m, i, j) for j, (m, _) in enumerate(laid.sources)]
         for i, a in enumerate(self.abilities):
             out.append(SourceRef("ability_donor", a.model, i))
             if a.control is not None:
@@ -373,11 +445,15 @@ class Recipe(BaseModel):
             "models": [m.model_copy(update={"model": mapping.get(m.model, m.model)})
                        for m in self.models],
             "slices": None if self.slices is None else [
-                sl.model_copy(update={"sources": [
-                    s.model_copy(update={"model": mapping.get(s.model, s.model)})
-                    for s in sl.sources]})
-                for sl in self.slices
-            ],
+                _sub_slice(sl, mapping) for sl in self.slices],
+            "modules": None if self.modules is None else {
+                name: mod.model_copy(update={
+                    "slices": None if mod.slices is None else [
+                        _sub_slice(sl, mapping) for sl in mod.slices],
+                    "models": None if mod.models is None else [
+                        m.model_copy(update={"model": mapping.get(m.model, m.model)})
+                        for m in mod.models]})
+                for name, mod in self.modules.items()},
             "abilities": [
                 a.model_copy(update={"model": mapping.get(a.model, a.model),
                                      "control": sub(a.control), "corpus": sub(a.corpus)})
@@ -389,6 +465,11 @@ class Recipe(BaseModel):
         """The recipe as YAML with every field spelled out (for recipe.yaml outputs)."""
         data = self.model_dump(mode="json", exclude_none=True)
         return yaml.safe_dump(data, sort_keys=False)
+
+
+def _sub_slice(sl: Slice, mapping: Mapping[str, str]) -> Slice:
+    return sl.model_copy(update={"sources": [
+        s.model_copy(update={"model": mapping.get(s.model, s.model)}) for s in sl.sources]})
 
 
 def _sub_tokenizer(spec: TokenizerSpec, mapping: Mapping[str, str]) -> TokenizerSpec:

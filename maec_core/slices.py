@@ -10,7 +10,7 @@ Torch is only touched through the method's tensor function, so nothing here impo
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +20,7 @@ from maec_core.io.headers import TensorInfo
 from maec_core.methods.base import TensorCall, TensorMethod, field_keys
 from maec_core.methods.params import layer_index, resolve_scopes, validate_resolved
 from maec_core.plan import MergePlan, PlannedTensor, SliceCall, build_slice_plan, config_layers
-from maec_core.recipe import Recipe
+from maec_core.recipe import Recipe, Slice
 
 if TYPE_CHECKING:
     import torch
@@ -44,14 +44,14 @@ class SliceMerge:
 
 def prepare_slices(recipe: Recipe, spec: TensorMethod) -> SliceMerge:
     """Open every source (headers and configs only), plan, and build read/compute."""
-    assert recipe.slices is not None
+    assert recipe.layered
     refs = list(dict.fromkeys(s.ref for s in recipe.sources() if s.kind == "checkpoint"))
     sliced = build_slice_plan(recipe, {
         ref: open_model_folder(ref, base=recipe.base_model, config_base=True) for ref in refs})
     plan = sliced.plan
     calls = {t.name: c for t, c in zip(plan.tensors, sliced.calls, strict=True)}
     num_layers = config_layers(plan.config_updates) or plan.num_layers
-    resolve = _resolver(recipe, spec, calls)
+    resolve = _resolver(recipe, spec, calls, sliced.slices, sliced.module_parameters)
 
     def read(t: PlannedTensor) -> list[TensorInfo]:
         return [t.sources[k] for k in calls[t.name].keys]
@@ -77,14 +77,14 @@ def prepare_slices(recipe: Recipe, spec: TensorMethod) -> SliceMerge:
 
 
 def _resolver(
-    recipe: Recipe, spec: TensorMethod, calls: dict[str, SliceCall]
+    recipe: Recipe, spec: TensorMethod, calls: dict[str, SliceCall], slices: list[Slice],
+    modules: list[Mapping[str, Any]],
 ) -> Callable[[str], tuple[list[Any], Any]]:
-    """Per tensor name: (each model's parameters, the method's), resolved once.
+    """Per tensor name: (each model's parameters, the method's), resolved once, in
+    mergekit's order: the source's, its slice's, its module's, the recipe's.
 
     Locked: element-wise slices of two tensors may be computed on two threads at once.
     """
-    assert recipe.slices is not None
-    slices = recipe.slices
     shared, own = field_keys(spec.params), field_keys(spec.model_params)
     cache: dict[str, tuple[list[Any], Any]] = {}
     lock = threading.Lock()
@@ -94,16 +94,16 @@ def _resolver(
             if name in cache:
                 return cache[name]
             call = calls[name]
-            sl = slices[call.slice]
+            sl, module = slices[call.slice], modules[call.slice]
             offset = 1 if call.base is not None else 0
             model_params = [
                 validate_resolved(spec.model_params, resolve_scopes(
-                    [sl.sources[slot].parameters, sl.parameters, recipe.parameters], own,
-                    call.names[offset + i], call.frac), call.names[offset + i])
+                    [sl.sources[slot].parameters, sl.parameters, module, recipe.parameters],
+                    own, call.names[offset + i], call.frac), call.names[offset + i])
                 for i, slot in enumerate(call.slots)
             ]
             params = validate_resolved(spec.params, resolve_scopes(
-                [sl.parameters, recipe.parameters], shared, name, call.frac), name)
+                [sl.parameters, module, recipe.parameters], shared, name, call.frac), name)
             if len(cache) >= _CACHE:
                 cache.clear()
             cache[name] = (model_params, params)

@@ -205,7 +205,7 @@ class MergeMethod:
             )
         if self.needs_base and not recipe.base_model:
             raise RecipeError(f"merge_method '{self.name}' needs base_model")
-        if recipe.slices is not None:
+        if recipe.layered:
             self._validate_slices(recipe)
             return
         self._check_count(self._models_counted(recipe))
@@ -241,10 +241,15 @@ class MergeMethod:
             ("parameters", recipe.parameters, everywhere)]
         blocks += [(f"models[{i}].parameters", m.parameters, own)
                    for i, m in enumerate(recipe.models)]
-        for i, sl in enumerate(recipe.slices or []):
-            blocks.append((f"slices[{i}].parameters", sl.parameters, everywhere))
-            blocks += [(f"slices[{i}].sources[{j}].parameters", src.parameters, own)
-                       for j, src in enumerate(sl.sources)]
+        blocks += [(f"modules.{name}.parameters", mod.parameters, everywhere)
+                   for name, mod in (recipe.modules or {}).items()]
+        for laid in recipe.laid_slices():
+            if laid.slice is not None:
+                blocks.append((f"{laid.where}.parameters", laid.slice.parameters,
+                               everywhere))
+            kind = "sources" if laid.slice is not None else "models"
+            blocks += [(f"{laid.where}.{kind}[{j}].parameters", params, own)
+                       for j, (_, params) in enumerate(laid.sources)]
         known = {k for m in _REGISTRY.values()
                  for k in field_keys(m.params) | field_keys(m.model_params)}
         out = []
@@ -287,25 +292,28 @@ class MergeMethod:
         return models, params
 
     def _validate_slices(self, recipe: Recipe) -> None:
-        """Each slice as its own merge: the base among its sources when the method needs
-        one, the model count, and parameters at every level. A slice's and the recipe's
-        ``parameters`` may also give per-model values (mergekit's lookup order: the
-        source, its slice, the recipe)."""
-        assert recipe.slices is not None
+        """Each slice (and each module given as models) as its own merge: the base among
+        its sources when the method needs one, the model count, and parameters at every
+        level. A slice's, a module's and the recipe's ``parameters`` may also give
+        per-model values (mergekit's lookup order: the source, its slice, its module,
+        the recipe)."""
         base = recipe.base_model if self.uses_base else None
         self._check_mixed(recipe.parameters, "parameters")
-        for i, sl in enumerate(recipe.slices):
-            where = f"slices[{i}]"
-            models = [s.model for s in sl.sources]
+        for name, mod in (recipe.modules or {}).items():
+            self._check_mixed(mod.parameters, f"modules.{name}.parameters")
+        for i, laid in enumerate(recipe.laid_slices()):
+            where = laid.where
+            models = [m for m, _ in laid.sources]
             if self.needs_base and base not in models:
                 raise RecipeError(f"merge_method '{self.name}' needs base_model {base!r} "
                                   f"among the sources of {where}", slice=i)
             self._check_count(len([m for m in models if m != base]), f" in {where}")
-            self._check_mixed(sl.parameters, f"{where}.parameters")
-            for j, src in enumerate(sl.sources):
+            self._check_mixed(laid.parameters, f"{where}.parameters")
+            kind = "sources" if laid.slice is not None else "models"
+            for j, (_, params) in enumerate(laid.sources):
                 check_params(self.model_params,
-                             _only(src.parameters, field_keys(self.model_params)),
-                             f"{where}.sources[{j}].parameters")
+                             _only(params, field_keys(self.model_params)),
+                             f"{where}.{kind}[{j}].parameters")
 
     def _check_mixed(self, values: Mapping[str, Any], where: str) -> None:
         """Validate a parameter block that may hold global and per-model keys (keys the

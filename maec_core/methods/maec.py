@@ -49,9 +49,10 @@ class Maec(MergeMethod):
 
     def validate(self, recipe: Recipe) -> None:
         # mergekit's recipe shapes the MAEC pipeline does not read: refused, not ignored.
-        if recipe.slices is not None:
+        if recipe.layered:
+            key = "slices" if recipe.slices is not None else "modules"
             raise RecipeError("merge_method 'maec' takes language_base and abilities, "
-                              "not slices", key="slices")
+                              f"not {key}", key=key)
         if recipe.out_dtype is not None:
             raise RecipeError("merge_method 'maec' sets its output dtype with dtype, "
                               "not out_dtype", key="out_dtype")

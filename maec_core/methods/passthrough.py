@@ -37,7 +37,7 @@ class Passthrough(TensorMethod):
     def validate(self, recipe: Recipe) -> None:
         # With models, base_model would be read and never used (with slices it only
         # names where tokenizer_source: base points, as in mergekit).
-        if recipe.slices is None and recipe.base_model is not None:
+        if not recipe.layered and recipe.base_model is not None:
             raise RecipeError("merge_method 'passthrough' copies its one model; "
                               "leave out base_model or use slices")
         super().validate(recipe)

@@ -46,3 +46,32 @@ def test_a_frankenmerge_job_runs_to_a_deeper_model(api: Api) -> None:
     url = next(f["url"] for f in job["result"]["files"] if f["path"] == "config.json")
     config = json.loads(api.client.get(url, headers=api.auth()).content)
     assert config["num_hidden_layers"] == 4
+
+
+def test_a_vlm_modules_job_runs_and_a_bad_module_is_refused(api: Api) -> None:
+    """mergekit's modules: shape through the service: planned at submission (a module the
+    architecture lacks is a 422 before queueing), fetched and merged by the worker."""
+    from tests.conformance.models import make_model
+
+    base = make_model(api.root / "extra" / "vlm-base", "mistral3", seed=0)
+    donor = make_model(api.root / "extra" / "vlm-a", "mistral3", seed=1, like=base)
+    bad = {"recipe": {"merge_method": "linear",
+                      "modules": {"audio_tower": {"models": [{"model": str(base)}]}}}}
+    r = api.client.post("/v1/jobs", json=bad, headers=api.auth())
+    assert r.status_code == 422, r.text
+    assert r.json()["code"] == "invalid_recipe" and "audio_tower" in r.json()["message"]
+    assert api.r.llen(QUEUE) == 0
+    body = {"recipe": {"merge_method": "passthrough", "modules": {
+        "text_decoder": {"slices": [
+            {"sources": [{"model": str(base), "layer_range": [0, 6]}]},
+            {"sources": [{"model": str(donor), "layer_range": [4, 6]}]}]},
+        "vision_tower": {"models": [{"model": str(donor)}]},
+        "multi_modal_projector": {"models": [{"model": str(base)}]}}}}
+    jid = str(api.submit(body)["id"])
+    runner = JobRunner(api.settings, api.worker_store(), LocalStorage(api.settings.storage_dir),
+                       worker="test")
+    assert runner.run(jid) == "succeeded"
+    job = api.client.get(f"/v1/jobs/{jid}", headers=api.auth()).json()
+    url = next(f["url"] for f in job["result"]["files"] if f["path"] == "config.json")
+    config = json.loads(api.client.get(url, headers=api.auth()).content)
+    assert config["text_config"]["num_hidden_layers"] == 8

@@ -40,6 +40,15 @@ def _config(arch: str) -> PretrainedConfig:
         return tf.GemmaConfig(**_SHAPE, head_dim=8)
     if arch == "phi3":
         return tf.Phi3Config(**_SHAPE, tie_word_embeddings=False, pad_token_id=0)
+    if arch == "mistral3":
+        # A Llava-style VLM: a Mistral language model, a Pixtral vision tower (two
+        # blocks) and the projector between them.
+        return tf.Mistral3Config(
+            text_config={**_SHAPE, "model_type": "mistral", "head_dim": 8},
+            vision_config=dict(model_type="pixtral", hidden_size=16, intermediate_size=32,
+                               num_hidden_layers=2, num_attention_heads=2, head_dim=8,
+                               image_size=32, patch_size=8),
+            spatial_merge_size=2)
     builders: dict[str, Callable[..., PretrainedConfig]] = {
         "llama": tf.LlamaConfig, "mistral": tf.MistralConfig, "qwen2": tf.Qwen2Config,
         "granite": tf.GraniteConfig,
@@ -47,7 +56,16 @@ def _config(arch: str) -> PretrainedConfig:
     return builders[arch](**_SHAPE, tie_word_embeddings=False)
 
 
-ARCHITECTURES = ("llama", "mistral", "qwen2", "gemma", "phi", "phi3", "gpt2", "granite")
+ARCHITECTURES = ("llama", "mistral", "qwen2", "gemma", "phi", "phi3", "gpt2", "granite",
+                 "mistral3")
+
+
+def model_class(config: PretrainedConfig) -> Any:
+    """The transformers auto class that builds and loads ``config``'s model."""
+    from transformers import AutoModelForImageTextToText
+
+    vision = getattr(config, "vision_config", None) is not None
+    return AutoModelForImageTextToText if vision else AutoModelForCausalLM
 
 
 def make_model(path: Path, arch: str, seed: int, like: Path | None = None,
@@ -55,9 +73,11 @@ def make_model(path: Path, arch: str, seed: int, like: Path | None = None,
     """A seeded tiny ``arch`` checkpoint (float32, safetensors) with a tokenizer at
     ``path``; with ``like``, that checkpoint's weights plus noise of scale ``noise``."""
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(_config(arch))
+    config = _config(arch)
+    auto = model_class(config)
+    model = auto.from_config(config)
     if like is not None:
-        parent = AutoModelForCausalLM.from_pretrained(like, dtype=torch.float32)
+        parent = auto.from_pretrained(like, dtype=torch.float32)
         gen = torch.Generator().manual_seed(seed)
         with torch.no_grad():
             for p, q in zip(model.parameters(), parent.parameters(), strict=True):

@@ -50,7 +50,7 @@ CONFIG_IGNORED = {"transformers_version", "_name_or_path"}
 # method family and per cause of past disagreement, chosen to stay fast.
 FAST = {"basic_linear", "basic_ties", "basic_slerp", "example_gpt2_small",
         "params_top_level_density", "tok_pad_to_multiple_of", "example_bio_merge",
-        "basic_passthrough_scale", "example_gradient_slerp"}
+        "basic_passthrough_scale", "example_gradient_slerp", "arch_mistral3_modules_slerp"}
 # Recipes whose outputs are known to differ, and why (docs/compatibility.md has the
 # evidence). Not hidden: the test expects them to fail and the benchmark counts them.
 KNOWN_DIFFERENCES: dict[str, str] = {
@@ -205,7 +205,9 @@ def _config(folder: Path) -> dict[str, Any]:
 
 def compare_other(ours: Path, theirs: Path) -> list[str]:
     """config.json, the tokenizer's vocabulary and chat template, and loading."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
+
+    from tests.conformance.models import model_class
 
     problems = []
     mine, ref = _config(ours), _config(theirs)
@@ -228,7 +230,7 @@ def compare_other(ours: Path, theirs: Path) -> list[str]:
         problems.append("chat templates differ")
     for who, folder in (("ours", ours), ("mergekit", theirs)):
         try:
-            AutoModelForCausalLM.from_pretrained(folder)
+            model_class(AutoConfig.from_pretrained(folder)).from_pretrained(folder)
         except Exception as exc:
             problems.append(f"transformers cannot load {who}: {type(exc).__name__}: "
                             f"{str(exc)[:120]}")
