@@ -6,7 +6,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 
-from experiments.transfer.model import ModelSize, TrainSpec
+from experiments.transfer.model import VOCAB, ModelSize, TrainSpec
 
 FREEZE_IO = ("embed_tokens", "lm_head")
 
@@ -51,12 +51,29 @@ class Sweep:
         ("delta", False), ("delta", True), ("gradient", False), ("gradient", True))
     coarse_mu: tuple[float, ...] = (1.0, 2.0)
     coarse_selection_ratio: tuple[float, ...] = (0.75, 1.0)
+    # The grids of the added comparisons: ability B alone, both abilities in one merge
+    # (per-donor weights and per-ability μ from these values), and the extended-vocabulary
+    # language base. Coarser than the grids above, to keep `make experiment` in budget.
+    # Weights and μ reach below 1: two full deltas on top of the language base cost more
+    # fluency than one, and the constraint needs candidates that keep it.
+    extra_key_ratio: tuple[float, ...] = (0.2, 0.5, 1.0)
+    extra_mu: tuple[float, ...] = (0.5, 1.0, 1.5)
+    extra_ta_weight: tuple[float, ...] = (0.5, 1.0, 1.5)
+    extra_density: tuple[float, ...] = (0.3, 0.5)
+    extra_weight: tuple[float, ...] = (0.5, 1.0)
 
 
 BASE_SPEC = TrainSpec(steps=1500, lr=2e-3, warmup=100)
 ABILITY_SPEC = TrainSpec(steps=400, lr=1e-3, warmup=30, freeze=FREEZE_IO, answer_only=True)
 CONTROL_SPEC = TrainSpec(steps=400, lr=1e-3, warmup=30, freeze=FREEZE_IO)
 LANGUAGE_SPEC = TrainSpec(steps=200, lr=5e-4, warmup=30, freeze=FREEZE_IO)
+# θL′x: the language fine-tune on T′x text, which also trains the rows of T′x's new
+# tokens (θ0's rows stay frozen, as in every other fine-tune).
+EXT_LANGUAGE_SPEC = TrainSpec(steps=200, lr=5e-4, warmup=30, freeze=FREEZE_IO,
+                              train_rows_from=len(VOCAB))
+# A merge candidate is feasible when its target perplexity is at most this many times the
+# language base's (the service's `constraint: {max_ratio_to: language_base}`).
+PPL_RATIO = 1.5
 
 
 @dataclass(frozen=True)
@@ -73,6 +90,8 @@ class Config:
     control: TrainSpec = CONTROL_SPEC
     # θL: general T text, layers only (see docs/experiments.md for why).
     language: TrainSpec = LANGUAGE_SPEC
+    # θL′x: general T′x text, layers and the new tokens' rows.
+    language_ext: TrainSpec = EXT_LANGUAGE_SPEC
     n_train: int = 4000
     n_val: int = 200
     n_test: int = 400
@@ -102,8 +121,13 @@ class Config:
                                     "aligned_init": self.aligned_init}
         if stage != "theta0":
             spec = {"thetaA": self.ability, "thetaS": self.control,
-                    "thetaL": self.language, "thetaLR": self.language}[stage]
+                    "thetaL": self.language, "thetaLR": self.language,
+                    "thetaB": self.ability, "thetaLX": self.language_ext}[stage]
             parts.update(stage=stage, spec=spec.as_dict(), seed=seed)
+        if stage in STAGE_CODE:
+            # Stages added after CODE_VERSION 3 carry their own version, so changing their
+            # data does not retrain θ0 and the earlier fine-tunes.
+            parts["stage_code"] = STAGE_CODE[stage]
         blob = json.dumps(parts, sort_keys=True).encode()
         return f"{stage}-{hashlib.sha256(blob).hexdigest()[:12]}"
 
@@ -115,9 +139,13 @@ class Config:
 
 
 # Bump when data generation or training code changes, so stale checkpoints are not reused.
+# (Version 3's stages are unchanged by the second ability and the extended vocabulary:
+# their data, vocabulary and training are byte for byte the same.)
 CODE_VERSION = 3
+# The same for the stages added since, one by one: θB (ability B) and θL′x (T′x).
+STAGE_CODE = {"thetaB": 2, "thetaLX": 1}
 # Bump when evaluation or merge code changes (invalidates cached results, not checkpoints).
-EVAL_VERSION = 3
+EVAL_VERSION = 4
 
 FULL = Config(name="full", seeds=(0, 1, 2))
 
@@ -128,14 +156,18 @@ SMOKE = Config(
     ability=TrainSpec(steps=250, lr=1e-3, warmup=20, freeze=FREEZE_IO, answer_only=True),
     control=TrainSpec(steps=250, lr=1e-3, warmup=20, freeze=FREEZE_IO),
     language=TrainSpec(steps=150, lr=5e-4, warmup=20, freeze=FREEZE_IO),
+    language_ext=TrainSpec(steps=150, lr=5e-4, warmup=20, freeze=FREEZE_IO,
+                           train_rows_from=len(VOCAB)),
     n_val=100,
     n_test=200,
     n_ppl_docs=100,
     n_align_pairs=100,
     sweep=Sweep(key_ratio=(0.2, 1.0), mu=(1.0, 2.0), selection_ratio=(1.0,),
-                ta_weight=(1.0,), ties_density=(0.3,), ties_weight=(1.0,), swap_bottom=(1,),
-                swap_top=(1,),
-                maec_variants=(("delta", False),)),
+                ta_weight=(0.5, 1.0), ties_density=(0.3,), ties_weight=(0.5, 1.0),
+                swap_bottom=(1,), swap_top=(1,),
+                maec_variants=(("delta", False),),
+                extra_key_ratio=(1.0,), extra_mu=(0.5, 1.0), extra_ta_weight=(0.5, 1.0),
+                extra_density=(0.3,), extra_weight=(0.5, 1.0)),
     gradient_tokens=4096,
 )
 
@@ -147,10 +179,14 @@ DEBUG = Config(
     ability=TrainSpec(steps=10, lr=1e-3, warmup=2, freeze=FREEZE_IO, answer_only=True),
     control=TrainSpec(steps=10, lr=1e-3, warmup=2, freeze=FREEZE_IO),
     language=TrainSpec(steps=10, lr=5e-4, warmup=2, freeze=FREEZE_IO),
+    language_ext=TrainSpec(steps=10, lr=5e-4, warmup=2, freeze=FREEZE_IO,
+                           train_rows_from=len(VOCAB)),
     n_train=100, n_val=20, n_test=20, n_ppl_docs=10, n_align_pairs=10,
     sweep=Sweep(key_ratio=(0.2, 1.0), mu=(1.0,), selection_ratio=(1.0,), ta_weight=(1.0,),
                 ties_density=(0.3,), ties_weight=(1.0,), swap_bottom=(1,), swap_top=(1,),
                 coarse_mu=(1.0,),
-                coarse_selection_ratio=(1.0,)),
+                coarse_selection_ratio=(1.0,),
+                extra_key_ratio=(1.0,), extra_mu=(1.0,), extra_ta_weight=(1.0,),
+                extra_density=(0.3,), extra_weight=(1.0,)),
     gradient_tokens=512,
 )

@@ -19,7 +19,7 @@ from pathlib import Path
 from maec_core.eval import EvalSetSpec, EvalSpec
 
 # BCP-47 private-use codes for the synthetic languages (the eval library wants a code).
-LANG_CODE = {"S": "qaa", "T": "qab", "R": "qac"}
+LANG_CODE = {"S": "qaa", "T": "qab", "R": "qac", "X": "qad"}
 # The model's position limit; every document fits in one window.
 CONTEXT = 64
 BATCH = 256

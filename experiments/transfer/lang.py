@@ -28,7 +28,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 PAD, BOS, EOS, UNK = "[PAD]", "[BOS]", "[EOS]", "[UNK]"
 SPECIALS = [PAD, BOS, EOS, UNK]
@@ -98,8 +98,9 @@ LEXICON: dict[str, tuple[str, str]] = {
     **NAMES, **OBJECTS, **VERBS, **QVERBS, **ADJS, **FUNCS
 }
 LANGS = ("S", "T")
-# Languages with S's clause order (SVO, adjective before noun): S and its relexification.
-SVO_LANGS = ("S", "R")
+# Languages with S's clause order (SVO, adjective before noun): S, its relexification T'
+# and T'x, the same grammar again with word forms θ0's vocabulary lacks.
+SVO_LANGS = ("S", "R", "X")
 
 
 def _relexicon() -> dict[str, str]:
@@ -120,6 +121,30 @@ def _relexicon() -> dict[str, str]:
 
 
 RELEX: dict[str, str] = _relexicon()
+
+
+def _extension_lexicon() -> dict[str, str]:
+    """concept -> T'x word: the extended-vocabulary case. New 7-letter forms that no
+    checkpoint but the extended language base has in its tokenizer. A merge whose
+    vocabulary is a union adds them to θ0's tokenizer as *added tokens*, which are matched
+    inside raw text before whitespace splitting, so no new form may occur inside another
+    token (asserted here): equal-length distinct forms cannot, and every longer or equal
+    existing token is checked."""
+    rng = random.Random(5151)
+    taken = {w for pair in LEXICON.values() for w in pair} | set(RELEX.values())
+    out: dict[str, str] = {}
+    for concept in LEXICON:
+        while True:
+            w = "".join(rng.choice(c) for c in ("fhjlwy", "aeiou", "bdgkmnprstvz", "aeiou",
+                                                    "lmnrstv", "aeiou", "fhjwy"))
+            if w not in taken and not any(w in t for t in taken if len(t) >= len(w)):
+                taken.add(w)
+                out[concept] = w
+                break
+    return out
+
+
+RELEX_X: dict[str, str] = _extension_lexicon()
 # T's clause order; "VSO" reproduces the earlier design that showed no transfer.
 T_ORDER: Literal["VOS", "VSO"] = "VOS"
 
@@ -128,6 +153,8 @@ def word(concept: str, lang: str) -> str:
     """The surface word of a concept in one language."""
     if lang == "R":
         return RELEX[concept]
+    if lang == "X":
+        return RELEX_X[concept]
     return LEXICON[concept][0 if lang == "S" else 1]
 
 
@@ -146,6 +173,14 @@ def vocabulary() -> list[str]:
     r_words = [RELEX[c] for c in LEXICON]
     vocab = SPECIALS + NUMBERS + SYMBOLS + s_words + t_words + concepts + r_words
     assert len(vocab) == len(set(vocab)), "S, T, concept and shared tokens must be disjoint"
+    return vocab
+
+
+def extended_vocabulary() -> list[str]:
+    """θ0's vocabulary with T'x's word forms appended (ids of every existing token kept):
+    the extended language base's tokenizer."""
+    vocab = vocabulary() + [RELEX_X[c] for c in LEXICON]
+    assert len(vocab) == len(set(vocab))
     return vocab
 
 
@@ -361,27 +396,103 @@ def random_problem(rng: random.Random) -> Problem:
                    value)
 
 
+class Item(Protocol):
+    """An ability item: a prompt in any language and a single-token numeric answer."""
+
+    @property
+    def answer(self) -> int: ...
+
+    def prompt(self, lang: str) -> list[str]: ...
+
+    def text(self, lang: str) -> list[str]: ...
+
+    def key(self) -> tuple[object, ...]: ...
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The second ability (B): the larger or the smaller of two counts. Two people have
+    some of one object; the question asks for the big or the small count::
+
+        S:  anna has 4 apples . ben has 7 apples . how many small apples ? 4
+        T:  duri 4 kelo miro . duri 7 kelo taku . kuma tepi kelo piti ? 4
+
+    A different skill from A's running total (a comparison, no addition), with a
+    single-token numeric answer, built from the fixed lexicon. Every word of the question
+    occurs in θ0's general text (``how many`` in embedded questions, ``big``/``small`` as
+    adjectives), but never with an answer: θ0 never sees a comparison item. The two counts
+    differ, so answering one of the two numbers shown scores 0.5 by chance, and so does
+    any rule that cannot read the adjective (always the larger, always the smaller): above
+    0.5 in a target language, the merge reads that language's word for big or small."""
+
+    first: str
+    second: str
+    obj: str
+    counts: tuple[int, int]
+    which: str  # concept "big" or "small"
+
+    @property
+    def answer(self) -> int:
+        return max(self.counts) if self.which == "big" else min(self.counts)
+
+    def prompt(self, lang: str) -> list[str]:
+        toks: list[str] = []
+        for name, n in zip((self.first, self.second), self.counts, strict=True):
+            toks += Clause("have", name, self.obj, count=n).realise(lang)
+        if lang in SVO_LANGS:
+            q = [word("how", lang), word("many", lang), word(self.which, lang),
+                 word(self.obj, lang)]
+        else:
+            q = [word("how", lang), word("many", lang), word(self.obj, lang),
+                 word(self.which, lang)]
+        return [*toks, *q, "?"]
+
+    def text(self, lang: str) -> list[str]:
+        return [*self.prompt(lang), str(self.answer)]
+
+    def key(self) -> tuple[object, ...]:
+        return (self.first, self.second, self.obj, self.counts, self.which)
+
+
+def random_comparison(rng: random.Random) -> Comparison:
+    first, second = rng.sample(list(NAMES), 2)
+    a, b = rng.sample(range(MAX_NUM + 1), 2)
+    return Comparison(first, second, rng.choice(list(OBJECTS)), (a, b),
+                      rng.choice(("big", "small")))
+
+
 @dataclass(frozen=True)
 class ProblemSplits:
-    train: list[Problem]
-    val: list[Problem]
-    test: list[Problem]
+    train: list[Item]
+    val: list[Item]
+    test: list[Item]
 
 
-def problem_splits(seed: int, n_train: int, n_val: int, n_test: int) -> ProblemSplits:
-    """Disjoint train/val/test problems (by content, so no test item is seen in training)."""
-    rng = random.Random(seed * 7919 + 11)
+def _splits(draw: Callable[[random.Random], Item], rng: random.Random, n_train: int,
+            n_val: int, n_test: int) -> ProblemSplits:
+    """Disjoint train/val/test items (by content, so no test item is seen in training)."""
     seen: set[tuple[object, ...]] = set()
-    out: list[Problem] = []
+    out: list[Item] = []
     while len(out) < n_train + n_val + n_test:
-        p = random_problem(rng)
+        p = draw(rng)
         if p.key() not in seen:
             seen.add(p.key())
             out.append(p)
     return ProblemSplits(out[:n_train], out[n_train:n_train + n_val], out[n_train + n_val:])
 
 
-def chance_levels(problems: Sequence[Problem]) -> tuple[float, float]:
+def problem_splits(seed: int, n_train: int, n_val: int, n_test: int) -> ProblemSplits:
+    """Ability A's word problems, split disjointly."""
+    return _splits(random_problem, random.Random(seed * 7919 + 11), n_train, n_val, n_test)
+
+
+def comparison_splits(seed: int, n_train: int, n_val: int, n_test: int) -> ProblemSplits:
+    """Ability B's comparison items, split disjointly (115,200 distinct items exist)."""
+    return _splits(random_comparison, random.Random(seed * 6151 + 23), n_train, n_val,
+                   n_test)
+
+
+def chance_levels(problems: Sequence[Item]) -> tuple[float, float]:
     """(uniform guess over the answer range, always-the-most-frequent-answer) accuracy."""
     counts: dict[int, int] = {}
     for p in problems:

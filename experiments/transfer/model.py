@@ -33,10 +33,10 @@ class ModelSize:
 
 
 class Vocab:
-    """Token <-> id, fixed by lang.vocabulary()."""
+    """Token <-> id, fixed by lang.vocabulary() (or the extended vocabulary)."""
 
-    def __init__(self) -> None:
-        self.tokens = lang.vocabulary()
+    def __init__(self, tokens: Sequence[str]) -> None:
+        self.tokens = list(tokens)
         self.ids = {t: i for i, t in enumerate(self.tokens)}
         self.pad = self.ids[PAD]
         self.bos = self.ids[BOS]
@@ -49,17 +49,20 @@ class Vocab:
         return len(self.tokens)
 
 
-VOCAB = Vocab()
+VOCAB = Vocab(lang.vocabulary())
+# θ0's vocabulary with T'x's word forms appended: the extended language base's only.
+# Every existing token keeps its id, so special tokens and θ0's rows line up.
+XVOCAB = Vocab(lang.extended_vocabulary())
 
 
-def hf_tokenizer() -> PreTrainedTokenizerFast:
+def hf_tokenizer(vocab: Vocab = VOCAB) -> PreTrainedTokenizerFast:
     """A complete HF tokenizer so each saved checkpoint is a self-contained model folder
     (the engine's gradient importance tokenises the ability corpus with it). Text is
     whitespace-separated tokens; BOS is prepended exactly as in training."""
-    tok = Tokenizer(WordLevel(vocab=dict(VOCAB.ids), unk_token=UNK))
+    tok = Tokenizer(WordLevel(vocab=dict(vocab.ids), unk_token=UNK))
     tok.pre_tokenizer = WhitespaceSplit()
     tok.post_processor = TemplateProcessing(
-        single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, VOCAB.bos)]
+        single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, vocab.bos)]
     )
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD, unk_token=UNK
@@ -87,10 +90,11 @@ def new_model(size: ModelSize, seed: int) -> LlamaForCausalLM:
     return model
 
 
-def save(model: LlamaForCausalLM, path: Path, info: dict[str, object]) -> None:
+def save(model: LlamaForCausalLM, path: Path, info: dict[str, object],
+         vocab: Vocab = VOCAB) -> None:
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(path), safe_serialization=True)
-    hf_tokenizer().save_pretrained(str(path))
+    hf_tokenizer(vocab).save_pretrained(str(path))
     (path / "training.json").write_text(json.dumps(info, indent=1, sort_keys=True))
 
 
@@ -122,9 +126,16 @@ class TrainSpec:
     # Supervised fine-tuning on the completion only: the loss sees the answer and EOS, the
     # last two tokens of every example (the ability's items have single-token answers).
     answer_only: bool = False
+    # Rows of the frozen embedding and LM head from this id on are trained all the same:
+    # the extended language base learns its new tokens' rows and leaves θ0's as they are.
+    train_rows_from: int | None = None
 
     def as_dict(self) -> dict[str, object]:
-        return asdict(self)
+        d = asdict(self)
+        # Unset, it is left out, so the cache keys of every earlier stage stay the same.
+        if d["train_rows_from"] is None:
+            del d["train_rows_from"]
+        return d
 
 
 def batch_tensors(seqs: Sequence[Sequence[int]], max_len: int) -> tuple[torch.Tensor, ...]:
@@ -139,19 +150,28 @@ def batch_tensors(seqs: Sequence[Sequence[int]], max_len: int) -> tuple[torch.Te
     return ids, att, labels
 
 
-def example_ids(toks: Sequence[str]) -> list[int]:
-    return [VOCAB.bos, *VOCAB.encode(toks), VOCAB.eos]
+def example_ids(toks: Sequence[str], vocab: Vocab = VOCAB) -> list[int]:
+    return [vocab.bos, *vocab.encode(toks), vocab.eos]
 
 
 def train(model: LlamaForCausalLM, sampler: Sampler, spec: TrainSpec, seed: int,
-          max_len: int, progress: Callable[[int, float], None] | None = None) -> list[float]:
+          max_len: int, progress: Callable[[int, float], None] | None = None,
+          vocab: Vocab = VOCAB) -> list[float]:
     """AdamW with linear warmup and cosine decay; batches drawn fresh from the sampler
     with a seeded RNG, so a (sampler, spec, seed) triple is reproducible."""
     torch.manual_seed(seed)
     rng = random.Random(seed)
     params = []
+    hooks = []
     for name, p in model.named_parameters():
         frozen = any(f in name for f in spec.freeze)
+        if frozen and spec.train_rows_from is not None and p.dim() == 2:
+            # Only the new rows learn: the old rows' gradient is zeroed, and AdamW with no
+            # weight decay leaves a parameter whose gradient was always zero unchanged.
+            start = spec.train_rows_from
+            hooks.append(p.register_hook(lambda g, start=start: torch.cat(
+                [torch.zeros_like(g[:start]), g[start:]])))
+            frozen = False
         p.requires_grad_(not frozen)
         if not frozen:
             params.append(p)
@@ -168,7 +188,7 @@ def train(model: LlamaForCausalLM, sampler: Sampler, spec: TrainSpec, seed: int,
     model.train()
     losses: list[float] = []
     for _ in range(spec.steps):
-        seqs = [example_ids(sampler(rng)) for _ in range(spec.batch)]
+        seqs = [example_ids(sampler(rng), vocab) for _ in range(spec.batch)]
         ids, att, labels = batch_tensors(seqs, max_len)
         if spec.answer_only:
             keep = torch.zeros_like(att)
@@ -186,6 +206,8 @@ def train(model: LlamaForCausalLM, sampler: Sampler, spec: TrainSpec, seed: int,
         if progress is not None and (len(losses) % 500 == 0):
             progress(len(losses), sum(losses[-100:]) / len(losses[-100:]))
     model.eval()
+    for h in hooks:
+        h.remove()
     for p in model.parameters():
         p.requires_grad_(True)
     return losses
@@ -197,15 +219,30 @@ def train(model: LlamaForCausalLM, sampler: Sampler, spec: TrainSpec, seed: int,
 
 
 @torch.no_grad()
-def copy_rows(model: LlamaForCausalLM, pairs: Sequence[tuple[str, str]]) -> None:
+def copy_rows(model: LlamaForCausalLM, pairs: Sequence[tuple[str, str]],
+              vocab: Vocab = VOCAB) -> None:
     """Start each ``(new, old)`` token's embedding and LM-head rows as copies of ``old``'s:
     how a vocabulary is extended in practice (WECHSEL-style initialisation), so the new
     words begin where their counterparts are and training moves them from there."""
     emb = model.model.embed_tokens.weight
     head = model.lm_head.weight
     for new, old in pairs:
-        emb[VOCAB.ids[new]] = emb[VOCAB.ids[old]]
-        head[VOCAB.ids[new]] = head[VOCAB.ids[old]]
+        emb[vocab.ids[new]] = emb[vocab.ids[old]]
+        head[vocab.ids[new]] = head[vocab.ids[old]]
+
+
+def extend_vocabulary(model: LlamaForCausalLM, vocab: Vocab,
+                      pairs: Sequence[tuple[str, str]]) -> LlamaForCausalLM:
+    """``model`` with embedding and LM-head rows for ``vocab``'s appended tokens, each
+    ``(new, old)`` new row starting as a copy of ``old``'s (every appended token must be
+    in ``pairs``; the resize's own initialisation is overwritten, so nothing random
+    remains)."""
+    old_rows = int(model.model.embed_tokens.weight.shape[0])
+    model.resize_token_embeddings(len(vocab), mean_resizing=False)
+    new = {vocab.ids[n] for n, _ in pairs}
+    assert new == set(range(old_rows, len(vocab))), "every appended row needs a source"
+    copy_rows(model, pairs, vocab)
+    return model
 
 
 @torch.no_grad()

@@ -6,7 +6,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from experiments.transfer.config import Config
+from experiments.transfer.config import PPL_RATIO, Config
 
 KNOBS = ("key_ratio", "mu", "selection_ratio")
 
@@ -35,8 +35,10 @@ def _mean_at(seeds: list[dict[str, Any]], method: str, knob: str, value: float,
     return statistics.fmean(per_seed)
 
 
-# The two targets: file-name prefix and label. T keeps the file names of the first run.
-TARGETS = {"T": ("", "T"), "R": ("control_", "T′")}
+# The targets: file-name prefix and label. T keeps the file names of the first run.
+TARGETS = {"T": ("", "T"), "R": ("control_", "T′"), "X": ("extvocab_", "T′x")}
+# The targets with the full set of ability-A methods (MAEC's four variants among them).
+SWEPT_TARGETS = ("T", "R")
 
 
 def make_plots(cfg: Config, all_seeds: list[dict[str, Any]], chance: tuple[float, float],
@@ -50,8 +52,11 @@ def make_plots(cfg: Config, all_seeds: list[dict[str, Any]], chance: tuple[float
     written: list[Path] = []
     for target, (prefix, label) in TARGETS.items():
         seeds = [s["targets"][target] for s in all_seeds]
-        written += _sweep_plots(plt, seeds, chance, out, prefix, label)
-        written.append(_tradeoff(plt, seeds, chance, out / f"{prefix}tradeoff.png", label))
+        if target in SWEPT_TARGETS:
+            written += _sweep_plots(plt, seeds, chance, out, prefix, label)
+            written.append(_tradeoff(plt, seeds, chance, out / f"{prefix}tradeoff.png",
+                                     label))
+        written.append(_pareto(plt, seeds, chance, out / f"{prefix}pareto.png", label))
     written.append(_alignment(plt, all_seeds, out / "alignment.png"))
     return written
 
@@ -59,7 +64,8 @@ def make_plots(cfg: Config, all_seeds: list[dict[str, Any]], chance: tuple[float
 def _sweep_plots(plt: Any, seeds: list[dict[str, Any]], chance: tuple[float, float],
                  out: Path, prefix: str, label: str) -> list[Path]:
     written: list[Path] = []
-    variants = [m for m in seeds[0]["methods"] if m.startswith("maec")]
+    variants = [m for m, r in seeds[0]["methods"].items()
+                if m.startswith("maec") and r["family"] == "A"]
     langbase = statistics.fmean(s["methods"]["thetaL"]["val"]["target_acc"] for s in seeds)
     donor = statistics.fmean(s["methods"]["thetaA"]["val"]["target_acc"] for s in seeds)
     for knob in KNOBS:
@@ -119,7 +125,10 @@ def _alignment(plt: Any, seeds: list[dict[str, Any]], path: Path) -> Path:
 def _tradeoff(plt: Any, seeds: list[dict[str, Any]], chance: tuple[float, float], path: Path,
               label: str) -> Path:
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    for method in seeds[0]["methods"]:
+    for method, res in seeds[0]["methods"].items():
+        # Ability A's merges and checkpoints (θB is the other ability's donor).
+        if res["family"] not in ("single", "A") or method == "thetaB":
+            continue
         xs = [s["methods"][method]["test"]["target_ppl"] for s in seeds]
         ys = [s["methods"][method]["test"]["target_acc"] for s in seeds]
         ax.scatter(xs, ys, label=method, s=18)
@@ -129,6 +138,52 @@ def _tradeoff(plt: Any, seeds: list[dict[str, Any]], chance: tuple[float, float]
     ax.set_ylabel(f"{label} accuracy (test)")
     ax.set_title("every method at its chosen setting, one point per seed", fontsize=10)
     ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _pareto(plt: Any, seeds: list[dict[str, Any]], chance: tuple[float, float], path: Path,
+            label: str) -> Path:
+    """Validation accuracy against validation perplexity of every candidate of every
+    method (all seeds), the fluency constraint's bound and the language base marked: what
+    the constrained selection chooses from. Left ability A's merges; right, where the
+    target has them, the merges of both abilities (the pooled accuracy, their mean)."""
+    methods = seeds[0]["methods"]
+    panels = [("A", "target_acc", f"validation {label} accuracy, ability A")]
+    if any(r["family"] == "AB" for r in methods.values()):
+        panels.append(("AB", "target_acc_ab",
+                       f"validation {label} accuracy, A and B pooled (their mean)"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 5.6), squeeze=False)
+    bound = statistics.fmean(s["methods"]["task_arithmetic"]["bound"] for s in seeds)
+    for ax, (family, metric, ylabel) in zip(axes[0], panels, strict=True):
+        for method, res in methods.items():
+            if res["family"] != family:
+                continue
+            rows = [r for s in seeds for r in s["methods"][method]["sweep"]]
+            ax.scatter([r["val"]["target_ppl"] for r in rows], [r["val"][metric] for r in rows],
+                       s=14, alpha=0.75, label=method)
+        for name, marker, color in (("thetaL", "*", "black"), ("thetaA", "^", "tab:red"),
+                                    ("thetaB", "v", "tab:purple")):
+            if name not in methods or metric not in methods[name]["val"]:
+                continue
+            ax.scatter([s["methods"][name]["val"]["target_ppl"] for s in seeds],
+                       [s["methods"][name]["val"][metric] for s in seeds], marker=marker,
+                       s=90, color=color, edgecolor="white", zorder=5,
+                       label={"thetaL": f"language base ({label})", "thetaA": "donor A",
+                              "thetaB": "donor B"}[name])
+        ax.axvline(bound, color="tab:green", ls="--",
+                   label=f"constraint: {label} ppl ≤ {PPL_RATIO} × language base's")
+        if family == "A":
+            ax.axhline(chance[0], color="grey", ls=":", label="chance (uniform)")
+        ax.set_xscale("log")
+        ax.set_xlabel(f"validation {label} perplexity (lower = language kept)")
+        ax.set_ylabel(ylabel)
+        # Below the axes: the candidates fill every corner of the plot.
+        ax.legend(fontsize=6, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.14))
+    fig.suptitle(f"every sweep candidate into {label} ({len(seeds)} seed(s)); left of the "
+                 "dashed line is feasible", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
