@@ -35,6 +35,15 @@ _LUA_KEYWORDS = frozenset((
 _MOVE = "local TERMINAL = {" + ", ".join(f"{s} = true" for s in STATUSES if s in TERMINAL) + f"""}}
 local RECENT = {RECENT_DONE}
 """ + """
+-- Take job ``id`` out of ``owner``'s fair-share queue of ``pool`` (and the owner out of
+-- the pool's waiting owners when that queue is left empty).
+local function dequeue(pool, owner, id)
+  local q = A.sched_prefix .. 'q:' .. pool .. ':' .. owner
+  redis.call('ZREM', q, id)
+  if redis.call('ZCARD', q) == 0 then
+    redis.call('SREM', A.sched_prefix .. 'owners:' .. pool, owner)
+  end
+end
 -- ``job``: the record's key (default K.job). Besides the status sets and the owner's
 -- active set, a job leaving ``queued`` leaves its pool's fair-share queue, and a job
 -- that succeeded adds its attempt's duration to the recent durations of the pool that
@@ -50,14 +59,7 @@ local function move(id, from, to, now_ms, job)
   if from == to then return end
   if from == 'queued' then
     local raw = redis.call('HGET', job, 'pool')
-    if raw and raw ~= 'null' then
-      local pool = cjson.decode(raw)
-      local q = A.sched_prefix .. 'q:' .. pool .. ':' .. owner
-      redis.call('ZREM', q, id)
-      if redis.call('ZCARD', q) == 0 then
-        redis.call('SREM', A.sched_prefix .. 'owners:' .. pool, owner)
-      end
-    end
+    if raw and raw ~= 'null' then dequeue(cjson.decode(raw), owner, id) end
   end
   if to == 'succeeded' then
     local ran = redis.call('HGET', job, 'ran_pool')
@@ -319,11 +321,7 @@ while true do
   local raw = redis.call('HGET', job, 'status')
   if not raw or cjson.decode(raw) ~= 'queued' then
     -- A stale entry (its record gone): drop it and choose again.
-    local q = A.sched_prefix .. 'q:' .. pool .. ':' .. owner
-    redis.call('ZREM', q, id)
-    if redis.call('ZCARD', q) == 0 then
-      redis.call('SREM', A.sched_prefix .. 'owners:' .. pool, owner)
-    end
+    dequeue(pool, owner, id)
   else
     local attempts = tonumber(redis.call('HGET', job, 'attempts')) or 0
     if attempts >= tonumber(A.max_attempts) then

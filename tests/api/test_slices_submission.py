@@ -17,6 +17,17 @@ def _passthrough(api: Api, *ranges: tuple[str, int, int]) -> dict[str, object]:
     }}
 
 
+def _run_to_config(api: Api, jid: str) -> dict[str, object]:
+    """Run job ``jid`` on a worker here; the published config.json."""
+    runner = JobRunner(api.settings, api.worker_store(), LocalStorage(api.settings.storage_dir),
+                       worker="test")
+    assert runner.run(jid) == "succeeded"
+    job = api.client.get(f"/v1/jobs/{jid}", headers=api.auth()).json()
+    url = next(f["url"] for f in job["result"]["files"] if f["path"] == "config.json")
+    config: dict[str, object] = json.loads(api.client.get(url, headers=api.auth()).content)
+    return config
+
+
 def test_layer_range_past_the_layers_is_refused_before_queueing(api: Api) -> None:
     m = api.models  # two-layer checkpoints
     body = _passthrough(api, (str(m.base), 0, 2), (str(m.donor), 1, 3))
@@ -39,12 +50,7 @@ def test_a_frankenmerge_job_runs_to_a_deeper_model(api: Api) -> None:
     # The worker fetches the slice sources and rewrites them to local copies.
     m = api.models
     jid = str(api.submit(_passthrough(api, (str(m.base), 0, 2), (str(m.donor), 0, 2)))["id"])
-    runner = JobRunner(api.settings, api.worker_store(), LocalStorage(api.settings.storage_dir),
-                       worker="test")
-    assert runner.run(jid) == "succeeded"
-    job = api.client.get(f"/v1/jobs/{jid}", headers=api.auth()).json()
-    url = next(f["url"] for f in job["result"]["files"] if f["path"] == "config.json")
-    config = json.loads(api.client.get(url, headers=api.auth()).content)
+    config = _run_to_config(api, jid)
     assert config["num_hidden_layers"] == 4
 
 
@@ -68,10 +74,6 @@ def test_a_vlm_modules_job_runs_and_a_bad_module_is_refused(api: Api) -> None:
         "vision_tower": {"models": [{"model": str(donor)}]},
         "multi_modal_projector": {"models": [{"model": str(base)}]}}}}
     jid = str(api.submit(body)["id"])
-    runner = JobRunner(api.settings, api.worker_store(), LocalStorage(api.settings.storage_dir),
-                       worker="test")
-    assert runner.run(jid) == "succeeded"
-    job = api.client.get(f"/v1/jobs/{jid}", headers=api.auth()).json()
-    url = next(f["url"] for f in job["result"]["files"] if f["path"] == "config.json")
-    config = json.loads(api.client.get(url, headers=api.auth()).content)
-    assert config["text_config"]["num_hidden_layers"] == 8
+    config = _run_to_config(api, jid)
+    text = config["text_config"]
+    assert isinstance(text, dict) and text["num_hidden_layers"] == 8
