@@ -3,8 +3,9 @@
 The fine-tunes' task vectors ``τ_i = θ_i − θ0`` are averaged and interpolated toward the
 base by a ratio read off their geometry: with ``cos θ`` the mean pairwise cosine of the
 task vectors and N their number, ``t = N cos θ / (1 + (N − 1) cos θ)`` and the result is
-``θ0 + t · mean(τ_i)`` (the paper's ``t·w_avg + (1 − t)·w0``). Per tensor, or per output
-row with ``filter_wise``. Parameter names and defaults follow mergekit 0.1.5.
+the paper's ``t·w_avg + (1 − t)·w0`` (``θ0 + t · mean(τ_i)``, computed in that form as
+mergekit computes it). Per tensor, or per output row with ``filter_wise``. Parameter
+names, defaults and the order of operations follow mergekit 0.1.5.
 """
 
 from __future__ import annotations
@@ -28,24 +29,27 @@ class ModelStockParams(Params):
 
 
 def stock_ratio(deltas: list[torch.Tensor]) -> torch.Tensor:
-    """Per row of the given 2-D task vectors: ``N cos / (1 + (N − 1) cos)``, 0 where
-    the denominator vanishes. Sums in float64 (one row may be a whole tensor)."""
+    """Per row of the given task vectors (the last dimension): ``N cos / (1 + (N − 1)
+    cos)``, 0 where the denominator vanishes, shaped ``[rows, 1]``.
+
+    Computed in the task vectors' dtype, op for op as mergekit 0.1.5 does (the norms'
+    product, then each pair's cosine, their mean), so a bfloat16 recipe gets mergekit's
+    bfloat16 ratio: computing it in float64 moved a bf16 result by up to three units in
+    the last place against mergekit's.
+    """
     import torch
 
-    norms = [d.norm(dim=-1, dtype=torch.float64) for d in deltas]
-    cos_sum = torch.zeros_like(norms[0])
-    pairs = 0
+    cosines = []
     for i, a in enumerate(deltas):
-        for j in range(i + 1, len(deltas)):
-            dot = torch.sum(a * deltas[j], dim=-1, dtype=torch.float64)
-            cos_sum += (dot / (norms[i] * norms[j]).clamp(min=_EPS)).clamp(-1.0, 1.0)
-            pairs += 1
-    cos = cos_sum / pairs
+        for b in deltas[i + 1:]:
+            norms = torch.norm(a, dim=-1) * torch.norm(b, dim=-1)
+            cosines.append(((a * b).sum(dim=-1) / norms.clamp(min=_EPS)).clamp(-1, 1))
+    cos = torch.stack(cosines).mean(dim=0).unsqueeze(-1)
     n = len(deltas)
     denominator = 1 + (n - 1) * cos
     singular = denominator.abs() < _EPS
-    ratio = n * cos / torch.where(singular, torch.ones_like(denominator), denominator)
-    return ratio.masked_fill_(singular, 0.0)
+    safe = torch.where(singular, torch.ones_like(denominator), denominator)
+    return torch.where(singular, torch.zeros_like(cos), (n * cos) / safe)
 
 
 class ModelStock(TensorMethod):
@@ -58,15 +62,16 @@ class ModelStock(TensorMethod):
     min_models = 2
 
     def merge(self, call: TensorCall) -> torch.Tensor:
-        """``θ0 + t · mean(θ_i − θ0)`` with Model Stock's ratio t."""
+        """``t · mean(θ_i) + (1 − t) · θ0`` with Model Stock's ratio t (the paper's
+        ``t·w_avg + (1 − t)·w0``), in mergekit's order of operations."""
         assert call.base is not None
         base = call.base
         width = base.shape[-1] if call.params.filter_wise and base.dim() >= 1 else -1
         rows = base.reshape(-1, width) if width != -1 else base.reshape(1, -1)
-        deltas = [m.reshape(rows.shape).sub_(rows) for m in call.models]
-        ratio = stock_ratio(deltas).to(base.dtype).unsqueeze(-1)
-        mean = deltas[0]
-        for d in deltas[1:]:
-            mean.add_(d)
-        mean.mul_(ratio / len(deltas))
-        return mean.add_(rows).reshape(base.shape)
+        models = [m.reshape(rows.shape) for m in call.models]
+        ratio = stock_ratio([m - rows for m in models])
+        average = models[0].clone()
+        for m in models[1:]:
+            average.add_(m)
+        average.div_(len(models))
+        return (ratio * average + (1 - ratio) * rows).reshape(base.shape)

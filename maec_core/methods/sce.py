@@ -31,27 +31,22 @@ class SceParams(Params):
 
 
 def select_mask(deltas: list[torch.Tensor], fraction: float) -> torch.Tensor:
-    """Entries whose variance over the models is among the ``fraction`` highest.
+    """Entries whose variance over the models (population variance, in the task
+    vectors' dtype, as mergekit 0.1.5 computes it) is among the ``fraction`` highest:
+    ``int(fraction · #non-zero variances)`` of them.
 
-    ``int(fraction · #non-zero variances)`` entries are selected. A variance threshold
-    decides when it selects exactly that many; when variances tied with it make it
-    select more, the entries are those mergekit's top-k picks (:func:`mergekit_topk`).
+    A variance threshold decides when it selects exactly that many; when variances tied
+    with it make it select more, the entries are those mergekit's top-k picks
+    (:func:`mergekit_topk`).
     """
     import torch
 
-    n = len(deltas)
-    mean = torch.zeros_like(deltas[0])
-    for d in deltas:
-        mean.add_(d, alpha=1.0 / n)
-    var = torch.zeros_like(mean)
-    for d in deltas:
-        var.addcmul_(d - mean, d - mean, value=1.0 / n)
-    del mean
+    var = torch.var(torch.stack(deltas), dim=0, unbiased=False)
     k = int(int(torch.count_nonzero(var)) * fraction) if fraction > 0 else 0
     if k == 0:
         return torch.zeros_like(var, dtype=torch.bool)
     flat = var.reshape(-1)
-    threshold = torch.kthvalue(flat, flat.numel() - k + 1).values
+    threshold = torch.kthvalue(flat.float(), flat.numel() - k + 1).values
     mask = var >= threshold
     if int(mask.sum()) == k:
         return mask
@@ -63,24 +58,25 @@ def select_mask(deltas: list[torch.Tensor], fraction: float) -> torch.Tensor:
 def mergekit_topk(values: torch.Tensor, k: int) -> torch.Tensor:
     """Indices of the ``k`` largest of a flat tensor, ties broken as mergekit 0.1.5's
     ``torch.topk`` breaks them on the CPU (not by position: as with its sorts, the
-    choice among tied values depends on the whole tensor), computed on the CPU in
-    float32 so every device gets the same set."""
+    choice among tied values depends on the whole tensor), computed on the CPU in the
+    values' own dtype (as there) so every device gets the same set."""
     import torch
 
-    key = values.detach().to(device="cpu", dtype=torch.float32)
-    return torch.topk(key, k, largest=True).indices.to(values.device)
+    key = values.detach().to(device="cpu")
+    return torch.topk(key.abs(), k, largest=True).indices.to(values.device)
 
 
-def model_weights(deltas: list[torch.Tensor]) -> list[float]:
-    """Each task vector's mean squared entry, normalised to sum to one (equal weights
-    when they sum to less than the cut-off)."""
+def model_weights(deltas: torch.Tensor) -> torch.Tensor:
+    """Each task vector's mean squared entry (rows of the stacked ``deltas``),
+    normalised to sum to one (equal weights when they sum to less than the cut-off), in
+    the task vectors' dtype as mergekit computes them."""
     import torch
 
-    raw = [float(d.square().mean(dtype=torch.float64)) for d in deltas]
-    total = sum(raw)
+    weights = deltas.square().reshape(deltas.shape[0], -1).mean(dim=1)
+    total = float(torch.sum(weights))
     if abs(total) < _EPS:
-        return [1.0 / len(deltas)] * len(deltas)
-    return [w / total for w in raw]
+        return torch.ones_like(weights) / weights.shape[0]
+    return weights / total
 
 
 class Sce(TensorMethod):
@@ -90,25 +86,21 @@ class Sce(TensorMethod):
     model_params = NoParams
 
     def merge(self, call: TensorCall) -> torch.Tensor:
-        """``θ0 + Σ_i w_i a_i τ_i / max(Σ_i w_i a_i, 1e-6)``, ``a_i`` the sign agreement."""
+        """``θ0 + Σ_i w_i a_i τ_i / max(Σ_i w_i a_i, 1e-6)``, ``a_i`` the sign agreement.
+
+        In the compute dtype and mergekit's order of operations (a float16 recipe gets
+        mergekit's float16 selection and weights: float64 weights moved its result)."""
         import torch
 
         assert call.base is not None
-        deltas = [m.sub_(call.base) for m in call.models]
+        base = call.base
+        deltas = torch.stack(list(call.models)).sub_(base)
         if call.params.select_topk < 1.0:
-            keep = select_mask(deltas, call.params.select_topk)
-            for d in deltas:
-                d.mul_(keep)
-            del keep
-        weights = model_weights(deltas)
-        total = torch.zeros_like(call.base)
-        for d in deltas:
-            total.add_(d)
-        positive = total >= 0
-        mixed, divisor = total.zero_(), torch.zeros_like(call.base)
-        for d, w in zip(deltas, weights, strict=True):
-            # Zero entries agree with neither sign (mergekit's sign comparison).
-            agree = torch.where(positive, d > 0, d < 0)
-            mixed.add_(d.mul_(agree), alpha=w)
-            divisor.add_(agree, alpha=w)
-        return mixed.div_(divisor.clamp_(min=_EPS)).add_(call.base)
+            deltas.mul_(select_mask(list(deltas), call.params.select_topk))
+        # Zero entries agree with neither sign (mergekit's sign comparison).
+        majority = torch.where(deltas.sum(dim=0) >= 0, 1, -1).to(deltas.dtype)
+        agree = deltas.sign() == majority
+        weights = model_weights(deltas).reshape(-1, *([1] * (deltas.dim() - 1)))
+        erased = weights * agree
+        merged = (deltas * erased).sum(dim=0)
+        return base + merged / erased.sum(dim=0).clamp(min=_EPS)

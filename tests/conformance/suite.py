@@ -50,7 +50,8 @@ CONFIG_IGNORED = {"transformers_version", "_name_or_path"}
 # method family and per cause of past disagreement, chosen to stay fast.
 FAST = {"basic_linear", "basic_ties", "basic_slerp", "example_gpt2_small",
         "params_top_level_density", "tok_pad_to_multiple_of", "example_bio_merge",
-        "basic_passthrough_scale", "example_gradient_slerp", "arch_mistral3_modules_slerp"}
+        "basic_passthrough_scale", "example_gradient_slerp", "arch_mistral3_modules_slerp",
+        "method_sce_fp16", "basic_model_stock_filterwise"}
 # Recipes whose outputs are known to differ, and why (docs/compatibility.md has the
 # evidence). Not hidden: the test expects them to fail and the benchmark counts them.
 KNOWN_DIFFERENCES: dict[str, str] = {
@@ -59,10 +60,6 @@ KNOWN_DIFFERENCES: dict[str, str] = {
                                "and transformers loads it",
     "example_arcee_fusion": "mergekit writes float32 tensors for this dtype: bfloat16 "
                             "recipe (no out_dtype); ours bfloat16; same values",
-    "method_sce_fp16": "float16 SCE: variance and model weights are computed in another "
-                       "order here (weights in float64), so the float16 selection differs",
-    "basic_model_stock_filterwise": "bfloat16 filter-wise model_stock: one tensor "
-                                    "beyond the bf16 tolerance (cause not yet found)",
 }
 
 
