@@ -318,12 +318,17 @@ class BackgroundWriter:
             part = self._queue.get()
             if part is None:
                 return
-            if self._error is not None:
-                continue  # drain without writing after a failure
-            try:
-                self._write(part)
-            except BaseException as exc:  # re-raised in the caller's thread
-                self._error = exc
+            if self._error is None:
+                try:
+                    self._write(part)  # calls part.done once written
+                    continue
+                except BaseException as exc:  # re-raised in the caller's thread
+                    self._error = exc
+            # After a failure parts are drained unwritten, but their buffers still go
+            # back (``done``): a producer waiting for a free buffer before its next
+            # ``put`` (where the error is raised) would otherwise wait forever.
+            if part.done is not None:
+                part.done()
 
     def _check(self) -> None:
         if self._error is not None:

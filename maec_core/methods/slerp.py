@@ -4,12 +4,13 @@ Shoemake 1985. Each tensor is treated as one flat vector: the angle θ between t
 (normalised) vectors gives ``sin((1−t)θ)/sin θ · v0 + sin(tθ)/sin θ · v1`` on the
 unnormalised vectors. Nearly (anti)parallel pairs, where sin θ → 0, fall back to linear
 interpolation; a tensor whose norm is below ``eps`` counts as orthogonal to the other
-(mergekit's rule).
+(mergekit's rule). Computed op for op as mergekit 0.1.5 computes it (float32 chunked
+norms and dot), so a recipe gives mergekit's bytes; float64 sums here had differed from
+it by a unit in the last place.
 """
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 from pydantic import Field
@@ -26,10 +27,6 @@ DOT_THRESHOLD = 0.9995
 
 # Float64 sums run over chunks of this many entries, so the upcast copy stays small.
 _CHUNK = 1 << 22
-
-
-def lerp(v0: torch.Tensor, v1: torch.Tensor, t: float) -> torch.Tensor:
-    return v0.lerp(v1, t)
 
 
 def dot64(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -56,23 +53,45 @@ class Slerp(TensorMethod):
     def merge(self, call: TensorCall) -> torch.Tensor:
         """SLERP from ``base`` (t = 0) to the single other model (t = 1)."""
         assert call.base is not None
-        v0, v1 = call.base, call.models[0]
-        t = float(call.params.t)
-        eps = float(call.params.eps)
-        a, b = v0.reshape(-1), v1.reshape(-1)
-        # Norms and the dot in float64: one sum over billions of entries in float32 loses
-        # digits that the angle of two nearly parallel fine-tunes depends on.
-        n0 = math.sqrt(dot64(a, a))
-        n1 = math.sqrt(dot64(b, b))
-        # A vector of norm below eps counts as orthogonal to the other (cos θ = 0, so
-        # θ = π/2), not as parallel: mergekit 0.1.5's rule, so a bias that is zero in
-        # the base (GPT-2, Qwen2, Phi) merges to sin(tπ/2)·v1 in both tools.
-        tiny = n0 < eps or n1 < eps
-        dot = 0.0 if tiny else max(-1.0, min(1.0, dot64(a, b) / (n0 * n1)))
-        if abs(dot) > DOT_THRESHOLD:
-            return lerp(v0, v1, t)
-        theta = math.acos(dot)
-        s = math.sin(theta)
-        c0 = math.sin((1.0 - t) * theta) / s
-        c1 = math.sin(t * theta) / s
-        return v0.mul(c0).add_(v1, alpha=c1)
+        return slerp(call.base, call.models[0], float(call.params.t), float(call.params.eps))
+
+
+# mergekit 0.1.5 sums norms and the dot over chunks of this many entries.
+_MERGEKIT_CHUNK = 1024 * 1024
+
+
+def slerp(v0: torch.Tensor, v1: torch.Tensor, t: float, eps: float) -> torch.Tensor:
+    """SLERP of two tensors as mergekit 0.1.5 computes it, so its bytes come out: in
+    float32 (float64 for float64 inputs), the norms as norms of per-chunk norms, the dot
+    of the normalised chunks summed over chunks, the coefficients as float32 tensors.
+    A vector of norm below ``eps`` is left unnormalised (its dot is then about 0: it
+    counts as orthogonal to the other, so a bias that is zero in the base merges to
+    sin(tπ/2)·v1). Pairs with |cos θ| above DOT_THRESHOLD are interpolated linearly."""
+    import torch
+
+    dtype = torch.float64 if v0.dtype == torch.float64 else torch.float32
+    a, b = v0.reshape(1, -1), v1.reshape(1, -1)
+    tt = torch.tensor([[t]], dtype=dtype, device=v0.device)
+    if not a.shape[1]:
+        return ((1 - tt) * a + tt * b).reshape(v0.shape).to(v0.dtype)
+    step = _MERGEKIT_CHUNK
+    chunks = range(0, a.shape[1], step)
+    norms = []
+    for x in (a, b):
+        parts = torch.stack([torch.linalg.vector_norm(x[:, i:i + step].to(dtype), dim=1,
+                                                      keepdim=True) for i in chunks])
+        norm = torch.linalg.vector_norm(parts, dim=0)
+        norms.append(torch.where(norm > eps, norm, 1))
+    dot = torch.stack([
+        (a[:, i:i + step].to(dtype) / norms[0] * (b[:, i:i + step].to(dtype) / norms[1]))
+        .sum(dim=1, keepdim=True) for i in chunks]).sum(dim=0).clamp(-1, 1)
+    linear = dot.abs() > DOT_THRESHOLD
+    theta = torch.acos(torch.where(linear, 0, dot))
+    sin_theta = torch.sin(theta)
+    coef_a = torch.where(linear, 1 - tt, torch.sin((1 - tt) * theta) / sin_theta)
+    coef_b = torch.where(linear, tt, torch.sin(tt * theta) / sin_theta)
+    out = torch.empty_like(a)
+    for i in chunks:
+        x, y = a[:, i:i + step].to(dtype), b[:, i:i + step].to(dtype)
+        out[:, i:i + step] = coef_a * x + coef_b * y
+    return out.reshape(v0.shape)
