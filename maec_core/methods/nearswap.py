@@ -38,8 +38,12 @@ class NearSwap(TensorMethod):
     elementwise = True
 
     def merge(self, call: TensorCall) -> torch.Tensor:
-        """``θ0 + clamp(t / |θ1 − θ0|, 0, 1) · (θ1 − θ0)``, entry by entry."""
+        """``w · θ1 + (1 − w) · θ0`` with ``w = clamp(t / |θ1 − θ0|, 0, 1)``, entry by
+        entry, in mergekit 0.1.5's order of operations (so its bytes come out; the
+        rearranged ``θ0 + w · (θ1 − θ0)`` differed by a unit in the last place)."""
+        import torch
+
         assert call.base is not None
-        diff = call.models[0].sub_(call.base)
-        weight = call.params.t / diff.abs().clamp_(min=_MIN_DIFF)
-        return diff.mul_(weight.clamp_(0.0, 1.0)).add_(call.base)
+        a, b = call.base, call.models[0]
+        weight = (call.params.t / (a - b).abs_().clamp_(min=_MIN_DIFF)).clamp_(0.0, 1.0)
+        return torch.add(weight * b, torch.rsub(weight, 1) * a)

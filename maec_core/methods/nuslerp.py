@@ -35,23 +35,21 @@ class NuSlerpParams(Params):
 
 
 def slerp_rows(t: float, v0: torch.Tensor, v1: torch.Tensor) -> torch.Tensor:
-    """SLERP of each row (last dimension) of ``v0`` toward the same row of ``v1``.
-
-    Cosines are summed in float64 (a row may be a whole tensor); the coefficients are
-    applied in the inputs' precision.
-    """
+    """SLERP of each row (last dimension) of ``v0`` toward the same row of ``v1``, op for
+    op as mergekit 0.1.5 computes it in the inputs' dtype (the cosine of the normalised
+    rows, the result divided by sin θ last), so its bytes come out; float64 cosines here
+    had differed from it by a unit in the last place."""
     import torch
 
-    n0 = v0.norm(dim=-1, keepdim=True, dtype=torch.float64).clamp_(min=_MIN_NORM)
-    n1 = v1.norm(dim=-1, keepdim=True, dtype=torch.float64).clamp_(min=_MIN_NORM)
-    dot = torch.sum(v0 * v1, dim=-1, keepdim=True, dtype=torch.float64)
-    cos = (dot / (n0 * n1)).clamp_(-1.0, 1.0)
+    def unit(x: torch.Tensor) -> torch.Tensor:
+        return torch.div(x, torch.norm(x, dim=-1, keepdim=True).clamp(min=_MIN_NORM))
+
+    cos = torch.sum(unit(v0) * unit(v1), dim=-1, keepdim=True).clamp(-1, 1)
     colinear = (1 - cos.square()) <= _COLINEAR**2
-    theta = torch.acos(cos.masked_fill(colinear, 0.0))
-    sin = torch.sin(theta).masked_fill_(colinear, 1.0)
-    c0 = torch.where(colinear, 1 - t, torch.sin((1 - t) * theta) / sin).to(v0.dtype)
-    c1 = torch.where(colinear, t, torch.sin(t * theta) / sin).to(v0.dtype)
-    return v0.mul_(c0).addcmul_(v1, c1)
+    theta = torch.acos(torch.where(colinear, 0, cos))
+    sin = torch.sin(theta)
+    out = (torch.sin((1 - t) * theta) * v0 + torch.sin(t * theta) * v1) / sin
+    return torch.where(colinear, (1 - t) * v0 + t * v1, out)
 
 
 class NuSlerp(TensorMethod):
@@ -80,4 +78,4 @@ class NuSlerp(TensorMethod):
         else:
             out = slerp_rows(t, v0, v1)
         out = out.reshape(shape)
-        return out if call.base is None else out.add_(call.base)
+        return out if call.base is None else call.base + out
