@@ -48,9 +48,34 @@ class TaskArithmetic(TensorMethod):
         """
         assert call.base is not None
         weights = [p.weight for p in call.model_params]
+        if call.base.dtype.itemsize < 4:
+            return _as_mergekit(call, weights)
         total = sum(weights)
         scale = call.params.lambda_
         if call.params.normalize and total != 0:
             scale /= total
         coeffs = [1.0 - scale * total] + [scale * w for w in weights]
         return weighted_sum([call.base, *call.models], coeffs)
+
+
+def _as_mergekit(call: TensorCall, weights: list[float]) -> torch.Tensor:
+    """A 16-bit merge op for op as mergekit 0.1.5 computes it, so its bytes come out:
+    the weighted deltas summed in the compute dtype, divided by the summed weights when
+    normalising, times λ, added to the base. (The float32 path folds the coefficients
+    into one weighted sum for speed; in 16 bits that differed by a unit in the last
+    place.)"""
+    import torch
+
+    assert call.base is not None
+    base = call.base
+    deltas = torch.stack([m - base for m in call.models])
+    w = torch.tensor(weights, dtype=deltas.dtype, device=deltas.device)
+    w = w.reshape(-1, *([1] * base.dim()))
+    mixed = deltas.mul_(w).sum(dim=0)
+    if call.params.normalize:
+        divisor = w.sum(dim=0)
+        divisor[divisor.abs() < 1e-8] = 1
+        mixed /= divisor
+    if call.params.lambda_ != 1:
+        mixed *= call.params.lambda_
+    return base + mixed
