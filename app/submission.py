@@ -8,7 +8,7 @@ source is then allow-listed, resolved and its headers compared (no weights are r
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -290,7 +290,7 @@ def check_against_plan(recipe: Recipe, plan: MergePlan) -> None:
     # Output names, and for a slices recipe the input names its sources are read under.
     names = sorted({t.name for t in plan.tensors}
                    | {i.name for t in plan.tensors for i in t.sources.values()})
-    for where, params in _parameter_blocks(recipe):
+    for where, params, _ in recipe.parameter_blocks():
         _check_filters(where, params, names)
     if recipe.layered:
         return  # resolved per slice by maec_core.slices, which names its own failures
@@ -301,21 +301,6 @@ def check_against_plan(recipe: Recipe, plan: MergePlan) -> None:
             method.resolve_models(recipe, entries, name, plan.num_layers)
         except RecipeError as exc:
             raise RecipeError(f"parameters: {exc.message}", **exc.details) from None
-
-
-def _parameter_blocks(recipe: Recipe) -> Iterator[tuple[str, Mapping[str, ParamValue]]]:
-    """Every parameter block of the recipe, with where it sits."""
-    yield "parameters", recipe.parameters
-    for i, entry in enumerate(recipe.models):
-        yield f"models[{i}].parameters", entry.parameters
-    for name, module in (recipe.modules or {}).items():
-        yield f"modules.{name}.parameters", module.parameters
-    for laid in recipe.laid_slices():
-        if laid.slice is not None:
-            yield f"{laid.where}.parameters", laid.slice.parameters
-        kind = "sources" if laid.slice is not None else "models"
-        for j, (_, params) in enumerate(laid.sources):
-            yield f"{laid.where}.{kind}[{j}].parameters", params
 
 
 def _check_filters(where: str, params: Mapping[str, ParamValue], names: list[str]) -> None:

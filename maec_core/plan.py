@@ -295,11 +295,9 @@ class _Stack:
 def _module_stack(key: str, folder: ModelFolder, module: ModuleLayout,
                   layouts: Mapping[str, ModuleLayout]) -> _Stack:
     """The tensors of ``module`` in ``key``: its blocks and its other tensors."""
-    ordered = sorted(folder.tensors.values(),
-                     key=lambda t: (folder.weight_files.index(t.file), t.start))
     blocks: dict[int, list[str]] = {}
     other: list[str] = []
-    for info in ordered:
+    for info in _in_file_order(folder):
         if module_of(info.name, layouts) != module.name:
             continue
         if module.block is not None and info.name.startswith(module.block):
@@ -308,20 +306,29 @@ def _module_stack(key: str, folder: ModelFolder, module: ModuleLayout,
                 blocks.setdefault(int(index), []).append("." + rest)
                 continue
         other.append(info.name)
-    if sorted(blocks) != list(range(len(blocks))):
-        raise IncompatibleCheckpoints(
-            f"{key}: the {module.name} blocks are numbered {sorted(blocks)}, not "
-            f"0..{len(blocks) - 1}", model=key, module=module.name)
+    _check_numbered(key, blocks, f"the {module.name} blocks", module=module.name)
     return _Stack(module.block or "", blocks, other)
 
 
+def _in_file_order(folder: ModelFolder) -> list[TensorInfo]:
+    return sorted(folder.tensors.values(),
+                  key=lambda t: (folder.weight_files.index(t.file), t.start))
+
+
+def _check_numbered(key: str, blocks: Mapping[int, list[str]], what: str,
+                    **details: Any) -> None:
+    """Blocks must be numbered 0..n-1 (IncompatibleCheckpoints otherwise)."""
+    if sorted(blocks) != list(range(len(blocks))):
+        raise IncompatibleCheckpoints(
+            f"{key}: {what} are numbered {sorted(blocks)}, not 0..{len(blocks) - 1}",
+            model=key, **details)
+
+
 def _stack(key: str, folder: ModelFolder) -> _Stack:
-    ordered = sorted(folder.tensors.values(),
-                     key=lambda t: (folder.weight_files.index(t.file), t.start))
     prefixes: set[str] = set()
     blocks: dict[int, list[str]] = {}
     other: list[str] = []
-    for info in ordered:
+    for info in _in_file_order(folder):
         m = _BLOCK.match(info.name)
         if m is None:
             other.append(info.name)
@@ -338,11 +345,7 @@ def _stack(key: str, folder: ModelFolder) -> _Stack:
                if len(prefixes) > 1 and module_layouts(folder.config) else ""),
             model=key,
         )
-    if sorted(blocks) != list(range(len(blocks))):
-        raise IncompatibleCheckpoints(
-            f"{key}: blocks are numbered {sorted(blocks)}, not 0..{len(blocks) - 1}",
-            model=key,
-        )
+    _check_numbered(key, blocks, "blocks")
     return _Stack(prefixes.pop(), blocks, other)
 
 

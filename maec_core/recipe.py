@@ -140,6 +140,10 @@ class LaidSlice:
     def parameters(self) -> Mapping[str, ParamValue]:
         return self.slice.parameters if self.slice is not None else {}
 
+    def source_where(self, j: int) -> str:
+        """Where source ``j`` sits: ``<slice>.sources[j]`` or ``<module>.models[j]``."""
+        return f"{self.where}.{'sources' if self.slice is not None else 'models'}[{j}]"
+
 
 class ZeroEmbedding(BaseModel):
     """A token's rows are zeros (mergekit's ``{kind: zero}``)."""
@@ -364,6 +368,22 @@ class Recipe(BaseModel):
             out += [LaidSlice(f"modules.{name}.slices[{i}]", name, sl,
                               module_parameters=mod.parameters)
                     for i, sl in enumerate(mod.slices or [])]
+        return out
+
+    def parameter_blocks(self) -> list[tuple[str, Mapping[str, ParamValue], bool]]:
+        """Every parameter block, in recipe order: (where it sits, its values, whether
+        it belongs to one model: a ``models`` entry or a slice source)."""
+        out: list[tuple[str, Mapping[str, ParamValue], bool]] = [
+            ("parameters", self.parameters, False)]
+        out += [(f"models[{i}].parameters", m.parameters, True)
+                for i, m in enumerate(self.models)]
+        out += [(f"modules.{name}.parameters", mod.parameters, False)
+                for name, mod in (self.modules or {}).items()]
+        for laid in self.laid_slices():
+            if laid.slice is not None:
+                out.append((f"{laid.where}.parameters", laid.slice.parameters, False))
+            out += [(f"{laid.source_where(j)}.parameters", params, True)
+                    for j, (_, params) in enumerate(laid.sources)]
         return out
 
     def merge_only(self) -> Recipe:

@@ -237,19 +237,8 @@ class MergeMethod:
         reported, so nothing a user wrote is dropped silently."""
         shared, own = field_keys(self.params), field_keys(self.model_params)
         everywhere = shared | own
-        blocks: list[tuple[str, Mapping[str, Any], set[str]]] = [
-            ("parameters", recipe.parameters, everywhere)]
-        blocks += [(f"models[{i}].parameters", m.parameters, own)
-                   for i, m in enumerate(recipe.models)]
-        blocks += [(f"modules.{name}.parameters", mod.parameters, everywhere)
-                   for name, mod in (recipe.modules or {}).items()]
-        for laid in recipe.laid_slices():
-            if laid.slice is not None:
-                blocks.append((f"{laid.where}.parameters", laid.slice.parameters,
-                               everywhere))
-            kind = "sources" if laid.slice is not None else "models"
-            blocks += [(f"{laid.where}.{kind}[{j}].parameters", params, own)
-                       for j, (_, params) in enumerate(laid.sources)]
+        blocks = [(where, values, own if one_model else everywhere)
+                  for where, values, one_model in recipe.parameter_blocks()]
         known = {k for m in _REGISTRY.values()
                  for k in field_keys(m.params) | field_keys(m.model_params)}
         out = []
@@ -309,11 +298,10 @@ class MergeMethod:
                                   f"among the sources of {where}", slice=i)
             self._check_count(len([m for m in models if m != base]), f" in {where}")
             self._check_mixed(laid.parameters, f"{where}.parameters")
-            kind = "sources" if laid.slice is not None else "models"
             for j, (_, params) in enumerate(laid.sources):
                 check_params(self.model_params,
                              _only(params, field_keys(self.model_params)),
-                             f"{where}.{kind}[{j}].parameters")
+                             f"{laid.source_where(j)}.parameters")
 
     def _check_mixed(self, values: Mapping[str, Any], where: str) -> None:
         """Validate a parameter block that may hold global and per-model keys (keys the
