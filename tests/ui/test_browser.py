@@ -22,7 +22,11 @@ from pathlib import Path
 
 import pytest
 from selenium import webdriver
-from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+from selenium.common.exceptions import (
+    NoSuchElementException,
+    StaleElementReferenceException,
+    WebDriverException,
+)
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.chrome.webdriver import WebDriver
@@ -91,7 +95,15 @@ def _wait(driver: WebDriver, timeout: float = 30) -> WebDriverWait[WebDriver]:
 
 
 def _text(driver: WebDriver, element_id: str) -> str:
-    return str(driver.find_element(By.ID, element_id).text)
+    try:
+        return str(driver.find_element(By.ID, element_id).text)
+    except WebDriverException as exc:
+        # Chromium reports a node removed by the reload between the find and the read
+        # as a generic inspector error, not as a stale element: treat it as one, so
+        # the waits above try again.
+        if "does not belong to the document" in (exc.msg or ""):
+            raise StaleElementReferenceException(exc.msg) from exc
+        raise
 
 
 def _recipe(models: TinyModels, donor: Path | None = None) -> str:
@@ -155,8 +167,13 @@ def _watch_until_done(browser: WebDriver) -> None:
 
     def ended(d: WebDriver) -> bool:
         seen.add(_text(d, "status"))
-        live = d.find_element(By.ID, "live")
-        return live.get_attribute("data-terminal") == "true"
+        try:
+            live = d.find_element(By.ID, "live")
+            return live.get_attribute("data-terminal") == "true"
+        except WebDriverException as exc:
+            if "does not belong to the document" in (exc.msg or ""):
+                return False
+            raise
 
     _wait(browser, JOB_TIMEOUT).until(ended)
     assert _text(browser, "status") == "succeeded", (seen, browser.page_source[-3000:])
