@@ -66,7 +66,9 @@ def ta_recipe(folders: list[Path]) -> dict[str, Any]:
     return {"merge_method": "task_arithmetic", "base_model": str(base),
             "models": [{"model": str(ability), "parameters": {"weight": 1.0}},
                        {"model": str(lang), "parameters": {"weight": 1.0}}],
-            "dtype": "bfloat16"}
+            # MAEC accumulates in float32: the engine's float32 path, written as bf16, is
+            # the like-for-like peer (as in bench.engine).
+            "dtype": "float32", "out_dtype": "bfloat16"}
 
 
 # --- the measured child processes ------------------------------------------------------
