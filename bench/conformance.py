@@ -94,6 +94,10 @@ def main() -> None:
     worst = max((o.max_abs_diff for o in both), default=0.0)
     only_ours = sum(o.theirs.accepted and not o.ours.accepted for o in outcomes)
     only_theirs = sum(o.ours.accepted and not o.theirs.accepted for o in outcomes)
+    exact = [o for o in both if o.tensor_equal and not o.statistical]
+    print(f"equal tensors: bit_equal={sum(o.max_abs_diff == 0 for o in exact)} "
+          f"within_rounding={sum(o.max_abs_diff > 0 for o in exact)} "
+          f"by_statistics={sum(o.tensor_equal and o.statistical for o in both)}")
     print(f"other files: accepted_both={len(both)} "
           f"config_tokenizer_load_equal={sum(not o.other for o in both)}")
     print(f"RESULT conformance methods={len(ours_methods & theirs_methods)} "

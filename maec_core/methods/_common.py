@@ -69,57 +69,48 @@ def merge_deltas(
     elect: bool,
 ) -> torch.Tensor:
     """``θ0 + λ · combined(d_i)`` over already weighted (and sparsified) task vectors,
-    with the call's ``normalize`` and ``lambda_``.
+    with the call's ``normalize`` and ``lambda_``, op for op as mergekit 0.1.5 in the
+    compute dtype.
 
     Without ``elect`` the deltas are summed (divided by ``Σ w_i`` with normalize, unless
-    the weights cancel out); with it they are combined as TIES steps 2 and 3
-    (:func:`_elected_sum`).
-    """
-    assert call.base is not None
-    normalize = call.params.normalize
-    mixed = (_elected_sum(call.base, deltas, weights, normalize) if elect
-             else _sum(deltas, weights, normalize))
-    if call.params.lambda_ != 1.0:
-        mixed.mul_(call.params.lambda_)
-    return mixed.add_(call.base)
-
-
-def _sum(deltas: Sequence[torch.Tensor], weights: Sequence[float], normalize: bool
-         ) -> torch.Tensor:
-    """``Σ d_i`` (divided by ``Σ w_i`` with normalize), accumulated in ``deltas[0]``."""
-    mixed = deltas[0]
-    for d in deltas[1:]:
-        mixed.add_(d)
-    total = sum(weights)
-    if normalize and abs(total) > 1e-8:
-        mixed.div_(total)
-    return mixed
-
-
-def _elected_sum(base: torch.Tensor, deltas: Sequence[torch.Tensor],
-                 weights: Sequence[float], normalize: bool) -> torch.Tensor:
-    """TIES steps 2 and 3: the sum of the deltas where they agree with the elected sign.
-
-    The elected sign per entry is that of the summed weighted deltas (ties go to +);
-    each delta contributes only where its sign agrees, and with ``normalize`` the sum is
-    divided by the total weight of the agreeing models (1 where none agree).
+    the weights cancel out); with it they are combined as TIES steps 2 and 3: each
+    delta counts only where its sign agrees with the sign of the deltas' sum (ties go
+    to +), divided with normalize by the total weight of the agreeing models (1 where
+    none agree).
     """
     import torch
 
-    total = torch.zeros_like(base)
-    for d in deltas:
-        total.add_(d)
-    positive = total >= 0
-    del total
-    mixed = torch.zeros_like(base)
-    divisor = torch.zeros_like(base) if normalize else None
-    for d, w in zip(deltas, weights, strict=True):
+    base = call.base
+    assert base is not None
+    held = torch.tensor(list(weights), dtype=base.dtype, device=base.device)
+    if elect:
+        positive = _total(deltas) >= 0
         # sign(d) == elected sign; zero (trimmed) entries never agree.
-        agree = torch.where(positive, d > 0, d < 0)
-        mixed.add_(d * agree)
-        if divisor is not None:
-            divisor.add_(agree, alpha=w)
-    if divisor is not None:
-        divisor.masked_fill_(divisor == 0, 1.0)
-        mixed.div_(divisor)
-    return mixed
+        agree = [torch.where(positive, d > 0, d < 0) for d in deltas]
+        mixed = _total([d.mul_(a) for d, a in zip(deltas, agree, strict=True)])
+        divisor = _total([a * w for a, w in zip(agree, held, strict=True)])
+        divisor[divisor == 0] = 1
+    else:
+        mixed = _total(deltas)
+        divisor = held.sum()
+        divisor[divisor.abs() < 1e-8] = 1
+    if call.params.normalize:
+        mixed /= divisor
+    if call.params.lambda_ != 1.0:
+        mixed *= call.params.lambda_
+    return mixed.add_(base)
+
+
+def _total(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``Σ t_i`` as torch sums the stacked tensors over their first axis, in a new
+    tensor. In float32 and float64 that is the sum in order from +0.0 (so -0.0 terms sum
+    to +0.0), done without the stacked copy; a 16-bit sum accumulates in float32 and
+    rounds once, so those are stacked."""
+    import torch
+
+    if tensors[0].dtype.itemsize < 4:
+        return torch.stack(list(tensors)).sum(dim=0)
+    out = torch.zeros_like(tensors[0])
+    for t in tensors:
+        out.add_(t)
+    return out

@@ -11,14 +11,12 @@ Reference: Karcher 1977, Riemannian center of mass and mollifier smoothing.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from pydantic import Field
 
 from maec_core.methods.base import NoParams, Params, TensorCall, TensorMethod
-from maec_core.methods.slerp import dot64
 
 if TYPE_CHECKING:
     import torch
@@ -30,49 +28,58 @@ class KarcherParams(Params):
     tol: float = Field(1e-5, ge=0.0)
 
 
-def _norm(x: torch.Tensor) -> float:
-    flat = x.reshape(-1)
-    return math.sqrt(dot64(flat, flat))
+def _norm(x: torch.Tensor) -> torch.Tensor:
+    """``‖x‖`` as a 0-d tensor in float32 (float64 for float64 inputs), as mergekit takes
+    it: the accumulation is wider than a 16-bit compute dtype."""
+    import torch
+
+    wide = torch.float64 if x.dtype == torch.float64 else torch.float32
+    norm: torch.Tensor = torch.linalg.vector_norm(x.to(wide))
+    return norm
 
 
 def _tangent(mean: torch.Tensor, units: Sequence[torch.Tensor], alphas: Sequence[float],
              tol: float) -> torch.Tensor:
-    """``Σ α_i log_m(u_i)``: the weighted mean of the directions' log maps at ``mean``."""
+    """``Σ α_i log_m(u_i)``: the weighted mean of the directions' log maps at ``mean``,
+    each term in the compute dtype as mergekit forms it."""
     import torch
 
     step = torch.zeros_like(mean)
-    flat = mean.reshape(-1)
+    flat = mean.flatten()
     for alpha, u in zip(alphas, units, strict=True):
-        dot = max(-1.0, min(1.0, dot64(flat, u.reshape(-1))))
-        theta = math.acos(dot)
-        if theta < tol:
+        dot = torch.clamp(torch.dot(flat, u.flatten()), -1.0, 1.0)
+        theta = torch.arccos(dot)
+        if theta.item() < tol:
             continue
-        c = alpha * theta / math.sin(theta)
-        step.add_(u, alpha=c).add_(mean, alpha=-c * dot)
+        step += alpha * (theta / torch.sin(theta)) * (u - dot * mean)
     return step
 
 
 def karcher_mean(units: Sequence[torch.Tensor], alphas: Sequence[float], max_iter: int,
                  tol: float) -> torch.Tensor:
-    """The weighted Karcher mean of unit vectors (``alphas`` sum to one)."""
+    """The weighted Karcher mean of unit vectors (``alphas`` sum to one).
+
+    Fixed-point iteration from the normalised Euclidean mean. Scalars stay 0-d tensors
+    and every step keeps the compute dtype, op for op as mergekit 0.1.5, whose bytes a
+    recipe written for it expects."""
     import torch
 
     mean = torch.zeros_like(units[0])
     for alpha, u in zip(alphas, units, strict=True):
-        mean.add_(u, alpha=alpha)
+        mean += alpha * u
     norm = _norm(mean)
     # Directions that cancel have no Euclidean mean to start from; start at the first.
-    mean = units[0].clone() if norm < tol else mean.div_(norm)
+    mean = units[0].clone() if norm.item() < tol else (mean / norm).to(mean.dtype)
     for _ in range(max_iter):
         step = _tangent(mean, units, alphas, tol)
         size = _norm(step)
-        if size < tol:
+        if size.item() < tol:
             break
         # The exponential map: walk the geodesic from mean along step.
-        mean = mean.mul_(math.cos(size)).add_(step, alpha=math.sin(size) / size)
+        mean = (torch.cos(size) * mean + torch.sin(size) * (step / size)).to(mean.dtype)
         norm = _norm(mean)
-        if norm > tol:
-            mean.div_(norm)
+        if norm.item() > tol:
+            mean = (mean / norm).to(mean.dtype)
     return mean
 
 
@@ -96,9 +103,15 @@ class Karcher(TensorMethod):
             return xs[0]
         tol = call.params.tol
         norms = [_norm(x) for x in xs]
-        units = [x.div_(n) for x, n in zip(xs, norms, strict=True) if n > tol]
-        if not units:
+        alpha = 1.0 / len(xs)
+        valid = [i for i, n in enumerate(norms) if n.item() > tol]
+        if not valid:
             return torch.zeros_like(xs[0])
-        alphas = [1.0 / len(units)] * len(units)
-        mean = karcher_mean(units, alphas, call.params.max_iter, tol)
-        return mean.mul_(sum(norms) / len(xs))
+        units = [(xs[i] / norms[i]).to(xs[i].dtype) for i in valid]
+        # Equal weights over the inputs with a direction, normalised as a float sum (for
+        # ten inputs that is not exactly 1, and mergekit's weights carry the difference).
+        total = sum([alpha] * len(valid))
+        mean = karcher_mean(units, [alpha / total] * len(valid), call.params.max_iter, tol)
+        # Every input's norm counts, a zero one too, each with weight 1/n.
+        scale = sum((alpha * n for n in norms), torch.zeros((), dtype=norms[0].dtype))
+        return scale * mean

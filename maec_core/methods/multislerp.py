@@ -1,21 +1,19 @@
 """Multi-SLERP: barycentric interpolation of several models on a hypersphere.
 
-From goddard.blog/posts/multislerp-wow-what-a-cool-idea, as mergekit 0.1.5 runs it.
-Each tensor (a task vector when a base is given) is one flat vector ``x_i`` with norm
-``n_i`` and direction ``u_i = x_i / (n_i + eps)``. The result points along the
-normalised weighted mean ``m = Σ w_i u_i / ‖Σ w_i u_i‖`` and has the weighted mean norm
-``Σ w_i n_i``.
+From goddard.blog/posts/multislerp-wow-what-a-cool-idea. Each tensor (a task vector
+when a base is given) is one flat vector ``x_i`` with norm ``n_i`` and direction
+``u_i = x_i / (n_i + eps)``. The directions' weighted mean ``m`` (normalised) is the
+point of tangency; the directions are projected onto the tangent space there, averaged
+and mapped back; the result has the weighted mean norm ``Σ w_i n_i``.
 
-Why no tangent-space step: mergekit projects the ``u_i`` onto the tangent space at
-``m``, averages them there and maps back; at the weighted Euclidean mean that average
-is identically zero (``Σ w_i (u_i − (u_i·m) m) = Σ w_i u_i − ‖Σ w_i u_i‖ m = 0``), so the
-map back returns ``m`` itself. Computing ``m`` directly gives the same tensor without
-the rounding noise of a sum that cancels.
+At the weighted mean that tangent average is zero up to rounding, so the map back
+returns about ``m``; it is still computed, op for op as mergekit 0.1.5 does in the
+compute dtype, because that rounding is part of mergekit's bytes and a recipe written
+for it must give them here.
 """
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 from pydantic import Field
@@ -23,7 +21,6 @@ from pydantic import Field
 from maec_core.errors import MaecError
 from maec_core.methods._common import WeightParams
 from maec_core.methods.base import Params, TensorCall, TensorMethod
-from maec_core.methods.slerp import dot64
 
 if TYPE_CHECKING:
     import torch
@@ -37,14 +34,13 @@ class MultiSlerpParams(Params):
 
 
 def _weights(call: TensorCall) -> list[float]:
+    """The weights as given, refused when ``normalize_weights`` would divide by a zero
+    sum (mergekit would write NaN)."""
     weights = [float(p.weight) for p in call.model_params]
-    if not call.params.normalize_weights:
-        return weights
-    total = sum(weights)
-    if total == 0:
+    if call.params.normalize_weights and sum(weights) == 0:
         raise MaecError(f"{call.name}: multislerp weights sum to zero; with "
                         "normalize_weights they must not", tensor=call.name)
-    return [w / total for w in weights]
+    return weights
 
 
 class MultiSlerp(TensorMethod):
@@ -57,27 +53,38 @@ class MultiSlerp(TensorMethod):
     min_models = 1
 
     def merge(self, call: TensorCall) -> torch.Tensor:
-        """``base + (Σ w_i n_i) · m`` (no base: 0), with ``m`` the mean direction."""
+        """``base + (Σ w_i n_i) · exp_m(Σ w_i log_m(u_i))`` (no base: 0)."""
         import torch
 
         if len(call.models) == 1:
             return call.models[0]
-        xs = [m if call.base is None else m.sub_(call.base) for m in call.models]
-        weights = _weights(call)
+        x = torch.stack(list(call.models))
+        if call.base is not None:
+            x -= call.base
+        flat = x.view(x.shape[0], -1)
+        # The weights in the compute dtype, normalised there, as mergekit holds them.
+        w = torch.tensor(_weights(call), dtype=x.dtype, device=x.device)
+        if call.params.normalize_weights:
+            w = w / w.sum()
         eps = call.params.eps
-        norms = [math.sqrt(dot64(x.reshape(-1), x.reshape(-1))) for x in xs]
-        mean = torch.zeros_like(xs[0])
-        for x, w, n in zip(xs, weights, norms, strict=True):
-            mean.add_(x, alpha=w / (n + eps))
-        mean_norm = math.sqrt(dot64(mean.reshape(-1), mean.reshape(-1)))
+        norms = torch.norm(flat, dim=-1, keepdim=True)
+        units = flat / (norms + eps)
+        mean = (units * w.view(-1, 1)).sum(0)
+        mean_norm = torch.norm(mean)
         if mean_norm < eps:
-            if len(xs) != 2:
+            if len(call.models) != 2:
                 raise MaecError(
                     f"{call.name}: the weighted mean of the multislerp inputs' directions "
                     "is zero (opposite inputs whose weights balance); change the weights",
                     tensor=call.name)
             # Two opposite directions: mergekit falls back to their weighted sum.
-            mean = xs[0].mul_(weights[0]).add_(xs[1], alpha=weights[1])
-        else:
-            mean.mul_(sum(w * n for w, n in zip(weights, norms, strict=True)) / mean_norm)
-        return mean if call.base is None else mean.add_(call.base)
+            res = (x[0] * w[0] + x[1] * w[1]).view(x.shape[1:])
+            return res if call.base is None else res + call.base
+        mean = mean / mean_norm
+        dots = (units * mean).sum(-1, keepdim=True)
+        tangent = ((units - dots * mean) * w.view(-1, 1)).sum(0)
+        size = torch.norm(tangent) + eps
+        out = mean * torch.cos(size) + tangent * (torch.sin(size) / size)
+        out = (out * (norms.squeeze(-1) * w).sum()).view(x.shape[1:])
+        merged: torch.Tensor = out if call.base is None else out + call.base
+        return merged

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field
 
-from maec_core.methods._common import WeightParams, weighted_sum
+from maec_core.methods._common import WeightParams
 from maec_core.methods.base import Params, TensorCall, TensorMethod
 
 if TYPE_CHECKING:
@@ -43,27 +43,50 @@ class TaskArithmetic(TensorMethod):
     def merge(self, call: TensorCall) -> torch.Tensor:
         """``θ0 + λ Σ w_i (θ_i − θ0)``; normalize divides by ``Σ w_i``.
 
-        Expanded to ``(1 − λ Σ w_i) θ0 + Σ λ w_i θ_i``: the same value, in one pass per
-        input.
+        Op for op as mergekit 0.1.5, in the compute dtype: each delta times its weight,
+        the weighted deltas summed, divided by the summed weights when normalising,
+        times λ, added to the base. A recipe written for mergekit gives its bytes.
         """
         assert call.base is not None
         weights = [p.weight for p in call.model_params]
+        if not call.models:
+            return call.base
         if call.base.dtype.itemsize < 4:
-            return _as_mergekit(call, weights)
-        total = sum(weights)
-        scale = call.params.lambda_
-        if call.params.normalize and total != 0:
-            scale /= total
-        coeffs = [1.0 - scale * total] + [scale * w for w in weights]
-        return weighted_sum([call.base, *call.models], coeffs)
+            return _sixteen_bit(call, weights)
+        return _in_place(call, weights)
 
 
-def _as_mergekit(call: TensorCall, weights: list[float]) -> torch.Tensor:
-    """A 16-bit merge op for op as mergekit 0.1.5 computes it, so its bytes come out:
-    the weighted deltas summed in the compute dtype, divided by the summed weights when
-    normalising, times λ, added to the base. (The float32 path folds the coefficients
-    into one weighted sum for speed; in 16 bits that differed by a unit in the last
-    place.)"""
+def _in_place(call: TensorCall, weights: list[float]) -> torch.Tensor:
+    """The float32 (or float64) merge in the inputs' own buffers, the engine's streaming
+    path: no allocation per slice.
+
+    Summing in place in order is what torch's sum over the stacked deltas does in these
+    dtypes, bit for bit, except that its sum starts at +0.0: a sum of negative zeros is
+    +0.0 there and -0.0 here, which reaches the output only where the base is -0.0 and
+    every weighted delta is -0.0."""
+    import torch
+
+    base = call.base
+    assert base is not None
+    # The weights as mergekit holds them: in the compute dtype.
+    held = torch.tensor(weights, dtype=base.dtype)
+    mixed: torch.Tensor | None = None
+    for m, w in zip(call.models, held.tolist(), strict=True):
+        delta = m.sub_(base).mul_(w)
+        mixed = delta if mixed is None else mixed.add_(delta)
+    assert mixed is not None
+    if call.params.normalize:
+        divisor = float(held.sum())
+        mixed.div_(1.0 if abs(divisor) < 1e-8 else divisor)
+    if call.params.lambda_ != 1:
+        mixed.mul_(call.params.lambda_)
+    return mixed.add_(base)
+
+
+def _sixteen_bit(call: TensorCall, weights: list[float]) -> torch.Tensor:
+    """A 16-bit merge: the deltas stacked and summed as mergekit does, since torch's
+    16-bit sum accumulates in float32 and rounds once (summing in place would round at
+    every step)."""
     import torch
 
     assert call.base is not None

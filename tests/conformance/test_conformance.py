@@ -33,6 +33,9 @@ def test_recipe_matches_mergekit(path: Path, farm: ModelFarm, tmp_path: Path,
     outcome = run_one(path, farm, tmp_path)
     assert outcome.agree, (f"ours: {outcome.ours}, mergekit: {outcome.theirs}")
     assert outcome.passed, "\n".join(outcome.problems + outcome.other)
+    if outcome.ours.accepted and not outcome.statistical:
+        # Same compute dtype, same operations: mergekit's bytes, not just its values.
+        assert outcome.max_abs_diff == 0, f"max abs diff {outcome.max_abs_diff:.3g}"
 
 
 def test_fast_subset_exists() -> None:
