@@ -41,6 +41,10 @@ ComputeFn = Callable[[PlannedTensor, list[torch.Tensor]], torch.Tensor]
 # An element-wise compute also told the flat offset of its slice in the tensor, for
 # sparse updates (MAEC adds stored key rows to the language base's slices).
 OffsetComputeFn = Callable[[PlannedTensor, list[torch.Tensor], int], torch.Tensor]
+# A merge that is its one input with a few entries changed, told a flat slice of the
+# output (already holding the input's bytes, in the output dtype) and its offset,
+# changes those entries in place (MAEC's key rows on the language base).
+PatchFn = Callable[[PlannedTensor, torch.Tensor, int], None]
 # Elements per unit on CUDA: big enough that a kernel launch and a copy's fixed cost are
 # small beside the transfer (16M bf16 elements: 32 MB per input), small enough that two
 # units in flight stay well under a GB (the arithmetic is in EngineOptions).
@@ -66,6 +70,7 @@ class LoopRun:
     target: torch.dtype
     tick: Callable[[int], None]
     options: EngineOptions
+    patch_at: PatchFn | None = None
 
     def computed(self, planned: PlannedTensor, inputs: list[torch.Tensor], offset: int
                  ) -> torch.Tensor:

@@ -44,6 +44,7 @@ from maec_core.cuda_loops import (
     ComputeFn,
     LoopRun,
     OffsetComputeFn,
+    PatchFn,
     computed,
     non_finite,
     stream_units_cuda,
@@ -81,7 +82,7 @@ from maec_core.vocab.build import is_vocab_tensor
 from maec_core.vocab.chat_template import resolve_chat_template, with_chat_template
 from maec_core.vocab.rows import RowAligner
 
-__all__ = ["ComputeFn", "MergeWork", "OffsetComputeFn", "run_method", "stream_merge"]
+__all__ = ["ComputeFn", "MergeWork", "OffsetComputeFn", "PatchFn", "run_method", "stream_merge"]
 
 # Element-wise streaming: elements per read/write unit and per compute slice. A slice of
 # 256K float32 (1 MB per input) keeps a method's few passes inside the CPU cache; units
@@ -198,8 +199,18 @@ def _stream_units(run: LoopRun, unit: int, chunk: int, workers: int = 1) -> None
     scratch, out_free = _unit_buffers(run, tsize, unit, chunk, workers,
                                       WRITE_DEPTH + 1 + in_flight)
 
+    patch_at = run.patch_at if run.options.compute_dtype in (None, "float32") else None
+
     def work(planned: PlannedTensor, u: Unit, buf: torch.Tensor) -> None:
         """Compute unit ``u`` into ``buf`` (on a worker when ``workers`` > 1)."""
+        if patch_at is not None and len(u.tensors) == 1 and u.tensors[0].dtype == target:
+            # The input's bytes are the result but for a few entries: copied as they
+            # are (a float32 round trip of them is exact), then patched.
+            out = buf[: (u.hi - u.lo) * tsize].view(target).copy_(u.tensors[0])
+            patch_at(planned, out, u.lo)
+            if not all_finite(out):
+                raise non_finite(planned.name)
+            return
         mine = scratch.get()
         try:
             out = buf[: (u.hi - u.lo) * tsize].view(target)
@@ -278,6 +289,12 @@ class MergeWork:
     once; only for a ``compute`` that is safe to call concurrently. ``whole(t)`` True
     sends ``t`` whole to ``compute`` even in an element-wise merge (its inputs differ in
     rows: a vocabulary remap).
+
+    ``patch_at`` (with ``compute_at``) promises that the result is the one input but for a
+    few entries: on CPU, in float32 compute, a slice whose input is stored in the output
+    dtype is then copied as it is and ``patch_at`` changes those entries in place, with
+    the float32 arithmetic ``compute_at`` would do on them (the same bytes, without
+    converting every entry to float32 and back).
     """
 
     compute: ComputeFn
@@ -287,6 +304,7 @@ class MergeWork:
     compute_at: OffsetComputeFn | None = None
     compute_threads: int = 1
     whole: Callable[[PlannedTensor], bool] | None = None
+    patch_at: PatchFn | None = None
 
     @property
     def streams(self) -> bool:
@@ -314,7 +332,7 @@ def stream_merge(plan: MergePlan, work: MergeWork, output: OutputSpec, ctx: RunC
         # Streamed in slices, a bf16 merge on the CPU gave other bytes than on whole
         # tensors (tests/core/test_engine.py): whole tensors keep a 16-bit merge the
         # same however it is cut (the float32 path streams as before).
-        work = dataclasses.replace(work, elementwise=False, compute_at=None)
+        work = dataclasses.replace(work, elementwise=False, compute_at=None, patch_at=None)
     started = time.perf_counter()
     target = torch_dtype(output.dtype)
     total = len(plan.tensors)
@@ -426,7 +444,7 @@ def _write_tensors(sink: TensorSink, background: bool, loop: _Loop) -> list[Writ
             run = LoopRun(dataclasses.replace(plan, tensors=plan.tensors[lo:hi]),
                           steps[lo:hi], writer, work.compute, work.compute_at, loop.device,
                           loop.target, functools.partial(_shifted, loop.tick, lo),
-                          loop.options)
+                          loop.options, work.patch_at)
             if alone and cuda:
                 whole_tensors_cuda(run)
             elif alone:

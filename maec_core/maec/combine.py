@@ -178,10 +178,13 @@ def merge(plan: MergePlan, combination: Combination, output: OutputSpec, ctx: Ru
     def whole(t: PlannedTensor, inputs: list[torch.Tensor]) -> torch.Tensor:
         return adder(t, inputs, 0)
 
+    # Key rows change a few percent of θL: its other bytes are copied as they are.
+    rows = all(a.granularity == "row" for a in artifacts)
     try:
         # Element-wise streaming over θL with slice offsets: the engine's fastest loop,
         # and a few MB of memory whatever the tensor sizes.
-        return stream_merge(plan, MergeWork(whole, read, stage="combine", compute_at=adder),
+        return stream_merge(plan, MergeWork(whole, read, stage="combine", compute_at=adder,
+                                            patch_at=adder.patch if rows else None),
                             output, ctx)
     finally:
         reader.close()
@@ -242,6 +245,60 @@ class SparseAdder:
                 a, b = max(r0, offset), min(r0 + width, end)
                 out[a - offset: b - offset].add_(values[i, a - r0: b - r0], alpha=mu)
         return inputs[0]
+
+
+    def patch(self, t: PlannedTensor, out: torch.Tensor, offset: int) -> None:
+        """Add ``μ_k · R(A_k)`` to the key rows overlapping ``out``, the slice at
+        ``offset`` of θL in its own dtype (row granularity).
+
+        Each touched entry gets what ``__call__`` gives it: θL's value in float32, the
+        abilities' rows added in recipe order, one cast back. Whole rows inside the slice
+        go through as one gathered block; the at most two rows cut by its ends one by one.
+        """
+        if t.name != self._name:
+            self._load(t, out.device)
+        if not self._parts:
+            return
+        n = out.numel()
+        end = offset + n
+        width = self._parts[0][3]
+        # Rows wholly inside the slice start at local positions ≡ phase (mod width).
+        phase = (-offset) % width
+        inside = (n - phase) // width
+        grid = out[phase: phase + inside * width].view(inside, width)
+        whole: list[tuple[torch.Tensor, torch.Tensor, float]] = []
+        cut: dict[int, list[tuple[torch.Tensor, float]]] = {}
+        for starts, starts_dev, values, _, mu in self._parts:
+            lo = bisect.bisect_right(starts, offset - width)
+            hi = bisect.bisect_left(starts, end)
+            if lo >= hi:
+                continue
+            first = lo if starts[lo] >= offset else lo + 1
+            last = hi if starts[hi - 1] + width <= end else hi - 1
+            if first < last:
+                local = (starts_dev[first:last] - offset - phase) // width
+                whole.append((local, values[first:last], mu))
+            # The rows the slice's ends cut: the first when it starts before the slice,
+            # the last when it ends after it (one row may be both).
+            for i in sorted({i for i, edge in ((lo, first > lo), (hi - 1, last < hi)) if edge}):
+                cut.setdefault(starts[i], []).append((values[i], mu))
+        if whole:
+            rows = (whole[0][0] if len(whole) == 1
+                    else torch.unique(torch.cat([w[0] for w in whole])))
+            block = grid.index_select(0, rows).float()
+            for local, values, mu in whole:
+                at = local if len(whole) == 1 else torch.searchsorted(rows, local)
+                part = block if len(whole) == 1 else block.index_select(0, at)
+                part.add_(values, alpha=mu)
+                if len(whole) > 1:
+                    block.index_copy_(0, at, part)
+            grid.index_copy_(0, rows, block.to(out.dtype))
+        for r0, adds in cut.items():
+            a, b = max(r0, offset), min(r0 + width, end)
+            row = out[a - offset: b - offset].float()
+            for values_row, mu in adds:
+                row.add_(values_row[a - r0: b - r0], alpha=mu)
+            out[a - offset: b - offset].copy_(row)
 
 
 def fmt_cos(c: float) -> str:
