@@ -118,7 +118,7 @@ def select(
             cs: dict[str, float] = {}
             given = (known or {}).get(art.key)
             for name in art.tensors:
-                if given is not None:
+                if given is not None and name in given:
                     cs[name] = given[name]
                     continue
                 if ctx.cancelled():

@@ -17,9 +17,9 @@ Memory is otherwise a few blocks or tensors, whatever the model size.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ import torch
 from maec_core.context import RunContext
 from maec_core.errors import Cancelled
 from maec_core.io.folder import ModelFolder
+from maec_core.io.headers import TensorInfo
 from maec_core.io.output import StagedOutput
 from maec_core.io.reader import SAFETENSORS_NAMES, Prefetcher, TensorReader
 from maec_core.io.writer import OutputTensor, ShardedWriter
@@ -38,6 +39,7 @@ from maec_core.maec.artifact import (
     delta_shape,
     index_dtype,
 )
+from maec_core.maec.combine import cosine
 from maec_core.maec.keys import key_of
 from maec_core.maec.params import MaecParams, key_count
 from maec_core.maec.radix import GlobalSelection, select_global
@@ -58,6 +60,9 @@ class ExtractResult:
     key: str
     metadata: dict[str, Any]
     seconds: float
+    # c_t against ``AbilityInputs.language`` per tensor, when one was given: not part of
+    # the artifact, which does not depend on the language base.
+    cosines: dict[str, float] = field(default_factory=dict)
 
 
 def included_tensors(params: MaecParams, tensors: list[PlannedTensor]) -> list[PlannedTensor]:
@@ -223,12 +228,16 @@ class _ArtifactSink:
         self.granularity = params.granularity
         self.writer = ShardedWriter(staged.folder, outs, _ONE_SHARD)
         self.staged = staged
+        self.cosines: dict[str, float] = {}
 
-    def write(self, t: PlannedTensor, idx: torch.Tensor, values: torch.Tensor) -> None:
+    def write(self, t: PlannedTensor, idx: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """Store the key entries ``idx`` and their values; returns the values as stored."""
         ityp = torch.int32 if index_dtype(self.granularity, t.numel) == "I32" else torch.int64
         self.writer.write(t.name + INDEX_SUFFIX, idx.to("cpu", ityp))
         shape = delta_shape(self.granularity, t.shape, idx.numel())
-        self.writer.write(t.name + DELTA_SUFFIX, values.reshape(shape).to("cpu", self.dtype))
+        stored = values.reshape(shape).to("cpu", self.dtype)
+        self.writer.write(t.name + DELTA_SUFFIX, stored)
+        return stored
 
     def close(self) -> dict[str, Any]:
         files = self.writer.close()
@@ -249,6 +258,9 @@ class _Extraction:
     device: torch.device
     ref_key: str  # "control" (θS) when given, else "base" (θ0)
     tick: Callable[[], None]
+    # The language base's tensors by name, to compute c_t against on the way (row
+    # granularity); None: selection computes them.
+    language: Mapping[str, TensorInfo] | None = None
 
     @property
     def gran(self) -> str:
@@ -281,6 +293,10 @@ class AbilityInputs:
     ability: ModelFolder
     control: ModelFolder | None = None
     corpus: str | None = None
+    # A one-run merge's language base: at row granularity each tensor's c_t is then
+    # computed here from the key rows already read (what selection would compute from
+    # the stored artifact, bit for bit), sparing selection a pass.
+    language: ModelFolder | None = None
 
 
 def extract_ability(
@@ -295,7 +311,7 @@ def extract_ability(
 
     ``key_document`` comes from ``keys.key_document`` for the same inputs and parameters;
     ``step()`` is called once per tensor per pass (see ``passes``); of ``ctx`` the device,
-    cancel and overwrite apply (progress goes through ``step``).
+    cancel, overwrite and resident files apply (progress goes through ``step``).
     """
     base, ability, control, corpus = inputs.base, inputs.ability, inputs.control, inputs.corpus
     device, cancel = best_device(ctx.device), ctx.cancel
@@ -312,11 +328,14 @@ def extract_ability(
             step()
 
     job = _Extraction(params, included_tensors(params, plan.tensors), device,
-                      "control" if control is not None else "base", tick)
+                      "control" if control is not None else "base", tick,
+                      inputs.language.tensors if inputs.language is not None
+                      and params.granularity == "row" else None)
     first = _first_pass(job, base, corpus, cancel)
     counts, chosen = _key_counts(job, first)
     art_dtype = key_document["parameters"]["artifact_dtype"]
-    with StagedOutput(out_dir, overwrite=ctx.overwrite) as staged, RowReader() as rows_io:
+    with StagedOutput(out_dir, overwrite=ctx.overwrite) as staged, \
+            RowReader(ctx.options.resident) as rows_io:
         sink = _ArtifactSink(staged, params, art_dtype, counts)
         try:
             if first.scores is not None:
@@ -333,7 +352,8 @@ def extract_ability(
                          entries, first.gradient, file_doc)
         staged.write_json(META_NAME, meta)
         staged.commit()
-    return ExtractResult(out_dir, meta["key"], meta, time.perf_counter() - started)
+    return ExtractResult(out_dir, meta["key"], meta, time.perf_counter() - started,
+                         sink.cosines)
 
 
 def _first_pass(job: _Extraction, base: ModelFolder, corpus: str | None,
@@ -416,8 +436,7 @@ def _write_rows(job: _Extraction, sink: _ArtifactSink, rows_io: RowReader
         for t, s in stream_row_scores(job.cands, ("ability", "base"), job.device, job.tick):
             check_scores(t.name, s)
             idx = top_k_indices(s, job.local_count(t))
-            sink.write(t, idx, _masked_delta(job.gran, rows_io, t, idx, job.ref_key,
-                                             job.device))
+            _store_keys(job, sink, rows_io, t, idx)
             entries.append(_entry(t, job.n_of(t), idx, s))
     return entries
 
@@ -458,8 +477,7 @@ def _write_chosen(job: _Extraction, sink: _ArtifactSink, rows_io: RowReader,
     for t in job.cands:
         idx = chosen[t.name]
         if idx.numel():
-            sink.write(t, idx, _masked_delta(job.gran, rows_io, t, idx, job.ref_key,
-                                             job.device))
+            _store_keys(job, sink, rows_io, t, idx)
         entries.append(_entry(t, job.n_of(t), idx, scores[t.name]))
         job.tick()
     return entries
@@ -504,6 +522,28 @@ def _control_delta(gran: str, io: RowReader, idx: torch.Tensor, a: torch.Tensor,
     else:
         ref = io.read_rows(ref_info, idx.cpu())
     return a_k.sub_(ref.to(a_k.device, torch.float32))
+
+
+def _store_keys(job: _Extraction, sink: _ArtifactSink, io: RowReader, t: PlannedTensor,
+                idx: torch.Tensor) -> None:
+    """Write θA − θref on the key positions ``idx`` of ``t``; with ``job.language`` also
+    c_t, from the values as stored and the key rows of the language base and θ0 (θ0's
+    read once when it is the reference). A tensor the language base stores otherwise
+    (another shape or dtype) is left to selection."""
+    lang_info = job.language.get(t.name) if job.language is not None else None
+    base_info = t.sources["base"]
+    if lang_info is None or (lang_info.shape, lang_info.dtype) != (base_info.shape,
+                                                                   base_info.dtype):
+        sink.write(t, idx, _masked_delta(job.gran, io, t, idx, job.ref_key, job.device))
+        return
+    rows = idx.cpu()
+    ref = io.read_rows(t.sources[job.ref_key], rows)
+    delta = io.read_rows(t.sources["ability"], rows).to(job.device, torch.float32)
+    stored = sink.write(t, idx, delta.sub_(ref.to(job.device, torch.float32)))
+    base = ref if job.ref_key == "base" else io.read_rows(base_info, rows)
+    lang = io.read_rows(lang_info, rows).float()
+    # As selection computes it from the artifact: cos(R(A), (θL − θ0)) on the key rows.
+    sink.cosines[t.name] = cosine(stored.float(), lang.sub_(base.float()))
 
 
 def _masked_delta(gran: str, io: RowReader, t: PlannedTensor, idx: torch.Tensor,

@@ -170,19 +170,20 @@ def run_maec(recipe: Recipe, out_dir: str | Path, ctx: RunContext | None = None
         return _combine(recipe, params, _Found([Path(recipe.artifact)], [True]), out, ctx)
     tmp: Path | None = None
     try:
-        dirs, reused, tmp = _abilities(recipe, params, out, ctx)
+        dirs, reused, tmp, cosines = _abilities(recipe, params, out, ctx)
         found = _Found(dirs, reused, time.perf_counter() - started, started)
-        return _combine(recipe, params, found, out, ctx)
+        return _combine(recipe, params, found, out, ctx, cosines)
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _abilities(recipe: Recipe, params: MaecParams, out: Path, ctx: RunContext
-               ) -> tuple[list[Path], list[bool], Path | None]:
+               ) -> tuple[list[Path], list[bool], Path | None, dict[str, dict[str, float]]]:
     """Each ability's artifact folder, reused from ``ctx.artifact_store`` or extracted
-    now (into a temporary folder beside ``out``, returned for the caller to remove); and
-    whether each was reused."""
+    now (into a temporary folder beside ``out``, returned for the caller to remove);
+    whether each was reused; and the c_t the extractions computed on the way (artifact
+    key -> tensor -> c_t)."""
     store, hash_cache = ctx.artifact_store, ctx.hash_cache
     assert recipe.base_model is not None and recipe.language_base is not None
     base = open_model_folder(recipe.base_model)
@@ -213,15 +214,22 @@ def _abilities(recipe: Recipe, params: MaecParams, out: Path, ctx: RunContext
            if todo else None)
     dirs: list[Path] = []
     made: dict[str, Path] = {}
+    cosines: dict[str, dict[str, float]] = {}
+    # The key rows extraction reads give c_t against θL too, unless the vocabulary rows
+    # move between θ0 and θL (selection then maps them).
+    language = folders[LANG] if tmap is None else None
     try:
         for i, (ability, control) in enumerate(abilities):
             hit = found[i] or made.get(keys[i])
             if hit is None:
                 assert tmp is not None
-                inputs = AbilityInputs(base, ability, control, recipe.abilities[i].corpus)
+                inputs = AbilityInputs(base, ability, control, recipe.abilities[i].corpus,
+                                       language)
                 # A fresh folder in the scratch one: nothing there to overwrite.
-                hit = extract_ability(params, docs[i], inputs, tmp / keys[i],
-                                      ctx.but(overwrite=False), tick).folder
+                result = extract_ability(params, docs[i], inputs, tmp / keys[i],
+                                         ctx.but(overwrite=False), tick)
+                hit = result.folder
+                cosines[keys[i]] = result.cosines
                 if store is not None:
                     store.put(keys[i], hit)
                 made[keys[i]] = hit
@@ -230,7 +238,7 @@ def _abilities(recipe: Recipe, params: MaecParams, out: Path, ctx: RunContext
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return dirs, [f is not None for f in found], tmp
+    return dirs, [f is not None for f in found], tmp, cosines
 
 
 def _combine(

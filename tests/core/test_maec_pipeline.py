@@ -182,6 +182,30 @@ def test_extract_store_combine_equals_one_run(tmp_path: Path) -> None:
     _same_folder(tmp_path / "one", tmp_path / "three")
 
 
+@pytest.mark.parametrize("params", [{"selection_ratio": 0.5},
+                                    {"selection_ratio": 0.5, "importance_control": True},
+                                    {"selection_ratio": 0.5, "rank_scope": "global"}],
+                         ids=["delta", "control", "global"])
+def test_one_run_cosines_equal_those_selection_computes(tmp_path: Path,
+                                                        params: dict[str, object]) -> None:
+    """A one-run merge takes c_t from the key rows extraction reads; combining the same
+    artifact alone computes them in selection: the same report and bytes."""
+    base, ability, lang = planted(tmp_path, torch.bfloat16)
+    ab: dict[str, object] = {"model": str(ability)}
+    if params.pop("importance_control", False):
+        w0 = base_weights(0)
+        ab["control"] = str(write_ckpt(tmp_path / "control", add(w0, noise_like(w0, 9, 0.05)),
+                                       torch.bfloat16))
+    r = maec_recipe(base, lang, [ab], key_ratio=KEY_RATIO, **params)
+    one = run(r, tmp_path / "one")
+    assert one.report is not None
+    ex = extract(r, 0, tmp_path / "artifact")
+    combine(r, [ex.folder], tmp_path / "two")
+    _same_folder(tmp_path / "one", tmp_path / "two")
+    # Not vacuous: the selection dropped a tensor by its c_t.
+    assert any(a["tensors_dropped"] for a in one.report["abilities"])
+
+
 def test_combine_reuses_known_cosines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                                       ) -> None:
     # The c_t of a first combination, handed to the next one, give the same folder
