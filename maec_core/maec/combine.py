@@ -46,13 +46,28 @@ class Selection:
     kept: list[set[str]]
 
 
-def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
-    """cos(vec a, vec b) in float64; 0 when either vector is all zeros."""
-    a64, b64 = a.double().flatten(), b.double().flatten()
-    na, nb = float(torch.linalg.vector_norm(a64)), float(torch.linalg.vector_norm(b64))
-    if na == 0.0 or nb == 0.0:
-        return 0.0
-    return float(torch.dot(a64, b64)) / (na * nb)
+class Cosine:
+    """cos(vec a, vec b) in float64; 0 when either vector is all zeros.
+
+    The float64 copies go into two buffers kept between calls: a fresh buffer of a few
+    MB per tensor costs its page faults, several times the arithmetic (the values, and
+    so the result, are the same)."""
+
+    def __init__(self) -> None:
+        self._bufs = (torch.empty(0, dtype=torch.float64), torch.empty(0, dtype=torch.float64))
+
+    def __call__(self, a: torch.Tensor, b: torch.Tensor) -> float:
+        n = a.numel()
+        if self._bufs[0].numel() < n:
+            self._bufs = (torch.empty(n, dtype=torch.float64),
+                          torch.empty(n, dtype=torch.float64))
+        a64 = self._bufs[0][:n].copy_(a.reshape(-1))
+        b64 = self._bufs[1][:n].copy_(b.reshape(-1))
+        na, nb = float(torch.linalg.vector_norm(a64)), float(torch.linalg.vector_norm(b64))
+        if na == 0.0 or nb == 0.0:
+            return 0.0
+        return float(torch.dot(a64, b64)) / (na * nb)
+
 
 
 class RowRemap:
@@ -113,6 +128,7 @@ def select(
     done = 0
     cosines: list[dict[str, float]] = []
     kept: list[set[str]] = []
+    cosine_of = Cosine()
     with RowReader(ctx.options.resident) as io, cpu_single_thread(torch.device("cpu")):
         for art in artifacts:
             cs: dict[str, float] = {}
@@ -131,7 +147,7 @@ def select(
                                             art.granularity == "element")
                 lang = _key_values(io, art, t.sources[language_key], idx_l).float()
                 base = _key_values(io, art, t.sources[base_key], idx).float()
-                cs[name] = cosine(r_a, lang.sub_(base))
+                cs[name] = cosine_of(r_a, lang.sub_(base))
                 done += 1
                 if step is not None:
                     step(done, total)

@@ -39,7 +39,7 @@ from maec_core.maec.artifact import (
     delta_shape,
     index_dtype,
 )
-from maec_core.maec.combine import cosine
+from maec_core.maec.combine import Cosine
 from maec_core.maec.keys import key_of
 from maec_core.maec.params import MaecParams, key_count
 from maec_core.maec.radix import GlobalSelection, select_global
@@ -257,6 +257,7 @@ class _ArtifactSink:
         self.writer = ShardedWriter(staged.folder, outs, _ONE_SHARD)
         self.staged = staged
         self.cosines: dict[str, float] = {}
+        self.cosine = Cosine()
 
     def write(self, t: PlannedTensor, idx: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         """Store the key entries ``idx`` and their values; returns the values as stored."""
@@ -571,7 +572,7 @@ def _store_keys(job: _Extraction, sink: _ArtifactSink, io: RowReader, t: Planned
     base = ref if job.ref_key == "base" else io.read_rows(base_info, rows)
     lang = io.read_rows(lang_info, rows).float()
     # As selection computes it from the artifact: cos(R(A), (θL − θ0)) on the key rows.
-    sink.cosines[t.name] = cosine(stored.float(), lang.sub_(base.float()))
+    sink.cosines[t.name] = sink.cosine(stored.float(), lang.sub_(base.float()))
 
 
 def _masked_delta(gran: str, io: RowReader, t: PlannedTensor, idx: torch.Tensor,
