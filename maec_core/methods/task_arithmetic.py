@@ -72,7 +72,9 @@ def _in_place(call: TensorCall, weights: list[float]) -> torch.Tensor:
     held = torch.tensor(weights, dtype=base.dtype)
     mixed: torch.Tensor | None = None
     for m, w in zip(call.models, held.tolist(), strict=True):
-        delta = m.sub_(base).mul_(w)
+        delta = m.sub_(base)
+        if w != 1.0:  # times 1 is exact: a pass saved
+            delta.mul_(w)
         mixed = delta if mixed is None else mixed.add_(delta)
     assert mixed is not None
     if call.params.normalize:
