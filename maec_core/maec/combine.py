@@ -278,6 +278,11 @@ class SparseAdder:
         n = out.numel()
         end = offset + n
         width = self._parts[0][3]
+        if width == 1:
+            # Rows of one entry go through ``index_add_`` on the float32 path: the same
+            # call here, so the same arithmetic.
+            out.copy_(self(t, [out.float()], offset))
+            return
         # Rows wholly inside the slice start at local positions ≡ phase (mod width).
         phase = (-offset) % width
         inside = (n - phase) // width

@@ -91,3 +91,22 @@ def test_one_donor_twice_adds_both_mus_before_one_cast(tmp_path: Path) -> None:
     got = load(tmp_path / "out")
     for name, want in _expected(tmp_path / "out", lang, store).items():
         assert torch.equal(got[name].view(torch.int16), want.view(torch.int16)), name
+
+
+def test_one_entry_rows_take_the_float32_path_itself(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # Norm weights (1-D: rows of one entry) included explicitly, slices cutting them.
+    monkeypatch.setattr(engine, "UNIT_CPU", 5)
+    monkeypatch.setattr(engine, "CHUNK_CPU", 5)
+    base, lang, donors = _inputs(tmp_path)
+    store = LocalArtifactStore(tmp_path / "store")
+    abilities = [{"model": str(donors[0]), "mu": MUS[0]}, {"model": str(donors[1]),
+                                                           "mu": MUS[1]}]
+    recipe = maec_recipe(base, lang, abilities, key_ratio=0.4, selection_ratio=1.0,
+                         include=[r"layernorm", r"proj"])
+    run(recipe, tmp_path / "out", RunContext(artifact_store=store))
+    got = load(tmp_path / "out")
+    want = _expected(tmp_path / "out", lang, store)
+    assert any(t.dim() == 1 and not torch.equal(got[k], load(lang)[k]) for k, t in got.items())
+    for name in want:
+        assert torch.equal(got[name].view(torch.int16), want[name].view(torch.int16)), name
