@@ -45,7 +45,10 @@ def weighted_deltas(
     deltas, weights = [], []
     for i, (t, p) in enumerate(zip(call.models, call.model_params, strict=True)):
         w = in_compute_dtype(p.weight, t)
-        deltas.append(task_vector(t, p, i).mul_(w))
+        delta = task_vector(t, p, i)
+        if w != 1.0:  # times 1 is exact: a pass saved
+            delta.mul_(w)
+        deltas.append(delta)
         weights.append(w)
     return deltas, weights
 
@@ -84,7 +87,7 @@ def merge_deltas(
     assert base is not None
     held = torch.tensor(list(weights), dtype=base.dtype, device=base.device)
     if elect:
-        positive = _total(deltas) >= 0
+        positive = _total(deltas, keep=True) >= 0
         # sign(d) == elected sign; zero (trimmed) entries never agree.
         agree = [torch.where(positive, d > 0, d < 0) for d in deltas]
         mixed = _total([d.mul_(a) for d, a in zip(deltas, agree, strict=True)])
@@ -101,16 +104,17 @@ def merge_deltas(
     return mixed.add_(base)
 
 
-def _total(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """``Σ t_i`` as torch sums the stacked tensors over their first axis, in a new
-    tensor. In float32 and float64 that is the sum in order from +0.0 (so -0.0 terms sum
-    to +0.0), done without the stacked copy; a 16-bit sum accumulates in float32 and
-    rounds once, so those are stacked."""
+def _total(tensors: Sequence[torch.Tensor], keep: bool = False) -> torch.Tensor:
+    """``Σ t_i`` as torch sums the stacked tensors over their first axis. In float32 and
+    float64 that is the sum in order from +0.0 (so -0.0 terms sum to +0.0), done without
+    the stacked copy, in ``tensors[0]`` unless ``keep`` (then in a new tensor); a 16-bit
+    sum accumulates in float32 and rounds once, so those are stacked (a new tensor)."""
     import torch
 
     if tensors[0].dtype.itemsize < 4:
         return torch.stack(list(tensors)).sum(dim=0)
-    out = torch.zeros_like(tensors[0])
-    for t in tensors:
+    # 0 + t_0, as torch's sum starts: t_0 itself but for -0.0, which becomes +0.0.
+    out = tensors[0].add(0.0) if keep else tensors[0].add_(0.0)
+    for t in tensors[1:]:
         out.add_(t)
     return out

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field
 
-from maec_core.methods._common import WeightParams
+from maec_core.methods._common import WeightParams, merge_deltas, weighted_deltas
 from maec_core.methods.base import Params, TensorCall, TensorMethod
 
 if TYPE_CHECKING:
@@ -46,24 +46,27 @@ class TaskArithmetic(TensorMethod):
         Op for op as mergekit 0.1.5, in the compute dtype: each delta times its weight,
         the weighted deltas summed, divided by the summed weights when normalising,
         times λ, added to the base. A recipe written for mergekit gives its bytes.
+        16-bit merges take the task-vector sum TIES and DARE share; float32, the
+        engine's streaming hot path, sums in place without its +0.0 start (below).
         """
-        assert call.base is not None
-        weights = [p.weight for p in call.model_params]
+        base = call.base
+        assert base is not None
         if not call.models:
-            return call.base
-        if call.base.dtype.itemsize < 4:
-            return _sixteen_bit(call, weights)
-        return _in_place(call, weights)
+            return base
+        if base.dtype.itemsize < 4:
+            return merge_deltas(call, *weighted_deltas(call, lambda t, _p, _i: t.sub_(base)),
+                                elect=False)
+        return _in_place(call, [p.weight for p in call.model_params])
 
 
 def _in_place(call: TensorCall, weights: list[float]) -> torch.Tensor:
     """The float32 (or float64) merge in the inputs' own buffers, the engine's streaming
-    path: no allocation per slice.
+    path: no allocation per slice, and one pass fewer than the shared sum.
 
     Summing in place in order is what torch's sum over the stacked deltas does in these
     dtypes, bit for bit, except that its sum starts at +0.0: a sum of negative zeros is
     +0.0 there and -0.0 here, which reaches the output only where the base is -0.0 and
-    every weighted delta is -0.0."""
+    every weighted delta is -0.0. Matching that would cost a pass over every slice."""
     import torch
 
     base = call.base
@@ -83,24 +86,3 @@ def _in_place(call: TensorCall, weights: list[float]) -> torch.Tensor:
     if call.params.lambda_ != 1:
         mixed.mul_(call.params.lambda_)
     return mixed.add_(base)
-
-
-def _sixteen_bit(call: TensorCall, weights: list[float]) -> torch.Tensor:
-    """A 16-bit merge: the deltas stacked and summed as mergekit does, since torch's
-    16-bit sum accumulates in float32 and rounds once (summing in place would round at
-    every step)."""
-    import torch
-
-    assert call.base is not None
-    base = call.base
-    deltas = torch.stack([m - base for m in call.models])
-    w = torch.tensor(weights, dtype=deltas.dtype, device=deltas.device)
-    w = w.reshape(-1, *([1] * base.dim()))
-    mixed = deltas.mul_(w).sum(dim=0)
-    if call.params.normalize:
-        divisor = w.sum(dim=0)
-        divisor[divisor.abs() < 1e-8] = 1
-        mixed /= divisor
-    if call.params.lambda_ != 1:
-        mixed *= call.params.lambda_
-    return base + mixed
