@@ -199,7 +199,8 @@ def _stream_units(run: LoopRun, unit: int, chunk: int, workers: int = 1) -> None
     scratch, out_free = _unit_buffers(run, tsize, unit, chunk, workers,
                                       WRITE_DEPTH + 1 + in_flight)
 
-    patch_at = run.patch_at if run.options.compute_dtype in (None, "float32") else None
+    # stream_merge leaves patch_at only to float32 merges.
+    patch_at = run.patch_at
 
     def work(planned: PlannedTensor, u: Unit, buf: torch.Tensor) -> None:
         """Compute unit ``u`` into ``buf`` (on a worker when ``workers`` > 1)."""

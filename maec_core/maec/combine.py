@@ -69,7 +69,6 @@ class Cosine:
         return float(torch.dot(a64, b64)) / (na * nb)
 
 
-
 class RowRemap:
     """Moves an artifact's key rows of the embedding and LM head from θ0's token order to
     θL's (same token string); rows of tokens θL lacks are dropped."""
@@ -261,7 +260,6 @@ class SparseAdder:
                 a, b = max(r0, offset), min(r0 + width, end)
                 out[a - offset: b - offset].add_(values[i, a - r0: b - r0], alpha=mu)
         return inputs[0]
-
 
     def patch(self, t: PlannedTensor, out: torch.Tensor, offset: int) -> None:
         """Add ``μ_k · R(A_k)`` to the key rows overlapping ``out``, the slice at
