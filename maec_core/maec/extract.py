@@ -566,9 +566,8 @@ def _store_keys(job: _Extraction, sink: _ArtifactSink, io: RowReader, t: Planned
         sink.write(t, idx, _masked_delta(job.gran, io, t, idx, job.ref_key, job.device))
         return
     rows = idx.cpu()
-    ref = io.read_rows(t.sources[job.ref_key], rows)
-    delta = io.read_rows(t.sources["ability"], rows).to(job.device, torch.float32)
-    stored = sink.write(t, idx, delta.sub_(ref.to(job.device, torch.float32)))
+    delta, ref = _row_delta(io, t, rows, job.ref_key, job.device)
+    stored = sink.write(t, idx, delta)
     base = ref if job.ref_key == "base" else io.read_rows(base_info, rows)
     lang = io.read_rows(lang_info, rows).float()
     # As selection computes it from the artifact: cos(R(A), (θL − θ0)) on the key rows.
@@ -583,6 +582,14 @@ def _masked_delta(gran: str, io: RowReader, t: PlannedTensor, idx: torch.Tensor,
         a = io.read(t.sources["ability"]).reshape(-1)[idx]
         r = io.read(t.sources[ref_key]).reshape(-1)[idx]
     else:
-        a = io.read_rows(t.sources["ability"], idx)
-        r = io.read_rows(t.sources[ref_key], idx)
+        return _row_delta(io, t, idx, ref_key, device)[0]
     return a.to(device, torch.float32).sub_(r.to(device, torch.float32))
+
+
+def _row_delta(io: RowReader, t: PlannedTensor, rows: torch.Tensor, ref_key: str,
+               device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(θA − θref in float32 on ``rows``, θref's rows as stored): the reference's rows
+    are returned for a caller that needs them again (c_t against θ0)."""
+    ref = io.read_rows(t.sources[ref_key], rows)
+    a = io.read_rows(t.sources["ability"], rows)
+    return a.to(device, torch.float32).sub_(ref.to(device, torch.float32)), ref
