@@ -14,6 +14,7 @@ Skipped only when Debian's ``chromium`` / ``chromedriver`` are not installed
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import os
 import shutil
@@ -94,16 +95,22 @@ def _wait(driver: WebDriver, timeout: float = 30) -> WebDriverWait[WebDriver]:
         NoSuchElementException, StaleElementReferenceException))
 
 
-def _text(driver: WebDriver, element_id: str) -> str:
+@contextlib.contextmanager
+def _through_reload() -> Iterator[None]:
+    """Chromium reports a node removed by the reload between the find and the read as
+    a generic inspector error, not as a stale element: raised as one, so the waits
+    above try again."""
     try:
-        return str(driver.find_element(By.ID, element_id).text)
+        yield
     except WebDriverException as exc:
-        # Chromium reports a node removed by the reload between the find and the read
-        # as a generic inspector error, not as a stale element: treat it as one, so
-        # the waits above try again.
         if "does not belong to the document" in (exc.msg or ""):
             raise StaleElementReferenceException(exc.msg) from exc
         raise
+
+
+def _text(driver: WebDriver, element_id: str) -> str:
+    with _through_reload():
+        return str(driver.find_element(By.ID, element_id).text)
 
 
 def _recipe(models: TinyModels, donor: Path | None = None) -> str:
@@ -167,13 +174,8 @@ def _watch_until_done(browser: WebDriver) -> None:
 
     def ended(d: WebDriver) -> bool:
         seen.add(_text(d, "status"))
-        try:
-            live = d.find_element(By.ID, "live")
-            return live.get_attribute("data-terminal") == "true"
-        except WebDriverException as exc:
-            if "does not belong to the document" in (exc.msg or ""):
-                return False
-            raise
+        with _through_reload():
+            return d.find_element(By.ID, "live").get_attribute("data-terminal") == "true"
 
     _wait(browser, JOB_TIMEOUT).until(ended)
     assert _text(browser, "status") == "succeeded", (seen, browser.page_source[-3000:])
