@@ -578,11 +578,10 @@ def _masked_delta(gran: str, io: RowReader, t: PlannedTensor, idx: torch.Tensor,
                   ref_key: str, device: torch.device) -> torch.Tensor:
     """θA − θref on the key positions, reading only those rows (rows) or tensors (element)."""
     idx = idx.cpu()
-    if gran == "element":
-        a = io.read(t.sources["ability"]).reshape(-1)[idx]
-        r = io.read(t.sources[ref_key]).reshape(-1)[idx]
-    else:
+    if gran != "element":
         return _row_delta(io, t, idx, ref_key, device)[0]
+    a = io.read(t.sources["ability"]).reshape(-1)[idx]
+    r = io.read(t.sources[ref_key]).reshape(-1)[idx]
     return a.to(device, torch.float32).sub_(r.to(device, torch.float32))
 
 
