@@ -2,10 +2,11 @@
 
 I/O plan (the cost of this stage is reading checkpoints):
 - ``granularity: row`` with delta importance (default): θ0 and θA stream through in
-  row blocks (two reused buffer sets, read-ahead thread) for the float32 row scores;
-  per tensor the key rows follow, then θA and θref (θ0 or θS) are read again on the key
-  rows only, about key_ratio of their bytes. ``rank_scope: global`` keeps the row scores
-  (4 bytes per row) across a first pass, then reads only key rows.
+  row blocks (a few reused buffer sets; on CPU two threads each read and score whole
+  blocks) for the float32 row scores; per tensor the key rows follow, then θA and θref
+  (θ0 or θS) are read again on the key rows only, about key_ratio of their bytes.
+  ``rank_scope: global`` keeps the row scores (4 bytes per row) across a first pass,
+  then reads only key rows.
 - ``granularity: element``: θ0 and θA a tensor at a time (prefetched); with
   ``rank_scope: global`` a radix select (``radix.py``) finds the global cut in a pass
   per 16-bit key digit (usually two) without holding the scores.
@@ -16,9 +17,12 @@ Memory is otherwise a few blocks or tensors, whatever the model size.
 
 from __future__ import annotations
 
+import collections
+import queue
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -96,14 +100,13 @@ class Scratch:
         return b[:n]
 
 
-def row_scores(a: torch.Tensor, b: torch.Tensor, scratch: Scratch | None = None,
-               helper: _Helper | None = None) -> torch.Tensor:
+def row_scores(a: torch.Tensor, b: torch.Tensor, scratch: Scratch | None = None
+               ) -> torch.Tensor:
     """Float32 ``mean_j |a[i, j] − b[i, j]|`` per row of ``a`` viewed as ``(shape[0], -1)``.
 
     The mean is the L1 norm of the row over its width (one fused reduction). On CPU the
     rows go through in cache-sized slices of whole rows (each row's reduction is the
-    same whatever the slice), on a GPU in one piece. With ``helper``, its thread scores
-    the second half of the slices meanwhile: the same reductions, on two cores.
+    same whatever the slice), on a GPU in one piece.
     """
     scratch = scratch or Scratch()
     a2, b2 = _rows2d(a), _rows2d(b)
@@ -115,34 +118,13 @@ def row_scores(a: torch.Tensor, b: torch.Tensor, scratch: Scratch | None = None,
         return norms.div_(width)
     out = torch.empty(rows, dtype=torch.float32)
     step = max(1, CHUNK_CPU // max(width, 1))
-    starts = list(range(0, rows, step))
-
-    def score(chunk_starts: list[int], mine: Scratch) -> None:
-        for r0 in chunk_starts:
-            r1 = min(rows, r0 + step)
-            n = (r1 - r0) * width
-            x = mine.buf(0, n, a.device).view(r1 - r0, width).copy_(a2[r0:r1])
-            y = mine.buf(1, n, a.device).view(r1 - r0, width).copy_(b2[r0:r1])
-            torch.linalg.vector_norm(x.sub_(y), 1, dim=1, out=out[r0:r1])
-
-    if helper is None or len(starts) < 2:
-        score(starts, scratch)
-    else:
-        half = len(starts) // 2
-        other = helper.pool.submit(score, starts[half:], helper.scratch)
-        try:
-            score(starts[:half], scratch)
-        finally:
-            other.result()
+    for r0 in range(0, rows, step):
+        r1 = min(rows, r0 + step)
+        n = (r1 - r0) * width
+        x = scratch.buf(0, n, a.device).view(r1 - r0, width).copy_(a2[r0:r1])
+        y = scratch.buf(1, n, a.device).view(r1 - r0, width).copy_(b2[r0:r1])
+        torch.linalg.vector_norm(x.sub_(y), 1, dim=1, out=out[r0:r1])
     return out.div_(width)
-
-
-@dataclass
-class _Helper:
-    """A second scoring thread and its own buffers."""
-
-    pool: ThreadPoolExecutor
-    scratch: Scratch
 
 
 def delta_scores(granularity: str, a: torch.Tensor, b: torch.Tensor,
@@ -160,8 +142,17 @@ def key_delta(granularity: str, a: torch.Tensor, ref: torch.Tensor, idx: torch.T
 
 
 # Elements per read block of the row-scoring stream (8 MB of bf16 per input): few
-# syscalls, and two blocks per input in memory whatever the tensor sizes.
+# syscalls, and a few blocks per input in memory whatever the tensor sizes.
 BLOCK_ELEMS = 1 << 22
+# On CPU, blocks are read and scored by this many threads, each taking a block end to
+# end (pread, float32 round trip, L1 reductions): both cores stay busy, where a reader
+# thread beside scoring split in halves left a third of them idle waiting on each other.
+CPU_SCORERS = 2
+# Blocks read or scored ahead of the oldest one not yet handed on (a buffer set each):
+# the scorers keep going while the caller stores a finished tensor's key rows.
+CPU_BLOCKS_AHEAD = 4
+
+_Block = tuple[int, int, int]  # (tensor position, first row, end row)
 
 
 def stream_row_scores(
@@ -171,27 +162,91 @@ def stream_row_scores(
     """(tensor, float32 mean |θA − θ0| per row) for each tensor, reading in row blocks.
 
     Whole rows are read in blocks of about ``BLOCK_ELEMS`` into buffers allocated once,
-    the next block on a thread while this one is scored, so memory is a few blocks
-    rather than a few tensors (the largest tensors, embeddings, are not candidates, but
-    an MLP matrix is 50-500 MB in float32). On a GPU a block is a whole tensor.
+    so memory is a few blocks rather than a few tensors (the largest tensors,
+    embeddings, are not candidates, but an MLP matrix is 50-500 MB in float32). On a GPU
+    a block is a whole tensor, read on a thread while the previous one is scored.
     """
-    plan: list[tuple[int, int, int]] = []  # (tensor position, first row, end row)
+    plan: list[_Block] = []
     for ti, t in enumerate(cands):
-        rows = t.shape[0] if t.shape else 1
+        rows = _rows_of(t)
         width = t.numel // max(rows, 1)
         step = rows if device.type != "cpu" else max(1, BLOCK_ELEMS // max(width, 1))
         plan += [(ti, r0, min(rows, r0 + step)) for r0 in range(0, rows, step)] or [(ti, 0, 0)]
-    biggest = max((r1 - r0) * (cands[ti].numel // max(cands[ti].shape[0], 1))
+    biggest = max((r1 - r0) * (cands[ti].numel // max(_rows_of(cands[ti]), 1))
                   for ti, r0, r1 in plan)
     itemsize = max(cands[0].sources[k].nbytes // max(cands[0].numel, 1) for k in keys)
+    sets = CPU_BLOCKS_AHEAD if device.type == "cpu" else 2
     bufs = [[torch.empty(biggest * itemsize, dtype=torch.uint8) for _ in keys]
-            for _ in range(2)]
-    io = RowReader()
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="maec-rows")
-    # Scoring is the slower half of this stream on CPU (a float32 round trip and an L1
-    # reduction per entry): a second thread shares it.
-    helper = (_Helper(ThreadPoolExecutor(max_workers=1, thread_name_prefix="maec-score"),
-                      Scratch()) if device.type == "cpu" else None)
+            for _ in range(sets)]
+    stream = _cpu_scores if device.type == "cpu" else _device_scores
+    with RowReader() as io:
+        for t, scores in stream(cands, plan, keys, bufs, io, device):
+            yield t, scores
+            tick()
+
+
+def _rows_of(t: PlannedTensor) -> int:
+    return t.shape[0] if t.shape else 1
+
+
+def _cpu_scores(cands: list[PlannedTensor], plan: list[_Block], keys: tuple[str, str],
+                bufs: list[list[torch.Tensor]], io: RowReader, device: torch.device
+                ) -> Iterator[tuple[PlannedTensor, torch.Tensor]]:
+    """The CPU stream: ``CPU_SCORERS`` threads each read and score whole blocks, handed
+    on in plan order, so tensors come out in order."""
+    free: queue.Queue[list[torch.Tensor]] = queue.Queue()
+    for held in bufs:
+        free.put(held)
+    local = threading.local()
+    scores: dict[int, torch.Tensor] = {}
+
+    def score(block: _Block, held: list[torch.Tensor]) -> None:
+        ti, r0, r1 = block
+        try:
+            if r1 > r0:
+                t = cands[ti]
+                a, b = (io.read_row_range(t.sources[k], r0, r1, held[i])
+                        for i, k in enumerate(keys))
+                if not hasattr(local, "scratch"):
+                    local.scratch = Scratch()
+                scores[ti][r0:r1] = row_scores(a, b, local.scratch)
+        finally:
+            free.put(held)
+
+    ahead: collections.deque[tuple[_Block, Future[None]]] = collections.deque()
+    pool = ThreadPoolExecutor(max_workers=CPU_SCORERS, thread_name_prefix="maec-score")
+
+    def oldest() -> tuple[PlannedTensor, torch.Tensor] | None:
+        """Wait for the oldest block; its tensor when that block was the last one."""
+        (ti, _, r1), fut = ahead.popleft()
+        fut.result()
+        return (cands[ti], scores.pop(ti)) if r1 == _rows_of(cands[ti]) else None
+
+    try:
+        for block in plan:
+            if block[1] == 0:
+                scores[block[0]] = torch.empty(_rows_of(cands[block[0]]), dtype=torch.float32)
+            while len(ahead) >= len(bufs):
+                done = oldest()
+                if done is not None:
+                    yield done
+            # Fewer blocks in flight than buffer sets, so one is free: a block returns
+            # its set before its future completes.
+            ahead.append((block, pool.submit(score, block, free.get())))
+        while ahead:
+            done = oldest()
+            if done is not None:
+                yield done
+    finally:
+        for _, fut in ahead:
+            fut.cancel()
+        pool.shutdown(wait=True)
+
+
+def _device_scores(cands: list[PlannedTensor], plan: list[_Block], keys: tuple[str, str],
+                   bufs: list[list[torch.Tensor]], io: RowReader, device: torch.device
+                   ) -> Iterator[tuple[PlannedTensor, torch.Tensor]]:
+    """The GPU stream: the next tensor is read on a thread while this one is scored."""
 
     def load(j: int) -> list[torch.Tensor]:
         ti, r0, r1 = plan[j]
@@ -200,6 +255,7 @@ def stream_row_scores(
                 for i, k in enumerate(keys)]
 
     scratch = Scratch()
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="maec-rows")
     try:
         fut = pool.submit(load, 0)
         scores: torch.Tensor | None = None
@@ -209,20 +265,15 @@ def stream_row_scores(
                 fut = pool.submit(load, j + 1)  # fills the other buffer set
             t = cands[ti]
             if r0 == 0:
-                scores = torch.empty(t.shape[0] if t.shape else 1, dtype=torch.float32,
-                                     device=device)
+                scores = torch.empty(_rows_of(t), dtype=torch.float32, device=device)
             assert scores is not None
             if r1 > r0:
-                scores[r0:r1] = row_scores(a.to(device), b.to(device), scratch, helper)
-            if r1 == (t.shape[0] if t.shape else 1):
+                scores[r0:r1] = row_scores(a.to(device), b.to(device), scratch)
+            if r1 == _rows_of(t):
                 yield t, scores
                 scores = None
-                tick()
     finally:
         pool.shutdown(wait=True)
-        if helper is not None:
-            helper.pool.shutdown(wait=True)
-        io.close()
 
 
 def _gather(granularity: str, t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:

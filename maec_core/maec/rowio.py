@@ -91,13 +91,23 @@ class RowReader:
         row_bytes = width * DTYPE_SIZES[info.dtype]
         idx = rows.tolist()
         buf = torch.empty(len(idx) * row_bytes, dtype=torch.uint8)
+        # Key rows are mostly apart, so this is a read per row, thousands per tensor:
+        # from a file, each is a pread into one view of the buffer (slicing a view costs
+        # far less than slicing the tensor and viewing the slice).
+        held = self._resident is not None and self._resident.span(info, 0, 0) is not None
+        fd = None if held else self._fd(info)
+        view = None if held else memoryview(buf.numpy().data).cast("B")
         i = 0
         while i < len(idx):
             # Coalesce a run of consecutive rows into one read.
             j = i + 1
             while j < len(idx) and idx[j] == idx[j - 1] + 1:
                 j += 1
-            self._fill(info, buf[i * row_bytes: j * row_bytes], idx[i] * row_bytes)
+            if fd is not None and view is not None:
+                self._pread_into(fd, view[i * row_bytes: j * row_bytes],
+                                 info.start + idx[i] * row_bytes, info)
+            else:
+                self._fill(info, buf[i * row_bytes: j * row_bytes], idx[i] * row_bytes)
             i = j
         got = buf.view(TORCH_DTYPES[info.dtype]).reshape(len(idx), width)
         return with_delta(info, got, self._read_stored, rows)
