@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup run test lint docs demo test-faults soak bench-engine bench-maec bench-api bench-conformance bench-gpu bench-fleet experiment experiment-smoke
+.PHONY: setup run test lint docs demo test-faults soak bench-engine bench-maec bench-api bench-conformance bench-gpu bench-fleet experiment experiment-smoke experiment-scale
 
 setup:
 	@bash scripts/setup.sh
@@ -104,6 +104,15 @@ experiment: setup
 	$(PY) -m experiments.transfer.run --full --seeds 2 & p2=$$!; \
 	$(PY) -m experiments.transfer.run --full --seeds 0 && wait $$p1 && wait $$p2
 	$(PY) -m experiments.transfer.run --full
+
+# MAEC's key_ratio curve at the experiment's model size and at one 4x larger (seed 0):
+# one process per size (one thread each; the larger trains for about half an hour), then
+# the table and docs/experiments/scale_key_ratio.png. The smaller size reuses the
+# checkpoints `make experiment` cached.
+experiment-scale: setup
+	$(PY) -m experiments.transfer.scale --size large & p=$$!; \
+	$(PY) -m experiments.transfer.scale --size small && wait $$p
+	$(PY) -m experiments.transfer.scale --report
 
 # One seed, small budget; the test asserts the stable facts, the second line prints the
 # RESULT line from the cache the test just filled.

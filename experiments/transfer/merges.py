@@ -211,6 +211,16 @@ def extvocab_recipes(cfg: Config, ck: Checkpoints, seed: int, val: EvalSpec
     }
 
 
+def key_ratio_sweep(theta0: Path, donor: Path, language: Path, val: EvalSpec,
+                    key_ratios: list[float], mus: list[float]) -> Swept:
+    """MAEC (delta importance, no control, every tensor kept by selection) over
+    ``key_ratio`` × ``mu``: the sparsity curve of one donor into one language base."""
+    return _swept({
+        "merge_method": "maec", "base_model": str(theta0), "language_base": str(language),
+        "abilities": [{"model": str(donor), "mu": 1.0}], "parameters": _maec_params()},
+        {"key_ratio": key_ratios, "mu": mus}, val)
+
+
 def maec_name(importance: str, control: bool) -> str:
     return f"maec_{importance}" + ("_ctrl" if control else "")
 

@@ -147,6 +147,20 @@ def checkpoints_base(cfg: Config, seed: int) -> Path:
     return trained(cfg, "theta0", seed, fresh, cfg.base, base_sampler(cfg), base_seed)
 
 
+def donor_a(cfg: Config, seed: int, data: SeedData, theta0: Path) -> Path:
+    """θA: θ0 fine-tuned on ability A's S word problems (loss on the answer)."""
+    return trained(cfg, "thetaA", seed, lambda: M.load(theta0), cfg.ability,
+                   ability_sampler(data.problems.train), 100 + seed)
+
+
+def language_base(cfg: Config, seed: int, target: str, theta0: Path) -> Path:
+    """θL (``target`` "T") or θL′ ("R"): θ0 fine-tuned on general text of the target."""
+    stage, offset = {"T": ("thetaL", 300), "R": ("thetaLR", 400)}[target]
+    n = cfg.seq_len - 2
+    return trained(cfg, stage, seed, lambda: M.load(theta0), cfg.language,
+                   lambda r: lang.general_document(r, target, n), offset + seed)
+
+
 def checkpoints(cfg: Config, seed: int, data: SeedData) -> Checkpoints:
     theta0 = checkpoints_base(cfg, seed)
 
@@ -154,14 +168,11 @@ def checkpoints(cfg: Config, seed: int, data: SeedData) -> Checkpoints:
         return M.load(theta0)
 
     n = cfg.seq_len - 2
-    thetaA = trained(cfg, "thetaA", seed, from_base, cfg.ability,
-                     ability_sampler(data.problems.train), 100 + seed)
+    thetaA = donor_a(cfg, seed, data, theta0)
     thetaS = trained(cfg, "thetaS", seed, from_base, cfg.control,
                      lambda r: lang.general_document(r, "S", n), 200 + seed)
-    thetaL = trained(cfg, "thetaL", seed, from_base, cfg.language,
-                     lambda r: lang.general_document(r, "T", n), 300 + seed)
-    thetaLR = trained(cfg, "thetaLR", seed, from_base, cfg.language,
-                      lambda r: lang.general_document(r, "R", n), 400 + seed)
+    thetaL = language_base(cfg, seed, "T", theta0)
+    thetaLR = language_base(cfg, seed, "R", theta0)
     # The second ability's donor: the same recipe as θA's on ability B's S items.
     thetaB = trained(cfg, "thetaB", seed, from_base, cfg.ability,
                      ability_sampler(data.comparisons.train), 500 + seed)
