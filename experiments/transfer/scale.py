@@ -53,14 +53,26 @@ MUS = list(FULL.sweep.mu)
 SCALE_VERSION = 1
 
 
+# The sizes compared: the experiment's, the 4× one on the same budgets, and the 4× one
+# with its two fine-tunes (θA, θL′) given twice the steps: on the same 400 steps the larger
+# donor did not learn the ability as well (S accuracy 0.67 against 0.99). θ0's budget is
+# the same for all three (its final loss matched the smaller θ0's).
+SIZES = ("small", "large", "large-ft2x")
+
+
 def config(size: str, debug: bool = False) -> Config:
     """The budgets of a size: the full run's (or, with ``debug``, the pipeline check's),
     at the experiment's model size or the 4× one. The names keep eval-set folders apart;
-    checkpoint keys depend on the size, not the name, so "small" shares the full run's."""
+    checkpoint keys depend on the size and budgets, not the name, so "small" shares the
+    full run's checkpoints and "large-ft2x" the 4× θ0."""
     cfg = DEBUG if debug else FULL
     if size == "small":
         return cfg
-    return replace(cfg, name=f"{cfg.name}-large", size=LARGE)
+    large = replace(cfg, name=f"{cfg.name}-{size}", size=LARGE)
+    if size == "large":
+        return large
+    return replace(large, ability=replace(cfg.ability, steps=2 * cfg.ability.steps),
+                   language=replace(cfg.language, steps=2 * cfg.language.steps))
 
 
 def best_per_key_ratio(rows: list[dict[str, Any]], objective: str = "target_acc"
@@ -142,7 +154,8 @@ def plot(results: dict[str, dict[str, Any]], chance: float, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    for (size, r), color in zip(results.items(), ("tab:blue", "tab:orange"), strict=False):
+    for (size, r), color in zip(results.items(), ("tab:blue", "tab:orange", "tab:green"),
+                                strict=False):
         xs = [p["key_ratio"] for p in r["curve"]]
         acc = [p["test"]["target_acc"] for p in r["curve"]]
         donor = r["singles"]["thetaA"]["target_acc"]
@@ -151,11 +164,13 @@ def plot(results: dict[str, dict[str, Any]], chance: float, path: Path) -> None:
         axes[0].axhline(donor, color=color, ls="-.", label=f"θA zero-shot, {size}")
         axes[0].axhline(r["singles"]["thetaL"]["target_acc"], color=color, ls=":",
                         label=f"θL′ alone, {size}")
-        axes[1].plot(xs, [a / donor if donor else float("nan") for a in acc], "o-",
-                     color=color, label=label)
+        axes[1].plot(xs, [p["test"]["target_ppl"] for p in r["curve"]], "o-", color=color,
+                     label=label)
+        axes[1].axhline(r["singles"]["thetaL"]["target_ppl"], color=color, ls=":")
     axes[0].axhline(chance, color="grey", ls=":", label="chance (uniform)")
     axes[0].set_ylabel("test T′ accuracy (μ chosen on validation)")
-    axes[1].set_ylabel("MAEC accuracy / θA zero-shot accuracy")
+    axes[1].set_ylabel("test T′ perplexity at that μ (dotted: θL′)")
+    axes[1].set_yscale("log")
     for ax in axes:
         ax.set_xscale("log")
         ax.set_xlabel("key_ratio")
@@ -170,9 +185,10 @@ def plot(results: dict[str, dict[str, Any]], chance: float, path: Path) -> None:
 def result_line(results: dict[str, dict[str, Any]]) -> str:
     fields = []
     for size, r in results.items():
-        fields.append(f"{size}_params={r['params']}")
-        fields.append(f"{size}_donor_acc={r['singles']['thetaA']['target_acc']:.3f}")
-        fields += [f"{size}_kr{p['key_ratio']}_acc={p['test']['target_acc']:.3f}"
+        tag = size.replace("-", "_")
+        fields.append(f"{tag}_params={r['params']}")
+        fields.append(f"{tag}_donor_acc={r['singles']['thetaA']['target_acc']:.3f}")
+        fields += [f"{tag}_kr{p['key_ratio']}_acc={p['test']['target_acc']:.3f}"
                    for p in r["curve"]]
     return "RESULT scale " + " ".join(fields)
 
@@ -180,7 +196,7 @@ def result_line(results: dict[str, dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     mode = ap.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--size", choices=("small", "large"))
+    mode.add_argument("--size", choices=SIZES)
     mode.add_argument("--report", action="store_true")
     ap.add_argument("--debug", action="store_true",
                     help="the pipeline check's budgets (seconds; the numbers mean nothing)")
@@ -193,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.size is not None:
             run_size(config(args.size, args.debug))
             return 0
-        results = {size: run_size(config(size, args.debug)) for size in ("small", "large")}
+        results = {size: run_size(config(size, args.debug)) for size in SIZES}
     out = args.out or (CACHE / "debug" / "scale" if args.debug
                        else ROOT / "docs" / "experiments")
     md = table(results)

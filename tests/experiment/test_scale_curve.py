@@ -26,8 +26,14 @@ def test_the_large_size_is_about_four_times_the_small_one() -> None:
     n = [sum(p.numel() for p in m.parameters()) for m in (small, large)]
     assert 3.5 < n[1] / n[0] < 4.5
     # Same budgets and data, another size: only the size (and the eval-set folder) differ.
-    assert config("large").base == config("small").base
-    assert config("large").n_train == config("small").n_train
+    small, large, ft2x = (config(s) for s in ("small", "large", "large-ft2x"))
+    assert (large.base, large.ability, large.n_train) == (small.base, small.ability,
+                                                          small.n_train)
+    # The third size shares the 4x θ0 and trains its fine-tunes for twice the steps.
+    assert ft2x.size == large.size and ft2x.base == large.base
+    assert ft2x.stage_key("theta0", 0) == large.stage_key("theta0", 0)
+    assert (ft2x.ability.steps, ft2x.language.steps) == (2 * small.ability.steps,
+                                                         2 * small.language.steps)
 
 
 def test_result_line_has_every_size_and_key_ratio() -> None:
@@ -35,8 +41,8 @@ def test_result_line_has_every_size_and_key_ratio() -> None:
         return {"params": params, "singles": {"thetaA": {"target_acc": 0.25}},
                 "curve": [{"key_ratio": k, "test": {"target_acc": 0.1}} for k in KEY_RATIOS]}
 
-    line = result_line({"small": size(1), "large": size(4)})
+    line = result_line({"small": size(1), "large": size(4), "large-ft2x": size(4)})
     assert line.startswith("RESULT scale small_params=1 small_donor_acc=0.250 ")
-    for s in ("small", "large"):
+    for s in ("small", "large", "large_ft2x"):
         for k in KEY_RATIOS:
             assert re.search(rf"\b{s}_kr{k}_acc=0\.100\b", line)
