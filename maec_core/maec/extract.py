@@ -141,9 +141,10 @@ def key_delta(granularity: str, a: torch.Tensor, ref: torch.Tensor, idx: torch.T
     return _gather(granularity, a, idx).float().sub_(_gather(granularity, ref, idx).float())
 
 
-# Elements per read block of the row-scoring stream (8 MB of bf16 per input): few
-# syscalls, and a few blocks per input in memory whatever the tensor sizes.
-BLOCK_ELEMS = 1 << 22
+# Elements per read block of the row-scoring stream (4 MB of bf16 per input): few
+# syscalls, and a few blocks per input in memory whatever the tensor sizes (on CPU the
+# buffer sets below hold 32 MB of bf16 in all).
+BLOCK_ELEMS = 1 << 21
 # On CPU, blocks are read and scored by this many threads, each taking a block end to
 # end (pread, float32 round trip, L1 reductions): both cores stay busy, where a reader
 # thread beside scoring split in halves left a third of them idle waiting on each other.
