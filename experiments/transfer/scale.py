@@ -3,7 +3,8 @@
 At the experiment's model size, MAEC at key_ratio 0.05 lost the ability that the dense
 settings carried (docs/experiments.md). This runs the same curve at that size and at one
 about 4× larger (hidden 384, 8 heads, MLP 1024: 3.9× the parameters), on the same data,
-with the same training budgets (steps, batch, learning rates) and seed 0. At each size:
+with the same training budgets (steps, batch, learning rates) and seed 0; the larger size
+also with its two fine-tunes at twice the steps (``large-ft2x``, see ``SIZES``). At each size:
 θ0, the ability donor θA and the T′ language base θL′ (cached under
 ``experiments/transfer/cache`` like the main run's, so the smaller size reuses what
 ``make experiment`` trained), then MAEC (delta importance, no control, every tensor kept
@@ -12,6 +13,7 @@ Per key_ratio the μ chosen on validation is scored on test.
 
     python -m experiments.transfer.scale --size small   # one size into the cache
     python -m experiments.transfer.scale --size large
+    python -m experiments.transfer.scale --size large-ft2x  # after large (its θ0)
     python -m experiments.transfer.scale --report       # table, plot, RESULT line
 """
 
@@ -200,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--report", action="store_true")
     ap.add_argument("--debug", action="store_true",
                     help="the pipeline check's budgets (seconds; the numbers mean nothing)")
-    ap.add_argument("--out", type=Path, default=None, help="where the table and plot go")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="where the plot goes (the table goes to the cache's results folder)")
     args = ap.parse_args(argv)
     from transformers.utils import logging as hf_logging
 

@@ -95,15 +95,15 @@ class RowReader:
         # from a file, each is a pread into one view of the buffer (slicing a view costs
         # far less than slicing the tensor and viewing the slice).
         held = self._resident is not None and self._resident.span(info, 0, 0) is not None
-        fd = None if held else self._fd(info)
-        view = None if held else memoryview(buf.numpy().data).cast("B")
+        direct = None if held else (self._fd(info), memoryview(buf.numpy().data).cast("B"))
         i = 0
         while i < len(idx):
             # Coalesce a run of consecutive rows into one read.
             j = i + 1
             while j < len(idx) and idx[j] == idx[j - 1] + 1:
                 j += 1
-            if fd is not None and view is not None:
+            if direct is not None:
+                fd, view = direct
                 self._pread_into(fd, view[i * row_bytes: j * row_bytes],
                                  info.start + idx[i] * row_bytes, info)
             else:
