@@ -59,7 +59,7 @@ class LocalArtifactStore:
             staging.mkdir()
             names = sorted(p.name for p in Path(folder).iterdir() if p.is_file())
             for name in [n for n in names if n != META_NAME] + [META_NAME]:
-                shutil.copyfile(Path(folder) / name, staging / name)
+                _link_or_copy(Path(folder) / name, staging / name)
             if final.exists():
                 shutil.rmtree(final)  # a leftover without metadata: incomplete
             os.rename(staging, final)
@@ -71,3 +71,16 @@ class LocalArtifactStore:
         finally:
             if staging.exists():
                 shutil.rmtree(staging, ignore_errors=True)
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    """``dst`` as a second name of ``src`` when both are on one filesystem, else a copy.
+
+    An artifact's files are never changed once written, so a hard link is as good as a
+    copy, and a one-run merge's artifact (hundreds of MB at 7B) is then stored without
+    reading or writing its bytes again."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        # Another filesystem, or one without hard links.
+        shutil.copyfile(src, dst)

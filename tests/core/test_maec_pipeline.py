@@ -182,6 +182,32 @@ def test_extract_store_combine_equals_one_run(tmp_path: Path) -> None:
     _same_folder(tmp_path / "one", tmp_path / "three")
 
 
+@pytest.mark.parametrize("links", [True, False], ids=["hard-link", "copy"])
+def test_store_keeps_the_artifact_after_its_folder_is_removed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, links: bool) -> None:
+    """The local store links the files when it can and copies them when it cannot: either
+    way the stored artifact outlives the extraction's folder, byte for byte."""
+    if not links:
+        def no_link(src: object, dst: object) -> None:
+            raise OSError(18, "Invalid cross-device link")
+
+        monkeypatch.setattr("maec_core.maec.store.os.link", no_link)
+    base, ability, lang = planted(tmp_path, torch.bfloat16)
+    r = maec_recipe(base, lang, [{"model": str(ability)}], key_ratio=KEY_RATIO)
+    ex = extract(r, 0, tmp_path / "artifact")
+    before = {p.name: p.read_bytes() for p in ex.folder.iterdir()}
+    store = LocalArtifactStore(tmp_path / "store")
+    store.put(ex.key, ex.folder)
+    got = store.get(ex.key)
+    assert got is not None
+    src_inode = (ex.folder / "ability.safetensors").stat().st_ino
+    assert ((got / "ability.safetensors").stat().st_ino == src_inode) is links
+    shutil.rmtree(ex.folder)
+    assert {p.name: p.read_bytes() for p in got.iterdir()} == before
+    combine(r, [got], tmp_path / "merged")
+    assert (tmp_path / "merged" / "model.safetensors").is_file()
+
+
 @pytest.mark.parametrize("params", [{"selection_ratio": 0.5},
                                     {"selection_ratio": 0.5, "importance_control": True},
                                     {"selection_ratio": 0.5, "rank_scope": "global"}],
