@@ -248,6 +248,43 @@ def folder_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.glob("*.safetensors"))
 
 
+def io_phases_cmd(phases: Sequence[Sequence[Path]], out_file: Path, out_bytes: int
+                  ) -> list[str]:
+    """A command that reads the weight files of each phase's folders, one phase after
+    the other, writing ``out_bytes`` to ``out_file`` on a second thread during the last.
+
+    The I/O of a merge without its math or hashing: task arithmetic reads its three inputs
+    while its output is written (one phase); MAEC must read θ0 and θA in full before any
+    output byte is known, then reads θL while writing (two phases). A disk that reads and
+    writes at once faster than it reads alone makes the second order slower.
+    """
+    groups = [[str(p) for f in phase for p in sorted(f.glob("*.safetensors"))]
+              for phase in phases]
+    code = (
+        "import json, sys, threading\n"
+        "out, size, groups = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])\n"
+        "def read(files):\n"
+        "    buf = bytearray(16 << 20)\n"
+        "    for name in files:\n"
+        "        with open(name, 'rb', buffering=0) as f:\n"
+        "            while f.readinto(buf):\n"
+        "                pass\n"
+        "def write():\n"
+        "    view = memoryview(bytearray(16 << 20))\n"
+        "    with open(out, 'wb', buffering=0) as f:\n"
+        "        left = size\n"
+        "        while left:\n"
+        "            left -= f.write(view[:min(left, len(view))])\n"
+        "for files in groups[:-1]:\n"
+        "    read(files)\n"
+        "w = threading.Thread(target=write)\n"
+        "w.start()\n"
+        "read(groups[-1])\n"
+        "w.join()\n"
+    )
+    return [sys.executable, "-c", code, str(out_file), str(out_bytes), json.dumps(groups)]
+
+
 def io_floor_cmd(inputs: Sequence[Path], out_file: Path, out_bytes: int) -> list[str]:
     """A command that reads every input file once and writes ``out_bytes`` to ``out_file``.
 

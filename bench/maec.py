@@ -7,7 +7,10 @@ one run, as fresh subprocesses on CPU, interleaved, medians of ``--runs``:
 - ``full``: ``maec_core.run.run`` with ``importance: delta`` and an empty artifact store
   (extraction + combination);
 - ``combine``: ``combine`` from the artifact extracted once during warm-up;
-- ``ta``: the engine's task arithmetic on the same inputs, ``θ0 + (θA − θ0) + (θL − θ0)``.
+- ``ta``: the engine's task arithmetic on the same inputs, ``θ0 + (θA − θ0) + (θL − θ0)``;
+- ``floor-ta`` and ``floor-maec``: each method's I/O alone (``bench.common.io_phases_cmd``):
+  the three inputs read while an output-sized file is written, against θ0 and θA read
+  first and then θL read while it is written, the order MAEC's result depends on.
 
 Then ``importance: gradient`` on a small model: tokens per second of the gradient pass,
 beside the forward+backward throughput of the same model and batches in plain
@@ -17,6 +20,7 @@ transformers, measured in the same process.
 
 Ends with exactly one line:
 RESULT maec full_vs_ta=… combine_vs_ta=… artifact_ratio=… rss_ratio_vs_ta=…
+floor_maec_vs_ta=…
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from bench.common import (
     folder_bytes,
     fresh_dir,
     interleaved,
+    io_phases_cmd,
     measure,
     measured_runs,
     median,
@@ -195,7 +200,7 @@ def main() -> None:
     recipes = {"maec": WORK / "maec.yaml", "ta": WORK / "ta.yaml"}
     recipes["maec"].write_text(yaml.safe_dump(maec_recipe(folders)))
     recipes["ta"].write_text(yaml.safe_dump(ta_recipe(folders)))
-    out, artifact = WORK / "out", WORK / "artifact"
+    out, artifact, floor = WORK / "out", WORK / "artifact", WORK / "floor.bin"
     model_bytes = folder_bytes(folders[0])
     print(f"θ0/θA/θL: {model_bytes / 1e9:.2f} GB each ({shape.params() / 1e9:.2f}B params, "
           f"bf16); key_ratio {KEY_RATIO}", flush=True)
@@ -206,9 +211,11 @@ def main() -> None:
         "full": [*me, "full", str(recipes["maec"]), str(out)],
         "combine": [*me, "combine", str(recipes["maec"]), str(out), str(artifact)],
         "ta": [*me, "ta", str(recipes["ta"]), str(out)],
+        "floor-ta": io_phases_cmd([folders], floor, model_bytes),
+        "floor-maec": io_phases_cmd([folders[:2], folders[2:]], floor, model_bytes),
     }
 
-    run = measured_runs(commands, env, [out])
+    run = measured_runs(commands, env, [out, floor])
 
     # Warm-up, not counted: pulls inputs into the page cache, hashes them once (the
     # stat-keyed cache then serves every run, as in service use), extracts the artifact.
@@ -228,14 +235,15 @@ def main() -> None:
     wall = {k: median([m.wall for m in v]) for k, v in results.items()}
     rss = {k: median([m.rss for m in v]) for k, v in results.items()}
     for k in commands:
-        print(f"median {k:8s}   wall {wall[k]:6.2f} s  rss {rss[k] / 1e9:5.2f} GB")
+        print(f"median {k:10s} wall {wall[k]:6.2f} s  rss {rss[k] / 1e9:5.2f} GB")
     if not args.no_gradient:
         print(gradient_bench(), flush=True)
     shutil.rmtree(WORK, ignore_errors=True)
     print(f"RESULT maec full_vs_ta={wall['full'] / wall['ta']:.3f} "
           f"combine_vs_ta={wall['combine'] / wall['ta']:.3f} "
           f"artifact_ratio={art_bytes / model_bytes:.4f} "
-          f"rss_ratio_vs_ta={rss['full'] / rss['ta']:.3f}")
+          f"rss_ratio_vs_ta={rss['full'] / rss['ta']:.3f} "
+          f"floor_maec_vs_ta={wall['floor-maec'] / wall['floor-ta']:.3f}")
 
 
 if __name__ == "__main__":
