@@ -255,26 +255,28 @@ def io_phases_cmd(phases: Sequence[Sequence[Path]], out_file: Path, out_bytes: i
 
     The I/O of a merge without its math or hashing: task arithmetic reads its three inputs
     while its output is written (one phase); MAEC must read θ0 and θA in full before any
-    output byte is known, then reads θL while writing (two phases). A disk that reads and
-    writes at once faster than it reads alone makes the second order slower.
+    output byte is known, then reads θL while writing (two phases). On a disk that reads
+    and writes together faster than it reads alone, the second order costs more; timing
+    both says whether this disk is one. Plain Python file I/O in 16 MB blocks through one
+    buffer (its bytes do not matter), no math, no hashing, no fsync.
     """
     groups = [[str(p) for f in phase for p in sorted(f.glob("*.safetensors"))]
               for phase in phases]
     code = (
         "import json, sys, threading\n"
         "out, size, groups = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])\n"
+        "buf = bytearray(16 << 20)\n"
+        "view = memoryview(buf)\n"
         "def read(files):\n"
-        "    buf = bytearray(16 << 20)\n"
         "    for name in files:\n"
         "        with open(name, 'rb', buffering=0) as f:\n"
         "            while f.readinto(buf):\n"
         "                pass\n"
         "def write():\n"
-        "    view = memoryview(bytearray(16 << 20))\n"
         "    with open(out, 'wb', buffering=0) as f:\n"
         "        left = size\n"
         "        while left:\n"
-        "            left -= f.write(view[:min(left, len(view))])\n"
+        "            left -= f.write(view[:min(left, len(buf))])\n"
         "for files in groups[:-1]:\n"
         "    read(files)\n"
         "w = threading.Thread(target=write)\n"
@@ -291,19 +293,5 @@ def io_floor_cmd(inputs: Sequence[Path], out_file: Path, out_bytes: int) -> list
     The least any merge must do: plain Python file I/O in 16 MB blocks, no math, no
     hashing, no fsync (neither engine syncs).
     """
-    files = [str(p) for f in inputs for p in sorted(f.glob("*.safetensors"))]
-    code = (
-        "import sys\n"
-        "buf = bytearray(16 << 20)\n"
-        "view = memoryview(buf)\n"
-        "out, size, files = sys.argv[1], int(sys.argv[2]), sys.argv[3:]\n"
-        "for name in files:\n"
-        "    with open(name, 'rb', buffering=0) as f:\n"
-        "        while f.readinto(buf):\n"
-        "            pass\n"
-        "with open(out, 'wb', buffering=0) as f:\n"
-        "    left = size\n"
-        "    while left:\n"
-        "        left -= f.write(view[:min(left, len(buf))])\n"
-    )
-    return [sys.executable, "-c", code, str(out_file), str(out_bytes), *files]
+    # Every read first, then the write beside an empty last phase.
+    return io_phases_cmd([inputs, []], out_file, out_bytes)
