@@ -27,7 +27,9 @@ class ArtifactStore(Protocol):
         ...
 
     def put(self, key: str, folder: Path) -> None:
-        """Keep the artifact in ``folder`` under ``key`` (the folder stays the caller's)."""
+        """Keep the artifact in ``folder`` under ``key`` (the folder stays the caller's,
+        to remove when it likes; a store may link its files rather than copy them, so
+        they are never rewritten in place)."""
         ...
 
 
