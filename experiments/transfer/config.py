@@ -145,7 +145,7 @@ CODE_VERSION = 3
 # The same for the stages added since, one by one: θB (ability B) and θL′x (T′x).
 STAGE_CODE = {"thetaB": 2, "thetaLX": 1}
 # Bump when evaluation or merge code changes (invalidates cached results, not checkpoints).
-EVAL_VERSION = 4
+EVAL_VERSION = 5
 
 FULL = Config(name="full", seeds=(0, 1, 2))
 

@@ -252,8 +252,11 @@ def eval_files(cfg: Config, seed: int, data: SeedData) -> EvalFiles:
             # mean of the two abilities' accuracies.
             pooled = acc("target_acc_ab", target, "pooled", [*problems, *comps])
             specs[(target, split, "B")] = E.spec(tacc_b, ppl, *([src_b] if test else []))
-            specs[(target, split, "AB")] = E.spec(pooled, tacc, tacc_b, ppl,
-                                                  *([src, src_b] if test else []))
+            # On validation the pooled set (the sweep's objective) and perplexity (its
+            # constraint) only: the pooled items are both abilities' items, so scoring
+            # each ability's set as well would generate every answer twice.
+            specs[(target, split, "AB")] = E.spec(pooled, *([tacc, tacc_b] if test else []),
+                                                  ppl, *([src, src_b] if test else []))
             specs[(target, split, "single")] = E.spec(tacc, tacc_b, pooled, ppl, src, src_b)
     return EvalFiles(specs)
 

@@ -2,19 +2,18 @@
 
 At the experiment's model size, MAEC at key_ratio 0.05 lost the ability that the dense
 settings carried (docs/experiments.md). This runs the same curve at that size and at one
-about 4× larger (hidden 384, 8 heads, MLP 1024: 3.9× the parameters), on the same data,
-with the same training budgets (steps, batch, learning rates) and seed 0; the larger size
-also with its two fine-tunes at twice the steps (``large-ft2x``, see ``SIZES``). At each size:
-θ0, the ability donor θA and the T′ language base θL′ (cached under
-``experiments/transfer/cache`` like the main run's, so the smaller size reuses what
-``make experiment`` trained), then MAEC (delta importance, no control, every tensor kept
-by selection) swept over key_ratio × μ on T′ validation by the project's sweep library.
-Per key_ratio the μ chosen on validation is scored on test.
+about 4× larger (hidden 384, 8 heads, MLP 1024: 3.9× the parameters), on the same data
+and seed 0, θ0 on the same budget and the larger size's two fine-tunes at twice the steps
+(``large-ft2x``, see ``SIZES``). At each size: θ0, the ability donor θA and the T′
+language base θL′ (cached under ``experiments/transfer/cache`` like the main run's, so
+the smaller size reuses what the main run's seed 0 trained), then MAEC (delta importance,
+no control, every tensor kept by selection) swept over key_ratio × μ on T′ validation by
+the project's sweep library. Per key_ratio the μ chosen on validation is scored on test.
+``make experiment`` runs both sizes beside the main run.
 
-    python -m experiments.transfer.scale --size small   # one size into the cache
-    python -m experiments.transfer.scale --size large
-    python -m experiments.transfer.scale --size large-ft2x  # after large (its θ0)
-    python -m experiments.transfer.scale --report       # table, plot, RESULT line
+    python -m experiments.transfer.scale --size large-ft2x  # the 4× size, θ0 included
+    python -m experiments.transfer.scale --size small       # after the main run's seed 0
+    python -m experiments.transfer.scale --report           # table, plot, RESULT line
 """
 
 from __future__ import annotations
@@ -55,18 +54,19 @@ MUS = list(FULL.sweep.mu)
 SCALE_VERSION = 1
 
 
-# The sizes compared: the experiment's, the 4× one on the same budgets, and the 4× one
-# with its two fine-tunes (θA, θL′) given twice the steps: on the same 400 steps the larger
-# donor did not learn the ability as well (S accuracy 0.67 against 0.99). θ0's budget is
-# the same for all three (its final loss matched the smaller θ0's).
-SIZES = ("small", "large", "large-ft2x")
+# The sizes compared: the experiment's, and the 4× one with its two fine-tunes (θA, θL′)
+# given twice the steps. On the same 400 steps (``config("large")``, the 4× size on the
+# smaller one's budgets) the larger donor learned the ability less well (S accuracy 0.67
+# against 0.99). θ0's budget is the same for both (its final loss matched the smaller θ0's).
+SIZES = ("small", "large-ft2x")
 
 
 def config(size: str, debug: bool = False) -> Config:
-    """The budgets of a size: the full run's (or, with ``debug``, the pipeline check's),
-    at the experiment's model size or the 4× one. The names keep eval-set folders apart;
-    checkpoint keys depend on the size and budgets, not the name, so "small" shares the
-    full run's checkpoints and "large-ft2x" the 4× θ0."""
+    """The budgets of a size ("small", "large" or "large-ft2x"): the full run's (or, with
+    ``debug``, the pipeline check's), at the experiment's model size or the 4× one. The
+    names keep eval-set folders apart; checkpoint keys depend on the size and budgets, not
+    the name, so "small" shares the full run's checkpoints and "large-ft2x" the θ0 of
+    "large"."""
     cfg = DEBUG if debug else FULL
     if size == "small":
         return cfg
