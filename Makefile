@@ -101,7 +101,8 @@ soak: setup
 # the longest sequential path) runs at normal priority from the start. The main one trains
 # θ0 beside it, then runs the three seeds as processes at lower priority (they take the
 # other core and what the 4x chain leaves), then the smaller size's curve from seed 0's
-# checkpoints. Both reports are read from the cache.
+# checkpoints. Both reports are read from the cache. A failure in the main chain stops the
+# 4x one.
 experiment: setup
 	$(PY) -m experiments.transfer.scale --size large-ft2x & big=$$!; \
 	{ $(PY) -m experiments.transfer.run --full --base-only && \
@@ -110,7 +111,7 @@ experiment: setup
 	    nice -n 10 $(PY) -m experiments.transfer.run --full --seeds 0 && \
 	    nice -n 10 $(PY) -m experiments.transfer.scale --size small && \
 	    wait $$p1 && wait $$p2; }; }; \
-	rc=$$?; wait $$big && exit $$rc
+	rc=$$?; [ $$rc -eq 0 ] || kill $$big 2>/dev/null; wait $$big && exit $$rc
 	$(PY) -m experiments.transfer.run --full
 	$(PY) -m experiments.transfer.scale --report
 
