@@ -11,6 +11,8 @@
 - ``default_api_port_taken`` (function): 127.0.0.1:8000 listened on while the test runs,
   as another ``make run`` would; every test also fails if it connected to a well-known
   port (8000, 6379, SeaweedFS's) on loopback (``tests/ports.py``).
+- The experiment smoke test's run starts in the background as soon as collection selects
+  that test, which then runs last (``tests/smoke_experiment.py``).
 - ``test_device`` (session): the device the core's device-dependent tests merge on,
   ``MAEC_TEST_DEVICE`` (``cpu`` by default; ``cuda`` runs them on the GPU and skips
   them where there is none).
@@ -28,10 +30,34 @@ from typing import Any
 
 import pytest
 
-from tests import ports
+from tests import ports, smoke_experiment
 from tests.stack import RedisServer, S3Server, Stack, stack_context
 
 _DBS = itertools.cycle(range(1, 16))
+
+
+def _is_smoke_test(item: pytest.Item) -> bool:
+    return (item.name == smoke_experiment.TEST_NAME
+            and item.nodeid.startswith(smoke_experiment.TEST_FILE))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # The smoke test waits for a run started at the beginning of the session: last, it
+    # finds that run (nearly) done instead of blocking the tests behind it.
+    items.sort(key=_is_smoke_test)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if session.config.option.collectonly:
+        return
+    if any(_is_smoke_test(item) for item in session.items):
+        smoke_experiment.started = smoke_experiment.SmokeRun(smoke_experiment.NICENESS)
+
+
+def pytest_sessionfinish() -> None:
+    if smoke_experiment.started is not None:
+        smoke_experiment.started.stop()
+        smoke_experiment.started = None
 
 
 @pytest.fixture(scope="session", autouse=True)

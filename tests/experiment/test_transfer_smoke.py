@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests import smoke_experiment
+
 RESULT = re.compile(
     r"^RESULT transfer maec_target_acc=(?P<maec>[0-9.]+) langbase_target_acc=(?P<lang>[0-9.]+) "
     r"ta_target_acc=(?P<ta>[0-9.]+) layerswap_target_acc=(?P<ls>[0-9.]+) "
@@ -43,18 +41,24 @@ def _approx(field: str, value: float | None) -> None:
 
 @pytest.mark.experiment
 @pytest.mark.timeout(1800)
-def test_transfer_smoke(tmp_path: Path) -> None:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.run(
-        [sys.executable, "-m", "experiments.transfer.run", "--smoke", "--out", str(tmp_path)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1750, check=False)
+def test_transfer_smoke() -> None:
+    # Started by conftest when the session began (see tests/smoke_experiment.py), or here.
+    run = smoke_experiment.started or smoke_experiment.SmokeRun()
+    try:
+        _check(run.wait(timeout=1750), run.out)
+    finally:
+        if run is not smoke_experiment.started:
+            run.stop()
+
+
+def _check(proc: smoke_experiment.Finished, out: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     match = RESULT.search(proc.stdout)
     assert match, proc.stdout[-3000:]
     # The RESULT line is the test's report; print it whether or not pytest captures.
     print(match.group(0))
 
-    res = json.loads((tmp_path / "results.json").read_text())
+    res = json.loads((out / "results.json").read_text())
     targets = res["seeds"][0]["targets"]
     uniform, _majority = res["chance"]
     test = {k: v["test"] for k, v in targets["T"]["methods"].items()}
