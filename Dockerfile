@@ -17,6 +17,9 @@ WORKDIR /srv
 
 # ---- build stages: a virtualenv each, copied into slim run stages ----
 FROM base AS build-cpu
+# A C compiler for MAEC's row-score kernel (maec_core/native), in the build stages only.
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
 RUN pip install "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu
 COPY pyproject.toml README.md ./
 COPY maec_client maec_client
@@ -26,8 +29,12 @@ COPY app app
 COPY worker worker
 RUN pip install ./maec_client
 RUN pip install .
+# Built into the installed package, which the run stage copies with the virtualenv.
+RUN python -m maec_core.native
 
 FROM base AS build-cuda
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
 RUN pip install "torch==2.13.0"
 COPY pyproject.toml README.md ./
 COPY maec_client maec_client
@@ -37,6 +44,8 @@ COPY app app
 COPY worker worker
 RUN pip install ./maec_client
 RUN pip install .
+# Built into the installed package, which the run stage copies with the virtualenv.
+RUN python -m maec_core.native
 
 # ---- run stages ----
 FROM base AS api

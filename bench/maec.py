@@ -8,6 +8,8 @@ one run, as fresh subprocesses on CPU, interleaved, medians of ``--runs``:
   (extraction + combination);
 - ``combine``: ``combine`` from the artifact extracted once during warm-up;
 - ``ta``: the engine's task arithmetic on the same inputs, ``θ0 + (θA − θ0) + (θL − θ0)``;
+- ``full-torch`` (when ``maec_core.native`` is built): ``full`` with its row scores
+  through torch (``MAEC_NATIVE=0``), the same bytes without the compiled kernel;
 - ``floor-ta`` and ``floor-maec``: each method's I/O alone (``bench.common.io_phases_cmd``):
   the three inputs read while an output-sized file is written, against θ0 and θA read
   first and then θL read while it is written, the order MAEC's result depends on.
@@ -18,7 +20,7 @@ transformers, measured in the same process.
 
     .venv/bin/python -m bench.maec [--runs 3] [--small | --shape 7b]
 
-Ends with exactly one line:
+Ends with a line giving ``full-torch``'s ratio (when it ran), then exactly one line:
 RESULT maec full_vs_ta=… combine_vs_ta=… artifact_ratio=… rss_ratio_vs_ta=…
 floor_maec_vs_ta=…
 """
@@ -49,6 +51,7 @@ from bench.common import (
     median,
 )
 from bench.engine import ensure_models, family, family_parser
+from maec_core import native
 from maec_core.context import RunContext
 
 WORK = CACHE / "maec-work"
@@ -214,6 +217,9 @@ def main() -> None:
         "floor-ta": io_phases_cmd([folders], floor, model_bytes),
         "floor-maec": io_phases_cmd([folders[:2], folders[2:]], floor, model_bytes),
     }
+    if native.available():
+        # The same merge with row scores through torch: what the compiled kernel saves.
+        commands["full-torch"] = ["env", "MAEC_NATIVE=0", *commands["full"]]
 
     run = measured_runs(commands, env, [out, floor])
 
@@ -239,6 +245,9 @@ def main() -> None:
     if not args.no_gradient:
         print(gradient_bench(), flush=True)
     shutil.rmtree(WORK, ignore_errors=True)
+    if "full-torch" in wall:
+        print(f"row scores through torch (MAEC_NATIVE=0): full_vs_ta="
+              f"{wall['full-torch'] / wall['ta']:.3f}")
     print(f"RESULT maec full_vs_ta={wall['full'] / wall['ta']:.3f} "
           f"combine_vs_ta={wall['combine'] / wall['ta']:.3f} "
           f"artifact_ratio={art_bytes / model_bytes:.4f} "

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One-time set-up on a fresh machine: a virtualenv with the pinned dependencies, a
 # redis-server binary (Debian's) for the local run and the tests, Debian's jq for the
-# README's first job, and Debian's chromium with its driver for the /ui browser tests.
+# README's first job, Debian's chromium with its driver for the /ui browser tests, and
+# Debian's gcc for the compiled row-score kernel (maec_core/native).
 # Idempotent and quick when nothing changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,3 +45,13 @@ if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null
     sudo apt-get update -qq && sudo apt-get install -y -qq chromium chromium-driver >/dev/null
   fi
 fi
+if ! command -v cc >/dev/null 2>&1; then
+  echo "setup: no C compiler; installing Debian's gcc (MAEC's row-score kernel)" >&2
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && apt-get install -y -qq gcc libc6-dev >/dev/null
+  else
+    sudo apt-get update -qq && sudo apt-get install -y -qq gcc libc6-dev >/dev/null
+  fi
+fi
+# Built next to its source, named by its digest: a no-op when it is up to date.
+.venv/bin/python -m maec_core.native

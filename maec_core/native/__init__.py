@@ -1,0 +1,95 @@
+"""Compiled helpers for the CPU's hottest loop, loaded with ctypes when built.
+
+``l1rows.c`` computes MAEC's row scores (the L1 norm of each row of θA − θ0) bit for bit
+as torch does, several times faster (see the file's comment for how and why). It is a
+plain shared library, not a Python extension: ``python -m maec_core.native`` (run by
+``make setup`` and the worker image's build) compiles it with the system C compiler next
+to this file, named by the source's digest so that a stale build is never loaded.
+
+Nothing depends on it: without a compiler, or with ``MAEC_NATIVE=0``, :func:`l1_rows`
+answers None and callers use torch, with identical results.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shlex
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("l1rows.c")
+# The kernel's dtype codes (the enum in l1rows.c).
+_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+
+def library_path() -> Path:
+    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+    return SOURCE.with_name(f"_l1rows-{digest}.so")
+
+
+def build(cc: str | None = None) -> Path:
+    """Compile the library (atomically: a reader never sees half a file); its path.
+
+    Raises ``OSError`` when there is no compiler and ``CalledProcessError`` when it fails.
+    """
+    target = library_path()
+    compiler = shlex.split(cc or os.environ.get("CC") or "cc")
+    fd, tmp = tempfile.mkstemp(prefix=".l1rows-", suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        # -O2 and no -march: the AVX2 path is chosen at run time, so one build serves
+        # any x86-64 CPU (the image may be built on another machine than it runs on).
+        subprocess.run([*compiler, "-O2", "-fPIC", "-shared", "-o", tmp, str(SOURCE), "-lm"],
+                       check=True, capture_output=True, text=True)
+        os.replace(tmp, target)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    _library.cache_clear()
+    return target
+
+
+@functools.cache
+def _library() -> tuple[ctypes.CDLL, int] | None:
+    if os.environ.get("MAEC_NATIVE", "1") == "0":
+        return None
+    path = library_path()
+    if not path.is_file():
+        return None
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError:
+        # Built for another platform (a copied tree): torch serves instead.
+        return None
+    lib.maec_l1_simd.restype = ctypes.c_int
+    lib.maec_l1_rows.restype = ctypes.c_int
+    lib.maec_l1_rows.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                                 ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+    return lib, int(lib.maec_l1_simd())
+
+
+def available() -> bool:
+    return _library() is not None
+
+
+def l1_rows(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
+    """float32 ``vector_norm(x.float() - y.float(), 1, dim=1)`` of two 2-D tensors, bit
+    for bit, or None when the library cannot take them (not built, not CPU, dtypes that
+    differ or that this CPU's path lacks, a non-contiguous layout)."""
+    loaded = _library()
+    if (loaded is None or x.device.type != "cpu" or y.device.type != "cpu"
+            or x.dim() != 2 or x.shape != y.shape or x.dtype != y.dtype
+            or x.dtype not in _DTYPES or not x.is_contiguous() or not y.is_contiguous()):
+        return None
+    lib, simd = loaded
+    rows, width = x.shape
+    out = torch.empty(rows, dtype=torch.float32)
+    # ctypes releases the GIL for the call, so scoring threads run it side by side.
+    rc = lib.maec_l1_rows(simd, _DTYPES[x.dtype], x.data_ptr(), y.data_ptr(), rows, width,
+                          out.data_ptr())
+    return out if rc == 0 else None
