@@ -20,6 +20,7 @@ import contextlib
 import hashlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -49,17 +50,25 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# Where free_port_pair draws from: both p and p + 10000 below Linux's ephemeral range
+# (32768 and up), which outgoing connections take their source ports from. A port drawn
+# there can be taken by any test's client connection before SeaweedFS binds it, seconds
+# later (its filer starts last): that failed every S3 test of a session once.
+_PAIR_PORTS = range(12000, 22768)
+
+
 def free_port_pair(offset: int = 10000) -> int:
-    """A port p with p + offset also free (SeaweedFS puts gRPC at +10000)."""
+    """A port p with p + offset also free (SeaweedFS puts gRPC at +10000), both outside
+    the ephemeral range."""
     for _ in range(200):
-        p = free_port()
-        if p + offset < 65536:
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", p + offset))
-                except OSError:
-                    continue
-            return p
+        p = random.choice(_PAIR_PORTS)
+        with socket.socket() as a, socket.socket() as b:
+            try:
+                a.bind(("127.0.0.1", p))
+                b.bind(("127.0.0.1", p + offset))
+            except OSError:
+                continue
+        return p
     raise RuntimeError("no free port pair")
 
 
@@ -209,7 +218,25 @@ class S3Server:
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 60) -> S3Server:
+    def start(self, timeout: float = 60, attempts: int = 3) -> S3Server:
+        """Start (or restart, on the same S3 port and data) and wait for the bucket. When
+        weed exits because one of its inner ports was taken meanwhile, try again with
+        others."""
+        log = self.dir / "weed.log"
+        for attempt in range(attempts):
+            mark = log.stat().st_size if log.exists() else 0
+            try:
+                return self._start(timeout)
+            except RuntimeError:
+                with open(log, "rb") as f:
+                    f.seek(mark)
+                    taken = b"address already in use" in f.read()
+                if not taken or attempt + 1 == attempts:
+                    raise
+                self.stop()
+        raise AssertionError("unreachable")
+
+    def _start(self, timeout: float) -> S3Server:
         config = self.dir / "s3.json"
         config.write_text(json.dumps({"identities": [{
             "name": "maec", "credentials": [{"accessKey": S3_KEY_ID, "secretKey": S3_SECRET}],
@@ -227,7 +254,11 @@ class S3Server:
             "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.telemetry=false",
             "-metricsPort=0",
         ], log=self.dir / "weed.log")
-        wait_for(self._bucket_ready, timeout, "SeaweedFS S3", interval=0.3)
+        proc = self.proc
+        wait_for(lambda: not proc.alive() or self._bucket_ready(), timeout, "SeaweedFS S3",
+                 interval=0.3)
+        if not proc.alive():
+            raise RuntimeError("weed exited: " + proc.tail())
         return self
 
     def client(self) -> Any:
