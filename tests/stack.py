@@ -72,6 +72,13 @@ def free_port_pair(offset: int = 10000) -> int:
     raise RuntimeError("no free port pair")
 
 
+def sigint_as_in_a_terminal() -> None:
+    """``preexec_fn`` for a child that is sent SIGINT as Ctrl-C would send it: a shell
+    script's background job (``cmd &``) starts with SIGINT ignored, every descendant
+    inherits that, and a Python started so never raises KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def wait_for(pred: Any, timeout: float, what: str, interval: float = 0.05) -> Any:
     deadline = time.monotonic() + timeout
     last: Any = None

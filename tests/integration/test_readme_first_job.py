@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.stack import ROOT, free_port, wait_for
+from tests.stack import ROOT, free_port, sigint_as_in_a_terminal, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -41,7 +41,7 @@ def test_the_readme_first_job_runs_verbatim_after_make_run(tmp_path: Path) -> No
         proc = subprocess.Popen(
             [sys.executable, "-m", "app.run_local", "--var", str(tmp_path / "var"),
              "--port", str(port)], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True)
+            start_new_session=True, preexec_fn=sigint_as_in_a_terminal)
     try:
         state = tmp_path / "var" / "run.json"
         wait_for(lambda: state.is_file() or proc.poll() is not None, 600, "run.json")

@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from app.run_local import port_free
-from tests.stack import ROOT, free_port, wait_for
+from tests.stack import ROOT, free_port, sigint_as_in_a_terminal, wait_for
 
 # As on a shared machine: another `make run` holds the default port meanwhile.
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("default_api_port_taken")]
@@ -28,7 +28,8 @@ def test_run_local_starts_serves_and_stops(tmp_path: Path) -> None:
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "app.run_local", "--var", str(tmp_path), "--port", str(port)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+        preexec_fn=sigint_as_in_a_terminal)
     children: list[psutil.Process] = []
     try:
         state = tmp_path / "run.json"
