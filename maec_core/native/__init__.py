@@ -36,7 +36,8 @@ def library_path() -> Path:
 def build(cc: str | None = None) -> Path:
     """Compile the library (atomically: a reader never sees half a file); its path.
 
-    Raises ``OSError`` when there is no compiler and ``CalledProcessError`` when it fails.
+    Raises ``OSError`` when there is no compiler or the folder is not writable, and
+    ``CalledProcessError`` when the compiler fails.
     """
     target = library_path()
     compiler = shlex.split(cc or os.environ.get("CC") or "cc")

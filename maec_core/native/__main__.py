@@ -19,7 +19,8 @@ def main() -> int:
     try:
         path = build()
     except OSError as e:
-        print(f"maec_core.native: no C compiler ({e}); row scores use torch "
+        # No compiler, or a package folder this user cannot write to.
+        print(f"maec_core.native: not built ({e}); row scores use torch "
               "(same results, slower)")
         return 0
     except subprocess.CalledProcessError as e:
