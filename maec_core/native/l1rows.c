@@ -29,9 +29,16 @@ static inline float from_bf16(uint16_t v) {
     return f;
 }
 
-/* One element as float32; float16 is converted only on the AVX2 + F16C path. */
+/* Called only on the AVX2 + F16C path (maec_l1_rows refuses float16 elsewhere). */
+__attribute__((target("f16c")))
+static float from_f16(uint16_t v) {
+    return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(v)));
+}
+
+/* One element as float32. */
 static inline float elem(int dt, const void *p, int64_t i) {
     if (dt == DT_BF16) return from_bf16(((const uint16_t *)p)[i]);
+    if (dt == DT_F16) return from_f16(((const uint16_t *)p)[i]);
     return ((const float *)p)[i];
 }
 
@@ -105,39 +112,11 @@ static void rows_avx2(int dt, const void *x, const void *y, int64_t rows, int64_
         }
         float a[8];
         _mm256_storeu_ps(a, acc);
-        if (dt == DT_F16) {
-            /* The last width % 8 columns, still in order, through F16C one at a time. */
-            for (int k = 0; k < 8; k++) {
-                float s = a[k];
-                for (int64_t jj = j; jj < width; jj++) {
-                    int64_t i = (r + k) * width + jj;
-                    __m128 u = _mm_cvtph_ps(_mm_cvtsi32_si128(((const uint16_t *)x)[i]));
-                    __m128 v = _mm_cvtph_ps(_mm_cvtsi32_si128(((const uint16_t *)y)[i]));
-                    s += fabsf(_mm_cvtss_f32(u) - _mm_cvtss_f32(v));
-                }
-                out[r + k] = s;
-            }
-        } else {
-            tail(dt, x, y, r, 8, width, j, a, out);
-        }
+        /* The last width % 8 columns, still in order, one at a time. */
+        tail(dt, x, y, r, 8, width, j, a, out);
     }
-    if (r < rows) {
-        if (dt == DT_F16) {
-            for (; r < rows; r++) {
-                float s = 0.0f;
-                for (int64_t j = 0; j < width; j++) {
-                    int64_t i = r * width + j;
-                    __m128 u = _mm_cvtph_ps(_mm_cvtsi32_si128(((const uint16_t *)x)[i]));
-                    __m128 v = _mm_cvtph_ps(_mm_cvtsi32_si128(((const uint16_t *)y)[i]));
-                    s += fabsf(_mm_cvtss_f32(u) - _mm_cvtss_f32(v));
-                }
-                out[r] = s;
-            }
-        } else {
-            const float zero[8] = {0};
-            tail(dt, x, y, r, (int)(rows - r), width, 0, zero, out);
-        }
-    }
+    const float zero[8] = {0};
+    tail(dt, x, y, r, (int)(rows - r), width, 0, zero, out);
 }
 
 /* 1 when the AVX2 path runs on this CPU (float16 is supported only then). */
