@@ -7,6 +7,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+# Debian packages, as root or through sudo.
+apt_install() {
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && apt-get install -y -qq "$@" >/dev/null
+  else
+    sudo apt-get update -qq && sudo apt-get install -y -qq "$@" >/dev/null
+  fi
+}
 stamp=.venv/.installed-$(cat pyproject.toml maec_client/pyproject.toml | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ]; then
   [ -x .venv/bin/python ] || "$PY" -m venv .venv
@@ -23,35 +31,19 @@ if [ ! -f "$stamp" ]; then
 fi
 if ! command -v redis-server >/dev/null 2>&1; then
   echo "setup: redis-server not found; installing Debian's redis-server" >&2
-  if [ "$(id -u)" = 0 ]; then
-    apt-get update -qq && apt-get install -y -qq redis-server >/dev/null
-  else
-    sudo apt-get update -qq && sudo apt-get install -y -qq redis-server >/dev/null
-  fi
+  apt_install redis-server
 fi
 if ! command -v jq >/dev/null 2>&1; then
   echo "setup: jq not found; installing Debian's jq (the README's first job uses it)" >&2
-  if [ "$(id -u)" = 0 ]; then
-    apt-get update -qq && apt-get install -y -qq jq >/dev/null
-  else
-    sudo apt-get update -qq && sudo apt-get install -y -qq jq >/dev/null
-  fi
+  apt_install jq
 fi
 if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
   echo "setup: chromium/chromedriver not found; installing Debian's chromium and chromium-driver" >&2
-  if [ "$(id -u)" = 0 ]; then
-    apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null
-  else
-    sudo apt-get update -qq && sudo apt-get install -y -qq chromium chromium-driver >/dev/null
-  fi
+  apt_install chromium chromium-driver
 fi
 if ! command -v cc >/dev/null 2>&1; then
   echo "setup: no C compiler; installing Debian's gcc (MAEC's row-score kernel)" >&2
-  if [ "$(id -u)" = 0 ]; then
-    apt-get update -qq && apt-get install -y -qq gcc libc6-dev >/dev/null
-  else
-    sudo apt-get update -qq && sudo apt-get install -y -qq gcc libc6-dev >/dev/null
-  fi
+  apt_install gcc libc6-dev
 fi
 # Built next to its source, named by its digest: a no-op when it is up to date.
 .venv/bin/python -m maec_core.native
