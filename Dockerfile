@@ -16,10 +16,12 @@ RUN python -m venv /opt/venv && useradd --create-home --uid 10001 maec
 WORKDIR /srv
 
 # ---- build stages: a virtualenv each, copied into slim run stages ----
-FROM base AS build-cpu
 # A C compiler for MAEC's row-score kernel (maec_core/native), in the build stages only.
+FROM base AS build-base
 RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/*
+
+FROM build-base AS build-cpu
 RUN pip install "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu
 COPY pyproject.toml README.md ./
 COPY maec_client maec_client
@@ -32,9 +34,7 @@ RUN pip install .
 # Built into the installed package, which the run stage copies with the virtualenv.
 RUN python -m maec_core.native
 
-FROM base AS build-cuda
-RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
-    && rm -rf /var/lib/apt/lists/*
+FROM build-base AS build-cuda
 RUN pip install "torch==2.13.0"
 COPY pyproject.toml README.md ./
 COPY maec_client maec_client
