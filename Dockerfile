@@ -52,6 +52,10 @@ FROM base AS api
 COPY --from=build-cpu /opt/venv /opt/venv
 USER maec
 EXPOSE 8000
+# The addresses whose X-Forwarded-For uvicorn believes (--proxy-headers): none, unless the
+# deployment names its proxy here (docs/deploy.md). uvicorn's own default, 127.0.0.1,
+# would let anything connecting from inside the container pick its client address.
+ENV FORWARDED_ALLOW_IPS=""
 HEALTHCHECK --interval=10s --timeout=3s \
   CMD python -c "import httpx; httpx.get('http://127.0.0.1:8000/healthz').raise_for_status()"
 CMD ["uvicorn", "app.api.main:create_app", "--factory", "--host", "0.0.0.0", "--port", "8000", \

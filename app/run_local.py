@@ -200,6 +200,17 @@ def _check_settings(env: dict[str, str]) -> Settings:
         raise SystemExit(f"run_local: {exc.message}") from None
 
 
+def api_command(port: int) -> list[str]:
+    """uvicorn serving the API on 127.0.0.1:``port``, as ``make run`` starts it.
+
+    Proxy headers off: nothing stands in front of this server, so an ``X-Forwarded-For``
+    reaching it was written by the client itself. uvicorn would otherwise believe it from
+    127.0.0.1 (its default trust), and every local client could pick the address the
+    failed-authentication limit counts against."""
+    return [str(BIN / "uvicorn"), "app.api.main:create_app", "--factory", "--host",
+            "127.0.0.1", "--port", str(port), "--no-proxy-headers", "--no-access-log"]
+
+
 def _start(var: Path, port: int, redis_port: int, env: dict[str, str],
            children: list[Child], heartbeat_s: float) -> None:
     """Redis, then the worker and the API; returns once all three are ready."""
@@ -217,9 +228,7 @@ def _start(var: Path, port: int, redis_port: int, env: dict[str, str],
                               "--loglevel", "INFO", "--without-gossip",
                               "--without-mingle"], env, logs / "worker.log")
     children.append(worker)
-    api = Child("api", [str(BIN / "uvicorn"), "app.api.main:create_app", "--factory",
-                        "--host", "127.0.0.1", "--port", str(port),
-                        "--no-access-log"], env, logs / "api.log")
+    api = Child("api", api_command(port), env, logs / "api.log")
     children.append(api)
     _wait("API", lambda: httpx.get(url + "/healthz", timeout=1).status_code == 200,
           api, 60, logs / "api.log")

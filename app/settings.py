@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -41,6 +42,24 @@ _DEFAULT_SECRETS = frozenset({"", "minioadmin", "admin", "secret", "changeme", "
 # this id, or that key would see (and delete) every job created earlier in dev mode
 # against the same Redis.
 DEV_OWNER = "dev"
+
+# What a key id may be: it names the caller in Redis keys, job records, logs and error
+# messages, so it is kept to characters that mean nothing in any of them (no ``:``, no
+# space, no quote). Refused at start-up, before any key is built from it.
+KEY_ID_PATTERN = r"^[A-Za-z0-9._-]{1,64}$"
+KEY_ID_RULE = "1-64 characters of A-Z a-z 0-9 . _ -"
+_KEY_ID = re.compile(KEY_ID_PATTERN)
+
+
+def check_key_ids(ids: Iterable[str], what: str) -> None:
+    """``ValueError`` naming the first id outside the key-id alphabet (``what``: whose
+    ids, for the message). An overlong id may be a pasted key: only its start is shown."""
+    for key_id in ids:
+        if not _KEY_ID.fullmatch(key_id):
+            shown = repr(key_id) if len(key_id) <= 64 else \
+                f"{key_id[:8]!r}... ({len(key_id)} characters)"
+            raise ValueError(f"{what} {shown} is not a valid key id: key ids are "
+                             f"{KEY_ID_RULE}")
 
 
 def hash_key(raw: str) -> str:
@@ -96,7 +115,9 @@ class Settings(BaseSettings):
     """No auth (logged loudly): every request acts as key id `dev`. For `make run` only."""
     api_keys: dict[str, str] = Field(default_factory=dict)
     """JSON `{"key id": "<hex sha256 of the key>"}`; keys are stored hashed and compared in
-    constant time, and a raw key here is refused."""
+    constant time, and a raw key here is refused. A key id is 1-64 characters of `A-Z a-z
+    0-9 . _ -` (no `:`, no space); any other id, here or in any setting keyed by key id,
+    stops the service at start-up. `dev` is reserved for dev mode."""
 
     redis_url: str = "redis://127.0.0.1:6379/0"
     """Broker and job store (`deploy/redis.conf`: AOF, `noeviction`)."""
@@ -188,6 +209,15 @@ class Settings(BaseSettings):
     process); while its bucket is empty every request from that address is refused."""
     auth_failure_burst: int = Field(default=20, ge=1)
     """Failed authentications per client address saved up."""
+    metrics_token_sha256: str | None = None
+    """Hex sha256 of the bearer token that reads `GET /metrics` (the operator's scrape
+    credential, e.g. `printf %s "$TOKEN" | sha256sum`); the raw token is refused, and so
+    is the hash of an API key. API keys get 403 `operator_only` there; unset: every key
+    does, and only dev mode serves `/metrics` (without a token)."""
+    metrics_per_key: bool = False
+    """Add the per-key gauges `maec_key_queued` and `maec_key_running` (labelled with key
+    ids) to `/metrics`. Off: only totals and per-pool figures, no key id leaves the
+    service through metrics."""
     docs_require_key: bool | None = None
     """Whether `/docs` and `/openapi.json` need an API key; unset: yes, unless in dev
     mode."""
@@ -221,12 +251,13 @@ class Settings(BaseSettings):
     weight (a sweep counts its candidates); `fifo`: the oldest queued job."""
     key_weights: dict[str, float] = Field(default_factory=dict)
     """JSON `{"key id": weight}` (default 1): a key of weight 2 gets twice the workers of a
-    key of weight 1 while both have jobs waiting."""
+    key of weight 1 while both have jobs waiting. Key ids as in `MAEC_API_KEYS`."""
     priority_cap_default: Priority = "normal"
     """The highest priority (`low`, `normal`, `high`) a key may submit at, unless
     `MAEC_PRIORITY_CAPS` names it (403 `priority_not_allowed` above it)."""
     priority_caps: dict[str, Priority] = Field(default_factory=dict)
-    """JSON `{"key id": "low" | "normal" | "high"}`: per-key priority caps."""
+    """JSON `{"key id": "low" | "normal" | "high"}`: per-key priority caps. Key ids as in
+    `MAEC_API_KEYS`."""
 
     # Retention and quotas (docs/api.md, "Retention").
     job_ttl_days: float | None = Field(default=None, gt=0)
@@ -249,7 +280,7 @@ class Settings(BaseSettings):
     them. Empty: every `callback_url` is refused."""
     webhook_secrets: dict[str, SecretStr] = Field(default_factory=dict)
     """JSON `{"key id": "<secret, 16+ characters>"}`: the secret each key's webhooks are
-    signed with; never shown back."""
+    signed with; never shown back. Key ids as in `MAEC_API_KEYS`."""
     webhook_max_attempts: int = Field(default=8, ge=1, le=30)
     """Delivery attempts per webhook."""
     # A waiting attempt is a broker message held unacknowledged, so backoff_max stays
@@ -267,6 +298,14 @@ class Settings(BaseSettings):
     @classmethod
     def _webhook_hosts(cls, v: list[str]) -> list[str]:
         AllowList.parse(v)  # the allow-list's rules live with the address checks
+        return v
+
+    @field_validator("api_keys", "key_weights", "priority_caps", "webhook_secrets")
+    @classmethod
+    def _key_ids(cls, v: dict[str, object]) -> dict[str, object]:
+        # Before the field's own checks' messages name an id, and before any Redis key,
+        # metric or log line is built from one.
+        check_key_ids(v, "key id")
         return v
 
     @field_validator("webhook_secrets")
@@ -290,6 +329,22 @@ class Settings(BaseSettings):
                 raise ValueError(f"the entry for key id {key_id!r} must be a hex sha256 of "
                                  "the key (64 hex digits), never the key itself")
         return {k: d.lower() for k, d in v.items()}
+
+    @model_validator(mode="after")
+    def _metrics_token(self) -> Settings:
+        token = self.metrics_token_sha256
+        if not token:  # compose passes an unset variable as ""
+            self.metrics_token_sha256 = None
+            return self
+        if len(token) != 64 or any(c not in "0123456789abcdef" for c in token.lower()):
+            raise ValueError("MAEC_METRICS_TOKEN_SHA256 must be a hex sha256 of the token "
+                             "(64 hex digits), never the token itself")
+        self.metrics_token_sha256 = token.lower()
+        if self.metrics_token_sha256 in self.api_keys.values():
+            # A tenant holding that key would read every tenant's counts.
+            raise ValueError("MAEC_METRICS_TOKEN_SHA256 is the hash of an API key; the "
+                             "metrics token must be a credential of its own")
+        return self
 
     @field_validator("pools")
     @classmethod

@@ -41,6 +41,9 @@ S3_KEY_ID = "maec-test-access"
 S3_SECRET = "maec-test-secret-3f9a"
 # Two API keys, so tests can check that one key never sees the other's jobs.
 API_KEYS = {"alice": "key-alice-0123456789", "bob": "key-bob-9876543210"}
+# The operator's scrape credential for /metrics (MAEC_METRICS_TOKEN_SHA256); API keys get
+# 403 there. ``Stack.client(METRICS_TOKEN)`` presents it.
+METRICS_TOKEN = "metrics-operator-5678901234"
 TERMINAL = {"succeeded", "failed", "cancelled"}
 
 
@@ -449,6 +452,7 @@ def service_env(root: Path, *, storage: str, s3: S3Server | None,
         "MAEC_DEV_MODE": "false",
         "MAEC_API_KEYS": json.dumps({k: hashlib.sha256(v.encode()).hexdigest()
                                      for k, v in API_KEYS.items()}),
+        "MAEC_METRICS_TOKEN_SHA256": hashlib.sha256(METRICS_TOKEN.encode()).hexdigest(),
         "MAEC_LOCAL_ROOTS": json.dumps([str(p) for p in local_roots]),
         "MAEC_WORK_DIR": str(root / "work"),
         "MAEC_CACHE_DIR": str(root / "checksums"),

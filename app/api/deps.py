@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from app.api.errors import ApiError
-from app.api.limits import Admission, Limits, owner_of
+from app.api.limits import Admission, Limits, owner_of, token_matches
 from app.jobs.api_store import ApiJobStore
 from app.queue import Enqueuer
 from app.scheduler.view import QueueView
@@ -81,6 +81,35 @@ async def identify(request: Request) -> Caller:
         await svc.limits.failed_auth(client_address(request))
         raise _unauthorized("unknown API key")
     return Caller(owner, svc, svc.limits.request(owner))
+
+
+async def operator(request: Request) -> Services:
+    """The operator's credential (``MAEC_METRICS_TOKEN_SHA256``), for what only the
+    operator reads. An API key is a valid credential of someone else: 403
+    ``operator_only`` (not 401, which would tell its holder the key is wrong, nor 404: the
+    route is public knowledge, in /openapi.json). Anything else counts as a failed
+    authentication, as on every other route. Dev mode: open, as everything is."""
+    svc: Services = request.app.state.services
+    if svc.settings.dev_mode:
+        return svc
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        await svc.limits.failed_auth(client_address(request))
+        raise _unauthorized("missing operator token (Authorization: Bearer <token>)")
+    wanted = svc.settings.metrics_token_sha256
+    if wanted is not None and token_matches(token, wanted):
+        return svc
+    if owner_of(token, svc.keys) is not None:
+        raise ApiError(403, "operator_only",
+                       "this endpoint is for the operator's metrics token "
+                       "(MAEC_METRICS_TOKEN_SHA256), not for API keys")
+    await svc.limits.failed_auth(client_address(request))
+    raise _unauthorized("unknown operator token")
+
+
+Operator = Annotated[Services, Depends(operator)]
 
 
 async def authenticate(request: Request) -> Caller:

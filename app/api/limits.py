@@ -42,6 +42,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from app.api.errors import ApiError
+from app.jobs.keys import part
 from app.settings import Settings
 
 log = logging.getLogger("maec.api")
@@ -105,7 +106,10 @@ class Bucket:
 
 
 def _bucket(kind: str, who: str, per_minute: int, burst: int, cost: int = 1) -> Bucket:
-    return Bucket(f"{PREFIX}{kind}:{who}", per_minute / 60_000.0, float(max(1, burst)), cost)
+    # ``who`` (a key id, a client address) as a length-prefixed part: no value can name
+    # another's bucket.
+    return Bucket(f"{PREFIX}{kind}:{part(who)}", per_minute / 60_000.0, float(max(1, burst)),
+                  cost)
 
 
 def _retry_after(wait_ms: int) -> int:
@@ -241,6 +245,12 @@ class Limits:
         (wait,) = await self._batcher.check((_bucket("submit", owner, n, n),))
         if wait:
             raise _limited(f"more than {n} submissions a minute", wait, limit=n)
+
+
+def token_matches(token: str, digest: str) -> bool:
+    """Whether ``token``'s sha256 is ``digest`` (hex), compared in constant time."""
+    presented = hashlib.sha256(token.encode()).hexdigest().encode()
+    return hmac.compare_digest(presented, digest.encode())
 
 
 def owner_of(token: str, digests: dict[str, str]) -> str | None:

@@ -34,9 +34,11 @@ class _Snapshot(Collector):
         return self.metrics
 
 
-async def _scheduler_families(view: QueueView) -> list[Metric]:
-    """Per pool: queued, active, live workers; per key: queued and running jobs (what a
-    KEDA scaler or a dashboard reads; counts only, never a job's details)."""
+async def _scheduler_families(view: QueueView, by_key: bool) -> list[Metric]:
+    """Per pool: queued, active, live workers; with ``by_key``, per key: queued and
+    running jobs (what a KEDA scaler or a dashboard reads; counts only, never a job's
+    details). Key ids become labels only when the operator asks: they name the
+    service's tenants."""
     running = await view.running_by()
     queued = await view.queued_by()
     pools = await view.pools(running, queued)
@@ -49,6 +51,8 @@ async def _scheduler_families(view: QueueView) -> list[Metric]:
         pq.add_metric([name], state.queued)
         pa.add_metric([name], state.active)
         pw.add_metric([name], state.workers)
+    if not by_key:
+        return [pq, pa, pw]
     kq = GaugeMetricFamily("maec_key_queued", "Queued jobs per API key", labels=["key"])
     kr = GaugeMetricFamily("maec_key_running", "Running jobs per API key", labels=["key"])
     per_key: dict[str, int] = {}
@@ -93,6 +97,7 @@ async def render_metrics(store: ApiJobStore, settings: Settings,
     live.add_metric([], workers)
 
     registry = CollectorRegistry(auto_describe=False)
-    extra = await _scheduler_families(view) if view is not None else []
+    extra = await _scheduler_families(view, settings.metrics_per_key) \
+        if view is not None else []
     registry.register(_Snapshot([jobs, finished, duration, published, live, *extra]))
     return generate_latest(registry)

@@ -37,7 +37,7 @@ from app.jobs.scripts import Arg, Script
 from maec_core.errors import MaecError
 
 T = TypeVar("T")
-CreateOutcome = Literal["created", "existing", "too_many"]
+CreateOutcome = Literal["created", "existing", "conflict", "too_many"]
 CancelOutcome = Literal["cancelled", "requested", "finished", "missing"]
 ReserveOutcome = Literal["ok", "over", "lost"]
 RemoveOutcome = Literal["removed", "missing", "active", "pinned", "kept"]
@@ -81,7 +81,8 @@ def _pairs(fields: Mapping[str, Any]) -> list[Arg]:
 def create(record: JobRecord, *, max_active: int, weights: Mapping[str, float],
            credit: int) -> Call[tuple[CreateOutcome, str]]:
     """Store a new queued job unless its owner has ``max_active`` active jobs or its
-    idempotency key names an earlier job (``existing``, with that job's id). ``credit``
+    idempotency key names an earlier job of the same owner (``existing``, with that job's
+    id; ``conflict``, with no id, when the job there is another owner's). ``credit``
     and ``weights``: where an owner new to the pool's queue starts in the fair share (one
     round behind the least served: ``credit`` jobs, the pool's live workers)."""
     owner = record.owner
@@ -93,7 +94,8 @@ def create(record: JobRecord, *, max_active: int, weights: Mapping[str, float],
          "seq": SCHED_SEQ_KEY, "served": SCHED_SERVED_KEY},
         {"id": record.id, "max_active": max_active,
          "has_idem": "1" if record.idempotency_key else "0", "now_ms": _now_ms(),
-         "owner_name": owner, "band": band(record.priority) if pool else "",
+         "owner_name": owner, "owner_json": json.dumps(owner), "job_prefix": job_key(""),
+         "band": band(record.priority) if pool else "",
          "credit": credit, "weights_json": json.dumps(dict(weights))},
         _pairs(record.model_dump(mode="json", exclude={"queue"})),
     )

@@ -9,7 +9,8 @@ Values in the job hash are JSON, hence comparisons against ``cjson.decode``d val
 status sets and an owner's active set move in the same script as the record, so counts and
 listings never disagree with the record. A script that moves a job between statuses gets
 every status set as KEYS and builds the owner's active-set key from the record's owner
-(its prefix passed in ARGV): the owner is only known inside the script, which assumes a
+(its prefix passed in ARGV, the rest by :data:`app.jobs.keys.LUA_KEYS`, the Lua twin of
+the Python key builders): the owner is only known inside the script, which assumes a
 single Redis instance, the deployment.
 """
 
@@ -19,7 +20,14 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from app.jobs.keys import ACTIVE_PREFIX, BAND_SPAN, RECENT_DONE, SCHED_PREFIX, STATUS_KEYS
+from app.jobs.keys import (
+    ACTIVE_PREFIX,
+    BAND_SPAN,
+    LUA_KEYS,
+    RECENT_DONE,
+    SCHED_PREFIX,
+    STATUS_KEYS,
+)
 from app.jobs.record import STATUSES, TERMINAL
 
 # What redis-py sends as an ARGV entry.
@@ -34,14 +42,14 @@ _LUA_KEYWORDS = frozenset((
 
 _MOVE = "local TERMINAL = {" + ", ".join(f"{s} = true" for s in STATUSES if s in TERMINAL) + f"""}}
 local RECENT = {RECENT_DONE}
-""" + """
+""" + LUA_KEYS + """
 -- Take job ``id`` out of ``owner``'s fair-share queue of ``pool`` (and the owner out of
 -- the pool's waiting owners when that queue is left empty).
 local function dequeue(pool, owner, id)
-  local q = A.sched_prefix .. 'q:' .. pool .. ':' .. owner
+  local q = sched_queue_key(pool, owner)
   redis.call('ZREM', q, id)
   if redis.call('ZCARD', q) == 0 then
-    redis.call('SREM', A.sched_prefix .. 'owners:' .. pool, owner)
+    redis.call('SREM', sched_owners_key(pool), owner)
   end
 end
 -- ``job``: the record's key (default K.job). Besides the status sets and the owner's
@@ -54,7 +62,7 @@ local function move(id, from, to, now_ms, job)
   redis.call('ZADD', SETS[to], now_ms, id)
   local owner = cjson.decode(redis.call('HGET', job, 'owner'))
   if TERMINAL[to] then
-    redis.call('SREM', A.active_prefix .. owner, id)
+    redis.call('SREM', active_key(owner), id)
   end
   if from == to then return end
   if from == 'queued' then
@@ -65,7 +73,7 @@ local function move(id, from, to, now_ms, job)
     local ran = redis.call('HGET', job, 'ran_pool')
     local began = tonumber(redis.call('HGET', job, 'attempt_started') or '0') or 0
     if ran and ran ~= 'null' and began > 0 then
-      local done = A.sched_prefix .. 'done:' .. cjson.decode(ran)
+      local done = sched_done_key(cjson.decode(ran))
       redis.call('LPUSH', done, tostring(now_ms / 1000 - began))
       redis.call('LTRIM', done, 0, RECENT - 1)
     end
@@ -137,15 +145,23 @@ class Script:
 # before it is level with a key that has had every worker to itself (fair share over the
 # recent round, as a usage-decay fair share would give), and a key idle for a week is owed
 # no more than that one round: it does not win every tie until it has caught up.
+# An idempotency key answers with its earlier job only when that job is this owner's
+# (``owner_json``, read from the record, not inferred from the key's name): another
+# owner's job there is {'conflict', ''} (its id is not told), and a slot whose job is
+# gone is stale and taken over.
 CREATE = Script("create", ("job", "owner", "active", "queued", "idem", "sched_queue",
                            "sched_owners", "seq", "served"),
-                ("id", "max_active", "has_idem", "now_ms", "owner_name", "band",
-                 "credit", "weights_json"), f"""
+                ("id", "max_active", "has_idem", "now_ms", "owner_name", "owner_json",
+                 "job_prefix", "band", "credit", "weights_json"), f"""
 local BAND = {BAND_SPAN}
 """ + """
 if A.has_idem == '1' then
   local existing = redis.call('GET', K.idem)
-  if existing then return {'existing', existing} end
+  if existing then
+    local holder = redis.call('HGET', A.job_prefix .. existing, 'owner')
+    if holder == A.owner_json then return {'existing', existing} end
+    if holder then return {'conflict', ''} end
+  end
 end
 if redis.call('SCARD', K.active) >= tonumber(A.max_active) then return {'too_many', ''} end
 redis.call('HSET', K.job, unpack(ARGV, TAIL, #ARGV))
@@ -292,10 +308,9 @@ local pools = cjson.decode(A.pools_json)
 local function choose()
   local best, pick = nil, nil
   for pi, pool in ipairs(pools) do
-    local okey = A.sched_prefix .. 'owners:' .. pool
+    local okey = sched_owners_key(pool)
     for _, o in ipairs(redis.call('SMEMBERS', okey)) do
-      local head = redis.call('ZRANGE', A.sched_prefix .. 'q:' .. pool .. ':' .. o, 0, 0,
-                              'WITHSCORES')
+      local head = redis.call('ZRANGE', sched_queue_key(pool, o), 0, 0, 'WITHSCORES')
       if #head == 0 then
         redis.call('SREM', okey, o)
       else

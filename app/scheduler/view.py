@@ -193,8 +193,11 @@ class QueueView:
         ids = [text(i) for i in await self._r.zrange(sched_queue_key(pool, owner), 0,
                                                      MAX_LISTED - 1)]
         out = []
+        mine = json.dumps(owner).encode()
         for i in ids:
             raw = await cast(Awaitable[dict[bytes, bytes]], self._r.hgetall(job_key(i)))
+            if raw.get(b"owner") != mine:
+                continue  # listed only if the record says it is the caller's
             where = await self.place(raw)
             if where is not None:
                 out.append({"id": i, "name": _loads(raw.get(b"name")),

@@ -22,7 +22,7 @@ from app.jobs.worker_store import WorkerJobStore
 from app.settings import Settings, hash_key
 from app.storage.local import LocalStorage
 from tests.conftest import TinyModels
-from tests.stack import API_KEYS, RedisServer
+from tests.stack import API_KEYS, METRICS_TOKEN, RedisServer
 
 _DB = itertools.count(1)
 
@@ -37,6 +37,10 @@ class Api:
 
     def auth(self, key: str = "alice") -> dict[str, str]:
         return {"Authorization": f"Bearer {API_KEYS[key]}"}
+
+    def operator(self) -> dict[str, str]:
+        """The operator's /metrics credential (API keys get 403 there)."""
+        return {"Authorization": f"Bearer {METRICS_TOKEN}"}
 
     def named(self, method: str = "task_arithmetic", **kw: object) -> dict[str, object]:
         m = self.models
@@ -75,6 +79,7 @@ def make_settings(root: Path, redis_url: str, models: TinyModels, **kw: object) 
     values: dict[str, object] = dict(
         dev_mode=False,
         api_keys={k: hash_key(v) for k, v in API_KEYS.items()},
+        metrics_token_sha256=hash_key(METRICS_TOKEN),
         redis_url=redis_url, storage_dir=root / "storage", work_dir=root / "work",
         local_roots=[models.root, root / "extra"], lease_seconds=5,
         max_active_jobs_per_key=50, progress_interval=0.0, device="cpu",

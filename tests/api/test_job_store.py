@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from app.jobs.keys import job_key
+from app.jobs.keys import active_key, job_key
 from app.jobs.record import STATUSES
 from app.jobs.worker_store import WorkerJobStore
 from tests.api.conftest import Api
@@ -24,7 +24,7 @@ def test_claim_is_compare_and_set(api: Api) -> None:
     assert rec is not None
     assert (rec.status, rec.attempts, rec.worker, rec.stage) == ("running", 1, "w1", "fetch")
     assert rec.started_at is not None
-    counts = api.client.get("/metrics", headers=api.auth()).text
+    counts = api.client.get("/metrics", headers=api.operator()).text
     assert 'maec_jobs{status="running"} 1.0' in counts
     assert 'maec_jobs{status="queued"} 0.0' in counts
 
@@ -48,6 +48,7 @@ def test_expired_lease_is_reclaimed_and_stale_writes_are_refused(api: Api) -> No
 
 def test_attempts_are_bounded(api: Api) -> None:
     store, jid = api.worker_store(), _job(api)
+    assert api.r.scard(active_key("alice")) == 1
     for n in (1, 2):
         assert store.claim(jid, worker="w", lease_s=0.01, max_attempts=2).attempt == n
         time.sleep(0.03)
@@ -56,7 +57,7 @@ def test_attempts_are_bounded(api: Api) -> None:
     rec = store.get(jid)
     assert rec is not None and rec.status == "failed" and rec.error is not None
     assert rec.error["code"] == "worker_lost" and rec.attempts == 2
-    assert api.r.scard("maec:active:alice") == 0
+    assert api.r.scard(active_key("alice")) == 0
 
 
 def test_cancel_flag_reaches_the_worker(api: Api) -> None:

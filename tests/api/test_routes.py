@@ -245,7 +245,7 @@ def test_metrics_report_jobs_by_status(api: Api) -> None:
     api.submit()
     jid = api.submit()["id"]
     api.client.post(f"/v1/jobs/{jid}/cancel", headers=api.auth())
-    text = api.client.get("/metrics", headers=api.auth()).text
+    text = api.client.get("/metrics", headers=api.operator()).text
     assert 'maec_jobs{status="queued"} 1.0' in text
     assert 'maec_jobs{status="cancelled"} 1.0' in text
     assert "maec_job_duration_seconds_bucket" in text

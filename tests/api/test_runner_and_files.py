@@ -70,7 +70,7 @@ def test_job_runs_publishes_and_serves_ranges(api: Api) -> None:
     for bad in ("nope.bin", "%2e%2e/%2e%2e/etc/passwd", "sub/%2e%2e/model.safetensors"):
         r = api.client.get(f"/v1/jobs/{jid}/files/{bad}", headers=api.auth())
         assert r.status_code == 404 and r.json()["code"] in ("file_not_found", "not_found")
-    metrics = api.client.get("/metrics", headers=api.auth()).text
+    metrics = api.client.get("/metrics", headers=api.operator()).text
     assert 'maec_jobs_finished_total{status="succeeded"} 1.0' in metrics
     assert "maec_job_duration_seconds_count 1.0" in metrics
     total = sum(f["size"] for f in result["files"])

@@ -18,8 +18,10 @@ from app.jobs.keys import (
     HOLD_MS,
     SCHED_SERVED_KEY,
     job_key,
+    sched_done_key,
     sched_owners_key,
     sched_queue_key,
+    sched_topup_key,
     status_key,
 )
 from app.queue import QUEUE
@@ -300,7 +302,7 @@ def test_a_queued_jobs_place_and_the_queue_summary(api: Api) -> None:
     store = api.worker_store()
     store.heartbeat("w1", QUEUE)
     store.heartbeat("w2", QUEUE)
-    api.r.lpush(f"maec:sched:done:{QUEUE}", "10", "10", "30")
+    api.r.lpush(sched_done_key(QUEUE), "10", "10", "30")
     assert place(a[2])["eta_s"] == 20.0  # ceil((3 + 1) / 2) rounds of the 10 s median
 
     summary = api.client.get("/v1/queue", headers=api.auth("bob")).json()
@@ -316,9 +318,13 @@ def test_a_queued_jobs_place_and_the_queue_summary(api: Api) -> None:
     assert summary["jobs"]["running"] == 1 and summary["pools"][QUEUE]["active"] == 1
     assert api.client.get(f"/v1/jobs/{a[0]}", headers=api.auth()).json()["queue"] is None
 
-    text = api.client.get("/metrics", headers=api.auth()).text
+    text = api.client.get("/metrics", headers=api.operator()).text
     assert f'maec_pool_queued{{pool="{QUEUE}"}} 3.0' in text
     assert f'maec_pool_active{{pool="{QUEUE}"}} 1.0' in text
+    # Key ids are labels only when the operator turns them on (they name the tenants).
+    assert "maec_key_" not in text and "alice" not in text and "bob" not in text
+    api.settings.metrics_per_key = True  # the app reads the same Settings object
+    text = api.client.get("/metrics", headers=api.operator()).text
     assert 'maec_key_queued{key="bob"} 1.0' in text
     assert 'maec_key_running{key="alice"} 1.0' in text
     assert api.client.get("/v1/queue").status_code == 401
@@ -333,7 +339,7 @@ def test_the_heartbeat_replaces_lost_wakeups_and_only_those(api: Api) -> None:
         assert api.r.llen(QUEUE) == 3
         assert top_up_wakeups(store, celery, api.settings) == {}  # nothing is missing
         api.r.delete(QUEUE)  # the messages are lost (a broker restarted behind the store)
-        api.r.delete(f"maec:sched:topup:{QUEUE}")
+        api.r.delete(sched_topup_key(QUEUE))
         assert top_up_wakeups(store, celery, api.settings) == {QUEUE: 3}
         assert api.r.llen(QUEUE) == 3
         # One worker per heartbeat period does it.
@@ -357,4 +363,4 @@ def test_a_finished_jobs_estimate_stands_beside_its_measured_peak(api: Api) -> N
     assert done["measured"]["peak_rss_bytes"] > 50 * (1 << 20)
     assert done["estimate"] == job["estimate"]
     assert take_next(runner, QUEUE) == "empty"
-    assert api.r.lrange(f"maec:sched:done:{QUEUE}", 0, -1)  # feeds the ETA
+    assert api.r.lrange(sched_done_key(QUEUE), 0, -1)  # feeds the ETA

@@ -40,7 +40,9 @@ def test_keys_must_be_sha256_and_roots_absolute() -> None:
         Settings(api_keys=KEYS, local_roots=["relative/dir"])
 
 
-@pytest.mark.parametrize("key_id", ["dev", "DEV", " dev "])
+# " dev " used to be refused here too; spaces are now outside the key-id alphabet
+# (test_key_ids_outside_the_alphabet_stop_the_service).
+@pytest.mark.parametrize("key_id", ["dev", "DEV"])
 def test_dev_modes_owner_is_reserved(key_id: str) -> None:
     """A configured key named like dev mode's owner would see every job made in dev mode
     against the same Redis: the key id is refused, in either mode."""
@@ -129,3 +131,56 @@ def test_settings_errors_hide_values(monkeypatch: pytest.MonkeyPatch,
         Settings(api_keys=KEYS, storage_backend="s3", s3_access_key="",
                  s3_secret_key=S3_SECRET)
     assert "MAEC_S3_ACCESS_KEY" in str(err.value) and S3_SECRET not in str(err.value)
+
+
+BAD_KEY_IDS = ["alice:ci", " dev ", "", "a" * 65, "tab\tid", "al/ice", "alice\n", "ålice",
+               "a{b}", "x*"]
+
+
+@pytest.mark.parametrize("key_id", BAD_KEY_IDS)
+@pytest.mark.parametrize("field", ["api_keys", "key_weights", "priority_caps",
+                                   "webhook_secrets"])
+def test_key_ids_outside_the_alphabet_stop_the_service(field: str, key_id: str) -> None:
+    """A key id names Redis keys, metrics and log lines: ``alice:ci`` beside ``alice``
+    once shared idempotency slots. Every setting keyed by key id refuses one outside
+    ``[A-Za-z0-9._-]{1,64}`` at start-up, naming the variable, never a value."""
+    value: object = {"api_keys": hash_key("k2"), "key_weights": 2.0,
+                     "priority_caps": "high", "webhook_secrets": "s" * 20}[field]
+    kw: dict[str, object] = {"api_keys": dict(KEYS)}
+    kw[field] = {**kw.get(field, {}), key_id: value}  # type: ignore[dict-item]
+    with pytest.raises(ValidationError, match="not a valid key id") as err:
+        Settings(**kw)  # type: ignore[arg-type]
+    assert "s" * 20 not in str(err.value) and hash_key("k2") not in str(err.value)
+    assert "a" * 20 not in str(err.value)  # an overlong id (a pasted key?) is cut short
+
+
+def test_key_id_alphabet_error_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    get_settings.cache_clear()
+    monkeypatch.setenv("MAEC_API_KEYS", json.dumps({"alice:ci": hash_key("k")}))
+    try:
+        with pytest.raises(SettingsInvalid, match=r"MAEC_API_KEYS: key id 'alice:ci' is "
+                           r"not a valid key id: key ids are 1-64 characters of"):
+            get_settings()
+    finally:
+        get_settings.cache_clear()
+
+
+def test_key_ids_inside_the_alphabet_are_accepted() -> None:
+    ids = ["a", "A.b_c-9", "x" * 64, "team-a", "ci.bot_2"]
+    s = Settings(api_keys={i: hash_key(i) for i in ids}, key_weights=dict.fromkeys(ids, 2.0),
+                 priority_caps=dict.fromkeys(ids, "high"))
+    assert sorted(s.key_lookup.values()) == sorted(ids)
+
+
+def test_metrics_token_is_a_hash_of_its_own() -> None:
+    """The operator's metrics credential is stored hashed like API keys, and may not be
+    a tenant's key (that tenant would read every tenant's counts)."""
+    assert Settings(api_keys=KEYS).metrics_token_sha256 is None
+    assert Settings(api_keys=KEYS, metrics_token_sha256="").metrics_token_sha256 is None
+    ok = Settings(api_keys=KEYS, metrics_token_sha256=hash_key("op").upper())
+    assert ok.metrics_token_sha256 == hash_key("op") and not ok.metrics_per_key
+    with pytest.raises(ValidationError, match="never the token itself") as err:
+        Settings(api_keys=KEYS, metrics_token_sha256="raw-operator-token")
+    assert "raw-operator-token" not in str(err.value)
+    with pytest.raises(ValidationError, match="hash of an API key"):
+        Settings(api_keys=KEYS, metrics_token_sha256=next(iter(KEYS.values())))

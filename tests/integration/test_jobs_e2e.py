@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from tests.integration.conftest import Sources
-from tests.stack import Stack
+from tests.stack import METRICS_TOKEN, Stack
 
 pytestmark = pytest.mark.integration
 
@@ -63,8 +63,10 @@ def _poll(stack: Stack, job_id: str, timeout: float = 120) -> tuple[dict[str, An
 
 def test_ready_and_metrics(stack: Stack) -> None:
     assert stack.wait_ready()["workers"] >= 1
-    with stack.client() as c:
-        assert "maec_workers_live" in c.get("/metrics").text
+    with stack.client(METRICS_TOKEN) as op:
+        assert "maec_workers_live" in op.get("/metrics").text
+    with stack.client() as c:  # a tenant's key: the operator's data is not its to read
+        assert c.get("/metrics").json()["code"] == "operator_only"
     with stack.client(None) as anon:
         assert anon.get("/readyz").status_code == 401
         assert anon.get("/healthz").status_code == 200

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import redis
 
+from app.jobs.keys import usage_key
 from maec_client import Client
 from maec_client.errors import ClientError, Conflict, NotFound
 from tests.conftest import StackFactory, TinyModels
@@ -148,7 +149,7 @@ def test_storage_quota_refuses_submissions_and_fails_jobs_past_it(
     r = redis.Redis.from_url(stack.redis_url)
     first = stack.wait(stack.submit(_body(tiny_models), key="bob")["id"], key="bob")
     assert first["status"] == "succeeded"
-    used = int(r.get("maec:usage:bob") or 0)
+    used = int(r.get(usage_key("bob")) or 0)
     assert used == sum(f["size"] for f in first["result"]["files"])
     # Exactly one such output per key from now on (API and worker read the setting).
     quota = {"MAEC_STORAGE_QUOTA_BYTES_PER_KEY": str(used)}

@@ -9,9 +9,9 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from app.api.deps import Auth
+from app.api.deps import Auth, Operator
 from app.api.metrics import render_metrics
-from app.api.schemas import Health, Ready
+from app.api.schemas import Health, Problem, Ready
 
 router = APIRouter(tags=["health"])
 
@@ -40,9 +40,14 @@ async def readyz(auth: Auth) -> JSONResponse:
     return JSONResponse(body, status_code=200 if ok else 503)
 
 
-@router.get("/metrics", response_class=Response)
-async def metrics(auth: Auth) -> Response:
-    """Prometheus text: jobs by status, durations, bytes published, live workers, and
-    per pool (queued, active, workers) and per key (queued, running)."""
-    return Response(await render_metrics(auth.svc.store, auth.svc.settings, auth.svc.queue),
+@router.get("/metrics", response_class=Response, responses={
+    403: {"model": Problem, "description": "an API key, not the operator's metrics token "
+          "(`operator_only`)"},
+})
+async def metrics(svc: Operator) -> Response:
+    """Prometheus text for the operator (bearer `MAEC_METRICS_TOKEN_SHA256`'s token; API
+    keys get 403): jobs by status, durations, bytes published, live workers, per pool
+    (queued, active, workers), and per key (queued, running) only with
+    `MAEC_METRICS_PER_KEY`."""
+    return Response(await render_metrics(svc.store, svc.settings, svc.queue),
                     media_type=CONTENT_TYPE_LATEST)

@@ -71,6 +71,8 @@ async def get_job(job_id: str, request: Request) -> Response:
 @router.post("", status_code=202, response_model=JobOut, responses={
     200: {"model": JobOut, "description": "idempotent replay", "links": SUBMIT_LINKS},
     202: {"links": SUBMIT_LINKS},
+    409: {"model": Problem, "description": "the idempotency key is held by a job this key "
+          "does not own (`idempotency_conflict`)"},
     403: {"model": Problem, "description": "priority above the key's cap "
           "(`priority_not_allowed`)"},
 })
@@ -114,9 +116,16 @@ async def submit(typed: JobBody, auth: Auth) -> JSONResponse:
                        f"key {owner} already has {svc.settings.max_active_jobs_per_key} "
                        "active jobs; wait for some to finish", headers={"Retry-After": "30"},
                        limit=svc.settings.max_active_jobs_per_key)
+    if outcome == "conflict":
+        # Only a store written by an older key layout can get here (the slot's name now
+        # holds the owner exactly). Never another key's job, nor its id.
+        raise ApiError(409, "idempotency_conflict",
+                       "this idempotency key is held by a job of another key; use another "
+                       "idempotency key")
     if outcome == "existing":
-        existing = await svc.store.get(job_id)
-        if existing is None:  # pragma: no cover - idempotency keys outlive no job
+        # Read with the owner: the replay answers only with the caller's own job.
+        existing = await svc.store.get(job_id, owner)
+        if existing is None:  # deleted since the script found it
             raise not_found(job_id)
         return _job(existing, 200, {"Location": f"/v1/jobs/{job_id}"})
     try:
