@@ -28,7 +28,8 @@ CI_VALUES: dict[str, Any] = yaml.safe_load((CHART / "ci" / "test-values.yaml").r
 # The chart's floor (Chart.yaml kubeVersion) and the newest schemas shipped.
 KUBE_VERSIONS = ("1.29.0", kubernetes_validate.latest_version())
 SECRET_ENV = {"MAEC_API_KEYS", "MAEC_S3_ACCESS_KEY", "MAEC_S3_SECRET_KEY",
-              "MAEC_WEBHOOK_SECRETS", "MAEC_REDIS_PASSWORD", "FLOWER_BASIC_AUTH"}
+              "MAEC_WEBHOOK_SECRETS", "MAEC_REDIS_PASSWORD", "FLOWER_BASIC_AUTH",
+              "MAEC_METRICS_TOKEN_SHA256"}
 
 
 def render(values: dict[str, Any]) -> list[dict[str, Any]]:
@@ -279,3 +280,39 @@ def test_chart_lints_clean() -> None:
     report = helm.lint(str(CHART), values=CI_VALUES)
     assert not report["errors"], report
     assert not [m for m in report["messages"] if m["severity"] > 1], report
+
+
+def _api_container(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    api = next(d for d in of_kind(docs, "Deployment").values()
+               if d["metadata"]["labels"]["app.kubernetes.io/component"] == "api")
+    (c,) = api["spec"]["template"]["spec"]["containers"]
+    return dict(c)
+
+
+def test_proxy_headers_are_believed_only_from_the_ingress(docs: list[dict[str, Any]]
+                                                          ) -> None:
+    """uvicorn's own default trusts X-Forwarded-For from 127.0.0.1: the chart always
+    sets FORWARDED_ALLOW_IPS, to the ingress the values name, else to nobody."""
+    c = _api_container(docs)
+    assert "--proxy-headers" in c["command"]
+    assert not any(a.startswith("--forwarded-allow-ips") for a in c["command"])
+    assert env_of(c)["FORWARDED_ALLOW_IPS"]["value"] == CI_VALUES["api"]["forwardedAllowIps"]
+    values = copy.deepcopy(CI_VALUES)
+    del values["api"]["forwardedAllowIps"]
+    assert env_of(_api_container(render(values)))["FORWARDED_ALLOW_IPS"]["value"] == ""
+    values["api"]["forwardedAllowIps"] = "*"  # everyone could pick their address
+    with pytest.raises(helm.HelmError, match="schema"):
+        render(values)
+
+
+def test_metrics_token_comes_from_the_secret_and_per_key_is_off(
+        docs: list[dict[str, Any]]) -> None:
+    env = env_of(_api_container(docs))
+    ref = env["MAEC_METRICS_TOKEN_SHA256"]["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": CI_VALUES["auth"]["existingSecret"],
+                   "key": CI_VALUES["auth"]["metricsTokenKey"]}
+    assert env["MAEC_METRICS_PER_KEY"]["value"] == "false"
+    for dep in of_kind(docs, "Deployment").values():  # the workers do not serve /metrics
+        if dep["metadata"]["labels"]["app.kubernetes.io/component"] != "api":
+            for c in dep["spec"]["template"]["spec"]["containers"]:
+                assert "MAEC_METRICS_TOKEN_SHA256" not in env_of(c)
