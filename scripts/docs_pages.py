@@ -147,7 +147,10 @@ def _operation(path: str, method: str, op: dict[str, Any]) -> list[str]:
     out = [f"## `{method.upper()} {path}`", ""]
     what = _first_sentence(op.get("description")).replace("``", "`")
     out += [f"**{_one_line(op.get('summary'))}.** {what}".rstrip(), ""]
-    out.append(f"Auth: {'none' if op.get('security') == [] else 'API key'}.")
+    security = op.get("security")
+    auth = "none" if security == [] else \
+        "the operator's metrics token" if security == [{"metricsToken": []}] else "API key"
+    out.append(f"Auth: {auth}.")
     out += _parameters(op)
     if "requestBody" in op:
         out += ["", f"Request body: {_body(op['requestBody'].get('content'))}."]

@@ -82,7 +82,8 @@ class BodyLimit:
 def _document_auth(app: FastAPI) -> None:
     """Declare the bearer key in OpenAPI (so /docs has "Authorize"); /healthz is open.
 
-    Auth itself is enforced in ``app.api.deps.authenticate``, not by this description.
+    Auth itself is enforced in ``app.api.deps.authenticate`` (``operator`` for /metrics),
+    not by this description.
     """
 
     def openapi() -> dict[str, Any]:
@@ -91,10 +92,15 @@ def _document_auth(app: FastAPI) -> None:
                                  description=app.description, routes=app.routes)
             schema.setdefault("components", {})["securitySchemes"] = {
                 "apiKey": {"type": "http", "scheme": "bearer",
-                           "description": "Authorization: Bearer <API key>"}}
+                           "description": "Authorization: Bearer <API key>"},
+                # /metrics is the operator's (app.api.deps.operator): API keys get 403.
+                "metricsToken": {"type": "http", "scheme": "bearer",
+                                 "description": "Authorization: Bearer <the token whose "
+                                 "sha256 is MAEC_METRICS_TOKEN_SHA256>"}}
             for path, ops in schema.get("paths", {}).items():
                 for op in ops.values():
-                    op["security"] = [] if path == "/healthz" else [{"apiKey": []}]
+                    op["security"] = [] if path == "/healthz" else \
+                        [{"metricsToken": []}] if path == "/metrics" else [{"apiKey": []}]
             app.openapi_schema = schema
         return app.openapi_schema
 

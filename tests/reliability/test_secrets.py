@@ -85,3 +85,22 @@ def test_a_bad_secret_setting_is_refused_and_never_echoed(
     assert out.returncode != 0, f"{command} started with {name}:\n{text[-2000:]}"
     assert variable in text, text[-2000:]
     assert not echoed, f"{command} printed the secret of {name!r}"
+
+
+# Key ids a careless or hostile configuration could use: ``alice:ci`` beside ``alice``
+# once shared Redis keys (idempotency slots) with it.
+BAD_KEY_IDS = {"MAEC_API_KEYS": json.dumps({"alice": hash_key("k" * 32),
+                                            "alice:ci": hash_key("j" * 32)})}
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_a_key_id_outside_the_alphabet_stops_every_entry_point(command: str,
+                                                               tmp_path: Path) -> None:
+    args = (["--var", str(tmp_path / "var"), "--port", str(free_port())]
+            if command == "local run" else [])
+    out = _run(COMMANDS[command] + args, BAD_KEY_IDS, tmp_path)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0, f"{command} started with key id 'alice:ci':\n{text[-2000:]}"
+    assert "MAEC_API_KEYS" in text and "'alice:ci' is not a valid key id" in text, \
+        text[-2000:]
+    assert hash_key("j" * 32) not in text

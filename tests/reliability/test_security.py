@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -250,3 +251,98 @@ def test_no_secret_in_logs_records_or_errors(st: Stack, alice_job: dict[str, Any
     assert not any(s in listing for s in SECRETS.values())
     assert not re.search(r"(?i)aws_secret|secret_key", listing)
     assert os.environ.get("MAEC_S3_SECRET_KEY") is None  # the test process holds none
+
+
+# -- X-Forwarded-For: believed only from a configured proxy --
+
+# The failed-authentication limit of these servers: 5 saved up, then one a minute.
+_AUTH_LIMIT = {"MAEC_AUTH_FAILURE_BURST": "5", "MAEC_AUTH_FAILURES_PER_MINUTE": "1"}
+
+
+def _dockerfile_api_command(port: int) -> tuple[list[str], str | None]:
+    """The api image's CMD (listening on 127.0.0.1:``port`` here instead of 0.0.0.0) and
+    its FORWARDED_ALLOW_IPS (None: the image sets none, uvicorn's default applies)."""
+    import json
+
+    text = (Path(__file__).resolve().parents[2] / "Dockerfile").read_text()
+    stage = text[text.index("FROM base AS api"):]
+    stage = stage[:stage.index("\nFROM ")]
+    cmd = json.loads(re.search(r"^CMD (\[.*?\])\s*$", stage, re.M | re.S)
+                     .group(1).replace("\\\n", " "))  # type: ignore[union-attr]
+    cmd[cmd.index("--host") + 1] = "127.0.0.1"
+    cmd[cmd.index("--port") + 1] = str(port)
+    trusted = re.search(r'^ENV FORWARDED_ALLOW_IPS="?([^"\n]*)"?$', stage, re.M)
+    return [str(Path(sys.executable).parent / cmd[0]), *cmd[1:]], \
+        trusted.group(1) if trusted else None
+
+
+def _failed_logins(st: Stack, name: str, command: list[str], env: dict[str, str],
+                   port: int) -> list[int]:
+    """Start the API as ``command`` does on a Redis DB of its own, then send 45 bad keys
+    from 127.0.0.1, each with a different X-Forwarded-For (a new address every time, as
+    someone hiding from the per-address limit would); the status codes."""
+    import httpx
+    import redis as redis_lib
+
+    from tests.stack import Proc, wait_for
+
+    url = st.redis.db_url(5)
+    redis_lib.Redis.from_url(url).flushdb()
+    proc = Proc(name, command, env={**st.env, **_AUTH_LIMIT, "MAEC_REDIS_URL": url, **env},
+                log=st.root / f"{name}.log")
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: httpx.get(base + "/healthz", timeout=1).status_code == 200, 60,
+                 name)
+        with httpx.Client(base_url=base, timeout=10) as c:
+            return [c.get("/v1/jobs", headers={"Authorization": f"Bearer guess-{i}",
+                                               "X-Forwarded-For": f"203.0.113.{i}"}
+                          ).status_code for i in range(45)]
+    finally:
+        proc.stop()
+
+
+def test_a_spoofed_forwarded_for_neither_resets_nor_dodges_the_login_limit(
+        st: Stack) -> None:
+    """``make run``'s uvicorn and the api image's, each started with the exact command
+    they use: a client that rotates X-Forwarded-For is still one address, refused once
+    its failures are spent. For contrast, the image with its proxy configured
+    (FORWARDED_ALLOW_IPS=127.0.0.1, where the header is a proxy's word) counts each
+    forwarded client apart, so this test can tell the header was ignored."""
+    from app.run_local import api_command
+    from tests.stack import free_port
+
+    port = free_port()
+    codes = _failed_logins(st, "api-run-local", api_command(port), {}, port)
+    assert codes[:5] == [401] * 5 and set(codes[5:]) == {429}, codes
+
+    port = free_port()
+    command, trusted = _dockerfile_api_command(port)
+    assert trusted is not None, "the api image names whom it trusts"
+    codes = _failed_logins(st, "api-image", command, {"FORWARDED_ALLOW_IPS": trusted}, port)
+    assert codes[:5] == [401] * 5 and set(codes[5:]) == {429}, codes
+
+    port = free_port()
+    command, _ = _dockerfile_api_command(port)
+    codes = _failed_logins(st, "api-behind-proxy", command,
+                           {"FORWARDED_ALLOW_IPS": "127.0.0.1"}, port)
+    assert set(codes) == {401}, codes
+
+
+def test_a_tenant_key_reads_no_metrics_and_no_other_key_id(st: Stack,
+                                                           alice_job: dict[str, Any]) -> None:
+    """/metrics is the operator's: a tenant's key gets 403 ``operator_only`` with nothing
+    of the service in it, and even the operator's scrape names no key unless asked."""
+    from tests.stack import METRICS_TOKEN
+
+    for key in ("alice", "bob"):
+        with st.client(key) as c:
+            resp = c.get("/metrics")
+        assert resp.status_code == 403, resp.text
+        assert resp.json()["code"] == "operator_only"
+        assert "maec_" not in resp.text and "alice" not in resp.text and \
+            "bob" not in resp.text
+    with st.client(METRICS_TOKEN) as op:
+        text = op.get("/metrics").text
+    assert 'maec_jobs_finished_total{status="succeeded"}' in text
+    assert 'key="' not in text and "alice" not in text
