@@ -154,7 +154,10 @@ class ApiJobStore:
                 scanned += 1
                 last = job_id
                 rec = decode(raw)
-                if rec is not None and (status is None or rec.status == status):
+                # The list names ids; the record says whose job it is, and only that
+                # is trusted (an index entry left by anything else lists nothing).
+                if rec is not None and rec.owner == owner and (
+                        status is None or rec.status == status):
                     out.append(rec)
                     if len(out) == limit:
                         break

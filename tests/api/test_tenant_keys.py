@@ -175,3 +175,19 @@ def test_redis_holds_no_key_joined_from_an_owner(api: Api) -> None:
     names = [k.decode() for k in redis.Redis.from_url(api.settings.redis_url).scan_iter()]
     named = [n for n in names if "alice" in n]
     assert named and all("5:alice" in n for n in named), named
+
+
+def test_index_entries_naming_another_keys_job_list_nothing(api: Api) -> None:
+    """Listings read ids from per-key indexes, then the records: a record that is not the
+    caller's is never shown, whatever put its id in the caller's index (the job list, the
+    fair-share queue behind /v1/queue)."""
+    alice = str(api.submit()["id"])
+    bob = str(api.submit(key="bob")["id"])
+    api.r.zadd(owner_key("bob"), {alice: 0})
+    api.r.zadd(sched_queue_key(QUEUE, "bob"), {alice: 0})
+    listed = api.client.get("/v1/jobs", headers=api.auth("bob")).json()
+    assert [j["id"] for j in listed["jobs"]] == [bob]
+    queue = api.client.get("/v1/queue", headers=api.auth("bob")).json()
+    assert alice not in {j["id"] for j in queue["queued"]}
+    assert alice in {j["id"] for j in api.client.get(
+        "/v1/queue", headers=api.auth()).json()["queued"]}
