@@ -105,3 +105,18 @@ def test_redis_conf_is_durable_and_never_evicts() -> None:
     assert lines["appendonly"] == ["yes"]
     assert lines["maxmemory-policy"] == ["noeviction"]
     assert lines["appendfsync"] == ["everysec"]
+
+
+def test_compose_and_image_believe_forwarded_addresses_from_nobody_by_default(
+        compose: dict[str, Any], dockerfile: str) -> None:
+    """uvicorn's own default trusts X-Forwarded-For from 127.0.0.1 (anything inside the
+    container): the api image sets FORWARDED_ALLOW_IPS empty and compose passes the
+    operator's value, empty unless .env names a proxy. The metrics token comes from .env
+    too, to the API only."""
+    api_stage = dockerfile[dockerfile.index("AS api"):]
+    api_stage = api_stage[:api_stage.index("\nFROM ")]
+    assert re.search(r'^ENV FORWARDED_ALLOW_IPS=""$', api_stage, re.M)
+    env = compose["services"]["api"]["environment"]
+    assert env["FORWARDED_ALLOW_IPS"] == "${FORWARDED_ALLOW_IPS:-}"
+    assert env["MAEC_METRICS_TOKEN_SHA256"] == "${MAEC_METRICS_TOKEN_SHA256:-}"
+    assert "MAEC_METRICS_TOKEN_SHA256" not in compose["services"]["worker"]["environment"]
