@@ -20,7 +20,7 @@ from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
 
-from app.artifacts import StorageArtifactStore
+from app.artifacts import StorageArtifactStore, artifact_scope
 from app.disk_cache import Hold
 from app.jobs.accounting import finish_increments
 from app.jobs.calls import Claim, QuotaExceeded
@@ -374,6 +374,7 @@ class JobRunner:
             ctx = RunContext(progress=att.progress, cancel=att.cancel_requested,
                              device=self.settings.device, hash_cache=hash_cache,
                              artifact_store=artifacts,
+                             artifact_scope=artifact_scope(rec.owner),
                              names={path: ref for ref, path in plan.local_refs(local).items()},
                              options=EngineOptions(on_shard=uploads.on_shard,
                                                    on_shard_open=uploads.on_shard_open))

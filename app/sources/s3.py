@@ -58,6 +58,11 @@ class S3Source(SourceKind):
 
     @classmethod
     def parse(cls, text: str, settings: Settings) -> Source:
+        if settings.storage_backend != "s3":
+            # Decided here, from the settings: no request can make it work, so it is the
+            # request's error (422), never the store's (a 503 the client would retry).
+            raise SourceError(f"{text}: s3:// sources need S3 storage; this service "
+                              "keeps its storage in a local directory", source=text)
         bucket, _, prefix = text[5:].partition("/")
         prefix = prefix.strip("/")
         if not _BUCKET.match(bucket):
@@ -67,8 +72,8 @@ class S3Source(SourceKind):
         return Source("s3", text, bucket=bucket, prefix=prefix)
 
     def _bucket(self) -> Storage:
-        # Not in __init__: local storage refuses other buckets, and that refusal is the
-        # caller's error to word (submission: invalid_source; a job: storage_unavailable).
+        # Not in __init__: local storage refuses other buckets (a record written while the
+        # service used S3 storage), and that refusal is the caller's error to word.
         return self.storage.for_bucket(self.source.bucket)
 
     def headers(self, tokenizer: bool = False, base: ModelFolder | None = None
