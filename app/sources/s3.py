@@ -38,7 +38,7 @@ from app.sources.base import (
     sparse_header_copy,
     write_whole,
 )
-from app.storage.base import ObjectInfo, Storage, StorageError
+from app.storage.base import ObjectInfo, Storage, StorageDenied, StorageError
 from maec_core.errors import SourceChanged, SourceError, SourceNotFound
 from maec_core.io.folder import MAX_JSON_BYTES, PICKLE_SUFFIXES, ModelFolder
 
@@ -114,9 +114,12 @@ class S3Source(SourceKind):
 
     def checkpoint_files(self) -> list[SourceFile]:
         bucket, prefix = self._bucket(), self.source.prefix
-        files = [self._file(bucket, obj.key, obj.key[len(prefix) + 1:])
-                 for obj in bucket.list(prefix + "/")
-                 if is_checkpoint_file(obj.key[len(prefix) + 1:])]
+        try:
+            files = [self._file(bucket, obj.key, obj.key[len(prefix) + 1:])
+                     for obj in bucket.list(prefix + "/")
+                     if is_checkpoint_file(obj.key[len(prefix) + 1:])]
+        except StorageDenied:
+            raise self._denied() from None
         if not files:
             raise SourceNotFound(f"{self.source.uri}: no checkpoint files",
                                  source=self.source.uri)
@@ -124,7 +127,16 @@ class S3Source(SourceKind):
 
     def corpus_file(self) -> SourceFile:
         key = self.source.prefix
-        return self._file(self._bucket(), key, key.rsplit("/", 1)[-1])
+        try:
+            return self._file(self._bucket(), key, key.rsplit("/", 1)[-1])
+        except StorageDenied:
+            raise self._denied() from None
+
+    def _denied(self) -> SourceError:
+        # Asking again gives the same refusal: the request's error, not a 503 to retry.
+        uri = self.source.uri
+        return SourceError(f"{uri}: the store does not let this service read it",
+                           source=uri)
 
     def fetch(self, file: SourceFile, dest: Path) -> None:
         bucket = self._bucket()

@@ -17,8 +17,9 @@ from app.jobs.keys import job_key
 from app.jobs.record import decode
 from app.queue import QUEUE
 from app.settings import Settings, hash_key
-from app.sources import SourceForbidden, parse_source
+from app.sources import SourceForbidden, parse_source, pin_source
 from app.storage.local import LocalStorage
+from app.storage.s3 import S3Storage
 from maec_core.errors import SourceError
 from tests import hostile
 from tests.api.conftest import Api
@@ -60,6 +61,27 @@ def test_every_spelling_of_the_service_bucket_is_refused(tmp_path: Path) -> None
             assert isinstance(err.value, SourceForbidden)
     # Another bucket of the same store is a source as before.
     assert parse_source(f"s3://team-models/jobs/{UNKNOWN}/a1", settings).bucket == "team-models"
+
+
+@pytest.mark.parametrize("code", ["AccessDenied", "403"])
+def test_a_bucket_the_store_refuses_is_the_requests_error(tmp_path: Path, code: str) -> None:
+    from botocore.stub import Stubber
+
+    settings = _s3_settings(tmp_path)
+    storage = S3Storage.from_settings(settings)
+    with Stubber(storage.client) as stub:
+        stub.add_client_error("head_object", service_error_code=code,
+                              http_status_code=403)
+        stub.add_client_error("list_objects_v2", service_error_code=code,
+                              http_status_code=403)
+        # An eval set or corpus (one object), then a checkpoint folder: asking again
+        # would be refused again, so neither is a storage_unavailable (503).
+        for uri, single in (("s3://locked/evals/set.jsonl", True),
+                            ("s3://locked/models/base", False)):
+            with pytest.raises(SourceError) as err:
+                pin_source(parse_source(uri, settings), storage, single=single)
+            assert err.value.code == "invalid_source", err.value.message
+            assert "does not let this service read it" in err.value.message
 
 
 def _qa_set(api: Api) -> str:
