@@ -27,7 +27,7 @@ from app.jobs.calls import Claim, QuotaExceeded
 from app.jobs.record import JobRecord, now_iso
 from app.jobs.worker_store import WorkerJobStore
 from app.settings import Settings
-from app.sources import Source
+from app.sources import Source, check_not_service_storage
 from app.storage.base import Storage, StorageError
 from maec_contract import FileInfo, JobResult
 from maec_core.context import RunContext
@@ -326,7 +326,10 @@ class JobRunner:
         for i, (uri, doc) in enumerate(sorted(rec.sources.items())):
             if att.cancel_requested():
                 raise _CancelledHere
-            path, got, hit = fetch_source(Source.from_dict(doc), self.storage, self.cache,
+            # Checked again here: a record queued before the rule existed (or written by
+            # anything but the API) must not read the service's own storage either.
+            source = check_not_service_storage(Source.from_dict(doc), self.settings)
+            path, got, hit = fetch_source(source, self.storage, self.cache,
                                           workdir / "inputs" / str(i),
                                           corpus=plan is not None and plan.one_file(uri),
                                           hold=hold)

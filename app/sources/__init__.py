@@ -29,8 +29,8 @@ from maec_core.io.folder import ModelFolder
 
 __all__ = [
     "Published", "Source", "SourceFile", "SourceForbidden", "SourceKind", "check_corpus",
-    "inspect_source", "open_source", "parse_source", "pin_source", "published",
-    "referenced_job",
+    "check_not_service_storage", "inspect_source", "open_source", "parse_source",
+    "pin_source", "published", "referenced_job",
 ]
 
 _KINDS: tuple[type[SourceKind], ...] = (S3Source, HubSource, LocalSource, JobSource)

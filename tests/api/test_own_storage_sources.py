@@ -133,6 +133,23 @@ def test_local_paths_into_the_service_storage_are_refused_in_every_role(
         assert got == {role: (422, case.code) for role in got}, (case.name, got)
 
 
+def test_a_queued_record_naming_the_service_storage_fails_in_the_worker(
+        api_factory: Any, tiny_models: TinyModels, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    api: Api = api_factory(local_roots=[tiny_models.root, tmp_path], **HIGH)
+    alice = _alice_job(api)
+    published = api.settings.storage_dir / "jobs" / alice["id"] / "a1"
+    # A record written before the rule existed: submission let it through.
+    with monkeypatch.context() as m:
+        m.setattr("app.sources.check_not_service_storage", lambda source, _: source)
+        job = api.submit(api.named(ability_donor=[str(published)]), key="bob")
+    JobRunner(api.settings, api.worker_store(), LocalStorage(api.settings.storage_dir),
+              worker="test").run(str(job["id"]))
+    done = api.client.get(f"/v1/jobs/{job['id']}", headers=api.auth("bob")).json()
+    assert done["status"] == "failed" and done["error"]["code"] == "source_forbidden", done
+    assert done["result"] is None
+
+
 def test_job_reference_reads_only_the_callers_own_succeeded_job(api: Api) -> None:
     alice = _alice_job(api)
     jid = alice["id"]
