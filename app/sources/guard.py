@@ -20,7 +20,9 @@ name the service's storage.
   inside one, exposes nothing of it.
 
 The refusal is ``source_forbidden`` (422), decided from the string and the settings
-before any I/O, so it says nothing about whether anything exists there.
+before any I/O, so it says nothing about whether anything exists there. The settings
+name one bucket: a second name the store itself gives the same data (an alias bucket)
+is beyond what the service can see, and docs/deploy.md tells operators not to make one.
 """
 
 from __future__ import annotations
