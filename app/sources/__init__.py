@@ -34,7 +34,7 @@ __all__ = [
 ]
 
 _KINDS: tuple[type[SourceKind], ...] = (S3Source, HubSource, LocalSource, JobSource)
-_BY_SCHEME = {k.scheme: k for k in _KINDS if k.scheme and k is not JobSource}
+_BY_SCHEME = {k.scheme: k for k in _KINDS if k.scheme}
 _BY_KIND = {k.kind: k for k in _KINDS}
 
 

@@ -99,7 +99,7 @@ class SourceKind(ABC):
     """
 
     kind: ClassVar[Kind]
-    scheme: ClassVar[str]  # "s3", "hf"; "" for local paths
+    scheme: ClassVar[str]  # "s3", "hf"; "" for local paths and job: references
 
     def __init__(self, source: Source, storage: Storage) -> None:
         self.source = source

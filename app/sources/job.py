@@ -71,7 +71,8 @@ def referenced_job(text: str) -> str | None:
 
 class JobSource(SourceKind):
     kind: ClassVar[Kind] = "job"
-    scheme: ClassVar[str] = "job"
+    # Not a scheme://... URI: ``parse_source`` picks this kind by its ``job:`` prefix.
+    scheme: ClassVar[str] = ""
 
     @classmethod
     def parse(cls, text: str, settings: Settings) -> Source:
