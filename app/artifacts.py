@@ -12,6 +12,13 @@ the metadata, nothing next to a merge), and a copy of an artifact storage no lon
 is dropped. A job holds the copies it reads until it ends, so eviction never removes one
 under it.
 
+Artifacts are scoped per API key (:func:`artifact_scope`, part of every key): a job's
+``artifact_reused`` says that the same key extracted this ability before, and never that
+another key did. Sharing bytes across keys while reporting reuse per key would need a
+record of who made what beside every artifact, and an artifact fetched for one key could
+still be timed by another (a reused extraction finishes sooner); separate artifacts cost
+one extraction per key and leave nothing to infer.
+
 Artifacts are collected once no job references them for a grace period (the retention
 sweep, :meth:`app.jobs.worker_store.WorkerJobStore.collect_artifacts`); ``on_use`` is told
 of every artifact stored or read so that an unreferenced one in use keeps its place. An
@@ -20,6 +27,7 @@ artifact deleted while a worker fetches it reads as absent: that job extracts ag
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 import shutil
@@ -36,6 +44,14 @@ PREFIX = "artifacts"
 # What earlier versions kept directly in the local folder (a copy per key, a staging
 # folder per fetch), before the copies became cache entries under objects/.
 _LEGACY = re.compile(r"^\.?[0-9a-f]{64}(\.[0-9a-f]+)?$")
+
+
+def artifact_scope(owner: str) -> str:
+    """The artifact scope of API key ``owner`` (``RunContext.artifact_scope``): a digest,
+    so the owner's name is not written into the artifacts' metadata; length-prefixed,
+    so no two owners' inputs to it are one string."""
+    data = owner.encode()
+    return hashlib.sha256(b"maec-artifact-scope\0%d\0" % len(data) + data).hexdigest()
 
 
 class StorageArtifactStore:

@@ -126,11 +126,13 @@ class Settings(BaseSettings):
     """Where results and ability artifacts are stored: a local directory or an
     S3-compatible store."""
     storage_dir: Path = Path("var/storage")
-    """The local storage directory (`storage_backend=local`)."""
+    """The local storage directory (`storage_backend=local`); never a source, even under
+    an allowed local root."""
     s3_endpoint_url: str | None = None
     """The S3-compatible store's endpoint (unset: AWS's)."""
     s3_bucket: str = "maec"
-    """The bucket results and artifacts go to; `s3://` sources name buckets of this store."""
+    """The bucket results and artifacts go to; `s3://` sources name the other buckets of
+    this store (this one is never a source: a key reads its own outputs as `job:<id>`)."""
     s3_region: str = "us-east-1"
     """The store's region."""
     s3_access_key: str = ""
@@ -163,7 +165,8 @@ class Settings(BaseSettings):
 
     # Worker side.
     work_dir: Path = Path("var/work")
-    """The worker's working directory: the input cache, staging, artifact copies."""
+    """The worker's working directory: the input cache, staging, artifact copies; never
+    a source, even under an allowed local root."""
     cache_max_bytes: int = Field(default=50 * 10**9, ge=0)
     """The input cache (`work_dir/cache`): fetched checkpoint and corpus files, least
     recently used evicted beyond this (50 GB)."""

@@ -15,12 +15,14 @@ from typing import Any
 from app.scheduler.estimate import Need, estimate, estimate_moe
 from app.settings import Settings
 from app.sources import (
+    Published,
     Source,
     check_corpus,
     inspect_source,
     open_source,
     parse_source,
     pin_source,
+    referenced_job,
 )
 from app.storage.base import Storage, StorageError
 from maec_contract import JobRequest as JobRequest  # the body model, shared with the client
@@ -62,22 +64,32 @@ def job_warnings(job: Recipe | MoeConfig) -> list[str]:
     return job.warnings if isinstance(job, MoeConfig) else recipe_warnings(job)
 
 
-def check_job_sources(job: Recipe | MoeConfig, settings: Settings, storage: Storage
+def job_references(job: Recipe | MoeConfig) -> set[str]:
+    """The ids of the jobs whose outputs ``job`` reads (``job:<id>`` sources, in any
+    role): the API looks each up with the caller's key before the sources are checked."""
+    refs = job.sources() if isinstance(job, MoeConfig) else plan_job(job).inputs
+    return {i for i in map(referenced_job, refs) if i is not None}
+
+
+def check_job_sources(job: Recipe | MoeConfig, settings: Settings, storage: Storage,
+                      outputs: Mapping[str, Published] | None = None
                       ) -> tuple[dict[str, dict[str, Any]], Need]:
     """:func:`check_and_estimate` for either kind of job: the sources pinned, and the
-    job's needs, which route it to a pool."""
+    job's needs, which route it to a pool. ``outputs``: the caller's succeeded jobs
+    among :func:`job_references`, which its ``job:`` sources resolve to."""
     if isinstance(job, MoeConfig):
-        sources = check_moe_sources(job, settings, storage)
+        sources = check_moe_sources(job, settings, storage, outputs)
         # The hidden gate modes hold the base model while the prompts run.
         holds_base = job.gate_mode.startswith("hidden")
         return sources, estimate_moe(job.base_model, holds_base, sources)
-    return check_and_estimate(job, settings, storage)
+    return check_and_estimate(job, settings, storage, outputs)
 
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
 
-def check_moe_sources(config: MoeConfig, settings: Settings, storage: Storage
+def check_moe_sources(config: MoeConfig, settings: Settings, storage: Storage,
+                      outputs: Mapping[str, Published] | None = None
                       ) -> dict[str, dict[str, Any]]:
     """Allow-list, resolve and plan every checkpoint of an MoE config from headers and
     configs (output architecture, layer counts, MLP shapes, dtypes), and that the base
@@ -88,7 +100,7 @@ def check_moe_sources(config: MoeConfig, settings: Settings, storage: Storage
             f"the job names {len(refs)} checkpoints; this service takes at most "
             f"{settings.max_models_per_job} (MAEC_MAX_MODELS_PER_JOB)",
             limit=settings.max_models_per_job)
-    parsed = {uri: parse_source(uri, settings) for uri in refs}
+    parsed = {uri: parse_source(uri, settings, outputs) for uri in refs}
     folders = {uri: inspect_source(parsed[uri], storage, uri == config.base_model)
                for uri in refs}
     plan_moe(config, folders)
@@ -194,18 +206,20 @@ def _joined(j: Joined, adapter: ModelFolder, base: ModelFolder) -> ModelFolder:
 
 
 def check_sources(
-    recipe: Recipe, settings: Settings, storage: Storage
+    recipe: Recipe, settings: Settings, storage: Storage,
+    outputs: Mapping[str, Published] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Allow-list, resolve and compare every source; returns ``{uri: source dict}``,
     each pinned to the files it holds now (what the worker will fetch, and nothing else).
 
     Blocking (file and S3 I/O): the API calls it in a worker thread.
     """
-    return check_and_estimate(recipe, settings, storage)[0]
+    return check_and_estimate(recipe, settings, storage, outputs)[0]
 
 
 def check_and_estimate(
-    recipe: Recipe, settings: Settings, storage: Storage
+    recipe: Recipe, settings: Settings, storage: Storage,
+    outputs: Mapping[str, Published] | None = None,
 ) -> tuple[dict[str, dict[str, Any]], Need]:
     """:func:`check_sources`, and the job's needs estimated from the same headers
     (:mod:`app.scheduler.estimate`), which route it to a pool."""
@@ -220,7 +234,7 @@ def check_and_estimate(
         )
     parsed: dict[str, Source] = {}
     for uri in [*plan.checkpoints, *plan.corpora]:
-        parsed[uri] = parse_source(uri, settings)
+        parsed[uri] = parse_source(uri, settings, outputs)
     folders = inspect_models(plan, parsed, storage)
     merge_plan = plan_recipe(recipe, folders)
     check_against_plan(recipe, merge_plan)
@@ -229,17 +243,17 @@ def check_and_estimate(
     pinned = {uri: pin_source(parsed[uri], storage) for uri in plan.checkpoints}
     for uri in plan.corpora:
         pinned[uri] = check_corpus(parsed[uri], storage, settings.max_corpus_bytes)
-    pinned.update(check_eval_sets(plan, settings, storage))
+    pinned.update(check_eval_sets(plan, settings, storage, outputs))
     sources = {uri: s.to_dict() for uri, s in pinned.items()}
     return sources, estimate(recipe, merge_plan, sources)
 
 
-def check_eval_sets(plan: JobPlan, settings: Settings, storage: Storage
-                    ) -> dict[str, Source]:
+def check_eval_sets(plan: JobPlan, settings: Settings, storage: Storage,
+                    outputs: Mapping[str, Published] | None = None) -> dict[str, Source]:
     """Allow-list every eval set (and few-shot file), pin it, and read it through its
     source kind, checking caps and every line as the worker will (EvalSetError with the
     file and line; EvalSetUnreadable when it cannot be read). Returns ``{uri: pinned}``."""
-    parsed = {uri: parse_source(uri, settings) for uri in plan.eval_inputs}
+    parsed = {uri: parse_source(uri, settings, outputs) for uri in plan.eval_inputs}
     pinned: dict[str, Source] = {}
     if not parsed:
         return pinned

@@ -28,7 +28,7 @@ from app.settings import Settings, hash_key
 from app.sources import open_source, parse_source
 from app.sources.base import SourceFile, write_verified
 from app.storage.s3 import S3Storage
-from tests.stack import S3_BUCKET, S3_KEY_ID, S3_SECRET, S3Server
+from tests.stack import S3_BUCKET, S3_INPUTS_BUCKET, S3_KEY_ID, S3_SECRET, S3Server
 
 MIB = int(os.environ.get("BENCH_FETCH_MIB", 768))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", 3))
@@ -48,14 +48,14 @@ def _upload(s3: S3Server, size: int) -> None:
     while len(data) < size:
         data += block[: size - len(data)]
         block = block[1:] + block[:1]  # no two blocks alike
-    s3.client().put_object(Bucket=S3_BUCKET, Key=KEY, Body=bytes(data),
+    s3.client().put_object(Bucket=S3_INPUTS_BUCKET, Key=KEY, Body=bytes(data),
                            ChecksumAlgorithm="SHA256")
 
 
 def _streamed(storage: S3Storage, file: SourceFile, dest: Path) -> None:
     """The peer: one GET streamed to disk and hashed as it streams."""
     chunks = storage.iter_range(file.location, 0, file.size - 1, if_match=file.version)
-    write_verified(chunks, dest, file, uri=f"s3://{S3_BUCKET}/{KEY}", sender="the store",
+    write_verified(chunks, dest, file, uri=f"s3://{S3_INPUTS_BUCKET}/{KEY}", sender="the store",
                    where="as listed")
 
 
@@ -74,7 +74,7 @@ def main() -> int:
         settings = _settings(s3)
         storage = S3Storage.from_settings(settings)
         _upload(s3, MIB * 1024 * 1024)
-        reader = open_source(parse_source(f"s3://{S3_BUCKET}/{KEY}", settings), storage)
+        reader = open_source(parse_source(f"s3://{S3_INPUTS_BUCKET}/{KEY}", settings), storage)
         file = reader.corpus_file()
         assert file.content_key.startswith("sha256:"), "both sides must check the digest"
         sides: dict[str, Callable[[Path], None]] = {

@@ -36,7 +36,9 @@ class RunContext:
     ``overwrite`` replaces an existing output folder. ``hash_cache`` is a folder keeping
     input-file digests between processes (None: this process only). ``artifact_store``
     keeps MAEC ability artifacts between runs (other methods have none; without a store
-    MAEC extracts every ability afresh). ``options``: compute dtype, GPU budget,
+    MAEC extracts every ability afresh); ``artifact_scope``, when set, is part of every
+    artifact key, so artifacts are shared only within one scope (the service: one per
+    API key). ``options``: compute dtype, GPU budget,
     finished-shard callbacks, a sink taking the tensors instead of a folder
     (:class:`~maec_core.runtime.EngineOptions`).
     """
@@ -47,6 +49,7 @@ class RunContext:
     overwrite: bool = False
     hash_cache: Path | None = None
     artifact_store: ArtifactStore | None = None
+    artifact_scope: str = ""
     options: EngineOptions = field(default_factory=EngineOptions)
     # Local input path -> the reference the output records it by (recipe.yaml, the model
     # card, extra documents): a job's worker sets it so that nothing it publishes names

@@ -486,3 +486,111 @@ HOSTILE: tuple[Hostile, ...] = (
 )
 
 BY_NAME = {h.name: h for h in HOSTILE}
+
+
+# -- sources that name the service's own storage ------------------------------------------
+# A tenant who knows another's job id (ids are not secrets) tries to read that job's
+# published files as an input. ``Spelling``: one way of writing the address, and the code
+# that must refuse it (source_forbidden where the service recognises its own storage,
+# invalid_source where the string is not a valid source at all).
+
+
+@dataclass(frozen=True)
+class Spelling:
+    name: str
+    source: str
+    code: str
+
+
+def service_bucket_spellings(bucket: str, job_id: str, endpoint_host: str,
+                             region: str = "us-east-1") -> tuple[Spelling, ...]:
+    """``s3://`` spellings of job ``job_id``'s published prefix in the service's bucket."""
+    prefix = f"jobs/{job_id}/a1"
+    forbidden = "source_forbidden"
+    encoded = "".join(f"%{ord(c):02X}" for c in bucket[:2]) + bucket[2:]
+    return (
+        Spelling("prefix", f"s3://{bucket}/{prefix}", forbidden),
+        Spelling("one_file", f"s3://{bucket}/{prefix}/model.safetensors", forbidden),
+        Spelling("trailing_slash", f"s3://{bucket}/{prefix}/", forbidden),
+        Spelling("leading_slashes", f"s3://{bucket}//{prefix}", forbidden),
+        Spelling("job_root", f"s3://{bucket}/jobs/{job_id}", forbidden),
+        Spelling("artifacts", f"s3://{bucket}/artifacts", forbidden),
+        Spelling("key_percent_encoded", f"s3://{bucket}/jobs%2F{job_id}%2Fa1", forbidden),
+        Spelling("virtual_host_endpoint", f"s3://{bucket}.{endpoint_host}/{prefix}",
+                 forbidden),
+        Spelling("virtual_host_aws", f"s3://{bucket}.s3.amazonaws.com/{prefix}", forbidden),
+        Spelling("virtual_host_region", f"s3://{bucket}.s3.{region}.amazonaws.com/{prefix}",
+                 forbidden),
+        Spelling("upper_case", f"s3://{bucket.upper()}/{prefix}", "invalid_source"),
+        Spelling("percent_encoded_bucket", f"s3://{encoded}/{prefix}", "invalid_source"),
+        Spelling("dotdot_from_another_prefix", f"s3://{bucket}/models/../{prefix}",
+                 "invalid_source"),
+        Spelling("dotdot_from_another_bucket", f"s3://team-models/x/../../{bucket}/{prefix}",
+                 "invalid_source"),
+    )
+
+
+def service_dir_spellings(storage_dir: Path, work_dir: Path, root: Path, job_id: str
+                          ) -> tuple[Spelling, ...]:
+    """Local paths into the service's storage and work directories, for a service whose
+    allowed local ``root`` contains them (a link to the storage is made under ``root``)."""
+    published = storage_dir / "jobs" / job_id / "a1"
+    link = root / f"innocent-{job_id}"
+    if not link.is_symlink():
+        link.symlink_to(published, target_is_directory=True)
+    forbidden = "source_forbidden"
+    return (
+        Spelling("published_folder", str(published), forbidden),
+        Spelling("published_file", str(published / "model.safetensors"), forbidden),
+        Spelling("double_slashes", str(storage_dir) + f"//jobs//{job_id}//a1", forbidden),
+        Spelling("storage_root", str(storage_dir), forbidden),
+        Spelling("work_cache", str(work_dir / "cache"), forbidden),
+        Spelling("link_into_storage", str(link), forbidden),
+        Spelling("dotdot", f"{root}/models/../{published.relative_to(root)}",
+                 "invalid_source"),
+    )
+
+
+def in_every_role(src: str, base: str, donor: str, lang: str, qa_set: str
+                  ) -> dict[str, dict[str, Any]]:
+    """Job bodies that read ``src`` in each input role (checkpoint, recipe model at weight
+    1.0, base model, LoRA adapter, tokenizer donor, eval set, few-shot file, ability
+    corpus, MoE expert and base, a sweep's eval set); ``base``/``donor``/``lang`` are good
+    checkpoints and ``qa_set`` a good question-answer eval set for the other places."""
+    evaluate = [{"name": "e", "language": "sw", "kind": "perplexity", "path": src}]
+    sweep = {"grid": {"weight": [0.5, 1.0]},
+             "objective": {"set": "e", "metric": "perplexity"}}
+    named = {"method": "task_arithmetic", "base": base, "ability_donor": [donor],
+             "language_base": lang}
+    moe = {"gate_mode": "random",
+           "experts": [{"source_model": donor, "positive_prompts": ["a"]},
+                       {"source_model": lang, "positive_prompts": ["b"]}]}
+    return {
+        "ability_donor": {**named, "ability_donor": [src]},
+        "language_base": {**named, "language_base": src},
+        "recipe_model": {"recipe": {"merge_method": "linear", "models": [
+            {"model": src, "parameters": {"weight": 1.0}}]}},
+        "base_model": {"recipe": {"merge_method": "task_arithmetic", "base_model": src,
+                                  "models": [{"model": donor,
+                                              "parameters": {"weight": 1.0}}]}},
+        "lora_adapter": {"recipe": {"merge_method": "linear",
+                                    "models": [{"model": f"{base}+{src}",
+                                                "parameters": {"weight": 1.0}}]}},
+        "tokenizer_donor": {"recipe": {"merge_method": "linear", "tokenizer_source": src,
+                                       "models": [
+                                           {"model": lang, "parameters": {"weight": 1.0}},
+                                           {"model": src, "parameters": {"weight": 0.0}}]}},
+        "eval_set": {**named, "evaluate": evaluate},
+        "few_shot": {**named, "evaluate": [{**evaluate[0], "path": qa_set,
+                                            "kind": "accuracy",
+                                            "few_shot": {"path": src, "k": 1,
+                                                         "language": "target",
+                                                         "format": "jsonl"}}]},
+        "ability_corpus": {"method": "maec", "base": base, "ability_donor": [donor],
+                           "language_base": lang, "ability_corpus": src,
+                           "parameters": {"importance": "gradient"}},
+        "moe_expert": {"kind": "moe", "recipe": {**moe, "base_model": base, "experts": [
+            moe["experts"][0], {"source_model": src, "positive_prompts": ["b"]}]}},
+        "moe_base": {"kind": "moe", "recipe": {**moe, "base_model": src}},
+        "sweep_eval_set": {**named, "evaluate": evaluate, "sweep": sweep},
+    }

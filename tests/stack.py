@@ -37,6 +37,8 @@ ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
 REDIS_CONF = ROOT / "deploy" / "redis.conf"
 S3_BUCKET = "maec-test"
+# The service's bucket is never a source: inputs live in a bucket of their own.
+S3_INPUTS_BUCKET = "maec-test-inputs"
 S3_KEY_ID = "maec-test-access"
 S3_SECRET = "maec-test-secret-3f9a"
 # Two API keys, so tests can check that one key never sees the other's jobs.
@@ -283,13 +285,15 @@ class S3Server:
 
     def _bucket_ready(self) -> bool:
         c = self.client()
-        with contextlib.suppress(c.exceptions.BucketAlreadyOwnedByYou,
-                                 c.exceptions.BucketAlreadyExists):
-            c.create_bucket(Bucket=S3_BUCKET)
+        for bucket in (S3_BUCKET, S3_INPUTS_BUCKET):
+            with contextlib.suppress(c.exceptions.BucketAlreadyOwnedByYou,
+                                     c.exceptions.BucketAlreadyExists):
+                c.create_bucket(Bucket=bucket)
         c.put_object(Bucket=S3_BUCKET, Key=".probe", Body=b"ok")
         return True
 
-    def upload_folder(self, folder: Path, prefix: str, bucket: str = S3_BUCKET) -> str:
+    def upload_folder(self, folder: Path, prefix: str, bucket: str = S3_INPUTS_BUCKET
+                      ) -> str:
         """Upload a checkpoint folder; returns its ``s3://`` source string."""
         c = self.client()
         for p in sorted(Path(folder).iterdir()):

@@ -20,14 +20,14 @@ from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
 
-from app.artifacts import StorageArtifactStore
+from app.artifacts import StorageArtifactStore, artifact_scope
 from app.disk_cache import Hold
 from app.jobs.accounting import finish_increments
 from app.jobs.calls import Claim, QuotaExceeded
 from app.jobs.record import JobRecord, now_iso
 from app.jobs.worker_store import WorkerJobStore
 from app.settings import Settings
-from app.sources import Source
+from app.sources import Source, check_not_service_storage
 from app.storage.base import Storage, StorageError
 from maec_contract import FileInfo, JobResult
 from maec_core.context import RunContext
@@ -326,7 +326,10 @@ class JobRunner:
         for i, (uri, doc) in enumerate(sorted(rec.sources.items())):
             if att.cancel_requested():
                 raise _CancelledHere
-            path, got, hit = fetch_source(Source.from_dict(doc), self.storage, self.cache,
+            # Checked again here: a record queued before the rule existed (or written by
+            # anything but the API) must not read the service's own storage either.
+            source = check_not_service_storage(Source.from_dict(doc), self.settings)
+            path, got, hit = fetch_source(source, self.storage, self.cache,
                                           workdir / "inputs" / str(i),
                                           corpus=plan is not None and plan.one_file(uri),
                                           hold=hold)
@@ -374,6 +377,7 @@ class JobRunner:
             ctx = RunContext(progress=att.progress, cancel=att.cancel_requested,
                              device=self.settings.device, hash_cache=hash_cache,
                              artifact_store=artifacts,
+                             artifact_scope=artifact_scope(rec.owner),
                              names={path: ref for ref, path in plan.local_refs(local).items()},
                              options=EngineOptions(on_shard=uploads.on_shard,
                                                    on_shard_open=uploads.on_shard_open))

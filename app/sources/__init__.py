@@ -2,18 +2,25 @@
 list and fetch their files for the worker's cache.
 
 A source is ``s3://bucket/prefix`` (in the configured store, ``app.sources.s3``), an
-absolute local path under one of the allow-listed roots (``app.sources.local``), or
-``hf://owner/name@<40-hex revision>`` when the hub is enabled (``app.sources.hf``).
-Anything else is refused before a job is queued. Each kind implements
-``app.sources.base.SourceKind`` in its own module; this module is the one place that
-picks the kind, from a URI's scheme or a parsed ``Source``'s kind.
+absolute local path under one of the allow-listed roots (``app.sources.local``),
+``hf://owner/name@<40-hex revision>`` when the hub is enabled (``app.sources.hf``), or
+``job:<id>[/<path>]``, the outputs of one of the caller's own succeeded jobs
+(``app.sources.job``). Anything else is refused before a job is queued, and so is any
+source naming the service's own storage (``app.sources.guard``, applied here to every
+parsed source). Each kind implements ``app.sources.base.SourceKind`` in its own module;
+this module is the one place that picks the kind, from a URI's scheme or a parsed
+``Source``'s kind.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from app.settings import Settings
 from app.sources.base import Source, SourceFile, SourceKind
+from app.sources.guard import SourceForbidden, check_not_service_storage
 from app.sources.hf import HubSource
+from app.sources.job import JobSource, Published, published, referenced_job
 from app.sources.local import LocalSource
 from app.sources.s3 import S3Source
 from app.storage.base import Storage
@@ -21,27 +28,36 @@ from maec_core.errors import CorpusError, SourceError
 from maec_core.io.folder import ModelFolder
 
 __all__ = [
-    "Source", "SourceFile", "SourceKind", "check_corpus", "inspect_source", "open_source",
-    "parse_source", "pin_source",
+    "Published", "Source", "SourceFile", "SourceForbidden", "SourceKind", "check_corpus",
+    "check_not_service_storage", "inspect_source", "open_source", "parse_source",
+    "pin_source", "published", "referenced_job",
 ]
 
-_KINDS: tuple[type[SourceKind], ...] = (S3Source, HubSource, LocalSource)
+_KINDS: tuple[type[SourceKind], ...] = (S3Source, HubSource, LocalSource, JobSource)
 _BY_SCHEME = {k.scheme: k for k in _KINDS if k.scheme}
 _BY_KIND = {k.kind: k for k in _KINDS}
 
 
-def parse_source(text: str, settings: Settings) -> Source:
-    """Parse and allow-list one source string (no I/O but resolving local symlinks)."""
+def parse_source(text: str, settings: Settings,
+                 outputs: Mapping[str, Published] | None = None) -> Source:
+    """Parse and allow-list one source string (no I/O but resolving local symlinks).
+
+    ``outputs``: the caller's succeeded jobs by id (:func:`published`), which ``job:``
+    sources resolve against; a job not among them is ``source_not_found``. Any source
+    naming the service's own storage is ``source_forbidden``."""
     if not isinstance(text, str) or not text or len(text) > 1024 or "\x00" in text:
         raise SourceError("a source must be a non-empty string", source=str(text)[:100])
-    scheme, sep, _ = text.partition("://")
-    if not sep:
-        return LocalSource.parse(text, settings)
-    kind = _BY_SCHEME.get(scheme)
-    if kind is None:
-        raise SourceError(f"{text}: only s3://, hf:// and local paths are accepted",
-                          source=text)
-    return kind.parse(text, settings)
+    if text.startswith("job:"):
+        # The one way into the service's storage: the caller's own jobs only.
+        source = JobSource.resolve(JobSource.parse(text, settings), outputs or {})
+    else:
+        scheme, sep, _ = text.partition("://")
+        kind = LocalSource if not sep else _BY_SCHEME.get(scheme)
+        if kind is None:
+            raise SourceError(f"{text}: only s3://, hf://, job: and local paths are "
+                              "accepted", source=text)
+        source = kind.parse(text, settings)
+    return check_not_service_storage(source, settings)
 
 
 def open_source(source: Source, storage: Storage) -> SourceKind:

@@ -30,7 +30,7 @@ from maec_core.io.headers import MAX_HEADER_BYTES
 from maec_core.lora.adapter import ADAPTER_CONFIG
 from maec_core.vocab.tokens import keep_tokenizer
 
-Kind = Literal["s3", "local", "hf"]
+Kind = Literal["s3", "local", "hf", "job"]
 # Files a checkpoint folder may contribute (weights, configs, tokenizer; a LoRA adapter
 # folder: its config beside adapter_model.safetensors); the rest of a prefix or repo is
 # never fetched.
@@ -74,6 +74,7 @@ class Source:
     root: str = ""  # the allow-listed root a local path was found under
     repo: str = ""
     revision: str = ""
+    job: str = ""  # the job a job: source names
     files: tuple[SourceFile, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
@@ -98,7 +99,7 @@ class SourceKind(ABC):
     """
 
     kind: ClassVar[Kind]
-    scheme: ClassVar[str]  # "s3", "hf"; "" for local paths
+    scheme: ClassVar[str]  # "s3", "hf"; "" for local paths and job: references
 
     def __init__(self, source: Source, storage: Storage) -> None:
         self.source = source

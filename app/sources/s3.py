@@ -38,7 +38,7 @@ from app.sources.base import (
     sparse_header_copy,
     write_whole,
 )
-from app.storage.base import ObjectInfo, Storage, StorageError
+from app.storage.base import ObjectInfo, Storage, StorageDenied, StorageError
 from maec_core.errors import SourceChanged, SourceError, SourceNotFound
 from maec_core.io.folder import MAX_JSON_BYTES, PICKLE_SUFFIXES, ModelFolder
 
@@ -58,6 +58,11 @@ class S3Source(SourceKind):
 
     @classmethod
     def parse(cls, text: str, settings: Settings) -> Source:
+        if settings.storage_backend != "s3":
+            # Decided here, from the settings: no request can make it work, so it is the
+            # request's error (422), never the store's (a 503 the client would retry).
+            raise SourceError(f"{text}: s3:// sources need S3 storage; this service "
+                              "keeps its storage in a local directory", source=text)
         bucket, _, prefix = text[5:].partition("/")
         prefix = prefix.strip("/")
         if not _BUCKET.match(bucket):
@@ -67,8 +72,8 @@ class S3Source(SourceKind):
         return Source("s3", text, bucket=bucket, prefix=prefix)
 
     def _bucket(self) -> Storage:
-        # Not in __init__: local storage refuses other buckets, and that refusal is the
-        # caller's error to word (submission: invalid_source; a job: storage_unavailable).
+        # Not in __init__: local storage refuses other buckets (a record written while the
+        # service used S3 storage), and that refusal is the caller's error to word.
         return self.storage.for_bucket(self.source.bucket)
 
     def headers(self, tokenizer: bool = False, base: ModelFolder | None = None
@@ -109,9 +114,12 @@ class S3Source(SourceKind):
 
     def checkpoint_files(self) -> list[SourceFile]:
         bucket, prefix = self._bucket(), self.source.prefix
-        files = [self._file(bucket, obj.key, obj.key[len(prefix) + 1:])
-                 for obj in bucket.list(prefix + "/")
-                 if is_checkpoint_file(obj.key[len(prefix) + 1:])]
+        try:
+            files = [self._file(bucket, obj.key, obj.key[len(prefix) + 1:])
+                     for obj in bucket.list(prefix + "/")
+                     if is_checkpoint_file(obj.key[len(prefix) + 1:])]
+        except StorageDenied:
+            raise self._denied() from None
         if not files:
             raise SourceNotFound(f"{self.source.uri}: no checkpoint files",
                                  source=self.source.uri)
@@ -119,7 +127,16 @@ class S3Source(SourceKind):
 
     def corpus_file(self) -> SourceFile:
         key = self.source.prefix
-        return self._file(self._bucket(), key, key.rsplit("/", 1)[-1])
+        try:
+            return self._file(self._bucket(), key, key.rsplit("/", 1)[-1])
+        except StorageDenied:
+            raise self._denied() from None
+
+    def _denied(self) -> SourceError:
+        # Asking again gives the same refusal: the request's error, not a 503 to retry.
+        uri = self.source.uri
+        return SourceError(f"{uri}: the store does not let this service read it",
+                           source=uri)
 
     def fetch(self, file: SourceFile, dest: Path) -> None:
         bucket = self._bucket()

@@ -16,6 +16,12 @@ class StorageError(MaecError):
     code = "storage_unavailable"
 
 
+class StorageDenied(StorageError):
+    """The store refused this service access to a bucket or object (its credentials have
+    no rights there): asking again gives the same answer, so a source it names is the
+    request's error, not an outage."""
+
+
 @dataclass(frozen=True)
 class ObjectInfo:
     key: str

@@ -32,6 +32,7 @@ from app.storage.base import (
     Digest,
     ObjectInfo,
     Storage,
+    StorageDenied,
     StorageError,
     WaitFn,
     check_key,
@@ -58,8 +59,14 @@ def composite_sha256(part_digests: list[bytes]) -> str:
     return f"{_b64(hashlib.sha256(b''.join(part_digests)).digest())}-{len(part_digests)}"
 
 
+# What a store answers when the credentials may not read there (not an outage).
+_DENIED = frozenset({"AccessDenied", "403", "AllAccessDisabled"})
+
+
 def _fail(what: str, exc: Exception, **details: Any) -> StorageError:
-    return StorageError(f"object store error while {what}: {exc}", **details)
+    code = exc.response.get("Error", {}).get("Code") if isinstance(exc, ClientError) else None
+    kind = StorageDenied if code in _DENIED else StorageError
+    return kind(f"object store error while {what}: {exc}", **details)
 
 
 def _full_sha256(head: Mapping[str, Any]) -> str | None:

@@ -64,8 +64,11 @@ def key_document(
     control: ModelFolder | None,
     corpus: str | None,
     hash_cache: Path | None = None,
+    scope: str = "",
 ) -> dict[str, Any]:
-    """Everything the key hashes, also stored in the artifact's metadata."""
+    """Everything the key hashes, also stored in the artifact's metadata. ``scope``
+    (``RunContext.artifact_scope``) makes the key, and so the artifact, one scope's: the
+    same extraction in two scopes is two artifacts."""
     doc: dict[str, Any] = {
         "format": ARTIFACT_FORMAT,
         "format_version": ARTIFACT_FORMAT_VERSION,
@@ -80,6 +83,8 @@ def key_document(
         assert corpus is not None  # validate_maec_recipe guarantees it
         doc["inputs"]["corpus"] = corpus_checksum(corpus, hash_cache)
         doc["inputs"]["tokenizer"] = tokenizer_checksums(base, hash_cache)
+    if scope:
+        doc["scope"] = scope
     return doc
 
 

@@ -111,7 +111,8 @@ def extract(recipe: Recipe, ability_index: int, artifact_dir: str | Path,
     total = _passes(params) * len(included_tensors(params, plan_tensors))
     ability, control = _ability_folders(recipe, ability_index)
     corpus = recipe.abilities[ability_index].corpus
-    doc = key_document(params, base, ability, control, corpus, ctx.hash_cache)
+    doc = key_document(params, base, ability, control, corpus, ctx.hash_cache,
+                       ctx.artifact_scope)
     return extract_ability(params, doc, AbilityInputs(base, ability, control, corpus),
                            Path(artifact_dir), ctx, _counter(ctx.progress, "extract", total))
 
@@ -199,7 +200,7 @@ def _abilities(recipe: Recipe, params: MaecParams, out: Path, ctx: RunContext
                           [f for ab in abilities for f in ab if f is not None])
     plan = build_plan(folders, LANG, tmap.lang_rows if tmap else None)
     docs = [key_document(params, base, ability, control, recipe.abilities[i].corpus,
-                         hash_cache)
+                         hash_cache, ctx.artifact_scope)
             for i, (ability, control) in enumerate(abilities)]
     keys = [key_of(doc) for doc in docs]
     found = [store.get(k) if store is not None else None for k in keys]

@@ -120,6 +120,12 @@ class Buckets(LocalStorage):
         return super().iter_range(key, start, end, if_match=if_match)
 
 
+def _s3_settings() -> Settings:
+    # s3:// sources are read only by a service whose storage is S3.
+    return Settings(api_keys={"a": hash_key("a")}, storage_backend="s3",
+                    s3_access_key="test-access", s3_secret_key="test-secret-value")
+
+
 def _put_model(store: Buckets, bucket: str, prefix: str, files: dict[str, bytes]) -> str:
     for name, data in files.items():
         store.for_bucket(bucket).put_bytes(f"{prefix}/{name}", data)
@@ -134,7 +140,7 @@ def test_s3_entries_are_shared_across_buckets_only_by_sha256(tmp_path: Path,
                                                                sha256: bool) -> None:
     store = Buckets(tmp_path / "store", sha256=sha256)
     cache = InputCache(tmp_path / "cache", 10**6)
-    settings = Settings(api_keys={"a": hash_key("a")})
+    settings = _s3_settings()
     total = len(MODEL["model.safetensors"]) + len(MODEL["config.json"])
     counts = []
     for i, bucket in enumerate(("team-a", "team-b")):
@@ -152,7 +158,7 @@ def test_s3_bytes_not_matching_their_sha256_are_refused_while_streaming(
         tmp_path: Path) -> None:
     store = Buckets(tmp_path / "store")
     cache = InputCache(tmp_path / "cache", 10**6)
-    settings = Settings(api_keys={"a": hash_key("a")})
+    settings = _s3_settings()
     uri = _put_model(store, "team-a", "models/m", MODEL)
     weights = MODEL["model.safetensors"]
     store.serve["models/m/model.safetensors"] = weights[:1500] + b"v" + weights[1501:]
@@ -338,7 +344,7 @@ def test_s3_objects_are_pinned_at_submission(tmp_path: Path, change: str) -> Non
     from maec_core.errors import SourceChanged
 
     store = Buckets(tmp_path / "store", sha256=False)
-    settings = Settings(api_keys={"a": hash_key("a")})
+    settings = _s3_settings()
     uri = _put_model(store, "team-a", "models/m", MODEL)
     pinned = pin_source(parse_source(uri, settings), store)
     assert {f.name for f in pinned.files} == {"config.json", "model.safetensors"}

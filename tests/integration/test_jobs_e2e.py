@@ -187,7 +187,7 @@ def test_s3_source_validation(stack: Stack, s3_sources: Sources, tmp_path: Path)
     vocab = s3.upload_folder(hostile.vocab_mismatch(s3_sources.local.donor, tmp_path / "v"),
                              "models/vocab")
     cases = {pickled: "pickle_refused", vocab: "incompatible_checkpoints",
-             "s3://maec-test/models/missing": "source_not_found",
+             "s3://maec-test-inputs/models/missing": "source_not_found",
              "s3://no-such-bucket-x/models/a": "source_not_found"}
     with stack.client() as c:
         for src, code in cases.items():

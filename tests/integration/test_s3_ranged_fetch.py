@@ -18,7 +18,7 @@ from app.sources.base import SourceFile
 from app.storage.base import StorageError
 from app.storage.s3 import S3Storage
 from maec_core.errors import SourceChanged
-from tests.stack import S3_BUCKET, S3_KEY_ID, S3_SECRET, S3Server
+from tests.stack import S3_BUCKET, S3_INPUTS_BUCKET, S3_KEY_ID, S3_SECRET, S3Server
 from worker.inputs import InputCache
 
 pytestmark = pytest.mark.integration
@@ -47,9 +47,9 @@ def _gets(storage: S3Storage) -> list[dict[str, Any]]:
 
 def _corpus(s3: S3Server, key: str, data: bytes) -> str:
     # One part with a SHA-256: the store keeps the whole object's digest.
-    s3.client().put_object(Bucket=S3_BUCKET, Key=key, Body=data,
+    s3.client().put_object(Bucket=S3_INPUTS_BUCKET, Key=key, Body=data,
                            ChecksumAlgorithm="SHA256")
-    return f"s3://{S3_BUCKET}/{key}"
+    return f"s3://{S3_INPUTS_BUCKET}/{key}"
 
 
 def test_a_large_object_comes_in_pinned_ranged_parts(s3_server: S3Server,

@@ -23,7 +23,7 @@ from app.sources import open_source, parse_source
 from app.storage.s3 import S3Storage
 from maec_core.errors import SourceChanged
 from tests.conftest import TinyModels
-from tests.stack import S3_BUCKET, S3_KEY_ID, S3_SECRET, S3Server
+from tests.stack import S3_BUCKET, S3_INPUTS_BUCKET, S3_KEY_ID, S3_SECRET, S3Server
 from worker.inputs import InputCache, fetch_source
 
 pytestmark = pytest.mark.integration
@@ -48,11 +48,11 @@ def _upload(s3: S3Server, folder: Path, bucket: str, prefix: str, *, sha256: boo
 
 def _in_two_buckets(s3: S3Server, folder: Path, other: str, prefixes: tuple[str, str], *,
                     sha256: bool) -> tuple[Settings, S3Storage, str, str]:
-    """The service's settings and store, and the URIs of ``folder`` uploaded to its bucket
-    (at ``prefixes[0]``) and to ``other`` (at ``prefixes[1]``)."""
+    """The service's settings and store, and the URIs of ``folder`` uploaded to the
+    inputs bucket (at ``prefixes[0]``) and to ``other`` (at ``prefixes[1]``)."""
     settings = _settings(s3)
     return (settings, S3Storage.from_settings(settings),
-            _upload(s3, folder, S3_BUCKET, prefixes[0], sha256=sha256),
+            _upload(s3, folder, S3_INPUTS_BUCKET, prefixes[0], sha256=sha256),
             _upload(s3, folder, other, prefixes[1], sha256=sha256))
 
 
@@ -100,7 +100,8 @@ def test_objects_without_sha256_are_keyed_by_bucket_key_etag_and_size(
     # The same ETags in both buckets: keyed by them alone, b's objects would be a's entries.
     assert [f.version for f in in_a] == [f.version for f in in_b]
     for f in in_a:
-        assert f.content_key == f"s3:{S3_BUCKET}/plain/donor/{f.name}@{f.version}:{f.size}"
+        assert f.content_key == \
+            f"s3:{S3_INPUTS_BUCKET}/plain/donor/{f.name}@{f.version}:{f.size}"
     cache = InputCache(tmp_path / "cache", 10**9)
     total = sum(len(d) for d in want.values())
     for i, uri in enumerate((a, b)):
@@ -114,13 +115,14 @@ def test_an_object_changed_after_listing_is_refused_and_not_cached(
         s3_server: S3Server, tiny_models: TinyModels, tmp_path: Path) -> None:
     settings = _settings(s3_server)
     storage = S3Storage.from_settings(settings)
-    uri = _upload(s3_server, tiny_models.lang, S3_BUCKET, "changing/lang", sha256=False)
+    uri = _upload(s3_server, tiny_models.lang, S3_INPUTS_BUCKET, "changing/lang",
+                  sha256=False)
     reader = open_source(parse_source(uri, settings), storage)
     files = reader.checkpoint_files()
     config = next(f for f in files if f.name == "config.json")
     data = (tiny_models.lang / "config.json").read_bytes()
     # Same size, other bytes: only the ETag tells the listed object from this one.
-    s3_server.client().put_object(Bucket=S3_BUCKET, Key=config.location,
+    s3_server.client().put_object(Bucket=S3_INPUTS_BUCKET, Key=config.location,
                                   Body=data.replace(b'"', b"'", 1))
     cache = InputCache(tmp_path / "cache", 10**9)
     # The listing is what a job pins at submission: a changed object is source_changed.
@@ -139,16 +141,16 @@ def test_corpus_objects_one_part_and_multipart(s3_server: S3Server, tmp_path: Pa
     big.write_bytes(os.urandom(6 * 2**20))
     five = TransferConfig(multipart_threshold=5 * 2**20, multipart_chunksize=5 * 2**20)
     for p in (small, big):
-        c.upload_file(str(p), S3_BUCKET, f"corpora/{p.name}",
+        c.upload_file(str(p), S3_INPUTS_BUCKET, f"corpora/{p.name}",
                       ExtraArgs={"ChecksumAlgorithm": "SHA256"}, Config=five)
     cache = InputCache(tmp_path / "cache", 10**9)
     for i, p in enumerate((small, big)):
-        source = parse_source(f"s3://{S3_BUCKET}/corpora/{p.name}", settings)
+        source = parse_source(f"s3://{S3_INPUTS_BUCKET}/corpora/{p.name}", settings)
         key = open_source(source, storage).corpus_file().content_key
         if p is small:
             assert key == "sha256:" + hashlib.sha256(p.read_bytes()).hexdigest()
         else:  # a composite checksum names no bytes by itself: bucket, key, ETag, size
-            assert key.startswith(f"s3:{S3_BUCKET}/corpora/big.txt@")
+            assert key.startswith(f"s3:{S3_INPUTS_BUCKET}/corpora/big.txt@")
             assert key.endswith(f"-2:{6 * 2**20}")  # a two-part upload's ETag, and the size
         path, fetched, cached = fetch_source(source, storage, cache, tmp_path / "in" / str(i),
                                              corpus=True)

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from tests.integration.conftest import Sources
-from tests.stack import S3_BUCKET, Stack
+from tests.stack import S3_BUCKET, S3_INPUTS_BUCKET, Stack
 
 pytestmark = pytest.mark.integration
 
@@ -28,14 +28,14 @@ TEXTS = ["w1 w7 w3 w9 w4 w12 w30 w2 w8 w11 w5 w19 w22 w6 w13 w27",
 def eval_sets(stack: Stack) -> list[dict[str, Any]]:
     assert stack.s3 is not None
     c = stack.s3.client()
-    c.put_object(Bucket=S3_BUCKET, Key="evalsets/wiki-sw.jsonl",
+    c.put_object(Bucket=S3_INPUTS_BUCKET, Key="evalsets/wiki-sw.jsonl",
                  Body="".join(json.dumps({"text": t}) + "\n" for t in TEXTS).encode())
-    c.put_object(Bucket=S3_BUCKET, Key="evalsets/other-en.txt",
+    c.put_object(Bucket=S3_INPUTS_BUCKET, Key="evalsets/other-en.txt",
                  Body=b"w40 w41 w42 w43 w44 w45\n\nw50 w51 w52 w53 w54\n")
     return [{"name": "wiki-sw", "language": "sw", "kind": "perplexity",
-             "path": f"s3://{S3_BUCKET}/evalsets/wiki-sw.jsonl"},
+             "path": f"s3://{S3_INPUTS_BUCKET}/evalsets/wiki-sw.jsonl"},
             {"name": "other-en", "language": "en", "kind": "perplexity",
-             "path": f"s3://{S3_BUCKET}/evalsets/other-en.txt"}]
+             "path": f"s3://{S3_INPUTS_BUCKET}/evalsets/other-en.txt"}]
 
 
 def _body(src: Sources, sets: list[dict[str, Any]], grid: dict[str, list[float]],

@@ -228,7 +228,7 @@ def test_no_secret_in_logs_records_or_errors(st: Stack, alice_job: dict[str, Any
             c.get("/v1/jobs", headers={"Authorization": f"Bearer {raw[:-1]}"})
     with st.client("alice") as c:
         resp = c.post("/v1/jobs", json={"method": "linear",
-                                        "ability_donor": ["s3://maec-test/nowhere"],
+                                        "ability_donor": ["s3://maec-test-inputs/nowhere"],
                                         "language_base": str(tiny["base"])})
         assert resp.status_code == 422
         for secret in SECRETS.values():

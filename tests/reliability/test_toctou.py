@@ -21,7 +21,7 @@ import pytest
 
 from tests.reliability import helpers as h
 from tests.reliability import results
-from tests.stack import S3_BUCKET, S3Server, Stack, stack_context
+from tests.stack import S3_INPUTS_BUCKET, S3Server, Stack, stack_context
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration]
 
@@ -89,7 +89,8 @@ def _cases(tiny: dict[str, Path], model_root: Path, outside: Path, s3: S3Server
         eval_set.symlink_to(outside / "secret.txt")
 
     def s3_overwritten() -> None:
-        s3.client().upload_file(str(tiny["b"] / shard), S3_BUCKET, f"toctou/a/{shard}")
+        s3.client().upload_file(str(tiny["b"] / shard), S3_INPUTS_BUCKET,
+                                  f"toctou/a/{shard}")
 
     maec = {"method": "maec", "base": str(tiny["base"]), "ability_donor": [str(tiny["a"])],
             "language_base": str(tiny["b"]), "ability_corpus": str(corpus),

@@ -26,8 +26,9 @@ from app.jobs.calls import job_storage_prefix
 from app.jobs.record import STATUSES, JobRecord, new_job_id, now_iso
 from app.scheduler.pools import route
 from app.settings import PRIORITIES, Settings
+from app.sources import Published, published
 from app.storage.base import StorageError
-from app.submission import build_job, check_job_sources, job_warnings
+from app.submission import build_job, check_job_sources, job_references, job_warnings
 from app.webhooks.delivery import accept_callback
 
 log = logging.getLogger("maec.api")
@@ -92,8 +93,9 @@ async def submit(typed: JobBody, auth: Auth) -> JSONResponse:
     recipe = build_job(bounded_sizes(body))
     if body.callback_url is not None:  # resolves the host: blocking
         await run_in_threadpool(accept_callback, body.callback_url, svc.settings, owner)
+    outputs = await _own_outputs(auth, job_references(recipe))
     sources, need = await run_in_threadpool(check_job_sources, recipe, svc.settings,
-                                            svc.storage)
+                                            svc.storage, outputs)
     # Refused here (no_capable_worker) rather than sent to a worker to fail.
     pool = route(need, svc.settings.pools)
     record = JobRecord(
@@ -198,6 +200,21 @@ def _priority(asked: str | None, owner: str, settings: Settings) -> str:
                        f"key {owner} may submit at priority {cap} at most, not {priority}",
                        priority=priority, cap=cap)
     return priority
+
+
+async def _own_outputs(auth: Caller, job_ids: set[str]) -> dict[str, Published]:
+    """The outputs of those of ``job_ids`` that the caller may read as ``job:`` sources:
+    looked up with the caller's key and only when succeeded, as the files route serves
+    them. The others are left out, and a source naming one is ``source_not_found``
+    whether the job is unknown, another key's or unfinished."""
+    out: dict[str, Published] = {}
+    for job_id in sorted(job_ids):
+        rec = await auth.svc.store.get(job_id, auth.owner)
+        found = (published(rec.status, rec.result_prefix, rec.result)
+                 if rec is not None else None)
+        if found is not None:
+            out[job_id] = found
+    return out
 
 
 async def _check_quota(auth: Caller) -> None:
