@@ -535,9 +535,14 @@ def surrogate_bodies(body: dict[str, Any]) -> list[tuple[str, Any]]:
                         _edit(body, path, lambda s: s[:1] + LONE_SURROGATE + s[1:])))
         if isinstance(value, dict):
             for key in value:
-                out.append((f"key {_where((*path, key))}", _edit(body, path, lambda d, k=key: {
-                    (k + LONE_SURROGATE if kk == k else kk): vv for kk, vv in d.items()})))
+                out.append((f"key {_where((*path, key))}",
+                            _edit(body, path, _key_marker(key))))
     return out
+
+
+def _key_marker(key: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """An edit that puts a lone surrogate into the object key ``key``, order kept."""
+    return lambda d: {(k + LONE_SURROGATE if k == key else k): v for k, v in d.items()}
 
 
 def nested(levels: int) -> Any:

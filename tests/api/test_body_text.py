@@ -166,7 +166,7 @@ def test_a_stored_record_that_cannot_be_sent_leaves_the_list_answering(
         api: Api, stored: bytes) -> None:
     bad = str(api.submit()["id"])
     good = str(api.submit(api.named(name="fine \U0001F600"))["id"])
-    api.r.hset(job_key(bad), "recipe", stored)
+    api.r.hset(job_key(bad), "recipe", stored)  # type: ignore[arg-type]
     listed = api.client.get("/v1/jobs", headers=api.auth())
     assert listed.status_code == 200, listed.text
     jobs = {j["id"]: j for j in json.loads(listed.content.decode("utf-8"))["jobs"]}

@@ -111,13 +111,13 @@ CASES: dict[str, Body] = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_job_publishes_no_more_than_its_disk_estimate(api: Api, case: str) -> None:
     job = api.submit(CASES[case](api))
-    estimate = job["estimate"]
     runner = JobRunner(api.settings, api.worker_store(),
                        LocalStorage(api.settings.storage_dir), worker="test")
     runner.run(str(job["id"]))
     done = api.client.get(f"/v1/jobs/{job['id']}", headers=api.auth()).json()
     assert done["status"] == "succeeded", done["error"]
     listed = sum(int(f["size"]) for f in done["result"]["files"])
+    estimate: dict[str, int] = dict(job["estimate"])  # type: ignore[call-overload]
     # What storage holds under the job's prefix, counted independently of the listing.
     stored = sum(p.stat().st_size for p in Path(api.settings.storage_dir).rglob("*")
                  if p.is_file() and str(job["id"]) in p.as_posix())
@@ -127,12 +127,12 @@ def test_a_job_publishes_no_more_than_its_disk_estimate(api: Api, case: str) -> 
 
 def test_an_moe_estimate_grows_with_its_experts_not_its_distinct_inputs(api: Api) -> None:
     m = api.models
-    needs = []
+    needs: list[dict[str, int]] = []
     for n in (2, 8, 32):
-        body = {"kind": "moe", "recipe": {
+        body: dict[str, object] = {"kind": "moe", "recipe": {
             "base_model": str(m.base), "gate_mode": "random",
             "experts": [{"source_model": str(m.donor)} for _ in range(n)]}}
-        needs.append(api.submit(body)["estimate"])
+        needs.append(dict(api.submit(body)["estimate"]))  # type: ignore[call-overload]
     disks = [e["disk_bytes"] for e in needs]
     mems = [e["host_memory_bytes"] for e in needs]
     # Each further expert adds its MLP copy (and router row) to the output.
