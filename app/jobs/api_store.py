@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 import redis.asyncio as aioredis
+from pydantic import ValidationError
 
 from app.jobs import calls, scripts
 from app.jobs.accounting import finish_increments
@@ -113,20 +114,28 @@ DEGRADED_WARNING = ("this job's record holds text that is not valid Unicode (sto
                     "place; GET /v1/jobs/{id} answers 409 job_unreadable")
 
 
-def degraded_json(raw: Mapping[bytes, bytes], job_id: str) -> bytes:
-    """The degraded form of a record :func:`public_json` refuses: every public field
-    that parses, with lone surrogates replaced by U+FFFD (a field that does not parse at
-    all takes its default), ``id`` the job's, and a line in ``warnings`` saying so."""
-    doc: dict[str, Any] = {}
-    for name in PUBLIC_FIELDS:
+def degraded_raw(raw: Mapping[bytes, bytes], job_id: str) -> dict[bytes, bytes]:
+    """The degraded form of a record :func:`public_json` refuses, still a raw record:
+    every field that parses, with lone surrogates (and bytes that are not UTF-8, read as
+    such) replaced by U+FFFD; a field that does not parse at all is left out (it takes
+    its default); ``id`` the job's, and a line in ``warnings`` saying so."""
+    out: dict[bytes, bytes] = {}
+    for name, value in raw.items():
         try:
-            doc[name.decode()] = _repaired(json.loads(raw.get(name, _DEFAULTS[name])))
-        except (ValueError, UnicodeError, RecursionError):
-            doc[name.decode()] = json.loads(_DEFAULTS[name])
-    doc["id"] = job_id
-    warnings = doc.get("warnings")
-    doc["warnings"] = [*(warnings if isinstance(warnings, list) else []), DEGRADED_WARNING]
-    return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+            doc = json.loads(value.decode("utf-8", "surrogateescape"))
+        except (ValueError, RecursionError):
+            continue
+        out[name] = json.dumps(_repaired(doc), separators=(",", ":")).encode()
+    warnings = json.loads(out.get(b"warnings", b"[]"))
+    out[b"warnings"] = json.dumps(
+        [*(warnings if isinstance(warnings, list) else []), DEGRADED_WARNING]).encode()
+    out[b"id"] = json.dumps(job_id).encode()
+    return out
+
+
+def degraded_json(raw: Mapping[bytes, bytes], job_id: str) -> bytes:
+    """The public Job of :func:`degraded_raw`: what the list shows for such a record."""
+    return _assemble(degraded_raw(raw, job_id))
 
 
 def record_json(record: JobRecord) -> bytes:
@@ -192,6 +201,19 @@ class ApiJobStore:
             return None
         return rec
 
+    async def get_shown(self, job_id: str, owner: str) -> JobRecord | None:
+        """The record as pages show it: :meth:`get`, except that a record
+        :func:`public_json` refuses comes in its degraded form (:func:`degraded_raw`), so
+        a page rendered from it can be encoded. Never for changing the job."""
+        raw = await cast(Awaitable[dict[bytes, bytes]], self._r.hgetall(job_key(job_id)))
+        if not raw or raw.get(b"owner") != json.dumps(owner).encode():
+            return None
+        try:
+            public_json(raw, job_id)
+        except UnreadableJob:
+            raw = degraded_raw(raw, job_id)
+        return decode(raw)
+
     async def get_public_json(self, job_id: str, owner: str,
                               place: Place | None = None) -> bytes | None:
         """The public Job as JSON bytes, or None (missing or another owner's).
@@ -230,7 +252,20 @@ class ApiJobStore:
         """Newest first. ``cursor`` is the last id of the previous page."""
         found, next_cursor = await self._scan(owner, status=status, limit=limit,
                                               cursor=cursor)
-        jobs = [rec for _, raw in found if (rec := decode(raw)) is not None]
+        jobs: list[JobRecord] = []
+        for job_id, raw in found:
+            try:
+                public_json(raw, job_id)
+            except UnreadableJob:
+                # Its degraded form, so a page rendered from records (the /ui list)
+                # shows it as the REST list does instead of failing to encode.
+                raw = degraded_raw(raw, job_id)
+            try:
+                rec = decode(raw)
+            except ValidationError:  # a field the degraded form could not keep
+                continue
+            if rec is not None:
+                jobs.append(rec)
         return Page(jobs, next_cursor)
 
     async def list_public_json(
