@@ -39,7 +39,7 @@ from maec_core.io.folder import ModelFolder
 from maec_core.job_plan import JobPlan, Joined, plan_job
 from maec_core.methods import NamedForm, TensorMethod, get_method
 from maec_core.moe.config import MoeConfig, parse_moe_config
-from maec_core.moe.plan import plan_moe
+from maec_core.moe.plan import MoePlan, plan_moe
 from maec_core.parsing import parse_recipe, recipe_warnings
 from maec_core.plan import MergePlan, plan_recipe
 from maec_core.recipe import Recipe
@@ -78,10 +78,8 @@ def check_job_sources(job: Recipe | MoeConfig, settings: Settings, storage: Stor
     job's needs, which route it to a pool. ``outputs``: the caller's succeeded jobs
     among :func:`job_references`, which its ``job:`` sources resolve to."""
     if isinstance(job, MoeConfig):
-        sources = check_moe_sources(job, settings, storage, outputs)
-        # The hidden gate modes hold the base model while the prompts run.
-        holds_base = job.gate_mode.startswith("hidden")
-        return sources, estimate_moe(job.base_model, holds_base, sources)
+        sources, plan = check_moe_sources(job, settings, storage, outputs)
+        return sources, estimate_moe(job, plan, sources)
     return check_and_estimate(job, settings, storage, outputs)
 
 
@@ -90,10 +88,11 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"
 
 def check_moe_sources(config: MoeConfig, settings: Settings, storage: Storage,
                       outputs: Mapping[str, Published] | None = None
-                      ) -> dict[str, dict[str, Any]]:
+                      ) -> tuple[dict[str, dict[str, Any]], MoePlan]:
     """Allow-list, resolve and plan every checkpoint of an MoE config from headers and
     configs (output architecture, layer counts, MLP shapes, dtypes), and that the base
-    has the tokenizer its prompts need; returns the sources pinned, as for a merge."""
+    has the tokenizer its prompts need; returns the sources pinned, as for a merge, and
+    the plan (every output tensor, which the estimate sizes)."""
     refs = config.sources()
     if len(refs) > settings.max_models_per_job:
         raise RecipeError(
@@ -103,14 +102,14 @@ def check_moe_sources(config: MoeConfig, settings: Settings, storage: Storage,
     parsed = {uri: parse_source(uri, settings, outputs) for uri in refs}
     folders = {uri: inspect_source(parsed[uri], storage, uri == config.base_model)
                for uri in refs}
-    plan_moe(config, folders)
+    plan = plan_moe(config, folders)
     base = folders[config.base_model]
     if config.gate_mode not in ("random", "uniform_random") and not (
             base.tokenizer_data or any((base.root / n).is_file() for n in _TOKENIZER_FILES)):
         raise TokenizerError(f"{config.base_model}: no tokenizer, which gate mode "
                              f"{config.gate_mode} needs to read the prompts",
                              source=config.base_model)
-    return {uri: pin_source(parsed[uri], storage).to_dict() for uri in refs}
+    return {uri: pin_source(parsed[uri], storage).to_dict() for uri in refs}, plan
 
 
 def build_recipe(req: JobRequest) -> Recipe:

@@ -594,3 +594,89 @@ def in_every_role(src: str, base: str, donor: str, lang: str, qa_set: str
         "moe_base": {"kind": "moe", "recipe": {**moe, "base_model": src}},
         "sweep_eval_set": {**named, "evaluate": evaluate, "sweep": sweep},
     }
+
+
+# -- hostile job bodies ------------------------------------------------------------------
+# What a body's JSON can carry that the service can neither store nor send back: a lone
+# UTF-16 surrogate (a ``\ud800`` escape decodes to a str no UTF-8 encoder takes) and deep
+# nesting. Every variant must be refused with 422 ``invalid_request`` before any job
+# exists (docs/api.md, "Text and nesting").
+
+LONE_SURROGATE = "\ud800"
+# app.api.bounds.MAX_BODY_DEPTH, restated: the tests hold the documented figure.
+MAX_BODY_DEPTH = 32
+
+
+def _walk(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[tuple[Any, ...], Any]]:
+    """Every (path, value) of a JSON document, containers and leaves, root first."""
+    out = [(path, value)]
+    items = (value.items() if isinstance(value, dict)
+             else enumerate(value) if isinstance(value, list) else ())
+    for k, v in items:
+        out += _walk(v, (*path, k))
+    return out
+
+
+def _edit(doc: Any, path: tuple[Any, ...], change: Callable[[Any], Any]) -> Any:
+    """A deep copy of ``doc`` with the value at ``path`` replaced by ``change(value)``."""
+    copy = json.loads(json.dumps(doc))
+    if not path:
+        return change(copy)
+    holder = copy
+    for p in path[:-1]:
+        holder = holder[p]
+    holder[path[-1]] = change(holder[path[-1]])
+    return copy
+
+
+def _where(path: tuple[Any, ...]) -> str:
+    return ".".join(str(p) for p in path) or "(body)"
+
+
+def surrogate_bodies(body: dict[str, Any]) -> list[tuple[str, Any]]:
+    """``body`` once per string and once per object key in it, with a lone surrogate put
+    into that one string or key: ``(where, body)``, every position of the body."""
+    out: list[tuple[str, Any]] = []
+    for path, value in _walk(body):
+        if isinstance(value, str):
+            out.append((f"value {_where(path)}",
+                        _edit(body, path, lambda s: s[:1] + LONE_SURROGATE + s[1:])))
+        if isinstance(value, dict):
+            for key in value:
+                out.append((f"key {_where((*path, key))}",
+                            _edit(body, path, _key_marker(key))))
+    return out
+
+
+def _key_marker(key: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """An edit that puts a lone surrogate into the object key ``key``, order kept."""
+    return lambda d: {(k + LONE_SURROGATE if k == key else k): v for k, v in d.items()}
+
+
+def nested(levels: int) -> Any:
+    """A value whose containers nest ``levels`` deep (objects and arrays alternating)."""
+    value: Any = "x"
+    for i in range(levels):
+        value = {"n": value} if i % 2 else [value]
+    return value
+
+
+def deep_bodies(body: dict[str, Any], levels: int = 300) -> list[tuple[str, Any]]:
+    """``body`` once per object and array in it, with a value nested ``levels`` deep
+    added there (an extra key of an object, an extra item of an array)."""
+    out: list[tuple[str, Any]] = []
+    for path, value in _walk(body):
+        if isinstance(value, dict):
+            out.append((f"object {_where(path)}",
+                         _edit(body, path, lambda d: {**d, "deep_extra": nested(levels)})))
+        elif isinstance(value, list):
+            out.append((f"array {_where(path)}",
+                         _edit(body, path, lambda a: [*a, nested(levels)])))
+    return out
+
+
+def raw_surrogate_body(body: dict[str, Any], path: tuple[Any, ...]) -> bytes:
+    """``body`` as bytes with a lone surrogate as raw (CESU-style) UTF-8 bytes, not as an
+    escape, in the string at ``path``: Python's JSON reader accepts those too."""
+    marked = _edit(body, path, lambda s: s + "@@SURROGATE@@")
+    return json.dumps(marked).encode().replace(b"@@SURROGATE@@", b"\xed\xa0\x80")

@@ -35,6 +35,8 @@ class ApiError(MaecError):
 # an entry here); the library itself knows nothing of HTTP.
 STATUS_BY_CODE: dict[str, int] = {
     "merge_error": 400,
+    # A body (or the record made from it) the schema or the store refuses.
+    "invalid_request": 422,
     "invalid_recipe": 422,
     "invalid_source": 422,
     "invalid_checkpoint": 422,
@@ -47,6 +49,8 @@ STATUS_BY_CODE: dict[str, int] = {
     # No configured worker pool can hold the job (app/scheduler/pools.py).
     "no_capable_worker": 422,
     "output_exists": 409,
+    # A stored record that cannot be sent as strict JSON (app/jobs/api_store.py).
+    "job_unreadable": 409,
     "cancelled": 409,
     "storage_unavailable": 503,
 }

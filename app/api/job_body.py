@@ -37,6 +37,7 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError, PydanticUndefined
 
+from app.api.bounds import BodyProblem, check_body
 from maec_contract import JobRequest
 from maec_contract.requests import _NAMED as NAMED_FIELDS  # the named form's fields
 from maec_core.methods import MergeMethod, TensorMethod, all_methods
@@ -293,7 +294,13 @@ def _method_models(method: MergeMethod) -> tuple[type[BaseModel], type[BaseModel
 
 def _normalize(value: Any) -> Any:
     """Method names are case-insensitive (as in a recipe): lower them before the unions
-    pick a member; an unknown name is a recipe problem, not a schema one."""
+    pick a member; an unknown name is a recipe problem, not a schema one. First of all,
+    the whole body's text and nesting are checked (:func:`app.api.bounds.check_body`):
+    every field, the free-form ones included, before any member's validation."""
+    try:
+        check_body(value)
+    except BodyProblem as exc:
+        raise PydanticCustomError(exc.kind, "{problem}", {"problem": str(exc)}) from None
     if not isinstance(value, dict) or _form(value) in (None, "moe-form"):
         return value  # the form's own error says what is wrong (an MoE config: no method)
     out = dict(value)

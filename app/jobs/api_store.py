@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 import redis.asyncio as aioredis
+from pydantic import ValidationError
 
 from app.jobs import calls, scripts
 from app.jobs.accounting import finish_increments
@@ -30,7 +31,16 @@ from app.jobs.keys import (
     status_key,
     usage_key,
 )
-from app.jobs.record import INTERNAL_FIELDS, STATUSES, JobRecord, decode, now_iso, text
+from app.jobs.record import (
+    INTERNAL_FIELDS,
+    STATUSES,
+    JobRecord,
+    decode,
+    encode,
+    now_iso,
+    text,
+)
+from maec_core.errors import MaecError
 
 T = TypeVar("T")
 # Reads a queued job's place from its raw record (app.scheduler.view.QueueView.place).
@@ -43,9 +53,100 @@ _DEFAULTS: dict[bytes, bytes] = {
     for name, value in JobRecord(id="", owner="", method="", recipe={}, created_at=""
                                  ).model_dump(mode="json").items()
 }
+# A page's raw records (id, hash) and JSON bodies (the store's ``list`` method shadows
+# the builtin inside the class).
+Found = list[tuple[str, dict[bytes, bytes]]]
+Bodies = list[bytes]
 # Upper bound on records examined for one filtered page, so a rare status cannot turn a
 # list request into a scan of every job the key ever ran.
 MAX_SCAN = 1000
+
+
+class UnreadableJob(MaecError):
+    """The job's stored record holds text that cannot be sent as strict JSON (a lone
+    UTF-16 surrogate, bytes that are not UTF-8): only a record stored before submissions
+    were checked for it can. The job can still be cancelled and deleted."""
+
+    code = "job_unreadable"
+
+
+def _assemble(raw: Mapping[bytes, bytes]) -> bytes:
+    parts = [b'"' + name + b'":' + raw.get(name, _DEFAULTS[name]) for name in PUBLIC_FIELDS]
+    return b"{" + b",".join(parts) + b"}"
+
+
+def public_json(raw: Mapping[bytes, bytes], job_id: str) -> bytes:
+    """The public Job of a raw record, as the job route and the list both send it.
+
+    The store writes every field with ``json.dumps``' ASCII escapes, so a record it
+    wrote is ASCII and holds no ``\\u`` escape of a surrogate unless it holds a character
+    outside the Basic Multilingual Plane (escaped as a pair) or a lone surrogate. Only
+    then is the body parsed and re-encoded strictly; the common body passes unparsed.
+    Raises UnreadableJob when the text is not strict JSON."""
+    body = _assemble(raw)
+    if body.isascii() and b"\\ud" not in body:
+        return body
+    try:
+        # bytes are decoded with "surrogatepass"; the strict encode refuses any surrogate
+        # left unpaired, whether it arrived escaped or as raw bytes.
+        json.dumps(json.loads(body), ensure_ascii=False).encode("utf-8")
+    except (ValueError, UnicodeError, RecursionError):
+        raise UnreadableJob(
+            f"job {job_id}'s record holds text that cannot be sent as JSON (stored before "
+            "submissions were checked for it); it can still be cancelled and deleted",
+            job_id=job_id) from None
+    return body
+
+
+def _repaired(value: Any) -> Any:
+    """``value`` with every lone surrogate replaced by U+FFFD."""
+    if isinstance(value, str):
+        return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    if isinstance(value, list):
+        return [_repaired(v) for v in value]
+    if isinstance(value, dict):
+        return {_repaired(k): _repaired(v) for k, v in value.items()}
+    return value
+
+
+DEGRADED_WARNING = ("this job's record holds text that is not valid Unicode (stored "
+                    "before submissions were checked for it): shown with U+FFFD in its "
+                    "place; GET /v1/jobs/{id} answers 409 job_unreadable")
+
+
+def degraded_raw(raw: Mapping[bytes, bytes], job_id: str) -> dict[bytes, bytes]:
+    """The degraded form of a record :func:`public_json` refuses, still a raw record:
+    every field that parses, with lone surrogates (and bytes that are not UTF-8, read as
+    such) replaced by U+FFFD; a field that does not parse at all is left out (it takes
+    its default); ``id`` the job's, and a line in ``warnings`` saying so."""
+    out: dict[bytes, bytes] = {}
+    for name, value in raw.items():
+        try:
+            doc = json.loads(value.decode("utf-8", "surrogateescape"))
+        except (ValueError, RecursionError):
+            continue
+        out[name] = json.dumps(_repaired(doc), separators=(",", ":")).encode()
+    warnings = json.loads(out.get(b"warnings", b"[]"))
+    out[b"warnings"] = json.dumps(
+        [*(warnings if isinstance(warnings, list) else []), DEGRADED_WARNING]).encode()
+    out[b"id"] = json.dumps(job_id).encode()
+    return out
+
+
+def degraded_json(raw: Mapping[bytes, bytes], job_id: str) -> bytes:
+    """The public Job of :func:`degraded_raw`: what the list shows for such a record."""
+    return _assemble(degraded_raw(raw, job_id))
+
+
+def record_json(record: JobRecord) -> bytes:
+    """The public Job of a decoded record, serialised as :func:`public_json` serialises
+    a stored one (its degraded form when that refuses it): what the routes that answer
+    with a job after changing it (cancel, pin, submit) send."""
+    raw = {k.encode(): v.encode() for k, v in encode(record.public()).items()}
+    try:
+        return public_json(raw, record.id)
+    except UnreadableJob:
+        return degraded_json(raw, record.id)
 
 
 @dataclass
@@ -100,6 +201,19 @@ class ApiJobStore:
             return None
         return rec
 
+    async def get_shown(self, job_id: str, owner: str) -> JobRecord | None:
+        """The record as pages show it: :meth:`get`, except that a record
+        :func:`public_json` refuses comes in its degraded form (:func:`degraded_raw`), so
+        a page rendered from it can be encoded. Never for changing the job."""
+        raw = await cast(Awaitable[dict[bytes, bytes]], self._r.hgetall(job_key(job_id)))
+        if not raw or raw.get(b"owner") != json.dumps(owner).encode():
+            return None
+        try:
+            public_json(raw, job_id)
+        except UnreadableJob:
+            raw = degraded_raw(raw, job_id)
+        return decode(raw)
+
     async def get_public_json(self, job_id: str, owner: str,
                               place: Place | None = None) -> bytes | None:
         """The public Job as JSON bytes, or None (missing or another owner's).
@@ -108,6 +222,8 @@ class ApiJobStore:
         the body is assembled from them without parsing or re-serialising the record.
         ``place`` fills ``queue`` of a queued job (its position and ETA, read from the
         scheduler) from the raw record; nothing else is read for a job that has started.
+        Raises UnreadableJob for a record that cannot be sent as strict JSON
+        (:func:`public_json`).
         """
         raw = await self._reader.hgetall(job_key(job_id))
         if not raw or raw.get(b"owner") != json.dumps(owner).encode():
@@ -116,8 +232,7 @@ class ApiJobStore:
             where = await place(raw)
             if where is not None:
                 raw = {**raw, b"queue": json.dumps(where, separators=(",", ":")).encode()}
-        parts = [b'"' + name + b'":' + raw.get(name, _DEFAULTS[name]) for name in PUBLIC_FIELDS]
-        return b"{" + b",".join(parts) + b"}"
+        return public_json(raw, job_id)
 
     async def cancel(self, job_id: str) -> CancelOutcome:
         return await self._run(calls.cancel(job_id))
@@ -135,17 +250,60 @@ class ApiJobStore:
         self, owner: str, *, status: str | None, limit: int, cursor: str | None
     ) -> Page:
         """Newest first. ``cursor`` is the last id of the previous page."""
-        out: list[JobRecord] = []
+        found, next_cursor = await self._scan(owner, status=status, limit=limit,
+                                              cursor=cursor)
+        jobs: list[JobRecord] = []
+        for job_id, raw in found:
+            try:
+                public_json(raw, job_id)
+            except UnreadableJob:
+                # Its degraded form, so a page rendered from records (the /ui list)
+                # shows it as the REST list does instead of failing to encode.
+                raw = degraded_raw(raw, job_id)
+            try:
+                rec = decode(raw)
+            except ValidationError:  # a field the degraded form could not keep
+                continue
+            if rec is not None:
+                jobs.append(rec)
+        return Page(jobs, next_cursor)
+
+    async def list_public_json(
+        self, owner: str, *, status: str | None, limit: int, cursor: str | None
+    ) -> bytes:
+        """One page of ``GET /v1/jobs`` as JSON bytes: each job serialised as
+        :meth:`get_public_json` serialises it (:func:`public_json`), so a page answers
+        whenever each of its jobs' own reads would; a record that cannot be sent strictly
+        is shown in its degraded form (:func:`degraded_json`) rather than failing the
+        page."""
+        found, next_cursor = await self._scan(owner, status=status, limit=limit,
+                                              cursor=cursor)
+        jobs: Bodies = []
+        for job_id, raw in found:
+            try:
+                jobs.append(public_json(raw, job_id))
+            except UnreadableJob:
+                jobs.append(degraded_json(raw, job_id))
+        return (b'{"jobs":[' + b",".join(jobs) + b'],"next_cursor":'
+                + json.dumps(next_cursor).encode() + b"}")
+
+    async def _scan(
+        self, owner: str, *, status: str | None, limit: int, cursor: str | None
+    ) -> tuple[Found, str | None]:
+        """The raw records of one page, newest first, and the next page's cursor."""
+        out: Found = []
         upper = f"({cursor}" if cursor else "+"
         scanned = 0
         batch = limit if status is None else max(limit * 2, 50)
+        wanted = None if status is None else json.dumps(status).encode()
+        mine = json.dumps(owner).encode()
         last: str | None = None
         while len(out) < limit and scanned < MAX_SCAN:
             found = await self._r.zrevrangebylex(owner_key(owner), upper, "-", start=0,
                                                  num=batch)
             ids = [text(i) for i in found]
             if not ids:
-                return Page(out, None)
+                return out, None
             async with self._r.pipeline(transaction=False) as pipe:
                 for i in ids:
                     pipe.hgetall(job_key(i))
@@ -153,20 +311,20 @@ class ApiJobStore:
             for job_id, raw in zip(ids, raws, strict=True):
                 scanned += 1
                 last = job_id
-                rec = decode(raw)
-                # The list names ids; the record says whose job it is, and only that
-                # is trusted (an index entry left by anything else lists nothing).
-                if rec is not None and rec.owner == owner and (
-                        status is None or rec.status == status):
-                    out.append(rec)
+                # An empty hash: the job was deleted between the two reads. The list
+                # names ids; the record says whose job it is, and only that is trusted
+                # (an index entry left by anything else lists nothing).
+                if raw and raw.get(b"owner") == mine and (
+                        wanted is None or raw.get(b"status") == wanted):
+                    out.append((job_id, raw))
                     if len(out) == limit:
                         break
             upper = f"({last}"
             if len(ids) < batch and len(out) < limit:
-                return Page(out, None)
+                return out, None
         # A full page (or the scan bound) ends here; more may follow.
         more = await self._r.zrevrangebylex(owner_key(owner), f"({last}", "-", start=0, num=1)
-        return Page(out, last if more else None)
+        return out, (last if more else None)
 
     async def status_counts(self) -> dict[str, int]:
         async with self._r.pipeline(transaction=False) as pipe:

@@ -32,7 +32,7 @@ from app.jobs.keys import (
     status_key,
     usage_key,
 )
-from app.jobs.record import JobRecord, encode, now_iso, text
+from app.jobs.record import JobRecord, encode, now_iso, storable_fields, text
 from app.jobs.scripts import Arg, Script
 from maec_core.errors import MaecError
 
@@ -97,7 +97,8 @@ def create(record: JobRecord, *, max_active: int, weights: Mapping[str, float],
          "owner_name": owner, "owner_json": json.dumps(owner), "job_prefix": job_key(""),
          "band": band(record.priority) if pool else "",
          "credit": credit, "weights_json": json.dumps(dict(weights))},
-        _pairs(record.model_dump(mode="json", exclude={"queue"})),
+        # Strictly serialised first: a record no reader could be sent is never stored.
+        _pairs(storable_fields(record, exclude={"queue"})),
     )
 
     def parse(reply: list[Any]) -> tuple[CreateOutcome, str]:

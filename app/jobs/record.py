@@ -13,11 +13,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel, Field
+from pydantic_core import PydanticSerializationError
 
 from maec_contract import STATUSES as STATUSES  # re-exported: the store and API use it
 from maec_contract import TERMINAL as TERMINAL
 from maec_contract import Job, Progress, WebhookDelivery
 from maec_contract import JobStatus as Status
+from maec_core.errors import MaecError
 
 ACTIVE: frozenset[str] = frozenset({"queued", "running", "publishing"})
 
@@ -101,13 +103,50 @@ def encode(fields: dict[str, Any]) -> dict[str, str]:
     return {k: json.dumps(v, separators=(",", ":")) for k, v in fields.items()}
 
 
+class UnstorableRecord(MaecError):
+    """A new job record holds what JSON cannot carry to a reader: a lone UTF-16
+    surrogate, a NaN or infinity, or nesting too deep to serialise. Refused before it is
+    stored (submission refuses such bodies earlier; this is the store's own guard)."""
+
+    code = "invalid_request"
+
+
+def storable_fields(record: JobRecord, exclude: set[str] | None = None) -> dict[str, Any]:
+    """The record's fields as JSON values, serialised strictly once (UTF-8 that every
+    reader decodes, finite numbers) so that nothing stored can fail to be sent later.
+    Raises UnstorableRecord.
+
+    The store keeps each field as ASCII JSON (``json.dumps``' escapes), which would
+    write a lone surrogate as a ``\\ud800`` escape without complaint and make every later
+    read of the job fail to encode; hence this strict pass before the record exists."""
+    try:
+        # The Python values are checked, not the JSON-mode dump: that one quietly turns
+        # a lone surrogate in a dict key into U+FFFD, changing what was asked for.
+        json.dumps(record.model_dump(exclude=exclude), ensure_ascii=False,
+                   allow_nan=False).encode("utf-8")
+        fields = record.model_dump(mode="json", exclude=exclude)
+    except (PydanticSerializationError, UnicodeEncodeError, ValueError, RecursionError) as exc:
+        # The exception's own text may quote the offending value: not repeated.
+        raise UnstorableRecord(f"the job cannot be stored: its record is not strict JSON "
+                               f"({type(exc).__name__})", job_id=record.id) from None
+    return fields
+
+
 def text(value: bytes | str | int | float) -> str:
     """A Redis reply as text: the one place the store decodes bytes. Its clients return
     bytes so that the polled job read can pass the stored JSON through undecoded."""
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _value(raw: bytes | str) -> Any:
+    # Bytes that are not UTF-8 (never written by this store) decode to lone surrogates
+    # rather than raising, so such a record can still be read, cancelled and deleted; the
+    # API's strict serialisation shows it degraded (app/jobs/api_store.py).
+    return json.loads(raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes)
+                      else raw)
+
+
 def decode(raw: dict[bytes, bytes] | dict[str, str]) -> JobRecord | None:
     if not raw:
         return None
-    return JobRecord.model_validate({text(k): json.loads(v) for k, v in raw.items()})
+    return JobRecord.model_validate({text(k): _value(v) for k, v in raw.items()})

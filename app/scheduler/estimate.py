@@ -14,6 +14,11 @@ The model, for ``k`` input checkpoints and the largest output tensor of ``n`` el
   (``GPU_BUDGET_BYTES``): a tensor over it is computed on the CPU instead.
 - disk: every input file (the worker's input cache) plus the output in its dtype, once
   per candidate a sweep publishes, plus a margin for the ability artifacts and staging.
+  An MoE build (:func:`estimate_moe`) writes each expert's MLP once per expert that
+  names it, however few distinct checkpoints they come from.
+
+Every estimate bounds what the job publishes (tests/api/test_estimates_bound_outputs.py
+runs one job of each kind and compares).
 
 Deliberately an upper estimate; the job record keeps it beside the measured peak RSS
 (``measured.peak_rss_bytes``) so the model can be checked against real runs.
@@ -21,11 +26,13 @@ Deliberately an upper estimate; the job record keeps it beside the measured peak
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from maec_core.methods import get_method
+from maec_core.moe.config import MoeConfig
+from maec_core.moe.plan import MoePlan
 from maec_core.plan import MergePlan
 from maec_core.recipe import Recipe
 from maec_core.sweep.grid import candidates
@@ -98,16 +105,68 @@ def estimate(recipe: Recipe, plan: MergePlan, sources: Mapping[str, Mapping[str,
                 disk_bytes=int(disk * (1 + DISK_MARGIN)), cost=count)
 
 
-def estimate_moe(base: str, holds_base: bool, sources: Mapping[str, Mapping[str, Any]]
-                 ) -> Need:
-    """The needs of an MoE build over its pinned ``sources``: the build streams one input
-    tensor at a time (at most a file's size, twice: read and written), and the hidden
-    gate modes (``holds_base``) also hold the ``base`` model while the prompts run. The
-    output holds at most every input's tensors once; no GPU is used (gates on CPU)."""
-    sizes = {ref: [int(f.get("size", 0)) for f in s.get("files", ())]
-             for ref, s in sources.items()}
-    inputs = sum(sum(v) for v in sizes.values())
-    largest = max((n for v in sizes.values() for n in v), default=0)
-    host = BASE_RSS + 2 * largest + (sum(sizes.get(base, ())) if holds_base else 0)
+# Router rows are computed in float32 (maec_core.moe.gates).
+GATE_ITEMSIZE = 4
+# A safetensors header entry beyond its tensor's name ({"dtype":..,"shape":[..],
+# "data_offsets":[..]}), and the small files an MoE build writes beside its weights
+# (config.json, README, moe_config.yaml, the manifest) beyond what they repeat of the
+# config and the inputs' file lists.
+HEADER_ENTRY_BYTES = 128
+SIDE_BYTES = 64 << 10
+
+
+def _moe_output_bytes(plan: MoePlan, config: MoeConfig,
+                      base_files: Sequence[Mapping[str, Any]], input_files: int) -> int:
+    """What an MoE build writes: every planned tensor in the output dtype (each expert's
+    MLP as often as the config names an expert, shared experts too, plus the rest of the
+    base), the headers, the base's tokenizer and generation files, and the config-sized
+    files beside them (the README and moe_config.yaml each hold the config; the
+    manifest lists every input file and output file)."""
+    weights = sum(t.numel * ITEMSIZE.get(t.dtype, 4) for t in plan.tensors)
+    headers = sum(len(t.name) + HEADER_ENTRY_BYTES for t in plan.tensors)
+    side = sum(int(f.get("size", 0)) for f in base_files
+               if not str(f.get("name", "")).endswith((".safetensors", ".index.json")))
+    text = 3 * len(config.to_yaml().encode()) + 256 * (input_files + len(plan.tensors))
+    return weights + headers + side + text + SIDE_BYTES
+
+
+def _moe_piece_bytes(plan: MoePlan) -> int:
+    """Host memory of the largest piece the build forms: its input read whole, a noise
+    draw and the noised sum in the input dtype, and its cast to the output dtype. The
+    fused expert tensors (every expert's MLP side by side) are streamed to the shard
+    piece by piece, so no more than one piece is held however many experts there are."""
+    largest = 0
+    for t in plan.tensors:
+        out = ITEMSIZE.get(t.dtype, 4)
+        for piece in t.pieces:
+            n = piece.source.numel
+            largest = max(largest, 3 * n * ITEMSIZE.get(piece.source.dtype, 4) + n * out)
+        if not t.pieces:  # zeros or router rows, made whole in the output dtype
+            largest = max(largest, t.numel * max(out, GATE_ITEMSIZE))
+    return largest
+
+
+def estimate_moe(config: MoeConfig, plan: MoePlan,
+                 sources: Mapping[str, Mapping[str, Any]]) -> Need:
+    """The needs of the MoE build ``plan`` (of ``config``) over its pinned ``sources``.
+
+    Disk: the inputs (each distinct source once: the input cache) plus the output
+    (:func:`_moe_output_bytes`), which grows with the number of experts, not with the
+    number of distinct input files: sixty-four experts copied from one fine-tune write
+    sixty-four copies of its MLPs. Host memory: the worker, the router rows (layers x
+    experts and shared experts x hidden, float32), the largest piece being formed or
+    twice the largest input file, whichever is more, and for the hidden gate modes the
+    base model held while the prompts run. No GPU is used (gates on CPU)."""
+    files = {ref: list(s.get("files", ())) for ref, s in sources.items()}
+    inputs = sum(int(f.get("size", 0)) for v in files.values() for f in v)
+    largest = max((int(f.get("size", 0)) for v in files.values() for f in v), default=0)
+    experts = len(config.all_experts())
+    gates = plan.num_layers * experts * plan.hidden_size * GATE_ITEMSIZE
+    holds_base = config.gate_mode.startswith("hidden")
+    base_bytes = sum(int(f.get("size", 0)) for f in files.get(config.base_model, ()))
+    host = (BASE_RSS + gates + max(2 * largest, _moe_piece_bytes(plan))
+            + (base_bytes if holds_base else 0))
+    output = _moe_output_bytes(plan, config, files.get(config.base_model, ()),
+                               sum(len(v) for v in files.values()))
     return Need(host_memory_bytes=int(host), gpu_memory_bytes=0,
-                disk_bytes=int(2 * inputs * (1 + DISK_MARGIN)))
+                disk_bytes=int((inputs + output) * (1 + DISK_MARGIN)))

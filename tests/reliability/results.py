@@ -13,7 +13,7 @@ KEYS = ("fuzz_requests", "fuzz_5xx", "property_bodies", "property_5xx", "hostile
         "lost_jobs", "duplicate_runs", "webhooks_expected", "webhooks_verified",
         "toctou_refused", "toctou_cases", "adapters_refused", "deletes_mid_download",
         "corrupt_downloads", "hostile_tokenizers", "hostile_eval_sets", "secrets_echoed",
-        "secret_cases")
+        "secret_cases", "hostile_bodies")
 
 _lock = threading.Lock()
 COUNTERS: dict[str, int] = dict.fromkeys(KEYS, 0)

@@ -17,7 +17,15 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.hostile import HOSTILE, Hostile, marker_path
+from tests.hostile import (
+    HOSTILE,
+    MAX_BODY_DEPTH,
+    Hostile,
+    deep_bodies,
+    marker_path,
+    raw_surrogate_body,
+    surrogate_bodies,
+)
 from tests.reliability import results
 from tests.stack import Stack, stack_context
 
@@ -193,6 +201,63 @@ def test_malformed_bodies(st: Stack, tiny: dict[str, Path]) -> None:
         resp = _post(st, raw)
         assert resp.status_code == 422, (raw[:20], resp.text)
         assert resp.json()["code"] == "invalid_request"
+    _still_serving(st, tiny)
+
+
+def _forms(tiny: dict[str, Path]) -> dict[str, dict[str, Any]]:
+    """One body of each form, with every free-form place it has filled in."""
+    base, a, b = (str(tiny[k]) for k in ("base", "a", "b"))
+    return {
+        "named": {**_linear(a, b), "base": base, "name": "n", "idempotency_key": "k",
+                  "parameters": {"weight": 0.5, "unread": {"free": ["form"]}},
+                  "evaluate": [{"name": "e", "path": base, "extra": {"x": "y"}}],
+                  "sweep": {"grid": {"weight": [0.3, 0.5]}}},
+        "recipe": {"recipe": {
+            "merge_method": "ties", "base_model": base, "name": "r",
+            "models": [{"model": a, "parameters": {
+                "weight": [{"filter": "mlp", "value": [0.1, 0.2]}, {"value": 1.0}]}}],
+            "parameters": {"density": 0.5, "unread": {"k": "v"}}}},
+        "moe": {"kind": "moe", "name": "m", "recipe": {
+            "base_model": base, "gate_mode": "hidden", "unread_key": {"k": ["v"]},
+            "experts": [{"source_model": a, "positive_prompts": ["w1 w2", "w3"],
+                         "negative_prompts": ["w4"], "unread": "x"},
+                        {"source_model": b, "positive_prompts": ["w5 w6"]}]}},
+    }
+
+
+def _strings(doc: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    if isinstance(doc, str):
+        return [path]
+    items = doc.items() if isinstance(doc, dict) else enumerate(doc) if isinstance(
+        doc, list) else ()
+    return [p for k, v in items for p in _strings(v, (*path, k))]
+
+
+@pytest.mark.parametrize("form", ["named", "recipe", "moe"])
+def test_hostile_bodies_are_refused_before_any_job_exists(st: Stack, tiny: dict[str, Path],
+                                                          form: str) -> None:
+    """A lone surrogate in each key and string (escaped, and as raw bytes), and nesting
+    just past the bound and 300 deep under each object and array: 422 invalid_request,
+    no job created, the service still serving (docs/api.md, "Text and nesting")."""
+    body = _forms(tiny)[form]
+    sent: list[tuple[str, bytes, str]] = [
+        (w, json.dumps(v).encode(), "lone UTF-16 surrogate") for w, v in surrogate_bodies(body)]
+    sent += [(f"raw bytes {p}", raw_surrogate_body(body, p), "lone UTF-16 surrogate")
+             for p in _strings(body)]
+    sent += [(f"{w} ({n} deep)", json.dumps(v).encode(), "nested deeper than")
+             for n in (MAX_BODY_DEPTH, 300) for w, v in deep_bodies(body, n)]
+    with st.client() as c:
+        # Ids only: earlier tests' jobs may change status meanwhile.
+        before = [j["id"] for j in c.get("/v1/jobs", params={"limit": 100}).json()["jobs"]]
+        for where, raw, why in sent:
+            resp = c.post("/v1/jobs", content=raw,
+                          headers={"Content-Type": "application/json"})
+            assert resp.status_code == 422, (where, resp.text)
+            doc = resp.json()
+            assert doc["code"] == "invalid_request" and why in doc["message"], (where, doc)
+            results.add("hostile_bodies")
+        after = c.get("/v1/jobs", params={"limit": 100}).json()["jobs"]
+        assert [j["id"] for j in after] == before
     _still_serving(st, tiny)
 
 

@@ -30,6 +30,7 @@ import hypothesis
 import pytest
 import requests
 
+from tests.hostile import LONE_SURROGATE, MAX_BODY_DEPTH, nested
 from tests.reliability import results
 from tests.stack import API_KEYS, Stack, stack_context
 
@@ -270,10 +271,15 @@ def _bodies(tiny: dict[str, Path]) -> Any:
 
     from maec_core.methods import all_methods
 
-    leaf = (st.none() | st.booleans() | st.integers() | st.floats()
-            | st.text(max_size=20) | st.sampled_from(["", "*", "linear", "1e400", "NaN"]))
+    # Text includes lone surrogates (Hypothesis leaves category Cs out by default), in
+    # values and keys; deep values go past the body's nesting bound (docs/api.md).
+    chars = st.characters() | st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF)
+    text = st.text(max_size=20) | st.text(chars, max_size=8)
+    leaf = (st.none() | st.booleans() | st.integers() | st.floats() | text
+            | st.sampled_from(["", "*", "linear", "1e400", "NaN", LONE_SURROGATE])
+            | st.integers(MAX_BODY_DEPTH - 2, 300).map(nested))
     anything = st.recursive(leaf, lambda inner: st.lists(inner, max_size=4)
-                            | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+                            | st.dictionaries(text, inner, max_size=4),
                             max_leaves=12)
     valid = [{"method": m.name, "base": str(tiny["base"]), "ability_donor": [str(tiny["a"])],
               "language_base": str(tiny["b"])} for m in all_methods()]
@@ -293,9 +299,28 @@ def _bodies(tiny: dict[str, Path]) -> Any:
             "parameters": {key: value} if where == "global" else {}}},
         st.sampled_from([m.name for m in all_methods()]), st.sampled_from(keys), anything,
         st.sampled_from(["model", "global"]))
-    return anything | named | recipe | st.dictionaries(
-        st.sampled_from(["method", "recipe", "parameters", "ability_donor", "language_base"]),
+    moe_valid = {"kind": "moe", "recipe": {
+        "base_model": str(tiny["base"]), "gate_mode": "random",
+        "experts": [{"source_model": str(tiny["a"])}, {"source_model": str(tiny["b"])}]}}
+    # A valid MoE body with one place (of the body, the config, an expert) replaced, or
+    # given an extra key, holding arbitrary JSON.
+    moe = st.builds(
+        lambda where, key, value: _moe_with(moe_valid, where, key, value),
+        st.sampled_from(["body", "recipe", "expert"]),
+        st.sampled_from(["kind", "recipe", "name", "base_model", "gate_mode", "experts",
+                         "positive_prompts", "source_model", "dtype", "experts_per_token",
+                         "shared_experts", "extra"]) | text, anything)
+    return anything | named | recipe | moe | st.dictionaries(
+        st.sampled_from(["method", "recipe", "parameters", "ability_donor", "language_base",
+                         "kind"]),
         anything, max_size=4)
+
+
+def _moe_with(body: dict[str, Any], where: str, key: str, value: Any) -> dict[str, Any]:
+    out: dict[str, Any] = json.loads(json.dumps(body))
+    holder = {"body": out, "recipe": out["recipe"], "expert": out["recipe"]["experts"][0]}
+    holder[where][key] = value
+    return out
 
 
 def test_submission_over_arbitrary_json(fuzz_stack: Stack, tiny: dict[str, Path]) -> None:

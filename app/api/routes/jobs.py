@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import logging
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from app.api.bounds import MAX_ID_CHARS, bounded_sizes, shown
 from app.api.deps import Auth, Caller, identify
@@ -22,6 +22,7 @@ from app.api.schemas import (
     Problem,
     to_request,
 )
+from app.jobs.api_store import record_json
 from app.jobs.calls import job_storage_prefix
 from app.jobs.record import STATUSES, JobRecord, new_job_id, now_iso
 from app.scheduler.pools import route
@@ -47,8 +48,10 @@ def check_id(job_id: str) -> None:
 
 
 def _job(rec: JobRecord, status: int = 200, headers: dict[str, str] | None = None
-         ) -> JSONResponse:
-    return JSONResponse(rec.public(), status_code=status, headers=headers)
+         ) -> Response:
+    # Serialised as GET /v1/jobs/{id} serialises the stored record (app/jobs/api_store).
+    return Response(record_json(rec), status_code=status, headers=headers,
+                    media_type="application/json")
 
 
 @router.get("/{job_id}", response_model=JobOut)
@@ -62,8 +65,12 @@ async def get_job(job_id: str, request: Request) -> Response:
     if len(job_id) > MAX_ID_CHARS:
         await auth.admitted()
         raise not_found(job_id)
-    body = await auth.svc.store.get_public_json(job_id, auth.owner, auth.svc.queue.place)
-    await auth.admitted()
+    try:
+        body = await auth.svc.store.get_public_json(job_id, auth.owner,
+                                                    auth.svc.queue.place)
+    finally:
+        # Awaited whatever the read gave (an unreadable record's 409 included).
+        await auth.admitted()
     if body is None:
         raise not_found(job_id)
     return Response(body, media_type="application/json")
@@ -77,7 +84,7 @@ async def get_job(job_id: str, request: Request) -> Response:
     403: {"model": Problem, "description": "priority above the key's cap "
           "(`priority_not_allowed`)"},
 })
-async def submit(typed: JobBody, auth: Auth) -> JSONResponse:
+async def submit(typed: JobBody, auth: Auth) -> Response:
     """Validate (schema, parameters, sources, headers) and queue a merge job."""
     owner, svc = auth.owner, auth.svc
     body = to_request(typed)
@@ -150,20 +157,21 @@ async def list_jobs(
     status: Annotated[str | None, Query(max_length=32)] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     cursor: Annotated[str | None, Query(max_length=64, pattern=r"^j_[0-9a-f]+$")] = None,
-) -> JSONResponse:
+) -> Response:
     """The caller's jobs, newest first; pass ``next_cursor`` back for the next page."""
     owner, svc = auth.owner, auth.svc
     if status is not None and status not in STATUSES:
         raise ApiError(422, "invalid_request",
                        f"status must be one of {', '.join(STATUSES)}", status=status)
-    page = await svc.store.list(owner, status=status, limit=limit, cursor=cursor)
-    body: dict[str, Any] = {"jobs": [j.public() for j in page.jobs],
-                            "next_cursor": page.next_cursor}
-    return JSONResponse(body)
+    # Each job serialised as GET /v1/jobs/{id} serialises it, so one record that cannot
+    # be sent strictly shows in its degraded form instead of failing the page.
+    body = await svc.store.list_public_json(owner, status=status, limit=limit,
+                                            cursor=cursor)
+    return Response(body, media_type="application/json")
 
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=JobOut)
-async def cancel_job(job_id: str, auth: Auth) -> JSONResponse:
+async def cancel_job(job_id: str, auth: Auth) -> Response:
     """Queued jobs end at once; running ones stop at their next tensor and clean up.
 
     Idempotent: cancelling a cancelled job answers as the first cancel did, so a client
@@ -231,7 +239,7 @@ async def _check_quota(auth: Caller) -> None:
                        used=used, quota=quota)
 
 
-async def _set_pinned(job_id: str, auth: Auth, pinned: bool) -> JSONResponse:
+async def _set_pinned(job_id: str, auth: Auth, pinned: bool) -> Response:
     check_id(job_id)
     if not await auth.svc.store.pin(job_id, auth.owner, pinned):
         raise not_found(job_id)
@@ -242,14 +250,14 @@ async def _set_pinned(job_id: str, auth: Auth, pinned: bool) -> JSONResponse:
 
 
 @router.post("/{job_id}/pin", response_model=JobOut)
-async def pin_job(job_id: str, auth: Auth) -> JSONResponse:
+async def pin_job(job_id: str, auth: Auth) -> Response:
     """Keep the job and its outputs past the retention period (until unpinned or
     deleted). Idempotent."""
     return await _set_pinned(job_id, auth, True)
 
 
 @router.post("/{job_id}/unpin", response_model=JobOut)
-async def unpin_job(job_id: str, auth: Auth) -> JSONResponse:
+async def unpin_job(job_id: str, auth: Auth) -> Response:
     """Let the job expire again (at once, if it ended longer ago than the retention
     period: the next sweep removes it). Idempotent."""
     return await _set_pinned(job_id, auth, False)

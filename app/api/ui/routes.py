@@ -289,7 +289,7 @@ async def submit_job(request: Request) -> Response:
 @router.get("/jobs/{job_id}")
 async def job_detail(request: Request, job_id: str) -> Response:
     async def run(session: UiSession) -> Response:
-        rec = await session.svc.store.get(job_id, session.owner)
+        rec = await session.svc.store.get_shown(job_id, session.owner)
         if rec is None:
             raise job_routes.not_found(job_id)
         return render(request, "job.html", session=session, d=views.detail(rec))
@@ -305,7 +305,7 @@ async def job_state(request: Request, job_id: str) -> Response:
     if session is None:
         raise ApiError(401, "unauthorized", "log in at /ui/login")
     await _limit(request, session)
-    rec = await svc.store.get(job_id, session.owner)
+    rec = await svc.store.get_shown(job_id, session.owner)
     if rec is None:
         raise job_routes.not_found(job_id)
     return JSONResponse(views.state(rec), headers={"Cache-Control": "no-store"})
