@@ -13,6 +13,7 @@ Two passes, neither holding more than a few tensors:
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -190,6 +191,15 @@ def merge(plan: MergePlan, combination: Combination, output: OutputSpec, ctx: Ru
     def read(t: PlannedTensor) -> list[TensorInfo]:
         return [t.sources[language_key]]
 
+    # θ0 (the plan's other model) goes into a tensor through the ability vectors
+    # (donor − θ0) when an ability adds to it; it is never read here.
+    others = [k for k in plan.models if k != language_key]
+
+    def feeds(t: PlannedTensor) -> list[str]:
+        return [language_key, *(others if t.name in adds else [])]
+
+    plan = dataclasses.replace(plan, left_out=_not_added(plan, others, adds))
+
     def whole(t: PlannedTensor, inputs: list[torch.Tensor]) -> torch.Tensor:
         return adder(t, inputs, 0)
 
@@ -199,10 +209,29 @@ def merge(plan: MergePlan, combination: Combination, output: OutputSpec, ctx: Ru
         # Element-wise streaming over θL with slice offsets: the engine's fastest loop,
         # and a few MB of memory whatever the tensor sizes.
         return stream_merge(plan, MergeWork(whole, read, stage="combine", compute_at=adder,
-                                            patch_at=adder.patch if rows else None),
+                                            patch_at=adder.patch if rows else None,
+                                            feeds=feeds),
                             output, ctx)
     finally:
         reader.close()
+
+
+NOT_ADDED = ("MAEC adds no ability to this tensor (not selected, or its weight mu is 0): "
+             "the language base's tensor is kept")
+
+
+def _not_added(plan: MergePlan, others: list[str], adds: Mapping[str, list[int]]
+               ) -> dict[str, dict[str, str]]:
+    """The plan's left-out tensors plus, of the ``others`` (θ0), those no ability adds
+    to any output tensor."""
+    out = {k: dict(v) for k, v in plan.left_out.items()}
+    for key in others:
+        used = {t.sources[key].name for t in plan.tensors if t.name in adds}
+        for t in plan.tensors:
+            name = t.sources[key].name
+            if name not in used:
+                out.setdefault(key, {})[name] = NOT_ADDED
+    return out
 
 
 class SparseAdder:
