@@ -288,6 +288,24 @@ def test_a_method_plan_that_drops_a_tensor_fails_and_publishes_nothing(
     assert not out.exists() and leftovers(out) == []
 
 
+def test_maec_merge_reports_the_code_and_writes_nothing(
+        zoo: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import yaml
+    from click.testing import CliRunner
+
+    import maec_core.engine as engine
+    from maec_core.cli import main
+
+    monkeypatch.setattr(engine, "build_plan", _dropping(engine.build_plan))
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump({"merge_method": "linear", "models": [
+        {"model": str(zoo["a"]), "parameters": {"weight": 1.0}}]}))
+    out = tmp_path / "merged"
+    result = CliRunner().invoke(main, ["merge", "--no-progress", str(recipe), str(out)])
+    assert result.exit_code == 2 and "[tensor_unaccounted]" in result.stderr
+    assert "model.norm.weight" in result.stderr and leftovers(out) == []
+
+
 def test_a_slices_plan_that_drops_a_tensor_fails(zoo: dict[str, Path], tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     import maec_core.slices as slices
