@@ -12,7 +12,7 @@ vanish from an output unnoticed.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -75,20 +75,22 @@ def account(
     models: Mapping[str, ModelFolder],
     outputs: Iterable[Uses],
     left_out: Mapping[str, Mapping[str, str]],
+    added: Collection[str] = (),
 ) -> Accounting:
     """The accounting of a merge of ``models`` (input key -> folder) that makes each of
     ``outputs`` (output tensor, the stored tensors it is made from) and leaves out what
-    ``left_out`` names (input key -> tensor -> reason).
+    ``left_out`` names (input key -> tensor -> reason). ``added``: output tensors that
+    also take values from outside the inputs (MAEC's stored ability vectors).
 
     A stored tensor read with a LoRA delta brings the delta's A and B along, ``folded``
-    into the output. An output made from more than one stored tensor (counting A and B)
-    merges them; made from one, copies it. TensorUnaccounted when a stored tensor of an
-    input is neither used nor left out, or is both.
+    into the output. An output made from more than one stored tensor (counting A and B),
+    or one of ``added``, merges them; made from one, copies it. TensorUnaccounted when a
+    stored tensor of an input is neither used nor left out, or is both.
     """
     uses: dict[str, dict[str, dict[str, Use]]] = {k: {} for k in models}
     for out, made_of in outputs:
         parts = sum(1 + (2 if info.delta is not None else 0) for _, info in made_of)
-        kind: Use = "merged" if parts > 1 else "copied"
+        kind: Use = "merged" if parts > 1 or out in added else "copied"
         for key, info in made_of:
             mine = uses.setdefault(key, {})
             _use(mine, info.name, out, kind)

@@ -30,7 +30,7 @@ import math
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -301,7 +301,8 @@ class MergeWork:
     ``feeds(t)`` names the plan's model keys whose tensor goes into ``t`` (default:
     those ``read(t)`` loads); for the manifest's accounting, when a tensor reaches the
     output by another way than being read here (MAEC's base, through the ability
-    vectors).
+    vectors). ``added``: output tensors that also take values from outside the plan's
+    models (MAEC's stored ability vectors), so the accounting says merged, not copied.
     """
 
     compute: ComputeFn
@@ -313,6 +314,7 @@ class MergeWork:
     whole: Callable[[PlannedTensor], bool] | None = None
     patch_at: PatchFn | None = None
     feeds: Callable[[PlannedTensor], Sequence[str]] | None = None
+    added: Collection[str] = ()
 
     @property
     def streams(self) -> bool:
@@ -381,7 +383,7 @@ def plan_accounting(plan: MergePlan, work: MergeWork) -> Accounting:
         read = work.read(t)
         return t.name, [(k, info) for k, info in t.sources.items() if info in read]
 
-    return account(plan.models, map(made_of, plan.tensors), plan.left_out)
+    return account(plan.models, map(made_of, plan.tensors), plan.left_out, work.added)
 
 
 def _ticker(ctx: RunContext, stage: str, total: int) -> Callable[[int], None]:

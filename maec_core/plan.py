@@ -88,6 +88,12 @@ def _lookup(folder: ModelFolder, name: str) -> TensorInfo | None:
     return info
 
 
+def tensor_of(folder: ModelFolder, name: str) -> TensorInfo | None:
+    """The stored tensor ``folder`` gives for the planned tensor ``name`` (a tied
+    checkpoint's embedding for lm_head), or None."""
+    return _lookup(folder, name)
+
+
 def _check_input(
     info: TensorInfo, reference: str, other: TensorInfo, key: str, name: str,
     by_token: bool = False,

@@ -15,7 +15,7 @@ from safetensors import safe_open
 
 from maec_core.accounting import TIED_LM_HEAD
 from maec_core.errors import TensorUnaccounted
-from maec_core.maec.combine import NOT_ADDED
+from maec_core.maec.combine import CONTROLLED, NOT_ADDED
 from maec_core.methods import all_methods
 from maec_core.moe.config import parse_moe_config
 from maec_core.plan import LM_HEAD
@@ -219,8 +219,23 @@ def test_maec_accounts_for_its_base_and_language_base(zoo: dict[str, Path], tmp_
     # to, which merge the language base's; every other keeps the language base's.
     assert base["merged_into"] and base["left_out_because"]
     assert set(base["left_out_because"]) == {NOT_ADDED}
-    assert set(base["merged_into"]) == set(lang["merged_into"])
+    assert base["merged_into"] == lang["merged_into"]
     assert set(lang["copied_to"]) == names_in(base["left_out_because"])
+
+
+def test_maec_with_a_control_leaves_its_base_out_of_the_vectors(
+        zoo: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    run_recipe({"merge_method": "maec", "base_model": str(zoo["base"]),
+                "language_base": str(zoo["b"]),
+                "abilities": [{"model": str(zoo["a"]), "control": str(zoo["tied"])}],
+                "parameters": {"key_ratio": 0.2, "selection_ratio": 0.5}}, out, device="cpu")
+    acc = accounting(out, {"base_model": stored(zoo["base"]),
+                           "language_base": stored(zoo["b"])})
+    # The vector is donor − control: θ0's values are in no output tensor.
+    base, added = acc["base_model"], acc["language_base"]["merged_into"]
+    assert base["left_out"] == base["tensors"] and added
+    assert set(base["left_out_because"][CONTROLLED]) == set(added)
 
 
 def test_moe_routes_each_experts_mlp_into_the_fused_tensors(zoo: dict[str, Path],
