@@ -205,6 +205,19 @@ def test_lora_matrices_are_folded_into_the_tensor_they_adapt(zoo: dict[str, Path
     assert acc[adapter]["folded"] == len(stored(zoo["adapter"]))
 
 
+def test_a_lora_export_carries_the_merges_accounting(zoo: dict[str, Path], tmp_path: Path
+                                                    ) -> None:
+    base, a = str(zoo["base"]), str(zoo["a"])
+    recipe: dict[str, Any] = {"merge_method": "task_arithmetic", "base_model": base,
+                              "models": [{"model": a, "parameters": {"weight": 0.5}}]}
+    run_recipe(recipe, tmp_path / "merged", device="cpu")
+    run_recipe({**recipe, "output": {"format": "lora", "rank": 4}}, tmp_path / "lora",
+               device="cpu")
+    want = accounting(tmp_path / "merged", {base: stored(zoo["base"]), a: stored(zoo["a"])})
+    assert accounting(tmp_path / "lora", {base: stored(zoo["base"]),
+                                          a: stored(zoo["a"])}) == want
+
+
 def test_maec_accounts_for_its_base_and_language_base(zoo: dict[str, Path], tmp_path: Path
                                                       ) -> None:
     out = tmp_path / "out"
