@@ -517,10 +517,9 @@ def build_slice_plan(recipe: Recipe, models: Mapping[str, ModelFolder]) -> Slice
         elif g.module.layers_key is not None:
             updates.update(_nested_count(models[reference].config, updates,
                                          g.module.layers_key, len(origin)))
-    planned_tensors = [t for t, _ in pairs]
-    plan = MergePlan({k: models[k] for k in keys}, reference, planned_tensors, updates,
-                     _slices_left_out(groups, {k: models[k] for k in keys}, reference,
-                                      planned_tensors))
+    used, planned_tensors = {k: models[k] for k in keys}, [t for t, _ in pairs]
+    plan = MergePlan(used, reference, planned_tensors, updates,
+                     _slices_left_out(groups, used, reference, planned_tensors))
     planned = sorted((i, sl) for g in groups for i, _, sl in g.slices)
     scopes = {i: dict(ls.module_parameters) for i, ls in enumerate(laid)}
     return SlicePlan(plan, [c for _, c in pairs], [sl for _, sl in planned],
