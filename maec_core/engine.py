@@ -30,13 +30,14 @@ import math
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from maec_core.accounting import Accounting, Uses, account
 from maec_core.card import model_card
 from maec_core.checksums import BackgroundHasher
 from maec_core.context import OutputSpec, RunContext
@@ -296,6 +297,12 @@ class MergeWork:
     dtype is then copied as it is and ``patch_at`` changes those entries in place, with
     the float32 arithmetic ``compute_at`` would do on them (the same bytes, without
     converting every entry to float32 and back).
+
+    ``feeds(t)`` names the plan's model keys whose tensor goes into ``t`` (default:
+    those ``read(t)`` loads); for the manifest's accounting, when a tensor reaches the
+    output by another way than being read here (MAEC's base, through the ability
+    vectors). ``added``: output tensors that also take values from outside the plan's
+    models (MAEC's stored ability vectors), so the accounting says merged, not copied.
     """
 
     compute: ComputeFn
@@ -306,6 +313,8 @@ class MergeWork:
     compute_threads: int = 1
     whole: Callable[[PlannedTensor], bool] | None = None
     patch_at: PatchFn | None = None
+    feeds: Callable[[PlannedTensor], Sequence[str]] | None = None
+    added: Collection[str] = ()
 
     @property
     def streams(self) -> bool:
@@ -335,6 +344,9 @@ def stream_merge(plan: MergePlan, work: MergeWork, output: OutputSpec, ctx: RunC
         # same however it is cut (the float32 path streams as before).
         work = dataclasses.replace(work, elementwise=False, compute_at=None, patch_at=None)
     started = time.perf_counter()
+    # From the plan and headers, before anything is written: a tensor the plan would
+    # drop fails the merge here instead of vanishing from the output.
+    accounting = plan_accounting(plan, work)
     target = torch_dtype(output.dtype)
     total = len(plan.tensors)
     outputs = [OutputTensor(t.name, t.shape, SAFETENSORS_NAMES[target]) for t in plan.tensors]
@@ -353,11 +365,25 @@ def stream_merge(plan: MergePlan, work: MergeWork, output: OutputSpec, ctx: RunC
         _to_sink(write, outputs, options.sink, options.skeleton, define)
     else:
         finish = functools.partial(_finish_folder, define=define, plan=plan,
-                                   output=_recorded(output, ctx.names))
+                                   output=_recorded(output, ctx.names),
+                                   accounting=accounting)
         manifest = _to_folder(write, outputs, output, ctx,
                               _input_hasher(plan, output.hash_inputs, ctx.hash_cache), finish)
     seconds = time.perf_counter() - started
     return MergeResult(output.folder, manifest, total, seconds, {work.stage: seconds})
+
+
+def plan_accounting(plan: MergePlan, work: MergeWork) -> Accounting:
+    """Where every stored tensor of the plan's models goes: into the output tensors
+    whose inputs it feeds (``work.feeds``, else what ``work.read`` loads), or left out
+    as the plan says (TensorUnaccounted when neither, or both)."""
+    def made_of(t: PlannedTensor) -> Uses:
+        if work.feeds is not None:
+            return t.name, [(k, t.sources[k]) for k in work.feeds(t)]
+        read = work.read(t)
+        return t.name, [(k, info) for k, info in t.sources.items() if info in read]
+
+    return account(plan.models, map(made_of, plan.tensors), plan.left_out, work.added)
 
 
 def _ticker(ctx: RunContext, stage: str, total: int) -> Callable[[int], None]:
@@ -520,6 +546,7 @@ def _finish_folder(
     define: Callable[[StagedOutput], None],
     plan: MergePlan,
     output: OutputSpec,
+    accounting: Accounting | None = None,
 ) -> dict[str, Any]:
     """Write the model's definition files (``define``: :func:`_write_definition`), the
     recipe, card and extra documents, then the manifest (last: it lists the others);
@@ -539,7 +566,7 @@ def _finish_folder(
     }
     manifest = build_manifest(
         staged.files, inputs=inputs_doc, recipe=recipe_dump,
-        extra=dict(output.manifest_extra or {}),
+        extra=dict(output.manifest_extra or {}), accounting=accounting,
     )
     # Written last and outside staged.files: the manifest lists the others.
     write_manifest(staged.folder, manifest)

@@ -118,6 +118,14 @@ class NonFiniteOutput(MaecError):
     code = "non_finite_output"
 
 
+class TensorUnaccounted(MaecError):
+    """The merge would leave input tensors without a disposition (neither merged,
+    copied, folded nor left out by the recipe with a reason), or give one two: nothing is
+    written. ``details.tensors`` lists them per input."""
+
+    code = "tensor_unaccounted"
+
+
 class ArtifactMismatch(MaecError):
     """An ability-vector artifact does not match the checkpoints it is combined with."""
 

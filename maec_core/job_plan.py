@@ -161,8 +161,13 @@ def published_manifest(manifest: Mapping[str, Any], refs: Iterable[str],
     with every file's sha256, and the recorded recipe (or config) names references, not
     the local copies ``local`` maps them to. Any kind of job (a merge, an MoE build)."""
     inputs = {ref: {"files": input_digests(Path(local[ref]), hash_cache)} for ref in refs}
-    return {**manifest, "inputs": inputs,
-            "recipe": JobPlan.named(manifest.get("recipe", {}), local)}
+    doc = {**manifest, "inputs": inputs,
+           "recipe": JobPlan.named(manifest.get("recipe", {}), local)}
+    if "accounting" in manifest:
+        # Keyed by the merge's inputs, the local copies: named by reference instead.
+        by_path = {path: ref for ref, path in local.items()}
+        doc["accounting"] = {by_path.get(k, k): v for k, v in manifest["accounting"].items()}
+    return doc
 
 
 def input_digests(path: Path, hash_cache: Path | None = None) -> dict[str, str]:

@@ -1,4 +1,5 @@
-"""manifest.json: every file with size and sha256, inputs, recipe and library versions.
+"""manifest.json: every file with size and sha256, inputs, recipe and library versions,
+and where every input tensor went (``accounting``, see :mod:`maec_core.accounting`).
 
 No timestamps: the same recipe and inputs give a byte-identical manifest. Torch-free.
 """
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from maec_core import __version__
 
 if TYPE_CHECKING:
+    from maec_core.accounting import Accounting
     from maec_core.io.writer import WrittenFile
 
 MANIFEST_NAME = "manifest.json"
@@ -38,6 +40,7 @@ def build_manifest(
     inputs: dict[str, dict[str, Any]],
     recipe: dict[str, Any],
     extra: dict[str, Any] | None = None,
+    accounting: Accounting | None = None,
 ) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
@@ -50,6 +53,8 @@ def build_manifest(
         "recipe": recipe,
         "versions": library_versions(),
     }
+    if accounting is not None:
+        doc["accounting"] = accounting.to_json()
     if extra:
         doc.update(extra)
     return doc

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from maec_core.accounting import TIED_LM_HEAD
 from maec_core.errors import IncompatibleCheckpoints, RecipeError, UnsupportedDtype
 from maec_core.io.folder import ModelFolder
 from maec_core.io.headers import FLOAT_DTYPES, TensorInfo
@@ -61,6 +62,10 @@ class MergePlan:
     tensors: list[PlannedTensor]
     # Fields of the reference config the output changes (a slices recipe's layer count).
     config_updates: dict[str, Any] = field(default_factory=dict)
+    # Input tensors the recipe leaves out, with why: model key -> tensor -> reason. Every
+    # other stored tensor of every model must be read for some output tensor
+    # (maec_core.accounting checks it before a merge writes anything).
+    left_out: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
     @property
     def input_dtype(self) -> str:
@@ -81,6 +86,12 @@ def _lookup(folder: ModelFolder, name: str) -> TensorInfo | None:
         # Tied checkpoints (Llama-3.2, Gemma) store only the embedding; lm_head is it.
         info = folder.tensors.get(EMBED)
     return info
+
+
+def tensor_of(folder: ModelFolder, name: str) -> TensorInfo | None:
+    """The stored tensor ``folder`` gives for the planned tensor ``name`` (a tied
+    checkpoint's embedding for lm_head), or None."""
+    return _lookup(folder, name)
 
 
 def _check_input(
@@ -176,17 +187,22 @@ def build_plan(
         shape = (vocab_rows, *info.shape[1:]) if by_token and vocab_rows else info.shape
         planned.append(PlannedTensor(info.name, shape, info.dtype, sources))
     ref_names = {t.name for t in planned}
+    left_out: dict[str, dict[str, str]] = {}
     for key, folder in models.items():
         for name in folder.tensors:
-            tied_extra = name == LM_HEAD and ref.tie_word_embeddings
-            if name not in ref_names and not tied_extra:
-                raise IncompatibleCheckpoints(
-                    f"tensor {name!r} is in {key} but missing from {reference}",
-                    tensor=name,
-                    models=[key, reference],
-                )
+            if name in ref_names:
+                continue
+            if name == LM_HEAD and ref.tie_word_embeddings:
+                # The output ties its head to the embedding (as the reference does).
+                left_out.setdefault(key, {})[name] = TIED_LM_HEAD
+                continue
+            raise IncompatibleCheckpoints(
+                f"tensor {name!r} is in {key} but missing from {reference}",
+                tensor=name,
+                models=[key, reference],
+            )
     return MergePlan(dict(models), reference, planned,
-                     vocab_config(ref.config, vocab_rows) if vocab_rows else {})
+                     vocab_config(ref.config, vocab_rows) if vocab_rows else {}, left_out)
 
 
 def vocab_config(config: Mapping[str, Any], rows: int) -> dict[str, Any]:
@@ -501,11 +517,72 @@ def build_slice_plan(recipe: Recipe, models: Mapping[str, ModelFolder]) -> Slice
         elif g.module.layers_key is not None:
             updates.update(_nested_count(models[reference].config, updates,
                                          g.module.layers_key, len(origin)))
-    plan = MergePlan({k: models[k] for k in keys}, reference, [t for t, _ in pairs], updates)
+    used, planned_tensors = {k: models[k] for k in keys}, [t for t, _ in pairs]
+    plan = MergePlan(used, reference, planned_tensors, updates,
+                     _slices_left_out(groups, used, reference, planned_tensors))
     planned = sorted((i, sl) for g in groups for i, _, sl in g.slices)
     scopes = {i: dict(ls.module_parameters) for i, ls in enumerate(laid)}
     return SlicePlan(plan, [c for _, c in pairs], [sl for _, sl in planned],
                      [scopes[i] for i, _ in planned])
+
+
+def _slices_left_out(groups: list[_Group], models: Mapping[str, ModelFolder], reference: str,
+                     planned: list[PlannedTensor]) -> dict[str, dict[str, str]]:
+    """The tensors of ``models`` a slices or modules recipe leaves out, with why; a
+    tensor that no rule below explains is not listed (the accounting then refuses it)."""
+    used = {(key, info.name) for t in planned for key, info in t.sources.items()}
+    layouts = (module_layouts(models[reference].config)
+               if any(g.module is not None for g in groups) else None)
+    by_module = {g.module.name if g.module is not None else None: g for g in groups}
+    tied = models[reference].tie_word_embeddings
+    out: dict[str, dict[str, str]] = {}
+    for key, folder in models.items():
+        for name in folder.tensors:
+            if (key, name) in used:
+                continue
+            if name == LM_HEAD and tied:
+                reason: str | None = TIED_LM_HEAD
+            elif layouts is not None and (module := module_of(name, layouts)) not in by_module:
+                reason = f"not in the modules selected (module {module or 'none'})"
+            else:
+                group = by_module[module_of(name, layouts) if layouts is not None else None]
+                reason = _slice_reason(key, name, group)
+            if reason is not None:
+                out.setdefault(key, {})[name] = reason
+    return out
+
+
+def _slice_reason(key: str, name: str, g: _Group) -> str | None:
+    """Why the slices of ``g`` read no ``name`` of ``key``: a layer no ``layer_range``
+    of ``key`` covers, or a tensor outside the layers taken from the first (below the
+    layers) or last slice's sources when ``key`` is not one of them. None: they should
+    have read it."""
+    stack = g.stacks.get(key)
+    if stack is None:
+        return "outside the slices: no slice takes layers from this model"
+    layer = _layer_of(name, stack, g.module)
+    if layer is not None:
+        covered = any(s.model == key and s.layer_range[0] <= layer < s.layer_range[1]
+                      for _, _, sl in g.slices for s in sl.sources)
+        return None if covered else f"outside the slices: layer {layer} is in no layer_range"
+    marks = g.module.below if g.module is not None else _BELOW_BLOCKS
+    below = any(w in name for w in marks)
+    end = g.slices[0][2] if below else g.slices[-1][2]
+    if any(s.model == key for s in end.sources):
+        return None
+    return ("outside the slices: tensors outside the layers come from the "
+            f"{'first' if below else 'last'} slice's sources")
+
+
+def _layer_of(name: str, stack: _Stack, module: ModuleLayout | None) -> int | None:
+    """The block index of ``name`` in ``stack`` (None: not a block tensor)."""
+    if module is None:
+        m = _BLOCK.match(name)
+        return int(m.group(2)) if m is not None and m.group(1) == stack.prefix else None
+    if module.block is None or not name.startswith(module.block):
+        return None
+    index, dot, _ = name[len(module.block):].partition(".")
+    return int(index) if index.isdigit() and dot else None
 
 
 def _whole_group(recipe: Recipe, models: Mapping[str, ModelFolder]) -> _Group:

@@ -195,15 +195,20 @@ def _adapter_dtype(recipe: Recipe | None) -> torch.dtype:
 
 
 def _publish(staged: StagedOutput, report: dict[str, Any], recipe: Recipe | None,
-             inputs: dict[str, Any]) -> dict[str, Any]:
-    """The report, the recipe and, last, the manifest listing them all."""
+             merged_manifest: dict[str, Any]) -> dict[str, Any]:
+    """The report, the recipe and, last, the manifest listing them all, with the merge's
+    inputs and the accounting of their tensors (into the merged tensors the adapter
+    approximates)."""
+    inputs: dict[str, Any] = merged_manifest.get("inputs", {})
+    extra: dict[str, Any] = {"output_format": "lora"}
+    if "accounting" in merged_manifest:
+        extra["accounting"] = merged_manifest["accounting"]
     staged.write_json(REPORT_NAME, report)
     recipe_doc: dict[str, Any] = {}
     if recipe is not None:
         recipe_doc = recipe.model_dump(mode="json", exclude_none=True)
         staged.write_bytes("recipe.yaml", recipe.to_yaml().encode())
-    manifest = build_manifest(staged.files, inputs=inputs, recipe=recipe_doc,
-                              extra={"output_format": "lora"})
+    manifest = build_manifest(staged.files, inputs=inputs, recipe=recipe_doc, extra=extra)
     write_manifest(staged.folder, manifest)
     return manifest
 
@@ -235,8 +240,7 @@ def export_merge(recipe: Recipe, out: Path, ctx: RunContext,
             report = write_adapter(staged, factors, spec.rank, recipe.lora_base,
                                    base.config, _adapter_dtype(recipe))
             report["untargeted_changed"] = _untargeted_changes(merged, base, set(names))
-            manifest = _publish(staged, report, recipe,
-                                merged_result.manifest.get("inputs", {}))
+            manifest = _publish(staged, report, recipe, merged_result.manifest)
             staged.commit()
     finally:
         shutil.rmtree(full, ignore_errors=True)

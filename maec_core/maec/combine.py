@@ -13,21 +13,24 @@ Two passes, neither holding more than a few tensors:
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
+from maec_core.accounting import TIED_LM_HEAD
 from maec_core.context import OutputSpec, RunContext
 from maec_core.engine import MergeWork, stream_merge
 from maec_core.errors import Cancelled
+from maec_core.io.folder import ModelFolder
 from maec_core.io.headers import TensorInfo
 from maec_core.maec.artifact import Artifact
 from maec_core.maec.params import MaecParams
 from maec_core.maec.rowio import RowReader
 from maec_core.maec.select import select_tensors
-from maec_core.plan import MergePlan, PlannedTensor
+from maec_core.plan import LM_HEAD, MergePlan, PlannedTensor, tensor_of
 from maec_core.runtime import (
     MergeResult,
     cpu_single_thread,
@@ -167,6 +170,9 @@ class Combination:
     mus: list[float]
     language_key: str
     remap: RowRemap | None = None
+    # For the manifest's accounting: which abilities have a control (their vector is
+    # donor − control, so θ0's values are not in it).
+    controlled: Sequence[bool] = ()
 
 
 def merge(plan: MergePlan, combination: Combination, output: OutputSpec, ctx: RunContext
@@ -190,6 +196,20 @@ def merge(plan: MergePlan, combination: Combination, output: OutputSpec, ctx: Ru
     def read(t: PlannedTensor) -> list[TensorInfo]:
         return [t.sources[language_key]]
 
+    # θ0 (the plan's other model) goes into a tensor through the ability vectors
+    # (donor − θ0) when an ability without a control adds to it; it is never read here.
+    # The donors are not among the plan's models: combination reads the artifacts, whose
+    # metadata record them, so a run from given artifacts publishes the same manifest.
+    others = [k for k in plan.models if k != language_key]
+    controlled = list(combination.controlled) or [False] * len(artifacts)
+
+    def feeds(t: PlannedTensor) -> list[str]:
+        ks = adds.get(t.name, [])
+        return [language_key, *(others if any(not controlled[k] for k in ks) else [])]
+
+    plan = dataclasses.replace(plan, left_out=_not_added(
+        plan, {k: plan.models[k] for k in others}, feeds, adds))
+
     def whole(t: PlannedTensor, inputs: list[torch.Tensor]) -> torch.Tensor:
         return adder(t, inputs, 0)
 
@@ -199,10 +219,36 @@ def merge(plan: MergePlan, combination: Combination, output: OutputSpec, ctx: Ru
         # Element-wise streaming over θL with slice offsets: the engine's fastest loop,
         # and a few MB of memory whatever the tensor sizes.
         return stream_merge(plan, MergeWork(whole, read, stage="combine", compute_at=adder,
-                                            patch_at=adder.patch if rows else None),
+                                            patch_at=adder.patch if rows else None,
+                                            feeds=feeds, added=frozenset(adds)),
                             output, ctx)
     finally:
         reader.close()
+
+
+NOT_ADDED = ("MAEC adds no ability to this tensor (not selected, or its weight mu is 0): "
+             "the language base's tensor is kept")
+CONTROLLED = ("MAEC's ability vectors for this tensor are donor - control: the base only "
+              "chose their key positions")
+
+
+def _not_added(plan: MergePlan, folders: Mapping[str, ModelFolder],
+               feeds: Callable[[PlannedTensor], list[str]], adds: Mapping[str, list[int]]
+               ) -> dict[str, dict[str, str]]:
+    """The plan's left-out tensors plus, of ``folders`` (θ0: the checkpoint only the
+    ability vectors bring in), those that ``feeds`` into no output tensor, and an
+    lm_head the output ties to its embedding."""
+    out = {k: dict(v) for k, v in plan.left_out.items()}
+    planned = {t.name for t in plan.tensors}
+    for key, folder in folders.items():
+        infos = [(t, tensor_of(folder, t.name)) for t in plan.tensors]
+        used = {info.name for t, info in infos if info is not None and key in feeds(t)}
+        for t, info in infos:
+            if info is not None and info.name not in used:
+                out.setdefault(key, {})[info.name] = CONTROLLED if t.name in adds else NOT_ADDED
+        if LM_HEAD in folder.tensors and LM_HEAD not in planned:
+            out.setdefault(key, {}).setdefault(LM_HEAD, TIED_LM_HEAD)
+    return out
 
 
 class SparseAdder:

@@ -291,7 +291,9 @@ def _combine(
         [recipe.language_base, recipe.base_model, *[ab.model for ab in recipe.abilities]],
         extra_json={REPORT_NAME: report}, card_summary=card_summary(report),
         manifest_extra={"maec": {"artifact_keys": report["artifact_keys"]}})
-    result = merge(plan, Combination(artifacts, selection, mus, LANG, remap), output,
+    combination = Combination(artifacts, selection, mus, LANG, remap,
+                              [ab.control is not None for ab in recipe.abilities])
+    result = merge(plan, combination, output,
                    ctx.but(progress=merge_progress))
     now = time.perf_counter()
     seconds = {"extract": extract_seconds, "select": select_seconds,

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from maec_core.accounting import Accounting
 from maec_core.checksums import BackgroundHasher
 from maec_core.context import RunContext
 from maec_core.errors import Cancelled, MaecError, NonFiniteOutput, OutputExists
@@ -31,7 +32,7 @@ from maec_core.moe.config import MoeConfig
 from maec_core.moe.gates import gate_vectors
 from maec_core.moe.hf_config import output_config_json
 from maec_core.moe.layout import MoeTensor, Piece
-from maec_core.moe.plan import MoePlan, plan_moe
+from maec_core.moe.plan import MoePlan, moe_accounting, plan_moe
 from maec_core.runtime import MergeResult, torch_dtype
 
 __all__ = ["build_moe", "open_sources"]
@@ -152,6 +153,9 @@ def build_moe(config: MoeConfig, out: Path, ctx: RunContext | None = None, *,
         raise OutputExists(f"output folder {out} already exists", path=str(out))
     folders = folders if folders is not None else open_sources(config)
     plan = plan_moe(config, folders)
+    # Before the prompts run and anything is written: a tensor the plan would drop fails
+    # the build here.
+    accounting = moe_accounting(config, folders, plan)
     base = folders[config.base_model]
     gates = gate_vectors(config, base, plan.num_layers, plan.hidden_size)
     gated = time.monotonic()
@@ -168,7 +172,7 @@ def build_moe(config: MoeConfig, out: Path, ctx: RunContext | None = None, *,
             writer.abort()
             hasher.stop()
             raise
-        manifest = _finish(staged, config, plan, folders, hasher)
+        manifest = _finish(staged, config, plan, folders, hasher, accounting)
         staged.commit()
     done = time.monotonic()
     return MergeResult(Path(out), manifest, len(outputs), done - started,
@@ -184,7 +188,8 @@ def _report(config: MoeConfig, plan: MoePlan) -> dict[str, Any]:
 
 
 def _finish(staged: StagedOutput, config: MoeConfig, plan: MoePlan,
-            folders: dict[str, ModelFolder], hasher: BackgroundHasher) -> dict[str, Any]:
+            folders: dict[str, ModelFolder], hasher: BackgroundHasher,
+            accounting: Accounting) -> dict[str, Any]:
     """The files beside the weights, then the manifest (last: it lists the others);
     returns the manifest."""
     base = folders[config.base_model]
@@ -201,7 +206,7 @@ def _finish(staged: StagedOutput, config: MoeConfig, plan: MoePlan,
               for ref, f in folders.items()}
     manifest = build_manifest(staged.files, inputs=inputs,
                               recipe=config.model_dump(mode="json", exclude_none=True),
-                              extra={"moe": _report(config, plan)})
+                              extra={"moe": _report(config, plan)}, accounting=accounting)
     (staged.folder / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2,
                                                           sort_keys=True) + "\n")
     return manifest

@@ -110,6 +110,13 @@ def _left_out(base: ModelFolder, kept: set[str]) -> list[str]:
     return [f"{n}: not part of the output architecture, left out" for n in gone]
 
 
+def base_names(arch: OutputArch, layers: int) -> set[str]:
+    """Every tensor name ``arch`` takes from the base (the head when the base has one)."""
+    qwen2 = arch == "qwen2_moe"
+    return {*_base_names(layers, biases=qwen2, qk_norms=arch == "qwen3_moe"),
+            "lm_head.weight"}
+
+
 def layout(arch: OutputArch, config: MoeConfig, folders: dict[str, ModelFolder],
            layers: int, hidden: int, st: str, warnings: list[str]) -> list[MoeTensor]:
     base = folders[config.base_model]

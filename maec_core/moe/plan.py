@@ -11,10 +11,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from maec_core.accounting import INV_FREQ, Accounting, Uses, account, stored_names
 from maec_core.errors import IncompatibleCheckpoints, RecipeError, UnsupportedMoe
 from maec_core.io.folder import ModelFolder
 from maec_core.moe.config import MoeConfig
-from maec_core.moe.layout import MLP, SAFETENSORS_OF, MoeTensor, OutputArch, layout, need
+from maec_core.moe.layout import (
+    MLP,
+    SAFETENSORS_OF,
+    MoeTensor,
+    OutputArch,
+    base_names,
+    layout,
+    need,
+)
 
 # mergekit-moe 0.1.5's output architectures, in its order of preference, with the input
 # model types each takes. DeepSeek MoE is recognised (so a config that would get it is
@@ -148,3 +157,43 @@ def plan_moe(config: MoeConfig, folders: dict[str, ModelFolder]) -> MoePlan:
                              "llama.cpp cannot load the model")
     plan.warnings += config.warnings
     return plan
+
+
+def moe_accounting(config: MoeConfig, folders: dict[str, ModelFolder], plan: MoePlan
+                   ) -> Accounting:
+    """Where every stored tensor of every source goes in the MoE ``plan``: each output
+    tensor's pieces (the base's copies, the experts' MLP matrices laid side by side) or
+    left out: rotary ``inv_freq`` buffers, the dense MLPs of a model that is no expert's
+    source, an expert model's tensors other than its MLPs, and the base's tensors the
+    output architecture has no place for. TensorUnaccounted for anything else."""
+    base = config.base_model
+    experts = {e.source_model for e in config.all_experts()}
+    # The base tensors the architecture has a place for: any of them not read is a drop.
+    placed = base_names(plan.arch, plan.num_layers)
+
+    def made_of(t: MoeTensor) -> Uses:
+        return t.name, [(p.expert.source_model if p.expert is not None else base, p.source)
+                        for p in t.pieces]
+
+    outputs = [made_of(t) for t in plan.tensors]
+    used = {(key, info.name) for _, pieces in outputs for key, info in pieces}
+    left_out: dict[str, dict[str, str]] = {}
+    for ref, folder in folders.items():
+        for name in sorted(stored_names(folder)):
+            if (ref, name) in used:
+                continue
+            mlp = ".mlp." in name
+            if name.endswith("rotary_emb.inv_freq"):
+                reason = INV_FREQ
+            elif mlp and ref not in experts:
+                reason = "a dense MLP tensor: the MoE layers take the experts' MLPs instead"
+            elif mlp:
+                continue  # an expert's MLP tensor the layout does not take: unaccounted
+            elif ref == base and name in placed:
+                continue  # the output has a place for it, yet reads it nowhere
+            elif ref == base:
+                reason = f"not part of the {plan.arch} output architecture"
+            else:
+                reason = "an expert's model gives only its MLP tensors (the rest is the base's)"
+            left_out.setdefault(ref, {})[name] = reason
+    return account(folders, outputs, left_out)

@@ -22,7 +22,7 @@ EXPECTED = {
     errors.Cancelled: 409, StorageError: 503,
     errors.EvalSetError: 422, errors.EvalSetUnreadable: 422, errors.TokenizerError: 422,
     errors.UnsupportedAdapter: 422, errors.SweepError: 422, errors.NoFeasibleCandidate: 422,
-    errors.UnsupportedMoe: 422,
+    errors.UnsupportedMoe: 422, errors.TensorUnaccounted: 400,
 }
 
 
