@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from maec_core.errors import IncompatibleCheckpoints, RecipeError, UnsupportedDtype
-from maec_core.io.folder import ModelFolder
+from maec_core.io.folder import ModelFolder, open_model_folder
 from maec_core.io.headers import FLOAT_DTYPES, TensorInfo
 from maec_core.methods.params import BLOCK_PATTERN
 from maec_core.methods.registry import get_method
@@ -216,17 +216,26 @@ def plan_recipe(recipe: Recipe, models: Mapping[str, ModelFolder]) -> MergePlan:
         tmap = maec_token_map(recipe, folders[recipe.base_model],
                               folders[recipe.language_base], donors)
         return build_plan(folders, keys[0], tmap.lang_rows if tmap else None)
-    vocab = recipe_vocab(recipe, folders)
+    vocab = recipe_vocab(recipe, folders, models)
     return build_plan(folders, keys[0], rows_of(vocab))
 
 
-def recipe_vocab(recipe: Recipe, folders: Mapping[str, ModelFolder]) -> VocabPlan | None:
-    """The vocabulary plan of a models recipe over ``folders`` keyed by reference (None
-    without tokenizer settings)."""
+def recipe_vocab(recipe: Recipe, folders: Mapping[str, ModelFolder],
+                 donors: Mapping[str, ModelFolder] | None = None) -> VocabPlan | None:
+    """The vocabulary plan of a models recipe over ``folders`` (the merged checkpoints)
+    keyed by reference (None without tokenizer settings). A tokenizer donor (the source
+    naming a checkpoint that is not merged) is taken from ``donors`` when it is there
+    (the API's header views), else opened from its path (its tokenizer is all that is
+    read)."""
     spec = VocabSpec.of(recipe)
     if spec is None:
         return None
-    return plan_vocab(spec, folders, base=recipe.base_model, refs={k: k for k in folders})
+    donor = None
+    if recipe.tokenizer_donor is not None:
+        found = (donors or {}).get(spec.source)
+        donor = found if found is not None else open_model_folder(spec.source)
+    return plan_vocab(spec, folders, base=recipe.base_model, refs={k: k for k in folders},
+                      donor=donor)
 
 
 def rows_of(vocab: VocabPlan | None) -> int | None:
@@ -521,11 +530,14 @@ def _module_groups(recipe: Recipe, models: Mapping[str, ModelFolder], reference:
     one slice over every layer of the module (the same count in every model)."""
     assert recipe.modules is not None
     layouts = module_layouts(models[reference].config)
+    if layouts is None and set(recipe.modules) == {DEFAULT_MODULE}:
+        return [_default_module(recipe, models)]
     if layouts is None:
         kind = models[reference].config.get("model_type") or "unknown"
         raise RecipeError(
             f"modules: {reference} ({kind}) is not a multi-module architecture this "
-            f"engine knows ({', '.join(sorted(MODULAR))}); lay out its layers with slices",
+            f"engine knows ({', '.join(sorted(MODULAR))}); its one module is "
+            f"{DEFAULT_MODULE!r}, or lay out its layers with slices",
             key="modules", model_type=kind)
     groups: dict[str, _Group] = {}
     for i, laid in enumerate(recipe.laid_slices()):
@@ -543,6 +555,23 @@ def _module_groups(recipe: Recipe, models: Mapping[str, ModelFolder], reference:
         sl = laid.slice if laid.slice is not None else _whole_module(laid, g.stacks)
         g.slices.append((i, laid.where, sl))
     return list(groups.values())
+
+
+# mergekit's name for the one module of a one-stack architecture (a plain Llama):
+# ``modules: {default: ...}`` there is the same merge as top-level slices or models.
+DEFAULT_MODULE = "default"
+
+
+def _default_module(recipe: Recipe, models: Mapping[str, ModelFolder]) -> _Group:
+    """``modules: {default: ...}`` on a one-stack model: the whole model as one stack
+    (a module given as models is one slice over all its layers), planned as a slices
+    recipe is; the module's parameters keep their place in the lookup."""
+    laid = recipe.laid_slices()
+    stacks = {k: _stack(k, models[k]) for k in _distinct(recipe)
+              if any(k == m for ls in laid for m, _ in ls.sources)}
+    return _Group(None, [(i, ls.where, ls.slice if ls.slice is not None
+                          else _whole_module(ls, stacks))
+                         for i, ls in enumerate(laid)], stacks)
 
 
 def _whole_module(laid: LaidSlice, stacks: Mapping[str, _Stack]) -> Slice:

@@ -40,6 +40,7 @@ class SliceMerge:
     out_dtype: str
     tokenizer_from: str
     base_models: list[str]
+    config_dtype: str | None = None  # what config.json names (None: out_dtype)
 
 
 def prepare_slices(recipe: Recipe, spec: TensorMethod) -> SliceMerge:
@@ -72,8 +73,9 @@ def prepare_slices(recipe: Recipe, spec: TensorMethod) -> SliceMerge:
             raise RecipeError(f"tokenizer_source {recipe.tokenizer_source!r} is not one of "
                               "the recipe's models", key="tokenizer_source")
         tokenizer_from = recipe.tokenizer_source
-    return SliceMerge(plan, read, compute, recipe.output_dtype or plan.input_dtype,
-                      tokenizer_from, list(plan.models))
+    return SliceMerge(plan, read, compute, spec.saved_dtype(recipe, plan.input_dtype),
+                      tokenizer_from, list(plan.models),
+                      recipe.output_dtype or plan.input_dtype)
 
 
 def _resolver(
