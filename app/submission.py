@@ -63,14 +63,15 @@ def job_warnings(job: Recipe | MoeConfig) -> list[str]:
 
 
 def check_job_sources(job: Recipe | MoeConfig, settings: Settings, storage: Storage
-                      ) -> tuple[dict[str, dict[str, Any]], Need]:
-    """:func:`check_and_estimate` for either kind of job: the sources pinned, and the
-    job's needs, which route it to a pool."""
+                      ) -> tuple[dict[str, dict[str, Any]], Need, list[str]]:
+    """:func:`check_and_estimate` for either kind of job: the sources pinned, the job's
+    needs, which route it to a pool, and what its plan warns of from the checkpoints'
+    headers (the job record lists these after :func:`job_warnings`)."""
     if isinstance(job, MoeConfig):
         sources = check_moe_sources(job, settings, storage)
         # The hidden gate modes hold the base model while the prompts run.
         holds_base = job.gate_mode.startswith("hidden")
-        return sources, estimate_moe(job.base_model, holds_base, sources)
+        return sources, estimate_moe(job.base_model, holds_base, sources), []
     return check_and_estimate(job, settings, storage)
 
 
@@ -213,7 +214,7 @@ def check_sources(
 
 def check_and_estimate(
     recipe: Recipe, settings: Settings, storage: Storage
-) -> tuple[dict[str, dict[str, Any]], Need]:
+) -> tuple[dict[str, dict[str, Any]], Need, list[str]]:
     """:func:`check_sources`, and the job's needs estimated from the same headers
     (:mod:`app.scheduler.estimate`), which route it to a pool."""
     # What the job reads, as the worker's plan will say: the same plan, made here.
@@ -239,7 +240,7 @@ def check_and_estimate(
         pinned[uri] = check_corpus(parsed[uri], storage, settings.max_corpus_bytes)
     pinned.update(check_eval_sets(plan, settings, storage))
     sources = {uri: s.to_dict() for uri, s in pinned.items()}
-    return sources, estimate(recipe, merge_plan, sources)
+    return sources, estimate(recipe, merge_plan, sources), list(merge_plan.notes)
 
 
 def check_eval_sets(plan: JobPlan, settings: Settings, storage: Storage

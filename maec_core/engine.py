@@ -572,7 +572,7 @@ def _run_slices(recipe: Recipe, spec: TensorMethod, out_dir: Path, ctx: RunConte
     """A slices recipe: its plan, reads and per-tensor calls come from maec_core.slices."""
     job = prepare_slices(recipe, spec)
     work = MergeWork(job.compute, job.read, elementwise=spec.elementwise,
-                     compute_threads=COMPUTE_THREADS)
+                     compute_threads=COMPUTE_THREADS, whole=job.whole)
     output = OutputSpec(out_dir, recipe, job.out_dtype, job.tokenizer_from, job.base_models,
                         config_dtype=job.config_dtype)
     return stream_merge(job.plan, work, output, ctx)

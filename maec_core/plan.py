@@ -7,6 +7,7 @@ and a 20-minute merge.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -19,7 +20,14 @@ from maec_core.methods.params import BLOCK_PATTERN
 from maec_core.methods.registry import get_method
 from maec_core.model_modules import MODULAR, ModuleLayout, module_layouts, module_of
 from maec_core.recipe import LaidSlice, Recipe, Slice, SliceSource
-from maec_core.vocab.build import VocabPlan, VocabSpec, is_vocab_tensor, plan_vocab
+from maec_core.vocab.build import (
+    VocabPlan,
+    VocabSpec,
+    embedding_rows,
+    is_vocab_tensor,
+    plan_vocab,
+)
+from maec_core.vocab.tokens import read_vocab
 
 EMBED = "model.embed_tokens.weight"
 LM_HEAD = "lm_head.weight"
@@ -61,6 +69,9 @@ class MergePlan:
     tensors: list[PlannedTensor]
     # Fields of the reference config the output changes (a slices recipe's layer count).
     config_updates: dict[str, Any] = field(default_factory=dict)
+    # What the plan does that the checkpoints' headers decided and the recipe does not
+    # say, one line each (logged by the engine, listed in a job's warnings).
+    notes: tuple[str, ...] = ()
 
     @property
     def input_dtype(self) -> str:
@@ -276,6 +287,10 @@ class SliceCall:
     slots: tuple[int, ...]
     frac: float
     names: tuple[str, ...]  # the tensor read from each of ``keys``
+    # A vocabulary tensor whose sources have other rows than the output vocabulary
+    # (checkpoints whose vocabularies differ by added tokens): per input in ``keys``
+    # order, output row ``i`` is its row ``rows[k][i]``, zeros where that is -1.
+    rows: tuple[tuple[int, ...], ...] | None = None
 
     @property
     def keys(self) -> list[str]:
@@ -480,9 +495,10 @@ def build_slice_plan(recipe: Recipe, models: Mapping[str, ModelFolder]) -> Slice
     assert recipe.layered
     laid = recipe.laid_slices()
     keys = _distinct(recipe)
-    # The layer count may differ between sources; everything else must agree.
+    # The layer count may differ between sources, and the vocabulary (each vocabulary
+    # tensor is taken from one model's rows, as in mergekit); everything else must agree.
     check_configs({k: models[k] for k in keys},
-                  tuple(f for f in ARCH_FIELDS if f not in LAYER_COUNT_KEYS))
+                  tuple(f for f in ARCH_FIELDS if f not in (*LAYER_COUNT_KEYS, "vocab_size")))
     base = recipe.base_model if get_method(recipe.merge_method).uses_base else None
     # Config, tokenizer and the non-block tensor list follow base_model, else the first
     # source (mergekit's output config does the same).
@@ -510,11 +526,63 @@ def build_slice_plan(recipe: Recipe, models: Mapping[str, ModelFolder]) -> Slice
         elif g.module.layers_key is not None:
             updates.update(_nested_count(models[reference].config, updates,
                                          g.module.layers_key, len(origin)))
-    plan = MergePlan({k: models[k] for k in keys}, reference, [t for t, _ in pairs], updates)
+    pairs = _aligned_rows(pairs, reference, models)
+    notes = tuple(
+        f"{t.name}: rows laid out in {reference}'s vocabulary of {t.shape[0]} tokens (its "
+        f"source has {', '.join(str(i.shape[0]) for i in t.sources.values())} rows; "
+        "mergekit 0.1.5 copies them as they are, which transformers cannot load)"
+        for t, c in pairs if c.rows is not None)
+    plan = MergePlan({k: models[k] for k in keys}, reference, [t for t, _ in pairs], updates,
+                     notes)
     planned = sorted((i, sl) for g in groups for i, _, sl in g.slices)
     scopes = {i: dict(ls.module_parameters) for i, ls in enumerate(laid)}
     return SlicePlan(plan, [c for _, c in pairs], [sl for _, sl in planned],
                      [scopes[i] for i, _ in planned])
+
+
+def _aligned_rows(pairs: list[tuple[PlannedTensor, SliceCall]], reference: str,
+                  models: Mapping[str, ModelFolder]
+                  ) -> list[tuple[PlannedTensor, SliceCall]]:
+    """Vocabulary tensors (embedding, LM head) of a slices recipe over checkpoints whose
+    vocabularies differ (by added tokens, typically), laid out in the output's.
+
+    mergekit copies each such tensor whole from its slice's model: the embedding from
+    the first slice's, the head from the last one's. With vocabularies of different
+    sizes its output holds, say, a 64-row embedding and a 66-row head under a config of
+    64 tokens, which transformers refuses to load. Here the rows are the same ones,
+    matched by token into the vocabulary the output carries (the reference's tokenizer
+    and config): every row both have is mergekit's; a token the reference lacks is
+    dropped, one the source lacks is zeros (mergekit's row for a token no merged model
+    has). Merging vocabulary tensors of different sizes is refused (by the shape check
+    that gathers a tensor's sources), as mergekit refuses it."""
+    out_rows = embedding_rows(models[reference])
+    aligned = []
+    for t, call in pairs:
+        if not is_vocab_tensor(t.name) or t.shape[0] == out_rows:
+            aligned.append((t, call))
+            continue
+        rows = tuple(_row_map(models[reference], models[k], out_rows, t.sources[k].shape[0])
+                     for k in call.keys)
+        t = PlannedTensor(t.name, (out_rows, *t.shape[1:]), t.dtype, t.sources)
+        aligned.append((t, dataclasses.replace(call, rows=rows)))
+    return aligned
+
+
+def _row_map(out: ModelFolder, src: ModelFolder, out_rows: int, src_rows: int
+             ) -> tuple[int, ...]:
+    """For each row of ``out``'s vocabulary, the row of ``src`` holding the same token
+    (-1: ``src`` lacks it); by position where either has no tokenizer.json to match by,
+    and for rows past ``out``'s tokens (padding)."""
+    mine, theirs = read_vocab(out, label="reference"), read_vocab(src, label="source")
+    by_pos = tuple(i if i < src_rows else -1 for i in range(out_rows))
+    if mine is None or theirs is None:
+        return by_pos
+    rows = list(by_pos)
+    for token, i in mine.ids.items():
+        if i < out_rows:
+            j = theirs.ids.get(token, -1)
+            rows[i] = j if 0 <= j < src_rows else -1
+    return tuple(rows)
 
 
 def _whole_group(recipe: Recipe, models: Mapping[str, ModelFolder]) -> _Group:

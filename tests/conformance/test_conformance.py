@@ -11,7 +11,17 @@ from pathlib import Path
 import pytest
 
 from tests.conformance.models import ModelFarm
-from tests.conformance.suite import KNOWN_DIFFERENCES, RECIPES, load_recipe, recipe_files, run_one
+from tests.conformance.suite import (
+    KNOWN_DIFFERENCES,
+    RECIPES,
+    ROW_LAYOUT_DIFFERENCES,
+    load_recipe,
+    recipe_files,
+    run_mergekit,
+    run_one,
+    run_ours,
+)
+from tests.conformance.suite import _tensors as tensors_of
 
 pytest.importorskip("mergekit.merge")
 
@@ -36,6 +46,37 @@ def test_recipe_matches_mergekit(path: Path, farm: ModelFarm, tmp_path: Path,
     if outcome.ours.accepted and not outcome.statistical:
         # Same compute dtype, same operations: mergekit's bytes, not just its values.
         assert outcome.max_abs_diff == 0, f"max abs diff {outcome.max_abs_diff:.3g}"
+
+
+@pytest.mark.parametrize("stem", ROW_LAYOUT_DIFFERENCES)
+def test_added_token_vocabularies_in_slices_keep_mergekit_rows(stem: str, farm: ModelFarm,
+                                                               tmp_path: Path) -> None:
+    """Slices over checkpoints whose vocabularies differ by added tokens: both accept;
+    every tensor is mergekit's, but the vocabulary tensors, whose rows of the tokens
+    both hold are mergekit's and whose other rows are zeros; ours loads in transformers,
+    mergekit's (rows copied as they are, under the other model's config) does not."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    recipe = load_recipe(RECIPES / f"{stem}.yaml", farm)
+    ours, theirs = tmp_path / "ours", tmp_path / "mergekit"
+    assert run_ours(recipe, ours).accepted and run_mergekit(recipe, theirs).accepted
+    mine, ref = tensors_of(ours), tensors_of(theirs)
+    assert sorted(mine) == sorted(ref)
+    laid_out = 0
+    for name in mine:
+        got, want = mine[name], ref[name]
+        if got.shape == want.shape:
+            assert torch.equal(got, want), name
+            continue
+        laid_out += 1
+        n = min(got.shape[0], want.shape[0])
+        assert torch.equal(got[:n], want[:n]), name
+        assert not got[n:].any(), name
+    assert laid_out == 1  # the LM head: the embedding comes from the config's model
+    AutoModelForCausalLM.from_pretrained(ours)
+    with pytest.raises(RuntimeError, match="mismatched_sizes"):
+        AutoModelForCausalLM.from_pretrained(theirs)
 
 
 def test_fast_subset_exists() -> None:

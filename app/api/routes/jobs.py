@@ -90,7 +90,7 @@ async def submit(typed: JobBody, auth: Auth) -> JSONResponse:
     recipe = build_job(bounded_sizes(body))
     if body.callback_url is not None:  # resolves the host: blocking
         await run_in_threadpool(accept_callback, body.callback_url, svc.settings, owner)
-    sources, need = await run_in_threadpool(check_job_sources, recipe, svc.settings,
+    sources, need, notes = await run_in_threadpool(check_job_sources, recipe, svc.settings,
                                             svc.storage)
     # Refused here (no_capable_worker) rather than sent to a worker to fail.
     pool = route(need, svc.settings.pools)
@@ -98,7 +98,7 @@ async def submit(typed: JobBody, auth: Auth) -> JSONResponse:
         id=new_job_id(), owner=owner, method=recipe.merge_method,
         name=body.name or recipe.name,
         recipe=recipe.model_dump(mode="json", exclude_none=True, by_alias=True),
-        warnings=job_warnings(recipe), sources=sources, created_at=now_iso(),
+        warnings=job_warnings(recipe) + notes, sources=sources, created_at=now_iso(),
         idempotency_key=body.idempotency_key,
         callback_url=body.callback_url,
         pinned=bool(body.pinned), priority=priority, pool=pool,
