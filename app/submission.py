@@ -73,13 +73,15 @@ def job_references(job: Recipe | MoeConfig) -> set[str]:
 
 def check_job_sources(job: Recipe | MoeConfig, settings: Settings, storage: Storage,
                       outputs: Mapping[str, Published] | None = None
-                      ) -> tuple[dict[str, dict[str, Any]], Need]:
-    """:func:`check_and_estimate` for either kind of job: the sources pinned, and the
-    job's needs, which route it to a pool. ``outputs``: the caller's succeeded jobs
-    among :func:`job_references`, which its ``job:`` sources resolve to."""
+                      ) -> tuple[dict[str, dict[str, Any]], Need, list[str]]:
+    """:func:`check_and_estimate` for either kind of job: the sources pinned, the job's
+    needs, which route it to a pool, and what its plan warns of from the checkpoints'
+    headers (the job record lists these after :func:`job_warnings`). ``outputs``: the
+    caller's succeeded jobs among :func:`job_references`, which its ``job:`` sources
+    resolve to."""
     if isinstance(job, MoeConfig):
         sources, plan = check_moe_sources(job, settings, storage, outputs)
-        return sources, estimate_moe(job, plan, sources)
+        return sources, estimate_moe(job, plan, sources), []
     return check_and_estimate(job, settings, storage, outputs)
 
 
@@ -164,11 +166,16 @@ def _named_recipe(req: JobRequest) -> Recipe:
 
 
 def check_tokenizer_source(plan: JobPlan) -> None:
-    """A tokenizer_source names one of the checkpoints the job reads (or a keyword)."""
+    """Every tokenizer reference names one of the checkpoints the job reads (or a
+    keyword), but a models recipe's tokenizer source, which may name a tokenizer donor
+    (an input of its own, as in mergekit)."""
     named = {*plan.checkpoints, *(j.ref for j in plan.joined)}
-    if any(s.kind == "tokenizer" and s.ref not in named for s in plan.recipe.sources()):
+    donors = set() if plan.recipe.layered else set(plan.tokenizers)
+    if any(s.kind == "tokenizer" and s.ref not in named and s.ref not in donors
+           for s in plan.recipe.sources()):
         raise RecipeError("tokenizer_source must be 'base', 'union' or one of the recipe's "
-                          "models", key="tokenizer_source")
+                          "models (a tokenizer donor: in a models recipe)",
+                          key="tokenizer_source")
 
 
 def inspect_models(plan: JobPlan, parsed: dict[str, Source], storage: Storage
@@ -194,6 +201,8 @@ def inspect_models(plan: JobPlan, parsed: dict[str, Source], storage: Storage
     for j in plan.joined:
         folders[j.ref] = _joined(j, inspect_source(parsed[j.adapter], storage, tokenizer,
                                                    base=folders[j.base]), folders[j.base])
+    for uri in plan.tokenizers:
+        folders[uri] = inspect_source(parsed[uri], storage, True)
     return folders
 
 
@@ -219,7 +228,7 @@ def check_sources(
 def check_and_estimate(
     recipe: Recipe, settings: Settings, storage: Storage,
     outputs: Mapping[str, Published] | None = None,
-) -> tuple[dict[str, dict[str, Any]], Need]:
+) -> tuple[dict[str, dict[str, Any]], Need, list[str]]:
     """:func:`check_sources`, and the job's needs estimated from the same headers
     (:mod:`app.scheduler.estimate`), which route it to a pool."""
     # What the job reads, as the worker's plan will say: the same plan, made here.
@@ -232,19 +241,20 @@ def check_and_estimate(
             limit=settings.max_models_per_job,
         )
     parsed: dict[str, Source] = {}
-    for uri in [*plan.checkpoints, *plan.corpora]:
+    for uri in [*plan.checkpoints, *plan.tokenizers, *plan.corpora]:
         parsed[uri] = parse_source(uri, settings, outputs)
     folders = inspect_models(plan, parsed, storage)
     merge_plan = plan_recipe(recipe, folders)
     check_against_plan(recipe, merge_plan)
     # Pinned after the checks: a file replaced in between is pinned as replaced, which
     # lets nothing unchecked through (the engine validates the folder it reads).
-    pinned = {uri: pin_source(parsed[uri], storage) for uri in plan.checkpoints}
+    pinned = {uri: pin_source(parsed[uri], storage)
+              for uri in (*plan.checkpoints, *plan.tokenizers)}
     for uri in plan.corpora:
         pinned[uri] = check_corpus(parsed[uri], storage, settings.max_corpus_bytes)
     pinned.update(check_eval_sets(plan, settings, storage, outputs))
     sources = {uri: s.to_dict() for uri, s in pinned.items()}
-    return sources, estimate(recipe, merge_plan, sources)
+    return sources, estimate(recipe, merge_plan, sources), list(merge_plan.notes)
 
 
 def check_eval_sets(plan: JobPlan, settings: Settings, storage: Storage,

@@ -157,7 +157,8 @@ class Job(_Answer):
     method: str = ""
     name: str | None = None
     recipe: dict[str, Any] = Field(default_factory=dict)
-    # Recipe fields the merge accepts and does not use (mergekit ignores them too).
+    # Recipe fields the merge accepts and does not use (mergekit ignores them too), and
+    # what the merge decided that the recipe does not say, one line each.
     warnings: list[str] = Field(default_factory=list)
     created_at: str = ""
     started_at: str | None = None

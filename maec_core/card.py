@@ -33,8 +33,7 @@ def model_card(recipe: Recipe, base_models: list[str], summary: str = "") -> str
         # Accepted as mergekit accepts them, and listed so no one reads them as used.
         lines += ["## Ignored recipe fields", "",
                   "The recipe gives these, and the merge does not use them:", "",
-                  *(f"- `{w.split(' ignored: ')[0]}`: {w.split(' ignored: ', 1)[-1]}"
-                    for w in ignored), ""]
+                  *(_card_line(w) for w in ignored), ""]
     lines += [
         "## Recipe",
         "",
@@ -48,6 +47,13 @@ def model_card(recipe: Recipe, base_models: list[str], summary: str = "") -> str
         "",
     ]
     return "\n".join(lines)
+
+
+def _card_line(warning: str) -> str:
+    """One warning as a list item: ``- `where`: why`` (a note that names no ignored
+    field, such as how a module was read, as it is)."""
+    where, sep, why = warning.partition(" ignored: ")
+    return f"- `{where}`: {why}" if sep else f"- {warning}"
 
 
 EVAL_HEADING = "## Evaluation"

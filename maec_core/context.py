@@ -81,7 +81,8 @@ class OutputSpec:
     vocabulary was built). ``base_models``: named in the model card. ``extra_json``:
     further documents (name -> JSON), ``card_summary`` the card's method section,
     ``manifest_extra`` more manifest fields. ``hash_inputs``: the input files whose
-    digests the manifest records (None: every model's weight files).
+    digests the manifest records (None: every model's weight files). ``config_dtype``:
+    the dtype config.json names, when not ``dtype``.
     """
 
     folder: Path
@@ -94,3 +95,6 @@ class OutputSpec:
     manifest_extra: Mapping[str, Any] | None = None
     tokenizer_files: Mapping[str, bytes] | None = None
     hash_inputs: Mapping[str, Sequence[Path]] | None = None
+    # The dtype config.json names (None: ``dtype``); differs from the weights' where a
+    # method saves float32 whatever the recipe's dtype, as mergekit does.
+    config_dtype: str | None = None

@@ -524,7 +524,8 @@ def _write_definition(staged: StagedOutput, plan: MergePlan, *, output: OutputSp
     for name, data in files.items():
         staged.write_bytes(name, data)
     staged.write_json("config.json",
-                      output_config(source.config, output.dtype, plan.config_updates))
+                      output_config(source.config, output.config_dtype or output.dtype,
+                                    plan.config_updates))
 
 
 def _recorded(output: OutputSpec, names: Mapping[str, str]) -> OutputSpec:
@@ -598,8 +599,9 @@ def _run_slices(recipe: Recipe, spec: TensorMethod, out_dir: Path, ctx: RunConte
     """A slices recipe: its plan, reads and per-tensor calls come from maec_core.slices."""
     job = prepare_slices(recipe, spec)
     work = MergeWork(job.compute, job.read, elementwise=spec.elementwise,
-                     compute_threads=COMPUTE_THREADS)
-    output = OutputSpec(out_dir, recipe, job.out_dtype, job.tokenizer_from, job.base_models)
+                     compute_threads=COMPUTE_THREADS, whole=job.whole)
+    output = OutputSpec(out_dir, recipe, job.out_dtype, job.tokenizer_from, job.base_models,
+                        config_dtype=job.config_dtype)
     return stream_merge(job.plan, work, output, ctx)
 
 
@@ -620,7 +622,7 @@ def run_method(recipe: Recipe, out_dir: Path, ctx: RunContext | None = None) -> 
                              else others[0][0])
     vocab = recipe_vocab(recipe, folders)
     plan = build_plan(folders, reference, rows_of(vocab))
-    out_dtype = recipe.output_dtype or plan.input_dtype
+    out_dtype = spec.saved_dtype(recipe, plan.input_dtype)
     entries = spec.merged_entries(recipe)
     other_keys = [k for k, _ in others]
     keys = ([base_key] if base_key else []) + other_keys
@@ -667,6 +669,7 @@ def run_method(recipe: Recipe, out_dir: Path, ctx: RunContext | None = None) -> 
                      whole=None if aligner is None else lambda t: is_vocab_tensor(t.name))
     output = OutputSpec(Path(out_dir), recipe, out_dtype,
                         vocab.copy_from if vocab else reference, list(named.values()),
-                        tokenizer_files=vocab.files if vocab else None)
+                        tokenizer_files=vocab.files if vocab else None,
+                        config_dtype=recipe.output_dtype or plan.input_dtype)
     return stream_merge(plan, work, output, ctx)
 

@@ -97,6 +97,9 @@ class JobPlan:
     extracts: bool
     spans: StageSpans
     adapters: AdapterCheck
+    # A tokenizer donor: the checkpoint the output vocabulary comes from when none of
+    # its weights are merged (fetched and pinned like the others, its tokenizer read).
+    tokenizers: tuple[str, ...] = ()
 
     @property
     def joined(self) -> tuple[Joined, ...]:
@@ -105,7 +108,8 @@ class JobPlan:
     @property
     def inputs(self) -> tuple[str, ...]:
         """Every reference the job reads, no repeats."""
-        return tuple(dict.fromkeys((*self.checkpoints, *self.corpora, *self.eval_inputs)))
+        return tuple(dict.fromkeys((*self.checkpoints, *self.tokenizers, *self.corpora,
+                                    *self.eval_inputs)))
 
     def one_file(self, ref: str) -> bool:
         """Whether ``ref`` is read as one file (else a checkpoint folder)."""
@@ -151,7 +155,8 @@ def plan_job(recipe: Recipe) -> JobPlan:
         eval_inputs=tuple(eval_sources(recipe)), extracts=extracts,
         spans=job_spans(extracts=extracts,
                         evaluates=bool(recipe.evaluate) and recipe.sweep is None),
-        adapters=AdapterCheck(recipe.base_model, checkpoints, joined))
+        adapters=AdapterCheck(recipe.base_model, checkpoints, joined),
+        tokenizers=(recipe.tokenizer_donor,) if recipe.tokenizer_donor else ())
 
 
 def published_manifest(manifest: Mapping[str, Any], refs: Iterable[str],

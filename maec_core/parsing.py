@@ -27,10 +27,10 @@ def validate_recipe(recipe: Recipe) -> None:
 
 
 def recipe_warnings(recipe: Recipe) -> list[str]:
-    """What a valid recipe says that its merge does not use (parameters the method does
-    not read, names no method knows), one line each: the CLI prints them, the job
-    record and the model card list them."""
-    return get_method(recipe.merge_method).ignored(recipe)
+    """What a valid recipe says that its merge does not use (unknown top-level keys,
+    parameters the method does not read, names no method knows), one line each: the CLI
+    prints them, the job record and the model card list them."""
+    return recipe.recipe_warnings() + get_method(recipe.merge_method).ignored(recipe)
 
 
 def parse_recipe(source: Recipe | Mapping[str, Any] | str | Path) -> Recipe:

@@ -7,6 +7,7 @@ and a 20-minute merge.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -14,13 +15,20 @@ from typing import Any
 
 from maec_core.accounting import TIED_LM_HEAD
 from maec_core.errors import IncompatibleCheckpoints, RecipeError, UnsupportedDtype
-from maec_core.io.folder import ModelFolder
+from maec_core.io.folder import ModelFolder, open_model_folder
 from maec_core.io.headers import FLOAT_DTYPES, TensorInfo
 from maec_core.methods.params import BLOCK_PATTERN
 from maec_core.methods.registry import get_method
 from maec_core.model_modules import MODULAR, ModuleLayout, module_layouts, module_of
 from maec_core.recipe import LaidSlice, Recipe, Slice, SliceSource
-from maec_core.vocab.build import VocabPlan, VocabSpec, is_vocab_tensor, plan_vocab
+from maec_core.vocab.build import (
+    VocabPlan,
+    VocabSpec,
+    embedding_rows,
+    is_vocab_tensor,
+    plan_vocab,
+)
+from maec_core.vocab.tokens import read_vocab
 
 EMBED = "model.embed_tokens.weight"
 LM_HEAD = "lm_head.weight"
@@ -66,6 +74,9 @@ class MergePlan:
     # other stored tensor of every model must be read for some output tensor
     # (maec_core.accounting checks it before a merge writes anything).
     left_out: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    # What the plan does that the checkpoints' headers decided and the recipe does not
+    # say, one line each (logged by the engine, listed in a job's warnings).
+    notes: tuple[str, ...] = ()
 
     @property
     def input_dtype(self) -> str:
@@ -232,17 +243,26 @@ def plan_recipe(recipe: Recipe, models: Mapping[str, ModelFolder]) -> MergePlan:
         tmap = maec_token_map(recipe, folders[recipe.base_model],
                               folders[recipe.language_base], donors)
         return build_plan(folders, keys[0], tmap.lang_rows if tmap else None)
-    vocab = recipe_vocab(recipe, folders)
+    vocab = recipe_vocab(recipe, folders, models)
     return build_plan(folders, keys[0], rows_of(vocab))
 
 
-def recipe_vocab(recipe: Recipe, folders: Mapping[str, ModelFolder]) -> VocabPlan | None:
-    """The vocabulary plan of a models recipe over ``folders`` keyed by reference (None
-    without tokenizer settings)."""
+def recipe_vocab(recipe: Recipe, folders: Mapping[str, ModelFolder],
+                 donors: Mapping[str, ModelFolder] | None = None) -> VocabPlan | None:
+    """The vocabulary plan of a models recipe over ``folders`` (the merged checkpoints)
+    keyed by reference (None without tokenizer settings). A tokenizer donor (the source
+    naming a checkpoint that is not merged) is taken from ``donors`` when it is there
+    (the API's header views), else opened from its path (its tokenizer is all that is
+    read)."""
     spec = VocabSpec.of(recipe)
     if spec is None:
         return None
-    return plan_vocab(spec, folders, base=recipe.base_model, refs={k: k for k in folders})
+    donor = None
+    if recipe.tokenizer_donor is not None:
+        found = (donors or {}).get(spec.source)
+        donor = found if found is not None else open_model_folder(spec.source)
+    return plan_vocab(spec, folders, base=recipe.base_model, refs={k: k for k in folders},
+                      donor=donor)
 
 
 def rows_of(vocab: VocabPlan | None) -> int | None:
@@ -283,6 +303,10 @@ class SliceCall:
     slots: tuple[int, ...]
     frac: float
     names: tuple[str, ...]  # the tensor read from each of ``keys``
+    # A vocabulary tensor whose sources have other rows than the output vocabulary
+    # (checkpoints whose vocabularies differ by added tokens): per input in ``keys``
+    # order, output row ``i`` is its row ``rows[k][i]``, zeros where that is -1.
+    rows: tuple[tuple[int, ...], ...] | None = None
 
     @property
     def keys(self) -> list[str]:
@@ -487,9 +511,10 @@ def build_slice_plan(recipe: Recipe, models: Mapping[str, ModelFolder]) -> Slice
     assert recipe.layered
     laid = recipe.laid_slices()
     keys = _distinct(recipe)
-    # The layer count may differ between sources; everything else must agree.
+    # The layer count may differ between sources, and the vocabulary (each vocabulary
+    # tensor is taken from one model's rows, as in mergekit); everything else must agree.
     check_configs({k: models[k] for k in keys},
-                  tuple(f for f in ARCH_FIELDS if f not in LAYER_COUNT_KEYS))
+                  tuple(f for f in ARCH_FIELDS if f not in (*LAYER_COUNT_KEYS, "vocab_size")))
     base = recipe.base_model if get_method(recipe.merge_method).uses_base else None
     # Config, tokenizer and the non-block tensor list follow base_model, else the first
     # source (mergekit's output config does the same).
@@ -517,9 +542,15 @@ def build_slice_plan(recipe: Recipe, models: Mapping[str, ModelFolder]) -> Slice
         elif g.module.layers_key is not None:
             updates.update(_nested_count(models[reference].config, updates,
                                          g.module.layers_key, len(origin)))
+    pairs = _aligned_rows(pairs, reference, models)
+    notes = tuple(
+        f"{t.name}: rows laid out in {reference}'s vocabulary of {t.shape[0]} tokens (its "
+        f"source has {', '.join(str(i.shape[0]) for i in t.sources.values())} rows; "
+        "mergekit 0.1.5 copies them as they are, which transformers cannot load)"
+        for t, c in pairs if c.rows is not None)
     used, planned_tensors = {k: models[k] for k in keys}, [t for t, _ in pairs]
     plan = MergePlan(used, reference, planned_tensors, updates,
-                     _slices_left_out(groups, used, reference, planned_tensors))
+                     _slices_left_out(groups, used, reference, planned_tensors), notes)
     planned = sorted((i, sl) for g in groups for i, _, sl in g.slices)
     scopes = {i: dict(ls.module_parameters) for i, ls in enumerate(laid)}
     return SlicePlan(plan, [c for _, c in pairs], [sl for _, sl in planned],
@@ -585,6 +616,51 @@ def _layer_of(name: str, stack: _Stack, module: ModuleLayout | None) -> int | No
     return int(index) if index.isdigit() and dot else None
 
 
+def _aligned_rows(pairs: list[tuple[PlannedTensor, SliceCall]], reference: str,
+                  models: Mapping[str, ModelFolder]
+                  ) -> list[tuple[PlannedTensor, SliceCall]]:
+    """Vocabulary tensors (embedding, LM head) of a slices recipe over checkpoints whose
+    vocabularies differ (by added tokens, typically), laid out in the output's.
+
+    mergekit copies each such tensor whole from its slice's model: the embedding from
+    the first slice's, the head from the last one's. With vocabularies of different
+    sizes its output holds, say, a 64-row embedding and a 66-row head under a config of
+    64 tokens, which transformers refuses to load. Here the rows are the same ones,
+    matched by token into the vocabulary the output carries (the reference's tokenizer
+    and config): every row both have is mergekit's; a token the reference lacks is
+    dropped, one the source lacks is zeros (mergekit's row for a token no merged model
+    has). Merging vocabulary tensors of different sizes is refused (by the shape check
+    that gathers a tensor's sources), as mergekit refuses it."""
+    out_rows = embedding_rows(models[reference])
+    aligned = []
+    for t, call in pairs:
+        if not is_vocab_tensor(t.name) or t.shape[0] == out_rows:
+            aligned.append((t, call))
+            continue
+        rows = tuple(_row_map(models[reference], models[k], out_rows, t.sources[k].shape[0])
+                     for k in call.keys)
+        t = PlannedTensor(t.name, (out_rows, *t.shape[1:]), t.dtype, t.sources)
+        aligned.append((t, dataclasses.replace(call, rows=rows)))
+    return aligned
+
+
+def _row_map(out: ModelFolder, src: ModelFolder, out_rows: int, src_rows: int
+             ) -> tuple[int, ...]:
+    """For each row of ``out``'s vocabulary, the row of ``src`` holding the same token
+    (-1: ``src`` lacks it); by position where either has no tokenizer.json to match by,
+    and for rows past ``out``'s tokens (padding)."""
+    mine, theirs = read_vocab(out, label="reference"), read_vocab(src, label="source")
+    by_pos = tuple(i if i < src_rows else -1 for i in range(out_rows))
+    if mine is None or theirs is None:
+        return by_pos
+    rows = list(by_pos)
+    for token, i in mine.ids.items():
+        if i < out_rows:
+            j = theirs.ids.get(token, -1)
+            rows[i] = j if 0 <= j < src_rows else -1
+    return tuple(rows)
+
+
 def _whole_group(recipe: Recipe, models: Mapping[str, ModelFolder]) -> _Group:
     assert recipe.slices is not None
     used = {s.model for sl in recipe.slices for s in sl.sources}
@@ -598,11 +674,14 @@ def _module_groups(recipe: Recipe, models: Mapping[str, ModelFolder], reference:
     one slice over every layer of the module (the same count in every model)."""
     assert recipe.modules is not None
     layouts = module_layouts(models[reference].config)
+    if layouts is None and set(recipe.modules) == {DEFAULT_MODULE}:
+        return [_default_module(recipe, models)]
     if layouts is None:
         kind = models[reference].config.get("model_type") or "unknown"
         raise RecipeError(
             f"modules: {reference} ({kind}) is not a multi-module architecture this "
-            f"engine knows ({', '.join(sorted(MODULAR))}); lay out its layers with slices",
+            f"engine knows ({', '.join(sorted(MODULAR))}); its one module is "
+            f"{DEFAULT_MODULE!r}, or lay out its layers with slices",
             key="modules", model_type=kind)
     groups: dict[str, _Group] = {}
     for i, laid in enumerate(recipe.laid_slices()):
@@ -620,6 +699,23 @@ def _module_groups(recipe: Recipe, models: Mapping[str, ModelFolder], reference:
         sl = laid.slice if laid.slice is not None else _whole_module(laid, g.stacks)
         g.slices.append((i, laid.where, sl))
     return list(groups.values())
+
+
+# mergekit's name for the one module of a one-stack architecture (a plain Llama):
+# ``modules: {default: ...}`` there is the same merge as top-level slices or models.
+DEFAULT_MODULE = "default"
+
+
+def _default_module(recipe: Recipe, models: Mapping[str, ModelFolder]) -> _Group:
+    """``modules: {default: ...}`` on a one-stack model: the whole model as one stack
+    (a module given as models is one slice over all its layers), planned as a slices
+    recipe is; the module's parameters keep their place in the lookup."""
+    laid = recipe.laid_slices()
+    stacks = {k: _stack(k, models[k]) for k in _distinct(recipe)
+              if any(k == m for ls in laid for m, _ in ls.sources)}
+    return _Group(None, [(i, ls.where, ls.slice if ls.slice is not None
+                          else _whole_module(ls, stacks))
+                         for i, ls in enumerate(laid)], stacks)
 
 
 def _whole_module(laid: LaidSlice, stacks: Mapping[str, _Stack]) -> Slice:

@@ -1,7 +1,10 @@
 """Recipes: mergekit's YAML shape for the shared methods, plus MAEC's own fields.
 
 Torch-free: the API validates job bodies with these models before anything is queued.
-Unknown keys are errors that name the key (a typo must not silently change a merge).
+Unknown keys inside a recipe's blocks are errors that name the key. An unknown top-level
+key is accepted, as mergekit 0.1.5 accepts it (it ignores it), and reported as a warning
+(:meth:`Recipe.recipe_warnings`): model-card recipes carry misspelled keys that mergekit
+never read, and refusing them would refuse merges mergekit runs.
 """
 
 from __future__ import annotations
@@ -234,8 +237,8 @@ class SourceRef:
 
     ``index`` is the entry's position in ``models``, ``slices`` or ``abilities`` (None for
     the top-level fields); ``slot`` is a slice source's position in its slice. ``kind``: a
-    checkpoint to read, a corpus file, or the tokenizer (which names one of the recipe's
-    checkpoints, never a separate input).
+    checkpoint to read, a corpus file, or the tokenizer (one of the recipe's checkpoints,
+    or a tokenizer donor: :attr:`Recipe.tokenizer_donor`).
     """
 
     role: SourceRole
@@ -251,7 +254,9 @@ class SourceRef:
 
 
 class Recipe(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # A top-level key no field reads is kept (``model_extra``), as mergekit's model keeps
+    # it, and never read: reported by :meth:`recipe_warnings`, recorded with the recipe.
+    model_config = ConfigDict(extra="allow")
 
     merge_method: str
     base_model: str | None = None
@@ -353,6 +358,21 @@ class Recipe(BaseModel):
                                      f"{found.kind}, not {target.metric}")
         return self
 
+    def recipe_warnings(self) -> list[str]:
+        """What the recipe itself gives that no merge reads, one line each (the methods
+        add the parameters they do not read): unknown top-level keys, a tokenizer donor,
+        and ``modules: default`` (mergekit's name for the whole of a one-stack model)."""
+        out = [f"{key} ignored: not a recipe field (mergekit 0.1.5 ignores it too)"
+               for key in sorted(self.model_extra or {})]
+        if self.tokenizer_donor is not None:
+            out.append(f"tokenizer source {self.tokenizer_donor} is not merged: the output "
+                       "takes its tokenizer (a tokenizer donor, fetched as an input); tokens "
+                       "no merged model has get zero rows")
+        if self.modules is not None and "default" in self.modules:
+            out.append("modules.default read as the whole model: mergekit's one module of "
+                       "a one-stack architecture (the same merge as slices or models)")
+        return out
+
     @property
     def layered(self) -> bool:
         """Whether the recipe lays out its output layers (slices or modules)."""
@@ -403,6 +423,18 @@ class Recipe(BaseModel):
         """Where the output vocabulary comes from: ``base``, ``union``, a model, or None
         (no vocabulary merge: every input must have the same one)."""
         return self.tokenizer.source if self.tokenizer is not None else self.tokenizer_source
+
+    @property
+    def tokenizer_donor(self) -> str | None:
+        """The checkpoint the output vocabulary comes from when none of its weights are
+        merged (mergekit's ``tokenizer_source`` naming another model: a tokenizer
+        donor), else None. It is an input of its own: fetched, pinned, its tokenizer
+        read."""
+        src = self.vocab_source
+        if src is None or src in ("base", "union"):
+            return None
+        merged = {s.ref for s in self.sources() if s.kind == "checkpoint"}
+        return None if src in merged else src
 
     def _tokenizer_refs(self) -> list[str]:
         """Checkpoint references the tokenizer settings name (never separate inputs)."""

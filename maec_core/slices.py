@@ -4,11 +4,13 @@ The plan (``maec_core.plan.build_slice_plan``) says, per output tensor, which sl
 belongs to, which sources' tensors it reads and at what depth; this module turns that
 into the ``read`` and ``compute`` the engine's ``stream_merge`` takes, resolving each
 parameter in mergekit's order: the source's own, then its slice's, then the recipe's.
-Torch is only touched through the method's tensor function, so nothing here imports it.
+Torch is touched only through the method's tensor function and the row layout of a
+vocabulary tensor (imported there), so importing this module does not import it.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -27,6 +29,7 @@ if TYPE_CHECKING:
 
 # Parameter sets kept per tensor name: element-wise merges ask once per 1 MB slice, and
 # at most a few tensors are in flight at once.
+log = logging.getLogger(__name__)
 _CACHE = 8
 
 
@@ -40,6 +43,10 @@ class SliceMerge:
     out_dtype: str
     tokenizer_from: str
     base_models: list[str]
+    config_dtype: str | None = None  # what config.json names (None: out_dtype)
+    # Tensors that go whole to ``compute`` in an element-wise merge: those whose rows
+    # are laid out in the output vocabulary first.
+    whole: Callable[[PlannedTensor], bool] | None = None
 
 
 def prepare_slices(recipe: Recipe, spec: TensorMethod) -> SliceMerge:
@@ -49,6 +56,8 @@ def prepare_slices(recipe: Recipe, spec: TensorMethod) -> SliceMerge:
     sliced = build_slice_plan(recipe, {
         ref: open_model_folder(ref, base=recipe.base_model, config_base=True) for ref in refs})
     plan = sliced.plan
+    for note in plan.notes:
+        log.warning("%s", note)
     calls = {t.name: c for t, c in zip(plan.tensors, sliced.calls, strict=True)}
     num_layers = config_layers(plan.config_updates) or plan.num_layers
     resolve = _resolver(recipe, spec, calls, sliced.slices, sliced.module_parameters)
@@ -59,6 +68,8 @@ def prepare_slices(recipe: Recipe, spec: TensorMethod) -> SliceMerge:
     def compute(t: PlannedTensor, inputs: list[torch.Tensor]) -> torch.Tensor:
         call = calls[t.name]
         model_params, params = resolve(t.name)
+        if call.rows is not None:
+            inputs = [_in_rows(x, rows) for x, rows in zip(inputs, call.rows, strict=True)]
         base = call.base is not None
         return spec.merge(TensorCall(
             name=t.name, base=inputs[0] if base else None,
@@ -72,8 +83,20 @@ def prepare_slices(recipe: Recipe, spec: TensorMethod) -> SliceMerge:
             raise RecipeError(f"tokenizer_source {recipe.tokenizer_source!r} is not one of "
                               "the recipe's models", key="tokenizer_source")
         tokenizer_from = recipe.tokenizer_source
-    return SliceMerge(plan, read, compute, recipe.output_dtype or plan.input_dtype,
-                      tokenizer_from, list(plan.models))
+    return SliceMerge(plan, read, compute, spec.saved_dtype(recipe, plan.input_dtype),
+                      tokenizer_from, list(plan.models),
+                      recipe.output_dtype or plan.input_dtype,
+                      whole=lambda t: calls[t.name].rows is not None)
+
+
+def _in_rows(x: torch.Tensor, rows: tuple[int, ...]) -> torch.Tensor:
+    """``x``'s rows in the order ``rows`` gives, zeros where it gives -1."""
+    import torch
+
+    at = torch.tensor(rows, dtype=torch.long, device=x.device)
+    out = x.index_select(0, at.clamp(min=0))
+    out[at < 0] = 0
+    return out
 
 
 def _resolver(

@@ -152,9 +152,11 @@ _MODELS: dict[tuple[type[BaseModel], str], type[BaseModel]] = {}
 
 
 def strict_model(cls: type[BaseModel], name: str | None = None,
-                 overrides: Mapping[str, Any] | None = None) -> type[BaseModel]:
+                 overrides: Mapping[str, Any] | None = None,
+                 config: ConfigDict = _STRICT) -> type[BaseModel]:
     """A strict copy of ``cls`` (every field through :func:`strict_type`); ``overrides``
-    replaces fields (name -> (annotation, FieldInfo)) or drops them (name -> None)."""
+    replaces fields (name -> (annotation, FieldInfo)) or drops them (name -> None);
+    ``config`` the model's config (strict, extra keys refused, unless told)."""
     name = name or cls.__name__
     key = (cls, name)
     if key not in _MODELS:
@@ -167,7 +169,7 @@ def strict_model(cls: type[BaseModel], name: str | None = None,
                 fields.pop(fname, None)
             else:
                 fields[fname] = value
-        _MODELS[key] = create_model(name, __config__=_STRICT, __doc__=cls.__doc__,
+        _MODELS[key] = create_model(name, __config__=config, __doc__=cls.__doc__,
                                     **fields)
     return _MODELS[key]
 
@@ -233,6 +235,10 @@ def _params_fields(method: MergeMethod, prefix: str, model: type[BaseModel],
     return out
 
 
+# A recipe's top level takes keys no field reads: mergekit ignores them, so a recipe
+# with a misspelled key runs there; ``maec_core.recipe`` drops them and the job record
+# lists them as warnings.
+_RECIPE = ConfigDict(extra="allow", strict=True)
 # A parameter block also takes names the method does not read: mergekit accepts them
 # (and ignores them), so a recipe written for it runs here; the recipe's own model
 # checks their values' shape and the job record lists them as ignored.
@@ -279,7 +285,7 @@ def _method_models(method: MergeMethod) -> tuple[type[BaseModel], type[BaseModel
         "models": (_items(entry), Field(default_factory=list)),
         "slices": (_U[_items(piece, 1), None], Field(default=None)),
         "parameters": (params, Field(default_factory=params)),
-    })
+    }, _RECIPE)
     named = strict_model(JobRequest, f"{c}NamedJob", {
         "method": (_Lit[method.name], Field()),
         "ability_donor": (_U[strict_type(str), _sized(_L[strict_type(str)],

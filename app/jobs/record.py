@@ -43,7 +43,8 @@ class JobRecord(BaseModel):
     method: str
     name: str | None = None
     recipe: dict[str, Any]
-    # What the recipe gives that the merge does not use (maec_core recipe_warnings).
+    # What the recipe gives that the merge does not use (maec_core recipe_warnings), then
+    # what the plan decided from the checkpoints' headers (MergePlan.notes).
     warnings: list[str] = Field(default_factory=list)
     # Every source the recipe names, as the worker will fetch it (kind, uri, ...).
     sources: dict[str, dict[str, Any]] = Field(default_factory=dict)

@@ -54,13 +54,19 @@ class ArceeFusion(TensorMethod):
     model_params = NoParams
     min_models = 1
     max_models = 1
+    # mergekit applies its mask as float32 (``θ0 + (θ1 − θ0) · mask``), so its result is
+    # float32 whatever the compute dtype, and is saved so when the recipe names no
+    # out_dtype.
+    result_dtype = "float32"
 
     def merge(self, call: TensorCall) -> torch.Tensor:
-        """``θ1`` where its importance reaches the upper fence, else ``θ0``."""
+        """``θ0 + (θ1 − θ0) · [importance ≥ upper fence]``, the mask in float32 as in
+        mergekit: the difference is taken in the compute dtype and the sum in float32,
+        which in 16 bits is not always ``θ1`` itself."""
         import torch
 
         assert call.base is not None
         other = call.models[0]
         scores = importance(other, call.base)
-        take = scores >= upper_fence(scores)
-        return torch.where(take, other, call.base)
+        take = (scores >= upper_fence(scores)).to(torch.float32)
+        return call.base + (other - call.base) * take

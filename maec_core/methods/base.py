@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, AllowInfNan, BaseModel, ConfigDict, ValidationError
 
@@ -163,6 +163,10 @@ class MergeMethod:
     # Whether the method computes in float32 whatever the recipe's dtype says (MAEC:
     # its selection statistics are sums over whole tensors that 16 bits distort).
     float32_only: ClassVar[bool] = False
+    # The dtype the merged tensors are saved in when the recipe gives no out_dtype, where
+    # mergekit 0.1.5 saves them in one whatever the compute dtype (arcee_fusion and
+    # ramplus_tl: their tensor functions return float32); None: the compute dtype.
+    result_dtype: ClassVar[Literal["float32"] | None] = None
     # Models besides base_model the recipe must list (max None: no upper bound).
     min_models: ClassVar[int] = 1
     max_models: ClassVar[int | None] = None
@@ -253,6 +257,13 @@ class MergeMethod:
             for key in sorted(set(values) & keys):
                 out += condition_warnings(f"{where}.{key}", values[key])
         return out
+
+    def saved_dtype(self, recipe: Recipe, input_dtype: str) -> str:
+        """The dtype the merged tensors are written in: the recipe's ``out_dtype``, else
+        the method's :attr:`result_dtype`, else the compute dtype (``dtype``, else the
+        inputs'). The output config.json says ``out_dtype or dtype`` whatever this is,
+        as mergekit's does."""
+        return recipe.out_dtype or self.result_dtype or recipe.dtype or input_dtype
 
     def separate_base(self, recipe: Recipe) -> bool:
         """Whether a models recipe's base is read apart from its models (as the call's

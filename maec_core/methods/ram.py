@@ -73,6 +73,9 @@ class RamPlusTensorLocal(TensorMethod):
     params = RamPlusParams
     model_params = NoParams
     min_models = 1
+    # λ_i is float32 (a count over a count), so mergekit's result is float32 whatever
+    # the compute dtype, and is saved so when the recipe names no out_dtype.
+    result_dtype = "float32"
 
     def merge(self, call: TensorCall) -> torch.Tensor:
         """RAM with each model's unique entries scaled by ``λ_i`` (counted per tensor)."""

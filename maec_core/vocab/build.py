@@ -97,20 +97,29 @@ def plan_vocab(
     *,
     base: str | None,
     refs: Mapping[str, str],
+    donor: ModelFolder | None = None,
 ) -> VocabPlan:
     """The vocabulary plan over ``folders`` (keys in recipe order); ``base`` is the
     recipe's base model key (None: the first model's tokenizer is the base one, and no
-    model is preferred when filling); ``refs`` maps recipe references to keys."""
+    model is preferred when filling); ``refs`` maps recipe references to keys.
+
+    ``donor``: the checkpoint ``spec.source`` names when it is none of ``folders`` (a
+    tokenizer donor, as mergekit takes one): the output vocabulary is its tokenizer's,
+    every merged model's rows gathered into it by token as for any named source, and
+    its tokenizer files written (the config and other files follow the base)."""
     keys = list(folders)
     tok_base = base if base is not None else keys[0]
     rows = {k: embedding_rows(f) for k, f in folders.items()}
-    if len(set(rows.values())) == 1 and not spec.tokens and not spec.pad_to_multiple_of and (
-            not has_tokenizer(folders[tok_base])):
+    if donor is None and len(set(rows.values())) == 1 and not spec.tokens and (
+            not spec.pad_to_multiple_of and not has_tokenizer(folders[tok_base])):
         # Same vocabulary size and no tokenizer to match tokens by: rows stay as they are
         # and the named model's tokenizer files (if any) are copied.
         return _unchanged(spec, keys, tok_base, rows[keys[0]], refs)
     vocabs = _vocabs(folders, tok_base)
-    copy_from, out = _output_vocab(spec, vocabs, rows, keys, tok_base, refs)
+    if donor is not None:
+        copy_from, out = tok_base, _donor_vocab(donor, spec.source)
+    else:
+        copy_from, out = _output_vocab(spec, vocabs, rows, keys, tok_base, refs)
     files: dict[str, bytes] = {}
     extra = [t for t in spec.tokens if t not in out.ids]
     if extra:
@@ -143,6 +152,16 @@ def _unchanged(spec: VocabSpec, keys: list[str], tok_base: str, rows: int,
     every = list(range(rows))
     return VocabPlan([], rows, {k: every for k in keys}, [], {}, copy_from, {},
                      {k: rows for k in keys}, {k: 0 for k in keys}, True)
+
+
+def _donor_vocab(donor: ModelFolder, label: str) -> Vocab:
+    """A tokenizer donor's vocabulary: all of it (mergekit takes the donor's tokenizer
+    whole; its embedding rows are never read)."""
+    vocab = read_vocab(donor, label=label)
+    if vocab is None:
+        raise TokenizerError(f"tokenizer source {label} has no tokenizer.json: a "
+                             "tokenizer donor needs its fast tokenizer", model=label)
+    return vocab
 
 
 def _padded(n: int, multiple: int | None) -> int:

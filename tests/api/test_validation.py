@@ -71,6 +71,18 @@ def test_unread_parameter_is_accepted_and_listed(api: Api) -> None:
         "parameters.bogus ignored: no merge method knows this name"]
 
 
+def test_unknown_top_level_recipe_key_is_accepted_and_listed(api: Api) -> None:
+    """mergekit ignores a top-level key it does not know (a misspelling on a model
+    card): the job runs, and its record names the key as ignored."""
+    m = api.models
+    recipe = {"merge_method": "task_arithmetic", "base_model": str(m.base),
+              "models": [{"model": str(m.donor)}], "dtpye": "bfloat16"}
+    r = api.client.post("/v1/jobs", json={"recipe": recipe}, headers=api.auth())
+    assert r.status_code == 202, r.text
+    assert r.json()["warnings"] == [
+        "dtpye ignored: not a recipe field (mergekit 0.1.5 ignores it too)"]
+
+
 def test_recipe_form_errors(api: Api) -> None:
     m = api.models
     _refused(api, {"recipe": {"merge_method": "ties", "base_model": str(m.base),

@@ -90,3 +90,18 @@ def test_hub_sources_read_tokenizers_only_when_asked(api: Api, hub: FakeHub) -> 
     status, doc = _post(api, _recipe(base, donor, lang, tokenizer_source="union"))
     assert status == 202, doc
     assert [r for r in hub.log() if r.file == "tokenizer.json" and r.range is None]
+
+
+def test_slices_over_an_extended_vocabulary_are_laid_out_and_warned(api: Api, ext: Path
+                                                                     ) -> None:
+    """A frankenmerge whose last slice's model adds tokens (mergekit accepts it and
+    copies that model's longer head as it is): accepted, and the job's warnings say the
+    head's rows are laid out in the output's vocabulary."""
+    m = api.models
+    lang = _local_ext(api, ext)
+    body = {"recipe": {"merge_method": "passthrough", "base_model": str(m.base), "slices": [
+        {"sources": [{"model": str(m.base), "layer_range": [0, 1]}]},
+        {"sources": [{"model": lang, "layer_range": [1, 2]}]}]}}
+    status, doc = _post(api, body)
+    assert status == 202, doc
+    assert any(w.startswith("lm_head.weight: rows laid out in") for w in doc["warnings"]), doc

@@ -106,8 +106,8 @@ def test_invalid_recipe_fails_locally_with_the_service_code(client, fake):
     with pytest.raises(ValidationFailed) as info:
         client.submit({"merge_method": "ties", "models": [{"model": "s3://a"}]})
     assert info.value.code == "invalid_recipe" and "needs base_model" in info.value.message
-    with pytest.raises(ValidationFailed, match="unknown key 'modles'"):
-        client.submit({"merge_method": "linear", "modles": []})
+    with pytest.raises(ValidationFailed, match=r"unknown key 'models\.0\.modle'"):
+        client.submit({"merge_method": "linear", "models": [{"modle": "s3://a"}]})
     with pytest.raises(ValidationFailed, match="slices"):
         client.submit("slices: []\nmerge_method: passthrough\n")
     with pytest.raises(ValidationFailed, match="not a job"):

@@ -11,7 +11,17 @@ from pathlib import Path
 import pytest
 
 from tests.conformance.models import ModelFarm
-from tests.conformance.suite import KNOWN_DIFFERENCES, RECIPES, load_recipe, recipe_files, run_one
+from tests.conformance.suite import (
+    KNOWN_DIFFERENCES,
+    RECIPES,
+    ROW_LAYOUT_DIFFERENCES,
+    load_recipe,
+    recipe_files,
+    run_mergekit,
+    run_one,
+    run_ours,
+)
+from tests.conformance.suite import _tensors as tensors_of
 
 pytest.importorskip("mergekit.merge")
 
@@ -36,6 +46,73 @@ def test_recipe_matches_mergekit(path: Path, farm: ModelFarm, tmp_path: Path,
     if outcome.ours.accepted and not outcome.statistical:
         # Same compute dtype, same operations: mergekit's bytes, not just its values.
         assert outcome.max_abs_diff == 0, f"max abs diff {outcome.max_abs_diff:.3g}"
+
+
+@pytest.mark.parametrize("stem", ROW_LAYOUT_DIFFERENCES)
+def test_added_token_vocabularies_in_slices_keep_mergekit_rows(stem: str, farm: ModelFarm,
+                                                               tmp_path: Path) -> None:
+    """Slices over checkpoints whose vocabularies differ by added tokens: both accept;
+    every tensor is mergekit's, but the vocabulary tensors, whose rows of the tokens
+    both hold are mergekit's and whose other rows are zeros; ours loads in transformers,
+    mergekit's (rows copied as they are, under the other model's config) does not."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    recipe = load_recipe(RECIPES / f"{stem}.yaml", farm)
+    ours, theirs = tmp_path / "ours", tmp_path / "mergekit"
+    assert run_ours(recipe, ours).accepted and run_mergekit(recipe, theirs).accepted
+    mine, ref = tensors_of(ours), tensors_of(theirs)
+    assert sorted(mine) == sorted(ref)
+    laid_out = 0
+    for name in mine:
+        got, want = mine[name], ref[name]
+        if got.shape == want.shape:
+            assert torch.equal(got, want), name
+            continue
+        laid_out += 1
+        n = min(got.shape[0], want.shape[0])
+        assert torch.equal(got[:n], want[:n]), name
+        assert not got[n:].any(), name
+    assert laid_out == 1  # the LM head: the embedding comes from the config's model
+    AutoModelForCausalLM.from_pretrained(ours)
+    with pytest.raises(RuntimeError, match="mismatched_sizes"):
+        AutoModelForCausalLM.from_pretrained(theirs)
+
+
+@pytest.mark.parametrize("method", ["task_arithmetic", "ties"])
+def test_union_over_an_extended_language_base_matches_mergekit_by_token(
+        method: str, tmp_path: Path) -> None:
+    """Deltas over ``tokenizer_source: union`` where the language model extends the
+    base's vocabulary (two plain words and an added token): every tensor is mergekit's,
+    the vocabulary tensors row for row once rows are matched by token. mergekit orders
+    new plain tokens as it meets them in ``get_vocab()``, a dict built from the Rust
+    tokenizer's hash map, so its ids for ``x0`` and ``x1`` change from run to run (up to
+    0.1 apart when compared by id); this engine takes them in id order."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from tests.factories import make_extended, make_llama
+
+    base = make_llama(tmp_path / "base", seed=1)
+    donor = make_llama(tmp_path / "donor", seed=2)
+    lang = make_extended(tmp_path / "lang", 3, like=base, words=["x0", "x1"],
+                         added=["<lang>"])
+    extra = {"density": 0.5} if method == "ties" else {}
+    recipe = {"merge_method": method, "base_model": str(base), "dtype": "float32",
+              "tokenizer_source": "union",
+              "models": [{"model": str(donor), "parameters": {"weight": 0.5, **extra}},
+                         {"model": str(lang), "parameters": {"weight": 0.5, **extra}}]}
+    ours, theirs = tmp_path / "ours", tmp_path / "mergekit"
+    assert run_ours(recipe, ours).accepted and run_mergekit(recipe, theirs).accepted
+    mine, ref = tensors_of(ours), tensors_of(theirs)
+    by_id = {str(f): AutoTokenizer.from_pretrained(f).get_vocab() for f in (ours, theirs)}
+    assert set(by_id[str(ours)]) == set(by_id[str(theirs)])
+    order = sorted(by_id[str(ours)], key=by_id[str(ours)].__getitem__)
+    rows = torch.tensor([by_id[str(theirs)][t] for t in order])
+    assert sorted(mine) == sorted(ref)
+    for name, got in mine.items():
+        vocab = name.endswith(("embed_tokens.weight", "lm_head.weight"))
+        assert torch.equal(got, ref[name][rows] if vocab else ref[name]), name
 
 
 def test_fast_subset_exists() -> None:

@@ -34,13 +34,26 @@ def test_merge_writes_folder_and_shows_progress(zoo: dict[str, Path], tmp_path: 
     assert again.exit_code == 2 and "output_exists" in again.stderr
 
 
-def test_unknown_key_is_named(zoo: dict[str, Path], tmp_path: Path) -> None:
+def test_unknown_top_level_key_is_warned_and_a_nested_one_named(zoo: dict[str, Path],
+                                                                 tmp_path: Path) -> None:
+    # mergekit ignores a top-level key it does not know: the merge runs, the key is named
+    # on stderr and in the model card.
     doc = {**ta_doc(zoo), "out_shard_sise": "1GB"}
     recipe = write_recipe(tmp_path / "r.yaml", doc)
     out = tmp_path / "merged"
+    result = CliRunner().invoke(main, ["merge", "--no-progress", str(recipe), str(out)])
+    assert result.exit_code == 0, result.output
+    warning = "out_shard_sise ignored: not a recipe field"
+    assert f"warning: {warning}" in result.stderr
+    assert "`out_shard_sise`: not a recipe field" in (out / "README.md").read_text()
+    # Inside a block a typo stays an error that names it.
+    doc = ta_doc(zoo)
+    doc["models"] = [{"model": str(zoo["a"]), "parameter": {"weight": 0.5}}]
+    recipe = write_recipe(tmp_path / "r2.yaml", doc)
+    out = tmp_path / "merged2"
     result = CliRunner().invoke(main, ["merge", str(recipe), str(out)])
     assert result.exit_code == 2
-    assert "unknown key 'out_shard_sise'" in result.stderr
+    assert "unknown key 'models.0.parameter'" in result.stderr
     assert leftovers(out) == []
 
 

@@ -249,7 +249,7 @@ def test_filter_overrides_resolve_per_tensor() -> None:
         ({"merge_method": "tise", "base_model": "b", "models": [{"model": "a"}]}, "tise"),
         ({"merge_method": "ties", "base_model": "b",
           "models": [{"model": "a", "parameters": {"density": 1.5}}]}, "density"),
-        ({"merge_method": "ties", "base_model": "b", "modles": []}, "modles"),
+        ({"merge_method": "ties", "base_model": "b", "models": [{"modle": "a"}]}, "modle"),
         ({"merge_method": "slerp", "base_model": "b",
           "models": [{"model": "a"}, {"model": "c"}]}, "exactly 1"),
         ({"merge_method": "layer_swap", "models": [

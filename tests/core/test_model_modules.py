@@ -132,6 +132,9 @@ def test_refusals_name_the_module_and_leave_nothing(vlm: dict[str, Path], tmp_pa
         run_recipe(modules(audio_tower=whole(vlm["base"])), out)
     with pytest.raises(RecipeError, match="not a multi-module architecture"):
         run_recipe(modules(text_decoder=whole(vlm["llama"])), out)
+    # mergekit's one module of a one-stack model is not a VLM's.
+    with pytest.raises(RecipeError, match="'default' is not a module of mistral3"):
+        run_recipe(modules(default=whole(vlm["base"])), out)
     with pytest.raises(RecipeError, match=r"modules.text_decoder.slices\[0\].sources\[0\]: "
                                           r"layer_range \[0, 9\] exceeds the 6 layers"):
         run_recipe(modules(text_decoder={"slices": [

@@ -101,15 +101,15 @@ async def submit(typed: JobBody, auth: Auth) -> Response:
     if body.callback_url is not None:  # resolves the host: blocking
         await run_in_threadpool(accept_callback, body.callback_url, svc.settings, owner)
     outputs = await _own_outputs(auth, job_references(recipe))
-    sources, need = await run_in_threadpool(check_job_sources, recipe, svc.settings,
-                                            svc.storage, outputs)
+    sources, need, notes = await run_in_threadpool(check_job_sources, recipe, svc.settings,
+                                                   svc.storage, outputs)
     # Refused here (no_capable_worker) rather than sent to a worker to fail.
     pool = route(need, svc.settings.pools)
     record = JobRecord(
         id=new_job_id(), owner=owner, method=recipe.merge_method,
         name=body.name or recipe.name,
         recipe=recipe.model_dump(mode="json", exclude_none=True, by_alias=True),
-        warnings=job_warnings(recipe), sources=sources, created_at=now_iso(),
+        warnings=job_warnings(recipe) + notes, sources=sources, created_at=now_iso(),
         idempotency_key=body.idempotency_key,
         callback_url=body.callback_url,
         pinned=bool(body.pinned), priority=priority, pool=pool,
