@@ -329,16 +329,26 @@ def stream_merge(plan: MergePlan, work: MergeWork, output: OutputSpec, ctx: RunC
     options = dataclasses.replace(ctx.options, compute_dtype=compute_dtype_for(
         ctx.options, recipe.dtype, plan.input_dtype,
         float32_only=get_method(recipe.merge_method).float32_only))
+    device = best_device(ctx.device)
     if options.compute_dtype != "float32" and work.streams:
-        # Streamed in slices, a bf16 merge on the CPU gave other bytes than on whole
-        # tensors (tests/core/test_engine.py): whole tensors keep a 16-bit merge the
-        # same however it is cut (the float32 path streams as before).
-        work = dataclasses.replace(work, elementwise=False, compute_at=None, patch_at=None)
+        if device.type == "cuda":
+            # On a GPU a 16-bit merge runs whole tensors: its kernels may contract a
+            # multiply and an add into one rounding, which only whole-tensor runs have
+            # been checked to give the same bytes for.
+            work = dataclasses.replace(work, elementwise=False, compute_at=None,
+                                       patch_at=None)
+        else:
+            # On the CPU a 16-bit merge streams slices like a float32 one: torch's CPU
+            # ops on 16-bit tensors compute each entry in float32 and round it once, so
+            # an element-wise method gives the same bytes however the tensor is cut
+            # (tests/core/test_engine.py, and mergekit's bytes in
+            # tests/conformance). ``patch_at`` is float32 arithmetic.
+            work = dataclasses.replace(work, patch_at=None)
     started = time.perf_counter()
     target = torch_dtype(output.dtype)
     total = len(plan.tensors)
     outputs = [OutputTensor(t.name, t.shape, SAFETENSORS_NAMES[target]) for t in plan.tensors]
-    loop = _Loop(plan, work, best_device(ctx.device), target, options,
+    loop = _Loop(plan, work, device, target, options,
                  _ticker(ctx, work.stage, total))
 
     def write(sink: TensorSink, background: bool = True) -> list[WrittenFile]:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field
 
-from maec_core.methods._common import WeightParams, merge_deltas, weighted_deltas
+from maec_core.methods._common import WeightParams
 from maec_core.methods.base import Params, TensorCall, TensorMethod
 
 if TYPE_CHECKING:
@@ -45,44 +45,76 @@ class TaskArithmetic(TensorMethod):
 
         Op for op as mergekit 0.1.5, in the compute dtype: each delta times its weight,
         the weighted deltas summed, divided by the summed weights when normalising,
-        times λ, added to the base. A recipe written for mergekit gives its bytes.
-        16-bit merges take the task-vector sum TIES and DARE share; float32, the
-        engine's streaming hot path, sums in place without its +0.0 start (below).
+        times λ, added to the base. A recipe written for mergekit gives its bytes, in
+        every compute dtype, on whole tensors or on the engine's flat slices.
         """
         base = call.base
         assert base is not None
         if not call.models:
             return base
-        if base.dtype.itemsize < 4:
-            return merge_deltas(call, *weighted_deltas(call, lambda t, _p, _i: t.sub_(base)),
-                                elect=False)
         return _in_place(call, [p.weight for p in call.model_params])
 
 
 def _in_place(call: TensorCall, weights: list[float]) -> torch.Tensor:
-    """The float32 (or float64) merge in the inputs' own buffers, the engine's streaming
-    path: no allocation per slice, and one pass fewer than the shared sum.
+    """The merge in the inputs' own buffers, the engine's streaming path: no stacked
+    copy of the deltas, and every step element-wise, so a flat slice of the inputs gives
+    that slice of the whole tensor's result.
 
-    Summing in place in order is what torch's sum over the stacked deltas does in these
-    dtypes, bit for bit, except that its sum starts at +0.0: a sum of negative zeros is
-    +0.0 there and -0.0 here, which reaches the output only where the base is -0.0 and
-    every weighted delta is -0.0. Matching that would cost a pass over every slice."""
+    Each step is the torch op mergekit runs, on the same dtype: in 16 bits torch's CPU
+    ops compute each entry in float32 and round once to the 16-bit type, which is the
+    correctly rounded 16-bit result whatever the slice. Only mergekit's sum over the
+    stacked deltas is not one such op; :func:`_sum_stacked` reproduces it."""
     import torch
 
     base = call.base
     assert base is not None
     # The weights as mergekit holds them: in the compute dtype.
     held = torch.tensor(weights, dtype=base.dtype)
-    mixed: torch.Tensor | None = None
+    deltas = []
     for m, w in zip(call.models, held.tolist(), strict=True):
         delta = m.sub_(base)
         if w != 1.0:  # times 1 is exact: a pass saved
             delta.mul_(w)
-        mixed = delta if mixed is None else mixed.add_(delta)
-    assert mixed is not None
+        deltas.append(delta)
+    mixed = _sum_stacked(deltas)
     if call.params.normalize:
-        divisor = float(held.sum())
-        mixed.div_(1.0 if abs(divisor) < 1e-8 else divisor)
+        divisor = held.sum()
+        # Compared in the compute dtype, as mergekit does: 1e-8 is 0 in float16, so
+        # weights summing to 0 there divide by 0 (and the merge fails as non-finite).
+        if bool(divisor.abs() < 1e-8):
+            divisor.fill_(1.0)
+        mixed.div_(divisor)
     if call.params.lambda_ != 1:
         mixed.mul_(call.params.lambda_)
     return mixed.add_(base)
+
+
+def _sum_stacked(deltas: list[torch.Tensor]) -> torch.Tensor:
+    """``torch.stack(deltas).sum(dim=0)``'s bytes, in ``deltas[0]`` (no stacked copy).
+
+    torch's CPU sum over the first axis starts from +0.0 and adds the rows in order, in
+    float32 for float32 and for 16-bit rows (rounding once at the end). Summing in place
+    in order gives the same but for the start, which only decides a sum of negative
+    zeros (+0.0 there, -0.0 here): in float32 that reaches the output only where the
+    base is -0.0 and every weighted delta is -0.0, and matching it would cost a pass
+    over every slice of the streaming hot path, so float32 keeps the in-place sum. 16-bit
+    merges promise mergekit's bytes: two rows are one 16-bit add (a float32 sum of two
+    16-bit values rounded to 16 bits is the correctly rounded sum, as torch's own add
+    computes it) and a ``+ 0.0`` for the start; more rows accumulate in float32.
+    """
+    import torch
+
+    first = deltas[0]
+    if first.dtype.itemsize >= 4:
+        for d in deltas[1:]:
+            first.add_(d)
+        return first
+    if len(deltas) <= 2:
+        for d in deltas[1:]:
+            first.add_(d)
+        # +0.0 + x is x for every x but -0.0, which it makes +0.0, as torch's sum does.
+        return first.add_(0.0)
+    total = torch.zeros(first.shape, dtype=torch.float32, device=first.device)
+    for d in deltas:
+        total.add_(d)
+    return first.copy_(total)
