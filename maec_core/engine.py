@@ -1,16 +1,18 @@
 """The streaming merge engine: plan from headers, then one tensor at a time to disk.
 
-``stream_merge`` is the shared loop (read inputs with prefetch, compute in float32 on
-the best device, check finiteness, cast, append to the sharded writer, report progress,
-honour cancellation); ``run_method`` drives it for the registered methods, and the MAEC
-pipeline reuses it for combination. ``maec_core.run`` chooses between the two.
+``stream_merge`` is the shared loop (read inputs with prefetch, compute in the merge's
+compute dtype on the best device, check finiteness, cast, append to the sharded writer,
+report progress, honour cancellation); ``run_method`` drives it for the registered
+methods, and the MAEC pipeline reuses it for combination. ``maec_core.run`` chooses
+between the two.
 
 Two paths share it. Methods that need a whole tensor (TIES, DARE, SLERP) get one tensor
 at a time, the next one read on a thread meanwhile. Element-wise methods (linear, task
 arithmetic, layer swapping) stream slices instead: a reader thread fills recycled
-buffers, the calling thread converts each 1 MB slice to float32, computes and casts it
-into a recycled output buffer, and a writer thread hashes and writes it (sha256 and the
-file write themselves overlap). Nothing is allocated per tensor, so memory is a few
+buffers, the calling thread converts each slice to the compute dtype (float32, or a
+16-bit one: the same loop, see ``stream_merge``), computes and casts it into a recycled
+output buffer, and a writer thread hashes and writes it (sha256 and the file write
+themselves overlap). Nothing is allocated per tensor, so memory is a few
 buffers, and the arithmetic runs in the CPU cache instead of streaming each pass
 through RAM (on CPU that path measured 3-6x faster than whole-tensor passes).
 
