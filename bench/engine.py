@@ -32,6 +32,7 @@ from pathlib import Path
 
 from bench.common import (
     CACHE,
+    ROOT,
     VENV_BIN,
     LlamaShape,
     build_family,
@@ -103,8 +104,10 @@ def main() -> None:
     in_bytes = sum(folder_bytes(f) for f in folders)
     print(f"inputs {in_bytes / 1e9:.2f} GB in 3 checkpoints, output {out_bytes / 1e9:.2f} GB",
           flush=True)
-    # Our input-hash cache lives with the benchmark, not in ~/.cache.
-    env = {"MAEC_CACHE_DIR": str(CACHE / "hash-cache")}
+    # Our input-hash cache lives with the benchmark, not in ~/.cache. The `maec` script
+    # imports the package the virtualenv was installed from, which may be another
+    # checkout: the code timed is this checkout's.
+    env = {"MAEC_CACHE_DIR": str(CACHE / "hash-cache"), "PYTHONPATH": str(ROOT)}
 
     commands: dict[str, list[str]] = {
         "maec": [str(VENV_BIN / "maec"), "merge", "--device", "cpu", str(recipe_fp32),
