@@ -90,20 +90,21 @@ def _in_place(call: TensorCall, weights: list[float]) -> torch.Tensor:
 
 
 def _sum_stacked(deltas: list[torch.Tensor]) -> torch.Tensor:
-    """``torch.stack(deltas).sum(dim=0)``'s bytes, in ``deltas[0]`` (no stacked copy).
+    """``torch.stack(deltas).sum(dim=0)``, in ``deltas[0]`` (no stacked copy).
 
-    torch's CPU sum over the first axis starts from +0.0 and adds the rows in order, in
-    float32 for float32 and for 16-bit rows (rounding once at the end). Summing in place
-    in order gives the same but for the start, which only decides a sum of negative
-    zeros (+0.0 there, -0.0 here): in float32 that reaches the output only where the
-    base is -0.0 and every weighted delta is -0.0, and matching it would cost a pass
-    over every slice of the streaming hot path, so float32 keeps the in-place sum. 16-bit
-    merges promise mergekit's bytes: two rows are one 16-bit add (a float32 sum of two
-    16-bit values rounded to 16 bits is the correctly rounded sum, as torch's own add
-    computes it) and a ``+ 0.0`` for the start; more rows accumulate in float32.
+    16-bit rows: mergekit's bytes. torch's CPU sum over the first axis accumulates
+    16-bit rows in float32 and rounds once; up to 16 rows it adds them in order from
+    +0.0 (more rows: :func:`_float32_row_sum`). Two rows are then one 16-bit add (a
+    float32 sum of two 16-bit values, rounded to 16 bits, is their correctly rounded
+    sum, which torch's add computes) and ``+ 0.0`` for the start, which turns a sum of
+    negative zeros into +0.0 and changes nothing else.
+
+    float32 rows are summed in place in order, the streaming hot path's choice: torch
+    sums up to four float32 rows so, bit for bit, except that its +0.0 start makes a sum
+    of negative zeros +0.0 (reaching the output only where the base is -0.0 and every
+    weighted delta is -0.0); from five rows it associates some entries differently,
+    within float32's last bit. Matching either would cost passes over every slice.
     """
-    import torch
-
     first = deltas[0]
     if first.dtype.itemsize >= 4:
         for d in deltas[1:]:
@@ -112,9 +113,48 @@ def _sum_stacked(deltas: list[torch.Tensor]) -> torch.Tensor:
     if len(deltas) <= 2:
         for d in deltas[1:]:
             first.add_(d)
-        # +0.0 + x is x for every x but -0.0, which it makes +0.0, as torch's sum does.
         return first.add_(0.0)
-    total = torch.zeros(first.shape, dtype=torch.float32, device=first.device)
-    for d in deltas:
-        total.add_(d)
-    return first.copy_(total)
+    return first.copy_(_float32_row_sum(deltas))
+
+
+# torch's CPU sum over the first axis of a stacked 16-bit tensor adds rows in groups of
+# ROW_GROUP, each from +0.0, into LEVELS cascaded partial sums (its multi-row sum; so in
+# the pinned torch, which tests/core/test_methods.py checks against).
+ROW_BITS = 4
+ROW_GROUP = 1 << ROW_BITS
+LEVELS = 4
+
+
+def _float32_row_sum(rows: list[torch.Tensor]) -> torch.Tensor:
+    """The float32 sum of 16-bit ``rows`` with torch's CPU association: up to
+    ``ROW_GROUP`` rows in order from +0.0; more rows as groups of ``ROW_GROUP``, each
+    summed from +0.0 and carried into the next level's partial sum (a level passes its
+    total on once every ``ROW_GROUP`` of its own), the last rows from +0.0 in the first
+    level, and the levels added last, lowest first."""
+    import torch
+
+    def zeros() -> torch.Tensor:
+        return torch.zeros(rows[0].shape, dtype=torch.float32, device=rows[0].device)
+
+    if len(rows) <= ROW_GROUP:
+        total = zeros()
+        for r in rows:
+            total.add_(r)
+        return total
+    acc = [zeros() for _ in range(LEVELS)]
+    i = 0
+    while i + ROW_GROUP <= len(rows):
+        for r in rows[i:i + ROW_GROUP]:
+            acc[0].add_(r)
+        i += ROW_GROUP
+        for j in range(1, LEVELS):
+            acc[j].add_(acc[j - 1])
+            acc[j - 1].zero_()
+            # The next level takes this one's total only every ROW_GROUP of them.
+            if i & ((ROW_GROUP - 1) << (j * ROW_BITS)):
+                break
+    for r in rows[i:]:
+        acc[0].add_(r)
+    for j in range(1, LEVELS):
+        acc[0].add_(acc[j])
+    return acc[0]
