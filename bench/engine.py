@@ -7,17 +7,20 @@ process; every command runs once untimed first, then runs are interleaved (the o
 rotated each round), and medians reported. The I/O floor reads every input file once and
 writes one output-sized file.
 
-Ours runs the float32-accumulation recipe (``dtype: float32``, ``out_dtype: bfloat16``:
-computed in float32, written as bfloat16), and so does ``mergekit``; the ratios against
-it compare like with like. ``mergekit-bf16`` is the recipe with ``dtype: bfloat16``,
-where mergekit computes in bfloat16 (less work and memory, less precision); its ratios
-still time our float32 run.
+Two recipes, each run by both tools, like for like. ``dtype: float32, out_dtype:
+bfloat16`` (``maec`` and ``mergekit``): both compute in float32 and write bfloat16.
+``dtype: bfloat16`` (``maec-bf16`` and ``mergekit-bf16``): both compute in bfloat16, as
+most published recipes ask, and write the same bytes. Ours streams both: the bf16 run
+takes the 16-bit path, the float32 run the float32 one.
 
     .venv/bin/python -m bench.engine [--runs 3] [--small | --shape 7b]
 
-Ends with exactly one line (the ``_bf16`` ratios are against ``mergekit-bf16``):
+Ends with exactly one line: each recipe's ratios against mergekit on the same recipe
+(``_bf16``: the bfloat16 one), ours against the I/O floor, and our bf16 run against our
+float32 run (``bf16_vs_fp32``):
 RESULT engine wall_ratio_vs_mergekit=… rss_ratio_vs_mergekit=… wall_ratio_vs_floor=…
-wall_ratio_vs_mergekit_bf16=… rss_ratio_vs_mergekit_bf16=…
+wall_ratio_vs_mergekit_bf16=… rss_ratio_vs_mergekit_bf16=… wall_ratio_bf16_vs_fp32=…
+rss_ratio_bf16_vs_fp32=…
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from pathlib import Path
 
 from bench.common import (
     CACHE,
+    ROOT,
     VENV_BIN,
     LlamaShape,
     build_family,
@@ -90,8 +94,9 @@ def main() -> None:
     shape, tag = family(args)
     folders = ensure_models(shape, tag)
     work = fresh_dir(CACHE / "work")
+    # Both tools compute in the recipe's dtype: bfloat16 here (the default of most
+    # published recipes), float32 with a bfloat16 output in the second.
     recipe = write_ta_recipe(folders, work / "recipe.yaml")
-    # Both tools compute in the recipe's dtype: float32 here, with a bfloat16 output.
     recipe_fp32 = write_ta_recipe(folders, work / "recipe-fp32.yaml",
                                   dtype="float32", out_dtype="bfloat16")
     out = work / "out"
@@ -99,12 +104,16 @@ def main() -> None:
     in_bytes = sum(folder_bytes(f) for f in folders)
     print(f"inputs {in_bytes / 1e9:.2f} GB in 3 checkpoints, output {out_bytes / 1e9:.2f} GB",
           flush=True)
-    # Our input-hash cache lives with the benchmark, not in ~/.cache.
-    env = {"MAEC_CACHE_DIR": str(CACHE / "hash-cache")}
+    # Our input-hash cache lives with the benchmark, not in ~/.cache. The `maec` script
+    # imports the package the virtualenv was installed from, which may be another
+    # checkout: the code timed is this checkout's.
+    env = {"MAEC_CACHE_DIR": str(CACHE / "hash-cache"), "PYTHONPATH": str(ROOT)}
 
     commands: dict[str, list[str]] = {
         "maec": [str(VENV_BIN / "maec"), "merge", "--device", "cpu", str(recipe_fp32),
                  str(out)],
+        "maec-bf16": [str(VENV_BIN / "maec"), "merge", "--device", "cpu", str(recipe),
+                      str(out)],
         "mergekit": [str(VENV_BIN / "mergekit-yaml"), str(recipe_fp32), str(out)],
         "mergekit-bf16": [str(VENV_BIN / "mergekit-yaml"), str(recipe), str(out)],
         "floor": io_floor_cmd(folders, work / "floor.bin", out_bytes),
@@ -128,11 +137,14 @@ def main() -> None:
     wall_mk = med["maec"][0] / med["mergekit"][0]
     rss_mk = med["maec"][1] / med["mergekit"][1]
     wall_floor = med["maec"][0] / med["floor"][0]
-    wall_bf16 = med["maec"][0] / med["mergekit-bf16"][0]
-    rss_bf16 = med["maec"][1] / med["mergekit-bf16"][1]
+    wall_bf16 = med["maec-bf16"][0] / med["mergekit-bf16"][0]
+    rss_bf16 = med["maec-bf16"][1] / med["mergekit-bf16"][1]
+    wall_16_32 = med["maec-bf16"][0] / med["maec"][0]
+    rss_16_32 = med["maec-bf16"][1] / med["maec"][1]
     print(f"RESULT engine wall_ratio_vs_mergekit={wall_mk:.3f} "
           f"rss_ratio_vs_mergekit={rss_mk:.3f} wall_ratio_vs_floor={wall_floor:.3f} "
-          f"wall_ratio_vs_mergekit_bf16={wall_bf16:.3f} rss_ratio_vs_mergekit_bf16={rss_bf16:.3f}")
+          f"wall_ratio_vs_mergekit_bf16={wall_bf16:.3f} rss_ratio_vs_mergekit_bf16={rss_bf16:.3f} "
+          f"wall_ratio_bf16_vs_fp32={wall_16_32:.3f} rss_ratio_bf16_vs_fp32={rss_16_32:.3f}")
 
 
 if __name__ == "__main__":

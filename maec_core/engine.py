@@ -1,16 +1,18 @@
 """The streaming merge engine: plan from headers, then one tensor at a time to disk.
 
-``stream_merge`` is the shared loop (read inputs with prefetch, compute in float32 on
-the best device, check finiteness, cast, append to the sharded writer, report progress,
-honour cancellation); ``run_method`` drives it for the registered methods, and the MAEC
-pipeline reuses it for combination. ``maec_core.run`` chooses between the two.
+``stream_merge`` is the shared loop (read inputs with prefetch, compute in the merge's
+compute dtype on the best device, check finiteness, cast, append to the sharded writer,
+report progress, honour cancellation); ``run_method`` drives it for the registered
+methods, and the MAEC pipeline reuses it for combination. ``maec_core.run`` chooses
+between the two.
 
 Two paths share it. Methods that need a whole tensor (TIES, DARE, SLERP) get one tensor
 at a time, the next one read on a thread meanwhile. Element-wise methods (linear, task
 arithmetic, layer swapping) stream slices instead: a reader thread fills recycled
-buffers, the calling thread converts each 1 MB slice to float32, computes and casts it
-into a recycled output buffer, and a writer thread hashes and writes it (sha256 and the
-file write themselves overlap). Nothing is allocated per tensor, so memory is a few
+buffers, the calling thread converts each slice to the compute dtype (float32, or a
+16-bit one: the same loop, see ``stream_merge``), computes and casts it into a recycled
+output buffer, and a writer thread hashes and writes it (sha256 and the file write
+themselves overlap). Nothing is allocated per tensor, so memory is a few
 buffers, and the arithmetic runs in the CPU cache instead of streaming each pass
 through RAM (on CPU that path measured 3-6x faster than whole-tensor passes).
 
@@ -338,11 +340,21 @@ def stream_merge(plan: MergePlan, work: MergeWork, output: OutputSpec, ctx: RunC
     options = dataclasses.replace(ctx.options, compute_dtype=compute_dtype_for(
         ctx.options, recipe.dtype, plan.input_dtype,
         float32_only=get_method(recipe.merge_method).float32_only))
+    device = best_device(ctx.device)
     if options.compute_dtype != "float32" and work.streams:
-        # Streamed in slices, a bf16 merge on the CPU gave other bytes than on whole
-        # tensors (tests/core/test_engine.py): whole tensors keep a 16-bit merge the
-        # same however it is cut (the float32 path streams as before).
-        work = dataclasses.replace(work, elementwise=False, compute_at=None, patch_at=None)
+        if device.type == "cuda":
+            # On a GPU a 16-bit merge runs whole tensors: its kernels may contract a
+            # multiply and an add into one rounding, which only whole-tensor runs have
+            # been checked to give the same bytes for.
+            work = dataclasses.replace(work, elementwise=False, compute_at=None,
+                                       patch_at=None)
+        else:
+            # On the CPU a 16-bit merge streams slices like a float32 one: torch's CPU
+            # ops on 16-bit tensors compute each entry in float32 and round it once, so
+            # an element-wise method gives the same bytes however the tensor is cut
+            # (tests/core/test_engine.py, and mergekit's bytes in
+            # tests/conformance). ``patch_at`` is float32 arithmetic.
+            work = dataclasses.replace(work, patch_at=None)
     started = time.perf_counter()
     # From the plan and headers, before anything is written: a tensor the plan would
     # drop fails the merge here instead of vanishing from the output.
@@ -350,7 +362,7 @@ def stream_merge(plan: MergePlan, work: MergeWork, output: OutputSpec, ctx: RunC
     target = torch_dtype(output.dtype)
     total = len(plan.tensors)
     outputs = [OutputTensor(t.name, t.shape, SAFETENSORS_NAMES[target]) for t in plan.tensors]
-    loop = _Loop(plan, work, best_device(ctx.device), target, options,
+    loop = _Loop(plan, work, device, target, options,
                  _ticker(ctx, work.stage, total))
 
     def write(sink: TensorSink, background: bool = True) -> list[WrittenFile]:

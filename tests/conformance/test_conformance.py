@@ -7,8 +7,11 @@ in `make bench-conformance`.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from tests.conformance.models import ModelFarm
 from tests.conformance.suite import (
@@ -55,7 +58,6 @@ def test_added_token_vocabularies_in_slices_keep_mergekit_rows(stem: str, farm: 
     every tensor is mergekit's, but the vocabulary tensors, whose rows of the tokens
     both hold are mergekit's and whose other rows are zeros; ours loads in transformers,
     mergekit's (rows copied as they are, under the other model's config) does not."""
-    import torch
     from transformers import AutoModelForCausalLM
 
     recipe = load_recipe(RECIPES / f"{stem}.yaml", farm)
@@ -88,7 +90,6 @@ def test_union_over_an_extended_language_base_matches_mergekit_by_token(
     new plain tokens as it meets them in ``get_vocab()``, a dict built from the Rust
     tokenizer's hash map, so its ids for ``x0`` and ``x1`` change from run to run (up to
     0.1 apart when compared by id); this engine takes them in id order."""
-    import torch
     from transformers import AutoTokenizer
 
     from tests.factories import make_extended, make_llama
@@ -113,6 +114,56 @@ def test_union_over_an_extended_language_base_matches_mergekit_by_token(
     for name, got in mine.items():
         vocab = name.endswith(("embed_tokens.weight", "lm_head.weight"))
         assert torch.equal(got, ref[name][rows] if vocab else ref[name]), name
+
+
+# 16-bit recipes of every method the engine streams in slices (element-wise ones).
+STREAMED_16BIT = ("basic_task_arithmetic", "task_arithmetic_bf16", "task_arithmetic_fp16",
+                  "basic_linear", "linear_fp16", "method_nearswap_bf16",
+                  "method_nearswap_fp16", "method_ram_bf16", "method_ram_fp16",
+                  "passthrough_scale_bf16", "passthrough_scale_fp16")
+# Slices and units that cut every tensor at odd places (the tiny models' tensors hold
+# 2,048 entries or fewer, less than one real slice).
+ODD_CHUNK, ODD_UNIT = 77, 300
+
+
+def _bits(folder: Path) -> dict[str, bytes]:
+    out: dict[str, bytes] = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        out.update({k: bytes(v.contiguous().view(torch.uint8).numpy())
+                    for k, v in load_file(f).items()})
+    return out
+
+
+@pytest.mark.parametrize("stem", STREAMED_16BIT)
+def test_streamed_16bit_recipes_give_mergekits_bytes(
+    stem: str, farm: ModelFarm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A 16-bit recipe streamed in slices cut at odd places writes mergekit's bytes
+    (every bit, -0.0 included), and really was computed slice by slice."""
+    import maec_core.engine as engine
+    from maec_core.methods import get_method
+
+    path = RECIPES / f"{stem}.yaml"
+    recipe = load_recipe(path, farm)
+    assert recipe["dtype"] in ("bfloat16", "float16")
+    monkeypatch.setattr(engine, "UNIT_CPU", ODD_UNIT)
+    monkeypatch.setattr(engine, "CHUNK_CPU", ODD_CHUNK)
+    spec = type(get_method(recipe["merge_method"]))
+    merge = spec.merge
+    sizes: list[int] = []
+
+    def spied(self: Any, call: Any) -> torch.Tensor:
+        sizes.append(max(t.numel() for t in call.models))
+        return merge(self, call)
+
+    monkeypatch.setattr(spec, "merge", spied)
+    outcome = run_one(path, farm, tmp_path)
+    assert outcome.passed, "\n".join([str(outcome.ours), str(outcome.theirs),
+                                      *outcome.problems, *outcome.other])
+    assert sizes and max(sizes) <= ODD_CHUNK, f"computed whole tensors of {max(sizes)}"
+    ours, theirs = _bits(tmp_path / f"{stem}-ours"), _bits(tmp_path / f"{stem}-mergekit")
+    assert ours.keys() == theirs.keys()
+    assert [k for k in ours if ours[k] != theirs[k]] == []
 
 
 def test_fast_subset_exists() -> None:

@@ -227,37 +227,56 @@ def test_progress_reports_and_cancel_leaves_nothing(zoo: dict[str, Path],
     assert leftovers(out) == []
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
 @pytest.mark.parametrize(
     ("method", "models", "params"),
     [
         ("task_arithmetic", [{"weight": 0.7}, {"weight": -0.2}], {"lambda": 0.9}),
+        ("task_arithmetic", [{"weight": 0.7}, {"weight": 0.4}, {"weight": -0.3}],
+         {"normalize": True}),
         ("linear", [{"weight": 0.3}, {"weight": 0.5}], {}),
         ("layer_swap", [{"role": "ability"}, {"role": "language"}],
          {"bottom_k": 0, "top_k": 1, "transition": 1}),
+        ("nearswap", [{}], {"t": 0.01}),
+        ("ram", [{}, {}], {"epsilon": 1e-3}),
+        ("passthrough", [{"scale": 0.37}], {}),
     ],
 )
 def test_sliced_streaming_equals_whole_tensors(
     zoo: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-    method: str, models: list[dict[str, Any]], params: dict[str, Any],
+    method: str, models: list[dict[str, Any]], params: dict[str, Any], dtype: str,
 ) -> None:
-    """Element-wise methods stream slices; with units and slices that split every tensor
-    at odd places, the bytes equal a whole-tensor run's."""
+    """Element-wise methods stream slices in every compute dtype (16-bit ones too, on
+    the CPU); with units and slices that split every tensor at odd places, the bytes
+    equal a whole-tensor run's."""
     import maec_core.engine as engine
 
     recipe: dict[str, Any] = {
         "merge_method": method,
+        # A third model is the first again (with its own weight).
         "models": [{"model": str(zoo[k]), "parameters": p}
-                   for k, p in zip(("a", "b"), models, strict=True)],
+                   for k, p in zip(("a", "b", "a"), models, strict=False)],
         "parameters": params,
-        "dtype": "bfloat16",
+        "dtype": dtype,
     }
-    if method != "layer_swap":
+    if get_method(method).needs_base:
         recipe["base_model"] = str(zoo["base"])
     monkeypatch.setattr(engine, "UNIT_CPU", 300)
     monkeypatch.setattr(engine, "CHUNK_CPU", 77)
+    spec = type(get_method(method))
+    merge = spec.merge
+    sizes: list[int] = []
+
+    def spied(self: Any, call: Any) -> torch.Tensor:
+        sizes.append(max(t.numel() for t in call.models))
+        return merge(self, call)
+
+    monkeypatch.setattr(spec, "merge", spied)
     run(parse_recipe(recipe), tmp_path / "sliced")
-    monkeypatch.setattr(type(get_method(method)), "elementwise", False)
+    assert sizes and max(sizes) <= 77, f"computed whole tensors of {max(sizes)}"
+    monkeypatch.setattr(spec, "elementwise", False)
     run(parse_recipe(recipe), tmp_path / "whole")
+    assert max(sizes) > 77
     assert ((tmp_path / "sliced" / "model.safetensors").read_bytes()
             == (tmp_path / "whole" / "model.safetensors").read_bytes())
 

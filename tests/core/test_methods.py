@@ -294,3 +294,24 @@ def test_ram_averages_shared_entries_and_keeps_unique_ones() -> None:
     close(call("ram", base, [a, b]), [3.0, 3.0, 5.0])
     # RAM+: a has 1 shared and 1 unique entry, rho = 1 -> lambda = 1 + 0.1 * min(1, 0.2).
     close(call("ramplus_tl", base, [a, b]), [3.0, 3.0 * 1.02, 5.0])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows", [1, 2, 3, 16, 17, 18, 33, 40, 257])
+def test_task_arithmetic_16bit_sum_has_torchs_bytes(dtype: torch.dtype, rows: int) -> None:
+    """The in-place sum task arithmetic streams with equals torch's sum over the stacked
+    16-bit deltas (mergekit's) bit for bit: its float32 accumulation, its grouping of
+    many rows, its +0.0 start (negative zeros sum to +0.0). Entries spread over 2^24 in
+    magnitude, so a float32 sum in another order would round differently."""
+    from maec_core.methods.task_arithmetic import _sum_stacked
+
+    gen = torch.Generator().manual_seed(rows)
+    n = 4099
+    low = -12 if dtype == torch.float16 else -24
+    scale = torch.randint(low, 1, (rows, n), generator=gen).float().exp2()
+    signs = torch.randn(rows, n, generator=gen).sign()
+    stacked = (signs * (1 + torch.rand(rows, n, generator=gen)) * scale).to(dtype)
+    stacked[:, :5] = -0.0
+    want = stacked.sum(dim=0)
+    got = _sum_stacked([r.clone() for r in stacked.unbind(0)])
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
