@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -154,3 +155,24 @@ def make_extended(
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return path
+
+
+def spy_slice_sizes(monkeypatch: Any, method: str, unit: int, chunk: int) -> list[int]:
+    """Make the engine stream units of ``unit`` and slices of ``chunk`` entries (odd sizes
+    cut every tensor at odd places) and record, per call of ``method``'s tensor function,
+    the largest input it was given: a method that streams never sees more than ``chunk``."""
+    import maec_core.engine as engine
+    from maec_core.methods import get_method
+
+    monkeypatch.setattr(engine, "UNIT_CPU", unit)
+    monkeypatch.setattr(engine, "CHUNK_CPU", chunk)
+    spec = type(get_method(method))
+    merge = spec.merge
+    sizes: list[int] = []
+
+    def spied(self: Any, call: Any) -> torch.Tensor:
+        sizes.append(max(t.numel() for t in call.models))
+        return merge(self, call)
+
+    monkeypatch.setattr(spec, "merge", spied)
+    return sizes

@@ -7,7 +7,6 @@ in `make bench-conformance`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -25,6 +24,7 @@ from tests.conformance.suite import (
     run_ours,
 )
 from tests.conformance.suite import _tensors as tensors_of
+from tests.factories import spy_slice_sizes
 
 pytest.importorskip("mergekit.merge")
 
@@ -140,23 +140,11 @@ def test_streamed_16bit_recipes_give_mergekits_bytes(
 ) -> None:
     """A 16-bit recipe streamed in slices cut at odd places writes mergekit's bytes
     (every bit, -0.0 included), and really was computed slice by slice."""
-    import maec_core.engine as engine
-    from maec_core.methods import get_method
-
     path = RECIPES / f"{stem}.yaml"
     recipe = load_recipe(path, farm)
     assert recipe["dtype"] in ("bfloat16", "float16")
-    monkeypatch.setattr(engine, "UNIT_CPU", ODD_UNIT)
-    monkeypatch.setattr(engine, "CHUNK_CPU", ODD_CHUNK)
-    spec = type(get_method(recipe["merge_method"]))
-    merge = spec.merge
-    sizes: list[int] = []
-
-    def spied(self: Any, call: Any) -> torch.Tensor:
-        sizes.append(max(t.numel() for t in call.models))
-        return merge(self, call)
-
-    monkeypatch.setattr(spec, "merge", spied)
+    sizes = spy_slice_sizes(monkeypatch, recipe["merge_method"], unit=ODD_UNIT,
+                            chunk=ODD_CHUNK)
     outcome = run_one(path, farm, tmp_path)
     assert outcome.passed, "\n".join([str(outcome.ours), str(outcome.theirs),
                                       *outcome.problems, *outcome.other])

@@ -20,7 +20,7 @@ from maec_core.methods import get_method
 from maec_core.parsing import parse_recipe
 from maec_core.run import run
 from tests.core.conftest import leftovers
-from tests.factories import make_llama, read_config
+from tests.factories import make_llama, read_config, spy_slice_sizes
 
 
 def tensors(folder: Path) -> dict[str, torch.Tensor]:
@@ -249,7 +249,6 @@ def test_sliced_streaming_equals_whole_tensors(
     """Element-wise methods stream slices in every compute dtype (16-bit ones too, on
     the CPU); with units and slices that split every tensor at odd places, the bytes
     equal a whole-tensor run's."""
-    import maec_core.engine as engine
 
     recipe: dict[str, Any] = {
         "merge_method": method,
@@ -261,20 +260,10 @@ def test_sliced_streaming_equals_whole_tensors(
     }
     if get_method(method).needs_base:
         recipe["base_model"] = str(zoo["base"])
-    monkeypatch.setattr(engine, "UNIT_CPU", 300)
-    monkeypatch.setattr(engine, "CHUNK_CPU", 77)
-    spec = type(get_method(method))
-    merge = spec.merge
-    sizes: list[int] = []
-
-    def spied(self: Any, call: Any) -> torch.Tensor:
-        sizes.append(max(t.numel() for t in call.models))
-        return merge(self, call)
-
-    monkeypatch.setattr(spec, "merge", spied)
+    sizes = spy_slice_sizes(monkeypatch, method, unit=300, chunk=77)
     run(parse_recipe(recipe), tmp_path / "sliced")
     assert sizes and max(sizes) <= 77, f"computed whole tensors of {max(sizes)}"
-    monkeypatch.setattr(spec, "elementwise", False)
+    monkeypatch.setattr(type(get_method(method)), "elementwise", False)
     run(parse_recipe(recipe), tmp_path / "whole")
     assert max(sizes) > 77
     assert ((tmp_path / "sliced" / "model.safetensors").read_bytes()
