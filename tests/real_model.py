@@ -225,7 +225,7 @@ def _lora(base: Path, seed: int) -> Callable[[Path], None]:
             for name, p in peft_model.named_parameters():
                 if "lora_B" in name:
                     p.copy_(0.002 * torch.randn(p.shape, generator=gen))
-        peft_model.save_pretrained(out)
+        peft_model.save_pretrained(str(out))
         config = out / "adapter_config.json"
         # Named by path, so the adapter resolves its base here and nowhere else.
         doc = json.loads(config.read_text())
