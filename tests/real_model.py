@@ -239,7 +239,7 @@ def real_family() -> dict[str, Path]:
     """The family's folders by name (see the module's docstring), built when missing.
 
     Raises :class:`RealModelUnavailable` without the package. The first call converts
-    the GGUF file and derives the siblings (about a minute on two cores).
+    the GGUF file and derives the siblings (a few minutes on two cores).
     """
     gguf_file()
     root = cache_dir()
