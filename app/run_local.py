@@ -4,8 +4,9 @@ Dev mode (no API keys) unless the environment says ``MAEC_DEV_MODE=false``; then
 API needs the keys in ``MAEC_API_KEYS`` like any deployment, and the settings are checked
 before anything starts. Everything lives under ``var/`` (Redis AOF in var/redis, results
 in var/storage, worker cache in var/work); checkpoints under ``var/models`` (and any
-``MAEC_LOCAL_ROOTS``) can be named as sources, and tiny demo checkpoints are built in
-``var/models/demo`` when missing (the README's first job names them). Ports: ``--port`` /
+``MAEC_LOCAL_ROOTS``) can be named as sources, and the demo family (a real 135M chat model
+and two siblings of it, scripts/demo.py) is put in ``var/models/demo`` when missing (the
+README's first job names it). Ports: ``--port`` /
 ``MAEC_API_PORT`` (8000) and ``--redis-port`` / ``MAEC_REDIS_PORT`` (a free one). The
 documented rate limits stay in force, and the banner prints them.
 
@@ -239,12 +240,10 @@ def _start(var: Path, port: int, redis_port: int, env: dict[str, str],
 DEMO = ("base", "donor", "lang")
 
 
-def _build_demo_models(var: Path) -> subprocess.Popen[bytes] | None:
-    """Tiny seeded checkpoints for the first job, built in a child (torch stays out of
-    this process) while the services start; None when they are there already."""
-    demo = var / "models" / "demo"
-    if all((demo / n / "model.safetensors").is_file() for n in DEMO):
-        return None
+def _build_demo_models(var: Path) -> subprocess.Popen[bytes]:
+    """The demo family for the first job, put in place by a child (torch stays out of
+    this process) while the services start. The child decides whether the folder is up
+    to date (it knows which family it holds) and returns at once when it is."""
     log = open(var / "logs" / "demo-models.log", "ab")  # noqa: SIM115 - the child's
     return subprocess.Popen(
         [sys.executable, str(ROOT / "scripts" / "demo.py"), "--build-models",
@@ -292,7 +291,7 @@ maec-service is running ({mode}; 127.0.0.1 only)
   Redis     127.0.0.1:{redis_port}  (AOF in {var / 'redis'})
   storage   {var / 'storage'}
   sources   local folders under {', '.join(roots)}
-  demo      tiny checkpoints in {demo}/{{{','.join(DEMO)}}}
+  demo      a real 135M chat model and two siblings in {demo}/{{{','.join(DEMO)}}}
   limits    {_limits(settings)}
   logs      {var / 'logs'}
 
@@ -303,7 +302,7 @@ Try (README.md, "First job", does this step by step):
     "language_base": "{demo}/lang", "parameters": {{"key_ratio": 0.1, "selection_ratio": 0.75}}}}'
   curl{auth} {url}/v1/jobs/<id>
   curl{auth} {url}/v1/jobs/<id>/files
-  {make_demo}   # the same job from Python: download, verify, load, generate
+  {make_demo}   # the same job from Python: download, verify, load, ask a question
 
 Ctrl-C stops everything."""
 

