@@ -128,3 +128,13 @@ def wait_all(stack: Stack, job_ids: Iterable[str], timeout: float) -> dict[str, 
 
 def worker_logs(stack: Stack) -> list[Path]:
     return [w.log_path for w in stack.workers]
+
+
+def succeeded_linear_job(stack: Stack, tiny: dict[str, Path], key: str) -> dict[str, Any]:
+    """A small linear merge submitted with ``key`` and waited for: the victim's job in
+    the tests where another key goes after its outputs."""
+    job = stack.submit({"method": "linear", "ability_donor": [str(tiny["a"])],
+                        "language_base": str(tiny["base"])}, key=key)
+    done = stack.wait(job["id"], key=key)
+    assert done["status"] == "succeeded", done["error"]
+    return done

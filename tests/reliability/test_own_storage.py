@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from tests import hostile
+from tests.reliability.helpers import succeeded_linear_job
 from tests.stack import S3_BUCKET, S3Server, Stack, stack_context
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration]
@@ -33,11 +34,7 @@ def st(tmp_path_factory: pytest.TempPathFactory, s3_server: S3Server,
 
 @pytest.fixture(scope="module")
 def alice_job(st: Stack, tiny: dict[str, Path]) -> dict[str, Any]:
-    job = st.submit({"method": "linear", "ability_donor": [str(tiny["a"])],
-                     "language_base": str(tiny["base"])}, key="alice")
-    done = st.wait(job["id"], key="alice")
-    assert done["status"] == "succeeded", done["error"]
-    return done
+    return succeeded_linear_job(st, tiny, "alice")
 
 
 def _roles(tiny: dict[str, Path], model_root: Path, src: str) -> dict[str, dict[str, Any]]:

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from tests.reliability.helpers import succeeded_linear_job
 from tests.stack import API_KEYS, S3_KEY_ID, S3_SECRET, Stack, stack_context
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration]
@@ -38,11 +39,7 @@ def st(tmp_path_factory: pytest.TempPathFactory, model_root: Path) -> Iterator[S
 
 @pytest.fixture(scope="module")
 def alice_job(st: Stack, tiny: dict[str, Path]) -> dict[str, Any]:
-    job = st.submit({"method": "linear", "ability_donor": [str(tiny["a"])],
-                     "language_base": str(tiny["base"])}, key="alice")
-    done = st.wait(job["id"], key="alice")
-    assert done["status"] == "succeeded", done["error"]
-    return done
+    return succeeded_linear_job(st, tiny, "alice")
 
 
 def _operations(st: Stack, job_id: str) -> list[tuple[str, str]]:
