@@ -23,6 +23,7 @@ from app.settings import Settings, hash_key
 from app.storage.local import LocalStorage
 from tests.conftest import TinyModels
 from tests.stack import API_KEYS, METRICS_TOKEN, RedisServer
+from worker.runner import JobRunner
 
 _DB = itertools.count(1)
 
@@ -60,6 +61,17 @@ class Api:
 
     def storage(self) -> LocalStorage:
         return LocalStorage(self.settings.storage_dir)
+
+    def run_published(self, job_id: str, key: str = "alice"
+                      ) -> tuple[dict[str, str], dict[str, Any]]:
+        """Run queued job ``job_id`` in-process to success; its files' URLs by path, and
+        its manifest as the API serves it."""
+        runner = JobRunner(self.settings, self.worker_store(), self.storage(), worker="test")
+        assert runner.run(job_id) == "succeeded"
+        job = self.client.get(f"/v1/jobs/{job_id}", headers=self.auth(key)).json()
+        urls = {f["path"]: f["url"] for f in job["result"]["files"]}
+        manifest = self.client.get(urls["manifest.json"], headers=self.auth(key)).json()
+        return urls, manifest
 
     def assert_named_by_reference(self, manifest: dict[str, Any], refs: set[str]) -> None:
         """A published manifest names no path of the worker's, and every input (``refs``,

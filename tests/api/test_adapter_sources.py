@@ -159,12 +159,7 @@ def test_a_base_plus_adapter_donor_runs_and_matches_the_local_merge(api: Api) ->
     jid = str(api.submit({"recipe": recipe})["id"])
     rec = api.worker_store().get(jid)
     assert rec is not None and set(rec.sources) == {str(m.base), str(m.donor), str(adapter)}
-    runner = JobRunner(api.settings, api.worker_store(), LocalStorage(api.settings.storage_dir),
-                       worker="test")
-    assert runner.run(jid) == "succeeded"
-    job = api.client.get(f"/v1/jobs/{jid}", headers=api.auth()).json()
-    urls = {f["path"]: f["url"] for f in job["result"]["files"]}
-    manifest = api.client.get(urls["manifest.json"], headers=api.auth()).json()
+    urls, manifest = api.run_published(jid)
     assert set(manifest["inputs"]) == {str(m.base), str(m.donor), str(adapter)}
     assert manifest["recipe"]["models"][0]["model"] == joined
     # What the folder records names the recipe's references, never the worker's copies.

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import shutil
 
-from app.storage.local import LocalStorage
 from tests.api.conftest import Api
-from worker.runner import JobRunner
 
 
 def test_a_tokenizer_donor_is_fetched_and_gives_the_vocabulary(api: Api) -> None:
@@ -31,12 +29,7 @@ def test_a_tokenizer_donor_is_fetched_and_gives_the_vocabulary(api: Api) -> None
                for w in r.json()["warnings"])
     rec = api.worker_store().get(jid)
     assert rec is not None and set(rec.sources) == {str(m.base), str(m.donor), str(donor)}
-    runner = JobRunner(api.settings, api.worker_store(), LocalStorage(api.settings.storage_dir),
-                       worker="test")
-    assert runner.run(jid) == "succeeded"
-    job = api.client.get(f"/v1/jobs/{jid}", headers=api.auth()).json()
-    urls = {f["path"]: f["url"] for f in job["result"]["files"]}
-    manifest = api.client.get(urls["manifest.json"], headers=api.auth()).json()
+    urls, manifest = api.run_published(jid)
     assert set(manifest["inputs"]) == {str(m.base), str(m.donor), str(donor)}
     vocab = api.client.get(urls["tokenizer.json"], headers=api.auth()).json()
     added = {t["content"] for t in vocab["added_tokens"]}
