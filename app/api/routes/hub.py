@@ -52,13 +52,6 @@ def _for_hub(exc: ApiError, commit: str | None = None) -> ApiError:
     """``exc`` with the headers the Hub client reads: same status, code and body."""
     headers = dict(exc.headers)
     hub_code = _HUB_CODES.get(exc.code)
-    if exc.code == "unauthorized":
-        # What the Hub says for a token it does not know; without one (no
-        # "Bearer"), a private repository reads as absent there.
-        if exc.message == "unknown API key":
-            headers["X-Error-Message"] = _BAD_KEY
-        else:
-            hub_code = "RepoNotFound"
     if hub_code is not None:
         headers["X-Error-Code"] = hub_code
     headers.setdefault("X-Error-Message", _header_text(exc.message))
@@ -77,9 +70,18 @@ async def _hub_errors(commit: str | None = None) -> AsyncIterator[None]:
 
 
 async def _hub_caller(request: Request) -> Caller:
-    """``authenticate``'s checks and answers (401, 429), with the Hub's headers."""
-    async with _hub_errors():
+    """``authenticate``'s checks and answers (401, 429), with the Hub's headers: for a
+    key it does not know, the Hub's own words (the client shows a 401); with no key, a
+    private repository reads as absent there (RepositoryNotFoundError)."""
+    try:
         return await authenticate(request)
+    except ApiError as exc:
+        if exc.code == "unauthorized":
+            scheme, _, token = request.headers.get("authorization", "").partition(" ")
+            presented = scheme.lower() == "bearer" and token.strip()
+            exc.headers = {**exc.headers, **({"X-Error-Message": _BAD_KEY} if presented
+                                             else {"X-Error-Code": "RepoNotFound"})}
+        raise _for_hub(exc) from None
 
 
 HubAuth = Annotated[Caller, Depends(_hub_caller)]
