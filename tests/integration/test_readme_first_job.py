@@ -55,6 +55,7 @@ def test_the_readme_first_job_runs_verbatim_after_make_run(tmp_path: Path) -> No
                              timeout=600)
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
         _check_outcome(url, tmp_path, run.stdout)
+        _check_hub_download(url, tmp_path, run.stdout, env)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGINT)  # run_local stops its children
@@ -83,3 +84,45 @@ def _check_outcome(url: str, root: Path, stdout: str) -> None:
         assert f"{f['path']}: OK" in stdout  # sha256sum -c
     sums = (out / "SHA256SUMS").read_text().splitlines()
     assert len(sums) == len(listing)
+
+
+# A user's own process: huggingface_hub reads HF_ENDPOINT at import. from_pretrained
+# first, on an empty cache, so it fetches the files itself; then the whole snapshot.
+_HUB_LOAD = """
+import hashlib, pathlib, sys, torch
+from huggingface_hub import snapshot_download
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+repo, published = sys.argv[1], sys.argv[2]
+model = AutoModelForCausalLM.from_pretrained(repo)
+tok = AutoTokenizer.from_pretrained(repo)
+state = model.state_dict()
+assert all(torch.equal(state[k], v) for k, v in load_file(published).items())
+print("loaded", type(model).__name__, "chat template", tok.chat_template is not None)
+folder = pathlib.Path(snapshot_download(repo))
+print("commit", folder.name)
+for p in sorted(folder.rglob("*")):
+    if p.is_file():
+        print("file", p.relative_to(folder).as_posix(), hashlib.sha256(p.read_bytes()).hexdigest())
+"""
+
+
+def _check_hub_download(url: str, root: Path, stdout: str, env: dict[str, str]) -> None:
+    """The merged model fetched by id, ``jobs/<id>``, with HF_ENDPOINT at the service."""
+    m = re.search(r"^(j_\w+) succeeded$", stdout, re.M)
+    assert m is not None
+    listing = httpx.get(f"{url}/v1/jobs/{m.group(1)}/files").json()["files"]
+    hub_env = {k: v for k, v in env.items() if not k.startswith(("HF_", "HUGGING_FACE_"))
+               and k != "TRANSFORMERS_OFFLINE"}
+    hub_env.update(HF_ENDPOINT=url, HF_HOME=str(root / "hf"), HF_HUB_DISABLE_TELEMETRY="1",
+                   HF_HUB_DISABLE_PROGRESS_BARS="1")
+    out = subprocess.run(
+        [sys.executable, "-c", _HUB_LOAD, f"jobs/{m.group(1)}",
+         str(root / "var" / "first-job" / "model.safetensors")],
+        cwd=root, env=hub_env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "loaded LlamaForCausalLM chat template True" in out.stdout, out.stdout
+    manifest = next(f for f in listing if f["path"] == "manifest.json")
+    assert f"commit {manifest['sha256'][:40]}" in out.stdout
+    got = re.findall(r"^file (\S+) (\w+)$", out.stdout, re.M)
+    assert dict(got) == {f["path"]: f["sha256"] for f in listing}
