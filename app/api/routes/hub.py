@@ -78,7 +78,7 @@ async def _hub_caller(request: Request) -> Caller:
     except ApiError as exc:
         if exc.code == "unauthorized":
             scheme, _, token = request.headers.get("authorization", "").partition(" ")
-            presented = scheme.lower() == "bearer" and token.strip()
+            presented = scheme.lower() == "bearer" and bool(token.strip())
             exc.headers = {**exc.headers, **({"X-Error-Message": _BAD_KEY} if presented
                                              else {"X-Error-Code": "RepoNotFound"})}
         raise _for_hub(exc) from None
