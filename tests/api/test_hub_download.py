@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import http.server
-import os
-import subprocess
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,7 +22,6 @@ from app.storage import make_storage
 from tests.api.conftest import Api
 from tests.stack import (
     API_KEYS,
-    ROOT,
     S3_BUCKET,
     S3_KEY_ID,
     S3_SECRET,
@@ -199,34 +195,30 @@ def test_a_broken_download_resumes_with_a_range(api: Api, serve: Callable[[Api],
     assert proxy.cut and gets == [(None, 200), (f"bytes={cut_at}-", 206)]
 
 
-_LOAD = """
-import sys, torch
-from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM
-model = AutoModelForCausalLM.from_pretrained(sys.argv[1])
-state = model.state_dict()
-want = load_file(sys.argv[2])
-assert want and all(torch.equal(state[k], v) for k, v in want.items()), "weights differ"
-print("loaded", type(model).__name__, len(want))
-"""
+def test_from_pretrained_by_job_id_with_hf_endpoint_and_token(
+        api: Api, serve: Callable[[Api], str], hub_client: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """As HF_ENDPOINT and HF_TOKEN set before the import would (the client copies
+    HF_ENDPOINT into its constants then; a fresh process with the environment set is
+    tests/integration/test_readme_first_job.py's, against `make run`)."""
+    import torch
+    from huggingface_hub import constants
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
 
-
-def test_from_pretrained_by_job_id_with_hf_endpoint(api: Api, serve: Callable[[Api], str],
-                                                    tmp_path: Path) -> None:
     url = serve(api)
     jid, _ = _finished(api)
+    monkeypatch.setattr(constants, "ENDPOINT", url)
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                        url + "/{repo_id}/resolve/{revision}/{filename}")
+    monkeypatch.setenv("HF_TOKEN", API_KEYS["alice"])
+    model = AutoModelForCausalLM.from_pretrained(f"jobs/{jid}", cache_dir=hub_client)
     rec = api.worker_store().get(jid)
     assert rec is not None and rec.result_prefix
-    published = api.settings.storage_dir / rec.result_prefix / MODEL
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("HF_", "HUGGING_FACE_")) and k != "TRANSFORMERS_OFFLINE"}
-    # The Hub client reads these once, at import: a fresh process, as a user's would be.
-    env.update(HF_ENDPOINT=url, HF_TOKEN=API_KEYS["alice"], HF_HOME=str(tmp_path / "hf"),
-               HF_HUB_DISABLE_PROGRESS_BARS="1", HF_HUB_DISABLE_TELEMETRY="1")
-    out = subprocess.run([sys.executable, "-c", _LOAD, f"jobs/{jid}", str(published)],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "loaded LlamaForCausalLM" in out.stdout
+    want = load_file(api.settings.storage_dir / rec.result_prefix / MODEL)
+    state = model.state_dict()
+    assert want and all(torch.equal(state[k], v) for k, v in want.items())
+    assert (hub_client / f"models--jobs--{jid}").is_dir(), "fetched, not read from disk"
 
 
 def test_s3_storage_redirects_to_a_presigned_url(api_factory: Callable[..., Api],
