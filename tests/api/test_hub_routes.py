@@ -4,6 +4,7 @@ Hub client reads from them, and the files route's key, ownership and path rules.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from typing import Any
 
 from tests.api.conftest import Api
@@ -91,12 +92,19 @@ def test_another_keys_unknown_and_unfinished_jobs_are_not_found_on_every_route(
                     assert r.text.count(commit) == 0, "nothing of the job leaks"
 
 
-def test_keys_are_checked_as_on_the_files_route(api: Api) -> None:
+def test_keys_are_checked_as_on_the_files_route(api_factory: Callable[..., Api]) -> None:
+    # Room for the 30 failures below before the per-address 429 (which applies too).
+    api = api_factory(auth_failure_burst=100)
     jid, _, _ = _finished(api)
+    key = api.auth()["Authorization"].split(" ")[1]
     for method, url in _routes(jid):
-        wrong = api.client.request(method, url, headers={"Authorization": "Bearer nope"})
-        assert wrong.status_code == 401, url
-        assert wrong.headers["x-error-message"] == "Invalid credentials in Authorization header"
-        none = api.client.request(method, url)
-        assert none.status_code == 401 and none.headers["x-error-code"] == "RepoNotFound"
-        assert none.headers["www-authenticate"] == "Bearer"
+        for bad in ("Bearer nope", f"Bearer {key}x"):
+            wrong = api.client.request(method, url, headers={"Authorization": bad})
+            assert wrong.status_code == 401, url
+            assert wrong.headers["x-error-message"] == \
+                "Invalid credentials in Authorization header"
+            assert bad.split(" ")[1] not in str(wrong.headers) + wrong.text
+        for absent in ({}, {"Authorization": f"Basic {key}"}, {"X-Api-Key": key}):
+            none = api.client.request(method, url, headers=absent)
+            assert none.status_code == 401 and none.headers["x-error-code"] == "RepoNotFound"
+            assert none.headers["www-authenticate"] == "Bearer"
