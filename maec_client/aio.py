@@ -32,10 +32,11 @@ from maec_client.client import (
     parse_job,
     parse_json,
     parse_page,
+    parse_queue,
     submit_body,
 )
 from maec_client.errors import NotFound
-from maec_client.models import Job, JobPage
+from maec_client.models import Job, JobPage, QueueSummary
 from maec_client.options import AsyncClientOptions, DownloadOptions
 
 
@@ -116,6 +117,10 @@ class AsyncClient:
     async def list_jobs(self, *, status: str | None = None,
                         limit: int | None = None) -> list[Job]:
         return [j async for j in self.iter_jobs(status=status, limit=limit)]
+
+    async def queue(self) -> QueueSummary:
+        """See Client.queue."""
+        return parse_queue(await self.request("GET", "/v1/queue"))
 
     async def cancel(self, job: Job | str) -> Job:
         path = f"/v1/jobs/{quote(job_id_of(job), safe='')}/cancel"

@@ -262,7 +262,7 @@ def _wait(client: Client, job: Job | str, timeout: float | None, no_progress: bo
 @click.group("jobs")
 @_connection_options
 def jobs() -> None:
-    """Submit, watch, list, cancel, download, pin and delete jobs on the merge service.
+    """Submit, watch, list, cancel, download, pin and delete jobs; see the queue.
 
     The URL and API key come from --url/--api-key, else MAEC_URL/MAEC_API_KEY, else
     the config file (~/.config/maec/client.toml or .yaml: url, api_key, timeout).
@@ -361,6 +361,29 @@ def list_(status_: str | None, limit: int, all_: bool) -> None:
     for j in found:
         click.echo(f"{j.id:<28} {j.status:<11} {j.stage or '-':<8} "
                    f"{j.progress.fraction:>5.0%}  {(j.method or '-'):<16} {j.created_at or '-'}")
+
+
+@jobs.command()
+@_connection_options
+@_handles_errors
+def queue() -> None:
+    """Your queued and running jobs (each queued one's position and ETA) and every
+    worker pool's load (GET /v1/queue)."""
+    with _client() as client:
+        summary = client.queue()
+    if _as_json():
+        _emit(summary.model_dump(mode="json"))
+        return
+    counts = summary.jobs
+    click.echo(f"key {summary.key} ({summary.policy}): {counts.queued} queued, "
+               f"{counts.running} running (cost {counts.running_cost})")
+    for j in summary.queued:
+        eta = "-" if j.eta_s is None else f"{j.eta_s:.0f}s"
+        click.echo(f"  {j.id:<28} {j.priority:<7} position {j.position:<4} eta {eta:<7} "
+                   f"pool {j.pool or '-'}")
+    for name, pool in summary.pools.items():
+        click.echo(f"pool {name}: {pool.queued} queued, {pool.active} active, "
+                   f"{pool.workers} workers")
 
 
 @jobs.command()

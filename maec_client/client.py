@@ -34,7 +34,7 @@ from maec_client.errors import (
     error_from_response,
 )
 from maec_client.extensions import check_recipe
-from maec_client.models import Job, JobPage, JobRequest, NamedJob, RecipeJob
+from maec_client.models import Job, JobPage, JobRequest, NamedJob, QueueSummary, RecipeJob
 from maec_client.options import ClientOptions, ConnectionOptions, DownloadOptions
 from maec_client.retry import RetryPolicy
 
@@ -203,6 +203,11 @@ class Client:
     def list_jobs(self, *, status: str | None = None, limit: int | None = None) -> list[Job]:
         return list(self.iter_jobs(status=status, limit=limit))
 
+    def queue(self) -> QueueSummary:
+        """``GET /v1/queue``: the caller's queued and running jobs (each queued one with
+        its position and ETA) and every worker pool's load."""
+        return parse_queue(self.request("GET", "/v1/queue"))
+
     def cancel(self, job: Job | str) -> Job:
         """Ask a job to stop (safe to retry); Conflict (``job_finished``) if it already
         succeeded or failed."""
@@ -304,6 +309,14 @@ def parse_page(resp: httpx.Response) -> JobPage:
         return JobPage.model_validate(parse_json(resp))
     except ValidationError as exc:
         raise ServerError("invalid_response", f"answer is not a job page: {exc}",
+                          {}, resp.status_code) from None
+
+
+def parse_queue(resp: httpx.Response) -> QueueSummary:
+    try:
+        return QueueSummary.model_validate(parse_json(resp))
+    except ValidationError as exc:
+        raise ServerError("invalid_response", f"answer is not a queue summary: {exc}",
                           {}, resp.status_code) from None
 
 
