@@ -215,7 +215,7 @@ class QueueCounts(_Answer):
 
 
 class QueuedJob(_Answer):
-    """One of the caller's queued jobs and its place (as :class:`QueuePlace`)."""
+    """One of the caller's queued jobs and its place (as a queued job's ``queue`` says)."""
 
     id: str
     name: str | None = None

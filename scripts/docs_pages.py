@@ -185,7 +185,8 @@ def _components(schema: dict[str, Any], names: list[str]) -> list[str]:
 
 
 ANSWERS = ["Job", "JobPage", "FileList", "FileInfo", "JobResult", "Progress", "ErrorBody",
-           "WebhookDelivery", "Health", "Ready"]
+           "WebhookDelivery", "QueueSummary", "QueueCounts", "QueuedJob", "PoolLoad",
+           "Health", "Ready"]
 
 
 def api_reference_page() -> str:
