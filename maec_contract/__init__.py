@@ -27,11 +27,11 @@ from maec_contract.jobs import (
     SweepSummary,
     WebhookDelivery,
 )
-from maec_contract.requests import NAMED_FIELDS, JobRequest, NamedFields, NamedJob, RecipeJob
+from maec_contract.requests import JobRequest, NamedJob, RecipeJob
 
 __all__ = [
-    "NAMED_FIELDS", "STATUSES", "TERMINAL", "ErrorBody", "EvalTable", "Evaluation", "FileInfo",
+    "STATUSES", "TERMINAL", "ErrorBody", "EvalTable", "Evaluation", "FileInfo",
     "FileList", "Job", "JobPage", "JobRequest", "JobResult", "JobStatus", "LeaderboardRow",
-    "NamedFields", "NamedJob", "PoolLoad", "Progress", "QueueCounts", "QueuePlace",
+    "NamedJob", "PoolLoad", "Progress", "QueueCounts", "QueuePlace",
     "QueueSummary", "QueuedJob", "RecipeJob", "SweepSummary", "WebhookDelivery",
 ]

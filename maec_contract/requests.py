@@ -12,11 +12,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+_NAMED = ("method", "base", "ability_donor", "language_base", "source_control",
+          "ability_corpus", "parameters", "dtype", "shard_size")
 
-class NamedFields(BaseModel):
-    """The named form's fields, declared here only: the request takes them, a recipe
-    body must leave them out (:data:`NAMED_FIELDS`), and the service's schema drops them
-    from its recipe form."""
+
+class JobRequest(BaseModel):
+    """Body of POST /v1/jobs: exactly one of the named form (``method``) or ``recipe``."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -29,14 +30,6 @@ class NamedFields(BaseModel):
     parameters: dict[str, Any] | None = None
     dtype: Literal["float32", "float16", "bfloat16"] | None = None
     shard_size: str | int | None = None
-
-
-NAMED_FIELDS: tuple[str, ...] = tuple(NamedFields.model_fields)
-
-
-class JobRequest(NamedFields):
-    """Body of POST /v1/jobs: exactly one of the named form (``method``) or ``recipe``."""
-
     recipe: dict[str, Any] | None = None
     # What the recipe is: a merge recipe (the default), or a mergekit-moe config that
     # builds a mixture of experts from dense checkpoints (docs/moe.md).
@@ -68,7 +61,7 @@ class JobRequest(NamedFields):
 
     @model_validator(mode="after")
     def _one_form(self) -> JobRequest:
-        named = [f for f in NAMED_FIELDS if getattr(self, f) is not None]
+        named = [f for f in _NAMED if getattr(self, f) is not None]
         if self.recipe is not None:
             if named:
                 raise ValueError(f"give either recipe or the named form, not both ({named})")

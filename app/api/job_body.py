@@ -39,7 +39,7 @@ from pydantic_core import PydanticCustomError, PydanticUndefined
 
 from app.api.bounds import BodyProblem, check_body
 from maec_contract import JobRequest
-from maec_contract.requests import NAMED_FIELDS
+from maec_contract.requests import _NAMED as NAMED_FIELDS  # the named form's fields
 from maec_core.methods import MergeMethod, TensorMethod, all_methods
 from maec_core.methods.base import FINITE_MAX
 from maec_core.recipe import ModelEntry, Recipe, Slice, SliceSource

@@ -10,7 +10,7 @@ from app.jobs.api_store import PUBLIC_FIELDS
 from app.jobs.record import INTERNAL_FIELDS, JobRecord
 from maec_client import Job as ClientJob
 from maec_client import NamedJob as ClientNamedJob
-from maec_contract import NAMED_FIELDS, ErrorBody, Job, JobPage, JobRequest, NamedJob
+from maec_contract import ErrorBody, Job, JobPage, JobRequest, NamedJob
 
 FILE = {"path": "model.safetensors", "size": 10, "sha256": "a" * 64,
         "url": "/v1/jobs/j_1/files/model.safetensors"}
@@ -31,9 +31,6 @@ def test_the_client_the_api_and_the_store_share_one_declaration():
     assert [f.decode() for f in PUBLIC_FIELDS] == list(Job.model_fields)
     # The record is the contract's Job plus bookkeeping, not a second list of its fields.
     assert issubclass(JobRecord, Job)
-    assert NAMED_FIELDS == ("method", "base", "ability_donor", "language_base",
-                            "source_control", "ability_corpus", "parameters", "dtype",
-                            "shard_size")
     assert set(INTERNAL_FIELDS) == {"owner", "sources", "idempotency_key", "lease_until",
                                     "worker", "result_prefix", "attempt_started",
                                     "published_bytes", "artifact_keys", "cost", "seq"}
