@@ -1,7 +1,8 @@
-"""The README's first job, run verbatim with bash against a service started as `make run`
-starts it (python -m app.run_local, demo checkpoints included), on free ports: only the
-base URL differs (``MAEC_URL``), and the block runs from a directory standing in for the
-repository root, so its ``var/`` is the run's."""
+"""The first jobs the documentation shows, run verbatim with bash against a service
+started as `make run` starts it (python -m app.run_local, demo checkpoints included), on
+free ports: the README's (``maec jobs``), then docs/api.md's (curl, step by step). Only
+the base URL differs (``MAEC_URL``), and each block runs from a directory standing in for
+the repository root, so its ``var/`` is the run's and its ``.venv`` the test's."""
 
 from __future__ import annotations
 
@@ -22,20 +23,32 @@ from tests.stack import ROOT, free_port, sigint_as_in_a_terminal, wait_for
 pytestmark = pytest.mark.integration
 
 
-def readme_first_job() -> str:
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("## First job"):]
+def bash_block(page: Path, heading: str) -> str:
+    """The first bash block under ``heading`` of ``page``."""
+    text = page.read_text()
+    section = text[text.index(heading):]
     block = re.search(r"```bash\n(.*?)```", section, re.S)
-    assert block is not None, "the README's first job has no bash block"
+    assert block is not None, f"{page.name}: {heading!r} has no bash block"
     return block.group(1)
 
 
-def test_the_readme_first_job_runs_verbatim_after_make_run(tmp_path: Path) -> None:
-    script = readme_first_job()
-    assert "$MAEC_URL" in script and "8000" in script
+def readme_first_job() -> str:
+    return bash_block(ROOT / "README.md", "## First job")
+
+
+def curl_first_job() -> str:
+    return bash_block(ROOT / "docs" / "api.md", "## A first job with curl")
+
+
+def test_the_first_jobs_run_verbatim_after_make_run(tmp_path: Path) -> None:
+    readme, curl = readme_first_job(), curl_first_job()
+    assert len(readme.splitlines()) <= 6, "the README's first job is at most 6 lines"
+    assert "$MAEC_URL" in curl and "8000" in curl
     port = free_port()
     # `make run` with no MAEC_* settings of the test run leaking into it.
     env = {k: v for k, v in os.environ.items() if not k.startswith("MAEC_")}
+    # The blocks call `.venv/bin/maec` from the repository root: the test's own venv.
+    (tmp_path / ".venv").symlink_to(Path(sys.executable).parent.parent)
     log = tmp_path / "run_local.out"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
@@ -50,12 +63,17 @@ def test_the_readme_first_job_runs_verbatim_after_make_run(tmp_path: Path) -> No
         banner = log.read_text()
         assert "limits    requests off in dev mode" in banner, banner
         assert "submissions 120/min per key" in banner, banner
-        run = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=tmp_path,
-                             env={**env, "MAEC_URL": url}, capture_output=True, text=True,
-                             timeout=600)
-        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-        _check_outcome(url, tmp_path, run.stdout)
-        _check_hub_download(url, tmp_path, run.stdout, env)
+        stdout = _run_block(readme, tmp_path, {**env, "MAEC_URL": url})
+        # watch printed the job's summary; download said what it verified.
+        m = re.search(r"^id:\s+(j_\w+)$", stdout, re.M)
+        assert m is not None and "sha256 verified" in stdout, stdout
+        job_id = m.group(1)
+        _check_files(url, job_id, tmp_path / "var" / "first-job")
+        _check_hub_download(url, job_id, tmp_path, env)
+        # Out of the way of the curl block, which downloads into the same folder.
+        (tmp_path / "var" / "first-job").rename(tmp_path / "var" / "first-job-readme")
+        stdout = _run_block(curl, tmp_path, {**env, "MAEC_URL": url})
+        _check_outcome(url, tmp_path, stdout)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGINT)  # run_local stops its children
@@ -66,21 +84,34 @@ def test_the_readme_first_job_runs_verbatim_after_make_run(tmp_path: Path) -> No
                 proc.wait(10)
 
 
-def _check_outcome(url: str, root: Path, stdout: str) -> None:
-    m = re.search(r"^(j_\w+) succeeded$", stdout, re.M)
-    assert m is not None, stdout
-    job_id = m.group(1)
+def _run_block(script: str, root: Path, env: dict[str, str]) -> str:
+    run = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=root, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return run.stdout
+
+
+def _check_files(url: str, job_id: str, out: Path) -> list[dict[str, object]]:
+    """The job succeeded as MAEC, and ``out`` holds exactly its files, each as listed."""
     job = httpx.get(f"{url}/v1/jobs/{job_id}").json()
-    assert job["status"] == "succeeded" and job["method"] == "maec"
+    assert job["status"] == "succeeded" and job["method"] == "maec", job
     listing = httpx.get(f"{url}/v1/jobs/{job_id}/files").json()["files"]
     names = {f["path"] for f in listing}
     assert {"model.safetensors", "config.json", "maec_report.json", "manifest.json"} <= names
-    for f in listing:  # the block printed the listing: path, size, sha256
-        assert f"{f['path']}\t{f['size']}\t{f['sha256']}" in stdout
-    out = root / "var" / "first-job"
+    assert {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()} >= names
     for f in listing:
         data = (out / f["path"]).read_bytes()
         assert len(data) == f["size"] and hashlib.sha256(data).hexdigest() == f["sha256"]
+    return list(listing)
+
+
+def _check_outcome(url: str, root: Path, stdout: str) -> None:
+    m = re.search(r"^(j_\w+) succeeded$", stdout, re.M)
+    assert m is not None, stdout
+    out = root / "var" / "first-job"
+    listing = _check_files(url, m.group(1), out)
+    for f in listing:  # the block printed the listing: path, size, sha256
+        assert f"{f['path']}\t{f['size']}\t{f['sha256']}" in stdout
         assert f"{f['path']}: OK" in stdout  # sha256sum -c
     sums = (out / "SHA256SUMS").read_text().splitlines()
     assert len(sums) == len(listing)
@@ -105,17 +136,15 @@ for p in sorted(folder.rglob("*")):
 """
 
 
-def _check_hub_download(url: str, root: Path, stdout: str, env: dict[str, str]) -> None:
+def _check_hub_download(url: str, job_id: str, root: Path, env: dict[str, str]) -> None:
     """The merged model fetched by id, ``jobs/<id>``, with HF_ENDPOINT at the service."""
-    m = re.search(r"^(j_\w+) succeeded$", stdout, re.M)
-    assert m is not None
-    listing = httpx.get(f"{url}/v1/jobs/{m.group(1)}/files").json()["files"]
+    listing = httpx.get(f"{url}/v1/jobs/{job_id}/files").json()["files"]
     hub_env = {k: v for k, v in env.items() if not k.startswith(("HF_", "HUGGING_FACE_"))
                and k != "TRANSFORMERS_OFFLINE"}
     hub_env.update(HF_ENDPOINT=url, HF_HOME=str(root / "hf"), HF_HUB_DISABLE_TELEMETRY="1",
                    HF_HUB_DISABLE_PROGRESS_BARS="1")
     out = subprocess.run(
-        [sys.executable, "-c", _HUB_LOAD, f"jobs/{m.group(1)}"],
+        [sys.executable, "-c", _HUB_LOAD, f"jobs/{job_id}"],
         cwd=root, env=hub_env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "loaded LlamaForCausalLM chat template True" in out.stdout, out.stdout
