@@ -33,9 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from maec_core.errors import EvalSetError, LmEvalFailed, LmEvalTaskUnknown
+from maec_core.errors import Cancelled, EvalSetError, LmEvalFailed, LmEvalTaskUnknown
 from maec_core.eval.report import SetResult
-from maec_core.runtime import CancelFn
 
 TASK_DIRS_ENV = "MAEC_LM_EVAL_TASK_DIRS"
 DATA_DIR_ENV = "MAEC_LM_EVAL_DATA_DIR"
@@ -106,6 +105,43 @@ def within(path: Path, roots: Iterable[Path]) -> bool:
     """Whether ``path`` (links and ``..`` resolved) lies inside one of ``roots``."""
     full = path.resolve()
     return any(full.is_relative_to(r.resolve()) for r in roots)
+
+
+@functools.lru_cache(maxsize=1)
+def builtin_task_names() -> frozenset[str] | None:
+    """The names of lm-eval's own tasks, from its installed YAML files, without importing
+    it (None when it is not installed here: the worker checks then). Read once."""
+    import importlib.util
+
+    found = importlib.util.find_spec("lm_eval")
+    if found is None or not found.submodule_search_locations:
+        return None
+    return frozenset(task_names_in([Path(p) / "tasks"
+                                    for p in found.submodule_search_locations]))
+
+
+def check_lm_eval_sets(specs: Iterable[Any], config: LmEvalConfig) -> None:
+    """Refuse, before a job is queued, an lm_eval set whose folder is not an operator's
+    task folder or whose task no known folder declares (EvalSetError, or
+    LmEvalTaskUnknown). Task names are read from the YAML files as text, lm-eval's own
+    only when a name is not in the configured folders."""
+    for spec in specs:
+        if spec.kind != "lm_eval":
+            continue
+        dirs = list(config.task_dirs)
+        if spec.path is not None:
+            if not within(Path(spec.path), config.task_dirs):
+                raise EvalSetError(f"eval set {spec.name!r}: {spec.path} is not in a task "
+                                   "folder of MAEC_LM_EVAL_TASK_DIRS", set=spec.name)
+            dirs.append(Path(spec.path))
+        task = spec.lm_eval_task
+        if task in task_names_in(dirs):
+            continue
+        builtin = builtin_task_names()
+        if builtin is not None and task not in builtin:
+            raise LmEvalTaskUnknown(f"eval set {spec.name!r}: lm-eval knows no task {task!r} "
+                                    "(its own tasks and MAEC_LM_EVAL_TASK_DIRS)",
+                                    set=spec.name, task=task)
 
 
 # ------------------------------------------------------------------- running lm-eval
@@ -199,7 +235,7 @@ def _metrics(results: Mapping[str, Any]) -> tuple[dict[str, float], dict[str, fl
 
 
 def run_lm_eval(model: Any, tokenizer: Any, device: Any, spec: Any,
-                on_batch: Callable[[int, int], None], cancel: CancelFn | None,
+                on_batch: Callable[[int, int], None], cancel: Callable[[], bool] | None,
                 config: LmEvalConfig | None = None) -> SetResult:
     """Run the lm_eval set ``spec`` (an :class:`~maec_core.eval.sets.EvalSetSpec`) on a
     loaded model with lm-eval's ``simple_evaluate``; the set's value is ``spec.metric``
@@ -207,8 +243,8 @@ def run_lm_eval(model: Any, tokenizer: Any, device: Any, spec: Any,
     config = config or LmEvalConfig.from_env()
     lm_eval = _lm_eval()
     _offline(config.hub)
-    if cancel is not None:
-        cancel()
+    if cancel is not None and cancel():
+        raise Cancelled("evaluation cancelled")
     t0 = time.perf_counter()
     task = spec.lm_eval_task
     dirs = tuple(str(d) for d in (*config.task_dirs, *([spec.path] if spec.path else [])))
@@ -223,7 +259,7 @@ def run_lm_eval(model: Any, tokenizer: Any, device: Any, spec: Any,
             model=lm, tasks=[_task_spec(manager, task, config.data_dir)],
             task_manager=manager, limit=spec.limit, num_fewshot=spec.num_fewshot,
             log_samples=False)
-    except (LmEvalTaskUnknown, EvalSetError):
+    except (LmEvalTaskUnknown, EvalSetError, Cancelled):
         raise
     except Exception as exc:  # lm-eval's and datasets' own errors have no common base
         raise LmEvalFailed(f"lm-eval could not run task {task!r}: "
