@@ -96,3 +96,22 @@ def test_unknown_tasks_and_foreign_task_folders_are_refused(
                         evaluate=[{"name": "tiny_arc_easy", "kind": "lm_eval",
                                    "path": str(own)}])
     assert "MAEC_LM_EVAL_TASK_DIRS" in _refused(lm_api, body, "invalid_eval_set")
+
+
+def test_a_name_only_the_worker_can_check_fails_the_job_with_its_code(
+        lm_api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
+    from maec_core.eval import lm_eval_tasks
+    from worker.runner import JobRunner
+
+    # An API without lm-eval installed cannot read lm-eval's own names: the worker does.
+    monkeypatch.setattr(lm_eval_tasks, "builtin_task_names", lambda: None)
+    local = lm_eval_tasks._manager.__wrapped__
+    monkeypatch.setattr(lm_eval_tasks, "_manager", lambda dirs, _defaults: local(dirs, False))
+    job = lm_api.submit(lm_api.named("linear", parameters={"weight": 1.0},
+                                     evaluate=[{"name": "no_such_task_bn", "kind": "lm_eval"}]))
+    runner = JobRunner(lm_api.settings, lm_api.worker_store(), lm_api.storage(), worker="test")
+    assert runner.run(str(job["id"])) == "failed"
+    done = lm_api.client.get(f"/v1/jobs/{job['id']}", headers=lm_api.auth()).json()
+    assert done["error"]["code"] == "unknown_lm_eval_task", done["error"]
+    assert "no_such_task_bn" in done["error"]["message"]
+    assert "Traceback" not in str(done["error"])
