@@ -23,6 +23,7 @@ once per process, and never by the API (names are checked there by
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
 import os
@@ -252,8 +253,10 @@ def run_lm_eval(model: Any, tokenizer: Any, device: Any, spec: Any,
     from lm_eval.models.huggingface import HFLM
 
     on_batch(0, 1)
-    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=spec.batch_size,
-              device=str(device))
+    # lm-eval sets a missing pad token on the tokenizer it is given: a copy, so our own
+    # sets scored with the same tokenizer (a sweep's slot keeps it) see it unchanged.
+    lm = HFLM(pretrained=model, tokenizer=copy.deepcopy(tokenizer),
+              batch_size=spec.batch_size, device=str(device))
     try:
         out = lm_eval.simple_evaluate(
             model=lm, tasks=[_task_spec(manager, task, config.data_dir)],
