@@ -23,13 +23,14 @@ once per process, and never by the API (names are checked there by
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import math
 import os
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -158,18 +159,31 @@ def _lm_eval() -> Any:
     return lm_eval
 
 
-def _offline(hub: bool) -> None:
-    """Keep datasets and huggingface_hub off the Hub unless it is allowed. Both read
-    these variables when imported, so their module constants are set too."""
+@contextlib.contextmanager
+def _offline(hub: bool) -> Iterator[None]:
+    """Keep datasets and huggingface_hub off the Hub while lm-eval runs, unless it is
+    allowed. Both read these variables when imported, so their module constants are set
+    too; everything is put back after, as the process may fetch for other work."""
     if hub:
+        yield
         return
-    os.environ["HF_DATASETS_OFFLINE"] = "1"
-    os.environ["HF_HUB_OFFLINE"] = "1"
     import datasets.config
     import huggingface_hub.constants
 
-    datasets.config.HF_HUB_OFFLINE = True
-    huggingface_hub.constants.HF_HUB_OFFLINE = True
+    names = ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")
+    saved_env = {k: os.environ.get(k) for k in names}
+    saved = (datasets.config.HF_HUB_OFFLINE, huggingface_hub.constants.HF_HUB_OFFLINE)
+    os.environ.update(dict.fromkeys(names, "1"))
+    datasets.config.HF_HUB_OFFLINE = huggingface_hub.constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        datasets.config.HF_HUB_OFFLINE, huggingface_hub.constants.HF_HUB_OFFLINE = saved
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 @functools.lru_cache(maxsize=8)
@@ -243,7 +257,6 @@ def run_lm_eval(model: Any, tokenizer: Any, device: Any, spec: Any,
     (default: the task's first metric), every metric is kept under lm-eval's name."""
     config = config or LmEvalConfig.from_env()
     lm_eval = _lm_eval()
-    _offline(config.hub)
     if cancel is not None and cancel():
         raise Cancelled("evaluation cancelled")
     t0 = time.perf_counter()
@@ -258,10 +271,11 @@ def run_lm_eval(model: Any, tokenizer: Any, device: Any, spec: Any,
     lm = HFLM(pretrained=model, tokenizer=copy.deepcopy(tokenizer),
               batch_size=spec.batch_size, device=str(device))
     try:
-        out = lm_eval.simple_evaluate(
-            model=lm, tasks=[_task_spec(manager, task, config.data_dir)],
-            task_manager=manager, limit=spec.limit, num_fewshot=spec.num_fewshot,
-            log_samples=False)
+        with _offline(config.hub):
+            out = lm_eval.simple_evaluate(
+                model=lm, tasks=[_task_spec(manager, task, config.data_dir)],
+                task_manager=manager, limit=spec.limit, num_fewshot=spec.num_fewshot,
+                log_samples=False)
     except (LmEvalTaskUnknown, EvalSetError, Cancelled):
         raise
     except Exception as exc:  # lm-eval's and datasets' own errors have no common base
@@ -277,7 +291,8 @@ def run_lm_eval(model: Any, tokenizer: Any, device: Any, spec: Any,
 def _result(spec: Any, task: str, out: Mapping[str, Any], seconds: float) -> SetResult:
     results = (out or {}).get("results", {}).get(task)
     if not isinstance(results, Mapping):
-        raise LmEvalFailed(f"lm-eval returned no result for task {task!r}", task=task)
+        raise LmEvalFailed(f"lm-eval returned no result for {task!r} (a group without an "
+                           "aggregate score has none: name one of its tasks)", task=task)
     values, stderr = _metrics(results)
     if not values:
         raise LmEvalFailed(f"lm-eval's result for task {task!r} has no metric", task=task)

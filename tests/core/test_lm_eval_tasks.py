@@ -6,6 +6,7 @@ YAML files alone; an unknown task fails with its code."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -117,3 +118,19 @@ def test_config_reads_the_worker_settings() -> None:
     assert cfg == LmEvalConfig(task_dirs=(TASKS, Path("/x")), data_dir=Path("/data"), hub=True)
     assert LmEvalConfig.from_env({}) == LmEvalConfig()
     assert EvalSetSpec(name="arc_sw", kind="lm_eval").language == "sw"
+
+
+def test_the_hub_is_off_only_while_lm_eval_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    import huggingface_hub.constants
+
+    from maec_core.eval import lm_eval_tasks
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    with lm_eval_tasks._offline(hub=False):
+        assert huggingface_hub.constants.HF_HUB_OFFLINE is True
+        assert os.environ["HF_HUB_OFFLINE"] == "1"
+    assert huggingface_hub.constants.HF_HUB_OFFLINE is False
+    assert "HF_HUB_OFFLINE" not in os.environ
+    with lm_eval_tasks._offline(hub=True):
+        assert huggingface_hub.constants.HF_HUB_OFFLINE is False
