@@ -1,7 +1,9 @@
 """Eval specs and eval sets, parsed and checked without torch.
 
 An eval spec (YAML) lists eval sets; each names a language, a kind (``perplexity`` on a
-text set, ``accuracy`` on a question/answer set) and a file. The API checks a spec and
+text set, ``accuracy`` on a question/answer set) and a file; or, of kind ``lm_eval``, a
+task of lm-evaluation-harness, which reads its own data when it runs
+(:mod:`maec_core.eval.lm_eval_tasks`). The API checks a spec and
 reads its sets with this module at submission, so nothing here imports torch; the
 measuring modules (:mod:`maec_core.eval.measure`, :mod:`maec_core.eval.runner`) do.
 
