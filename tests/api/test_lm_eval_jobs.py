@@ -24,6 +24,14 @@ SETS: list[dict[str, Any]] = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def _datasets_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # datasets caches what it reads (Arrow files): here, not in the home folder.
+    import datasets.config
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets")
+
+
 @pytest.fixture
 def lm_api(api_factory: Any, monkeypatch: pytest.MonkeyPatch) -> Api:
     # The API checks names with its settings; the worker reads the same variable.

@@ -22,6 +22,14 @@ TASKS = Path(__file__).resolve().parents[1] / "lm_eval_tasks"
 FIXTURE_TASKS = {"tiny_mgsm_direct_en", "tiny_mgsm_direct_bn", "tiny_arc_easy"}
 
 
+@pytest.fixture(autouse=True)
+def _datasets_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # datasets caches what it reads (Arrow files): here, not in the home folder.
+    import datasets.config
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets")
+
+
 def test_fixture_task_names_are_read_from_the_yaml_alone() -> None:
     assert task_names_in([TASKS]) == FIXTURE_TASKS
     assert task_names_in([TASKS / "missing"]) == set()
