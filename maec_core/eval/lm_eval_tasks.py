@@ -44,10 +44,12 @@ HUB_ENV = "MAEC_LM_EVAL_HUB"
 # dataset_path values that are datasets' file readers, not Hub dataset ids: their
 # data_files are local paths.
 FILE_BUILDERS = frozenset({"json", "csv", "parquet", "text", "arrow", "pandas"})
-# A task, group or tag line of a task YAML (lm-eval indexes the same keys).
-_NAME_LINE = re.compile(r"^(task|group|tag):\s*['\"]?([A-Za-z0-9][A-Za-z0-9._-]*)",
-                        re.MULTILINE)
-_TAG_ITEM = re.compile(r"^\s+-\s*['\"]?([A-Za-z0-9][A-Za-z0-9._-]*)['\"]?\s*$")
+# A task YAML's top-level name keys, as lm-eval indexes them (quoted or not), a list
+# item under a key, and an include (a template whose tags the task inherits).
+_KEY = re.compile(r"""^['"]?(task|group|tag|include)['"]?\s*:\s*(.*?)\s*$""")
+_ITEM = re.compile(r"""^\s+-\s*['"]?([^'"\s#]+)['"]?\s*$""")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._()-]*$")
+_WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9._()-]*")
 YAML_MAX_BYTES = 1 << 20
 
 
@@ -84,23 +86,48 @@ def task_names_in(folders: Iterable[Path]) -> set[str]:
 
 
 def _names_in_file(path: Path) -> set[str]:
+    """The names ``path`` declares, with the tags of the templates it includes."""
+    keys = _keys(path)
+    return {n for k in ("task", "group", "tag") for n in keys.get(k, [])}
+
+
+def _keys(path: Path, depth: int = 0) -> dict[str, list[str]]:
+    """The top-level task/group/tag/include values of a YAML file (a scalar, an inline
+    list or a block list), includes followed up to four deep."""
     try:
-        if path.stat().st_size > YAML_MAX_BYTES:
-            return set()
-        text = path.read_text(encoding="utf-8", errors="replace")
+        if not path.is_file() or path.stat().st_size > YAML_MAX_BYTES:
+            return {}
+        lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
     except OSError:
-        return set()
-    names = {m.group(2) for m in _NAME_LINE.finditer(text)}
-    # A tag given as a list: "tag:\n  - name".
-    lines = text.split("\n")
+        return {}
+    out: dict[str, list[str]] = {}
     for i, line in enumerate(lines):
-        if line.rstrip() == "tag:":
+        m = _KEY.match(line)
+        if m is None:
+            continue
+        key, value = m.group(1), m.group(2).split(" #")[0].strip()
+        if value.startswith("["):
+            items = [v.strip(" '\"") for v in value.strip("[]").split(",")]
+        elif value:
+            items = [value.strip("'\"")]
+        else:
+            items = []
             for item in lines[i + 1:]:
-                m = _TAG_ITEM.match(item)
-                if m is None:
+                im = _ITEM.match(item)
+                if im is None:
                     break
-                names.add(m.group(1))
-    return names
+                items.append(im.group(1))
+        if key == "include":
+            out.setdefault(key, []).extend(items)
+        else:
+            out.setdefault(key, []).extend(v for v in items if _NAME.match(v))
+    if depth < 4:
+        for inc in out.get("include", []):
+            inherited = _keys(path.parent / inc, depth + 1)
+            out.setdefault("tag", []).extend(inherited.get("tag", []))
+            if "task" not in out and "task" in inherited:
+                out["task"] = list(inherited["task"])
+    return out
 
 
 def within(path: Path, roots: Iterable[Path]) -> bool:
@@ -110,23 +137,46 @@ def within(path: Path, roots: Iterable[Path]) -> bool:
 
 
 @functools.lru_cache(maxsize=1)
-def builtin_task_names() -> frozenset[str] | None:
-    """The names of lm-eval's own tasks, from its installed YAML files, without importing
-    it (None when it is not installed here: the worker checks then). Read once."""
+def _builtin_roots() -> tuple[Path, ...] | None:
+    """lm-eval's own task folder, found without importing it (None when it is not
+    installed here)."""
     import importlib.util
 
     found = importlib.util.find_spec("lm_eval")
     if found is None or not found.submodule_search_locations:
         return None
-    return frozenset(task_names_in([Path(p) / "tasks"
-                                    for p in found.submodule_search_locations]))
+    return tuple(Path(p) / "tasks" for p in found.submodule_search_locations)
+
+
+@functools.lru_cache(maxsize=1)
+def builtin_task_names() -> frozenset[str] | None:
+    """Every name-like word of lm-eval's own task files (YAML, templates, Python), read
+    once without importing lm-eval; None when it is not installed here (the worker
+    checks then). A superset of its task, group and tag names, as its index also makes
+    names in Python and from templates: none of its names is refused, and a word that
+    names no task fails in the worker with the same code."""
+    roots = _builtin_roots()
+    if roots is None:
+        return None
+    words: set[str] = set()
+    for root in roots:
+        for path in root.rglob("*"):
+            # Templates are often named without a suffix ("mafand", "direct_yaml").
+            if path.suffix not in (".yaml", ".py", "") or not path.is_file():
+                continue
+            try:
+                words.update(_WORD.findall(path.read_text(encoding="utf-8",
+                                                          errors="replace")))
+            except OSError:
+                continue
+    return frozenset(words)
 
 
 def check_lm_eval_sets(specs: Iterable[Any], config: LmEvalConfig) -> None:
     """Refuse, before a job is queued, an lm_eval set whose folder is not an operator's
     task folder or whose task no known folder declares (EvalSetError, or
     LmEvalTaskUnknown). Task names are read from the YAML files as text, lm-eval's own
-    only when a name is not in the configured folders."""
+    (:func:`builtin_task_names`) only when a name is not in the configured folders."""
     for spec in specs:
         if spec.kind != "lm_eval":
             continue

@@ -57,7 +57,8 @@ TSV_SUFFIXES = (".tsv",)
 Kind = Literal["perplexity", "accuracy", "lm_eval"]
 Format = Literal["jsonl", "tsv", "text"]
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
-LM_EVAL_TASK_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+# lm-eval's names: "mgsm_direct_bn", "tmmluplus_education_(profession_level)".
+LM_EVAL_TASK_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._()-]*$"
 # lm-eval's metric keys: "acc", "acc_norm", "exact_match,flexible-extract".
 LM_EVAL_METRIC_PATTERN = r"^[A-Za-z0-9_]+(?:,[A-Za-z0-9_.-]+)?$"
 # BCP-47-like: "sw", "swh", "en-US", "zh_Hant".

@@ -142,3 +142,26 @@ def test_the_hub_is_off_only_while_lm_eval_runs(monkeypatch: pytest.MonkeyPatch)
     assert "HF_HUB_OFFLINE" not in os.environ
     with lm_eval_tasks._offline(hub=True):
         assert huggingface_hub.constants.HF_HUB_OFFLINE is False
+
+
+def test_names_are_read_as_lm_eval_indexes_them(tmp_path: Path) -> None:
+    (tmp_path / "common_yaml").write_text("tag:\n  - shared_tag\noutput_type: generate_until\n")
+    (tmp_path / "a.yaml").write_text('include: common_yaml\n"task": "quoted_task"\n')
+    (tmp_path / "b.yaml").write_text("group: my_group\ntag: [t_one, 't_two']\ntask:\n"
+                                     "  - quoted_task\n")
+    (tmp_path / "notes.txt").write_text("task: not_a_task\n")
+    assert task_names_in([tmp_path]) == {"quoted_task", "shared_tag", "my_group", "t_one",
+                                         "t_two"}
+
+
+def test_lm_eval_own_names_are_known_without_importing_it() -> None:
+    from maec_core.eval.lm_eval_tasks import builtin_task_names, check_lm_eval_sets
+
+    known = builtin_task_names()
+    assert known is not None
+    assert {"mgsm_direct_bn", "mgsm_native_cot_sw", "arc_easy", "global_mmlu_sw",
+            "afrimgsm_amh_prompt_1"} <= known
+    check_lm_eval_sets([EvalSetSpec(name="mgsm_direct_sw", kind="lm_eval")], LmEvalConfig())
+    with pytest.raises(LmEvalTaskUnknown, match="mgsm_direct_swx"):
+        check_lm_eval_sets([EvalSetSpec(name="mgsm_direct_swx", kind="lm_eval")],
+                           LmEvalConfig())
