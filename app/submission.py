@@ -43,7 +43,7 @@ from maec_core.moe.plan import MoePlan, plan_moe
 from maec_core.parsing import parse_recipe, recipe_warnings
 from maec_core.plan import MergePlan, plan_recipe
 from maec_core.recipe import Recipe
-from maec_core.recipe_values import Condition, ParamValue
+from maec_core.recipe.values import Condition, ParamValue
 from maec_core.sweep.grid import candidates
 
 

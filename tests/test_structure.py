@@ -213,7 +213,7 @@ def test_no_function_takes_more_than_limit_parameters() -> None:
 
 # A method's facts (its stages, whether it builds on a language base, how it runs) are
 # asked of its unit; only the unit itself may know it is MAEC.
-METHOD_UNIT = ("maec_core/maec/", "maec_core/methods/maec.py")
+METHOD_UNIT = ("maec_core/maec/", "maec_core/maec/method.py")
 NAME_CHECKED = ("maec_core", "app", "worker")
 NAME_TESTS = re.compile(
     r"""[=!]=\s*["']maec["']|["']maec["']\s*[=!]="""
@@ -236,7 +236,7 @@ def test_name_test_finder() -> None:
         'if name in ("maec", "ties"):',
         "is_maec = True",
         "if isinstance(method, Maec):",
-        "from maec_core.methods.maec import Maec",
+        "from maec_core.maec.method import Maec",
         's3_bucket: str = "maec"',
         'log = logging.getLogger("maec.worker")',
         'keys = manifest.get("maec")',
@@ -245,7 +245,7 @@ def test_name_test_finder() -> None:
     ]))]
     assert found == ['if recipe.merge_method == "maec":', "ok = 'maec' != method",
                      'if name in ("maec", "ties"):', "is_maec = True",
-                     "if isinstance(method, Maec):", "from maec_core.methods.maec import Maec",
+                     "if isinstance(method, Maec):", "from maec_core.maec.method import Maec",
                      'if name in ["ties", "maec"]:']
 
 

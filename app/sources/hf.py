@@ -61,6 +61,7 @@ from app.sources.base import (
 )
 from app.storage.base import StorageError
 from maec_core.errors import CorruptCheckpoint, MaecError, SourceError, SourceNotFound
+from maec_core.io.adapter import ADAPTER_CONFIG
 from maec_core.io.folder import (
     INDEX_FILE,
     MAX_JSON_BYTES,
@@ -69,7 +70,6 @@ from maec_core.io.folder import (
     TOKENIZER_FILES,
     ModelFolder,
 )
-from maec_core.lora.adapter import ADAPTER_CONFIG
 
 # Read whole at submission (the plan needs their content); side files are only sniffed.
 WHOLE_FILES = ("config.json", INDEX_FILE, ADAPTER_CONFIG)

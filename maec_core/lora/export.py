@@ -29,11 +29,11 @@ from safetensors.torch import save_file
 from maec_core.checksums import sha256_file
 from maec_core.context import RunContext
 from maec_core.errors import Cancelled, OutputExists, RecipeError
+from maec_core.io.adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS, LORA_A, LORA_B, PEFT_PREFIX
 from maec_core.io.folder import ModelFolder, open_model_folder
 from maec_core.io.output import StagedOutput
 from maec_core.io.reader import TensorReader
 from maec_core.io.writer import WrittenFile
-from maec_core.lora.adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS, LORA_A, LORA_B, PEFT_PREFIX
 from maec_core.maec.artifact import Artifact, load_artifact
 from maec_core.maec.rowio import RowReader
 from maec_core.manifest import build_manifest, write_manifest

@@ -18,7 +18,7 @@ from pydantic import AfterValidator, AllowInfNan, BaseModel, ConfigDict, Validat
 
 from maec_core.errors import RecipeError
 from maec_core.methods.params import candidate_values
-from maec_core.recipe_values import condition_warnings
+from maec_core.recipe.values import condition_warnings
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -22,7 +22,7 @@ from maec_core.maec.params import MaecParams
 from maec_core.methods import all_methods
 from maec_core.methods.nearswap import NearSwapParams
 from maec_core.methods.params import validated_params
-from maec_core.recipe_values import Condition
+from maec_core.recipe.values import Condition
 from tests.api.conftest import Api
 
 Q_PROJ = "model.layers.0.self_attn.q_proj.weight"
