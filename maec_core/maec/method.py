@@ -7,17 +7,28 @@ torch-free ``maec_core.maec.params`` so the API finds MAEC like any other method
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from maec_core.errors import RecipeError
-from maec_core.maec.params import AbilityParams, MaecParams, maec_params, validate_maec_recipe
-from maec_core.methods.base import MergeMethod, NamedForm, per_model
+from maec_core.maec.params import (
+    EXTRACTION_FIELDS,
+    GRADIENT_FIELDS,
+    AbilityParams,
+    MaecParams,
+    maec_params,
+    validate_maec_recipe,
+)
+from maec_core.methods.base import Made, MergeMethod, NamedForm, OwnVocab, ReuseKey, per_model
 
 if TYPE_CHECKING:
     from pathlib import Path
 
+    import click
+
+    from maec_core.artifact_store import ArtifactStore
     from maec_core.context import RunContext
+    from maec_core.io.folder import ModelFolder
     from maec_core.recipe import Recipe
     from maec_core.runtime import MergeResult
 
@@ -46,6 +57,56 @@ class Maec(MergeMethod):
         from maec_core.maec.pipeline import run_maec
 
         return run_maec(recipe, out, ctx)
+
+    def reuse_key(self, recipe: Recipe) -> ReuseKey | None:
+        """The extraction parameters as given (defaults left to the artifact key): equal
+        keys mean one ability vector per donor serves every candidate of the group."""
+        fields = (*EXTRACTION_FIELDS, *GRADIENT_FIELDS)
+        return tuple(sorted((k, v) for k, v in recipe.parameters.items()
+                            if k in fields and isinstance(v, int | float)))
+
+    def made(self, result: MergeResult, store: ArtifactStore) -> Made | None:
+        """The stored ability vectors the run used (extracted or reused) and the c_t it
+        measured against the language base; None unless every one is in ``store``."""
+        from maec_core.maec.artifact import WEIGHTS_NAME
+        from maec_core.maec.pipeline import report_cosines
+
+        report = result.report or {}
+        dirs = [store.get(k) for k in report.get("artifact_keys", [])]
+        held = [d for d in dirs if d is not None]
+        if len(held) != len(dirs):
+            return None
+        return Made(files=[d / WEIGHTS_NAME for d in held],
+                    state=(held, report_cosines(report)))
+
+    def run_reusing(self, recipe: Recipe, made: Made, out: Path, ctx: RunContext) -> None:
+        """Only the combination, from the group's stored ability vectors and c_t."""
+        from maec_core.maec.pipeline import combine
+
+        dirs, cosines = made.state
+        combine(recipe, dirs, out, ctx, cosines=cosines)
+
+    def own_vocab(self, recipe: Recipe, folders: Mapping[str, ModelFolder]) -> OwnVocab | None:
+        """The language base's vocabulary, with the rows its token map says (the map
+        itself is rebuilt where the combination runs)."""
+        from maec_core.maec.vocab import maec_token_map
+
+        assert recipe.base_model is not None and recipe.language_base is not None
+        donors = [folders[s.ref] for s in recipe.sources()
+                  if s.role in ("ability_donor", "ability_control")]
+        tmap = maec_token_map(recipe, folders[recipe.base_model],
+                              folders[recipe.language_base], donors)
+        return OwnVocab(tmap.lang_rows if tmap else None)
+
+    def held_input(self, recipe: Recipe) -> str | None:
+        """The language base: every candidate's combination reads it whole."""
+        return recipe.language_base
+
+    def commands(self) -> list[click.Command]:
+        """``maec extract``, ``maec combine`` and ``maec extract-lora``."""
+        from maec_core.maec.cli import COMMANDS
+
+        return COMMANDS
 
     def validate(self, recipe: Recipe) -> None:
         # mergekit's recipe shapes the MAEC pipeline does not read: refused, not ignored.

@@ -23,9 +23,12 @@ from maec_core.recipe.values import condition_warnings
 if TYPE_CHECKING:
     from pathlib import Path
 
+    import click
     import torch
 
+    from maec_core.artifact_store import ArtifactStore
     from maec_core.context import RunContext
+    from maec_core.io.folder import ModelFolder
     from maec_core.recipe import Recipe
     from maec_core.runtime import MergeResult
 
@@ -139,6 +142,32 @@ def _only(values: Mapping[str, Any], keys: set[str]) -> dict[str, Any]:
 def field_keys(model: type[BaseModel]) -> set[str]:
     """The keys a parameter model accepts (aliases where set: ``lambda``)."""
     return {f.alias or name for name, f in model.model_fields.items()}
+
+
+@dataclass(frozen=True)
+class OwnVocab:
+    """The output vocabulary's rows as a method decides them (None: the reference
+    model's own, nothing remapped)."""
+
+    rows: int | None
+
+
+# What decides the work candidates of a sweep can share: (parameter, value) pairs, equal
+# for candidates that share it.
+ReuseKey = tuple[tuple[str, int | float], ...]
+
+
+@dataclass(frozen=True)
+class Made:
+    """What one candidate's run made that the later candidates of its group reuse.
+
+    ``files`` are worth holding in memory while the group runs (the sweep holds them when
+    its budget allows); ``state`` is the method's own, handed back to
+    :meth:`MergeMethod.run_reusing` untouched.
+    """
+
+    files: list[Path]
+    state: Any
 
 
 _REGISTRY: dict[str, MergeMethod] = {}
@@ -341,10 +370,43 @@ class MergeMethod:
         a recipe that would fail once its weights are read; the default checks nothing
         (the submission checks tensor methods' filters and parameters itself)."""
 
+    def own_vocab(self, recipe: Recipe, folders: Mapping[str, ModelFolder]) -> OwnVocab | None:
+        """The output vocabulary when the method decides it from ``folders`` (the
+        recipe's checkpoints by reference, header views); None (the default): the
+        recipe's tokenizer settings decide it."""
+        return None
+
     def run(self, recipe: Recipe, out: Path, ctx: RunContext) -> MergeResult:
         """Merge ``recipe`` into ``out`` by a method's own pipeline; a tensor method is
         run by the engine instead (``maec_core.engine.run_method``)."""
         raise NotImplementedError(f"merge method {self.name!r} has no pipeline of its own")
+
+    # A sweep asks these, never the method's name: a method whose runs make something
+    # (an extraction) that other parameter values can reuse says what decides it, gives
+    # it back after the first run, and runs the rest from it.
+
+    def reuse_key(self, recipe: Recipe) -> ReuseKey | None:
+        """What decides the work a run of ``recipe`` can share with other candidates of a
+        sweep (equal keys: one run's work serves all); None: it shares nothing."""
+        return None
+
+    def made(self, result: MergeResult, store: ArtifactStore) -> Made | None:
+        """What a run (its ``result``) made for the rest of its reuse group, found in
+        ``store``; None when nothing is there to reuse (the next candidate runs whole)."""
+        return None
+
+    def run_reusing(self, recipe: Recipe, made: Made, out: Path, ctx: RunContext) -> None:
+        """Merge ``recipe`` into ``out`` from what an earlier run of its group ``made``."""
+        raise NotImplementedError(f"merge method {self.name!r} reuses nothing")
+
+    def held_input(self, recipe: Recipe) -> str | None:
+        """An input every candidate of a sweep reads whole, worth holding in memory once
+        for all of them (a reference as the recipe gives it); None: none."""
+        return None
+
+    def commands(self) -> list[click.Command]:
+        """The method's own commands of the ``maec`` command line (none by default)."""
+        return []
 
     def per_model_keys(self) -> set[str]:
         """Named-form parameters that are split over the models (the rest are global)."""

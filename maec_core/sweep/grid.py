@@ -18,9 +18,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from maec_core.errors import RecipeError, SweepError
-from maec_core.maec.params import EXTRACTION_FIELDS, GRADIENT_FIELDS
 from maec_core.methods import get_method
-from maec_core.methods.base import MergeMethod
+from maec_core.methods.base import MergeMethod, ReuseKey
 from maec_core.recipe import Recipe
 from maec_core.sweep.inputs import language_base
 
@@ -36,8 +35,9 @@ class Candidate:
     index: int
     values: dict[str, Number]
     recipe: Recipe
-    # Candidates with equal groups share their MAEC ability vectors (None: not MAEC).
-    group: tuple[tuple[str, Number], ...] | None = None
+    # Candidates with equal groups share the work their method says they can (MAEC: the
+    # ability vectors); None: the method shares nothing.
+    group: ReuseKey | None = None
 
 
 @dataclass(frozen=True)
@@ -138,7 +138,7 @@ def candidates(recipe: Recipe) -> list[Candidate]:
             shown = ", ".join(f"{k}={v}" for k, v in values.items())
             raise SweepError(f"sweep candidate {cid} ({shown}): {exc.message}",
                              candidate=cid, values=values) from None
-        out.append(Candidate(cid, i, values, concrete, _group(concrete, method)))
+        out.append(Candidate(cid, i, values, concrete, method.reuse_key(concrete)))
     return out
 
 
@@ -146,16 +146,7 @@ def _name(recipe: Recipe, cid: str) -> str:
     return f"{recipe.name} ({cid})" if recipe.name else cid
 
 
-def _group(recipe: Recipe, method: MergeMethod) -> tuple[tuple[str, Number], ...] | None:
-    """The extraction parameters as given (defaults left to the key): equal tuples mean
-    one ability vector per donor serves every candidate of the group."""
-    if "extract" not in method.stages:
-        return None
-    fields = (*EXTRACTION_FIELDS, *GRADIENT_FIELDS)
-    return tuple(sorted((k, v) for k, v in recipe.parameters.items()
-                        if k in fields and isinstance(v, int | float)))
-
-
 def extraction_groups(cands: list[Candidate]) -> int:
-    """How many distinct extractions (per donor) the candidates need."""
+    """How many distinct runs of shared work (MAEC: extractions per donor) the
+    candidates need."""
     return len({c.group for c in cands if c.group is not None})
