@@ -37,7 +37,7 @@ from pathlib import Path
 
 from app.disk_cache import DiskCache, Hold
 from app.storage.base import ObjectInfo, Storage, StorageError
-from maec_core.artifact_store import META_NAME, check_key
+from maec_core.service import META_NAME, check_key
 
 log = logging.getLogger("maec.artifacts")
 PREFIX = "artifacts"

@@ -324,3 +324,19 @@ def test_no_method_module_is_imported_outside_its_package() -> None:
                  for line in outside_imports(edges, module, module.rsplit(".", 1)[0])]
     assert not offenders, (f"{len(offenders)} import(s) of a merge method's module from "
                            "outside its package:\n" + "\n".join(offenders))
+
+
+def test_front_door_contract_names_every_other_module_of_the_core() -> None:
+    # The service reaches the core only through maec_core.service: the import contract
+    # forbids every other module by name, so a new module must join its list.
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    contract = next(c for c in config["tool"]["importlinter"]["contracts"]
+                    if c["id"] == "service-front-door")
+    core = ROOT / "maec_core"
+    children = {p.stem for p in core.glob("*.py") if p.name != "__init__.py"}
+    children |= {p.parent.name for p in core.glob("*/__init__.py")}
+    expected = sorted(f"maec_core.{c}" for c in children - {"service"})
+    assert sorted(contract["forbidden_modules"]) == expected
+    assert sorted(contract["source_modules"]) == ["app", "worker"]

@@ -102,6 +102,13 @@ class Maec(MergeMethod):
         """The language base: every candidate's combination reads it whole."""
         return recipe.language_base
 
+    def refuse_own_inputs(self, recipe: Recipe, method: str) -> None:
+        if recipe.language_base is not None or recipe.abilities or recipe.artifact:
+            raise RecipeError(
+                "language_base, abilities and artifact are MAEC fields; "
+                f"merge_method '{method}' takes models",
+            )
+
     def commands(self) -> list[click.Command]:
         """``maec extract``, ``maec combine`` and ``maec extract-lora``."""
         from maec_core.maec.cli import COMMANDS

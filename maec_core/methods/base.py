@@ -228,14 +228,12 @@ class MergeMethod:
     def validate(self, recipe: Recipe) -> None:
         """Check a recipe naming this method (RecipeError naming the problem).
 
-        The default checks the recipe's shape (base, model count, no MAEC fields) and
-        every parameter's name and range; methods add their own rules on top.
+        The default checks the recipe's shape (base, model count, no other method's own
+        inputs) and every parameter's name and range; methods add their own rules on top.
         """
-        if recipe.language_base is not None or recipe.abilities or recipe.artifact:
-            raise RecipeError(
-                "language_base, abilities and artifact are MAEC fields; "
-                f"merge_method '{self.name}' takes models",
-            )
+        for other in _REGISTRY.values():
+            if other is not self:
+                other.refuse_own_inputs(recipe, self.name)
         if self.needs_base and not recipe.base_model:
             raise RecipeError(f"merge_method '{self.name}' needs base_model")
         if recipe.layered:
@@ -253,6 +251,11 @@ class MergeMethod:
         for i, m in enumerate(recipe.models):
             check_params(self.model_params, _only(m.parameters, own),
                          f"models[{i}].parameters")
+
+    def refuse_own_inputs(self, recipe: Recipe, method: str) -> None:
+        """Refuse (RecipeError) a recipe for ``method`` that gives this method's own
+        top-level inputs; the owner knows them, so shared code never names them. The
+        default owns none."""
 
     def _models_counted(self, recipe: Recipe) -> int:
         """The models a models recipe merges besides its base (the base alone counts as
