@@ -258,8 +258,8 @@ def test_no_method_is_told_apart_by_name_outside_its_unit() -> None:
         for line, text in name_tests(path.read_text())
     ]
     assert not offenders, (f"{len(offenders)} place(s) outside the MAEC unit tell MAEC apart "
-                           "by name (ask the method: stages, needs_language_base, run, "
-                           "check_plan):\n" + "\n".join(offenders))
+                           "by name (ask the method: stages, own_vocab, held_input, "
+                           "reuse_key, run, check_plan):\n" + "\n".join(offenders))
 
 
 # A method with a pipeline of its own keeps its whole unit in one package of the core

@@ -44,7 +44,6 @@ class Maec(MergeMethod):
     max_models = 0
     float32_only = True
     stages = ("extract", "combine")
-    needs_language_base = True
     ability_knobs = frozenset({"mu"})
 
     def check_plan(self, recipe: Recipe, tensors: Iterable[tuple[str, int]]) -> None:

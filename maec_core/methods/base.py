@@ -201,11 +201,8 @@ class MergeMethod:
     max_models: ClassVar[int | None] = None
     # The stages a run reports progress under, in order (the engine's one pass is
     # ``merge``); a method with an ``extract`` stage extracts once per donor and
-    # parameters, and a sweep groups its candidates by what they extract.
+    # parameters (what a sweep's candidates share is the method's ``reuse_key``).
     stages: ClassVar[tuple[str, ...]] = ("merge",)
-    # Whether the merge is built on the recipe's language_base (its plan follows that
-    # model's vocabulary, and a sweep may hold it in memory for every candidate).
-    needs_language_base: ClassVar[bool] = False
     # Per-ability parameters a sweep may vary (``mu`` or ``abilities[i].mu``).
     ability_knobs: ClassVar[frozenset[str]] = frozenset()
 
