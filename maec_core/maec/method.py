@@ -97,6 +97,12 @@ class Maec(MergeMethod):
                               folders[recipe.language_base], donors)
         return OwnVocab(tmap.lang_rows if tmap else None)
 
+    def language_model(self, recipe: Recipe) -> str | None:
+        return recipe.language_base
+
+    def donors(self, recipe: Recipe) -> list[str]:
+        return [a.model for a in recipe.abilities] or super().donors(recipe)
+
     def held_input(self, recipe: Recipe) -> str | None:
         """The language base: every candidate's combination reads it whole."""
         return recipe.language_base

@@ -399,6 +399,23 @@ class MergeMethod:
         """Merge ``recipe`` into ``out`` from what an earlier run of its group ``made``."""
         raise NotImplementedError(f"merge method {self.name!r} reuses nothing")
 
+    def language_model(self, recipe: Recipe) -> str | None:
+        """The target-language model the merge builds on (a sweep's constraint may be
+        relative to it; ``evaluate_inputs`` scores it): the model with ``role:
+        language`` (layer swapping), else the last of ``models`` besides the base (where
+        the named form puts the language base)."""
+        models = [m for m in recipe.models if m.model != recipe.base_model]
+        for m in models:
+            if m.parameters.get("role") == "language":
+                return m.model
+        return models[-1].model if models else None
+
+    def donors(self, recipe: Recipe) -> list[str]:
+        """The models whose abilities the merge adds (``evaluate_inputs`` scores each):
+        every model besides the base and the language model."""
+        lang = self.language_model(recipe)
+        return [m.model for m in recipe.models if m.model not in (recipe.base_model, lang)]
+
     def held_input(self, recipe: Recipe) -> str | None:
         """An input every candidate of a sweep reads whole, worth holding in memory once
         for all of them (a reference as the recipe gives it); None: none."""
