@@ -44,7 +44,8 @@ class Maec(MergeMethod):
     max_models = 0
     float32_only = True
     stages = ("extract", "combine")
-    ability_knobs = frozenset({"mu"})
+    entries = "abilities"
+    entry_knobs = frozenset({"mu"})
 
     def check_plan(self, recipe: Recipe, tensors: Iterable[tuple[str, int]]) -> None:
         """Every include pattern matches a tensor and the selection is not empty."""
@@ -96,6 +97,15 @@ class Maec(MergeMethod):
         tmap = maec_token_map(recipe, folders[recipe.base_model],
                               folders[recipe.language_base], donors)
         return OwnVocab(tmap.lang_rows if tmap else None)
+
+    def entry_count(self, recipe: Recipe) -> int:
+        return len(recipe.abilities)
+
+    def with_entry_value(self, recipe: Recipe, key: str, index: int | None,
+                         value: float) -> Recipe:
+        abilities = [a.model_copy(update={key: float(value)}) if index in (None, i) else a
+                     for i, a in enumerate(recipe.abilities)]
+        return recipe.model_copy(update={"abilities": abilities})
 
     def language_model(self, recipe: Recipe) -> str | None:
         return recipe.language_base

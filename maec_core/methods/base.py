@@ -203,8 +203,11 @@ class MergeMethod:
     # ``merge``); a method with an ``extract`` stage extracts once per donor and
     # parameters (what a sweep's candidates share is the method's ``reuse_key``).
     stages: ClassVar[tuple[str, ...]] = ("merge",)
-    # Per-ability parameters a sweep may vary (``mu`` or ``abilities[i].mu``).
-    ability_knobs: ClassVar[frozenset[str]] = frozenset()
+    # The recipe key of the method's own list of entries (MAEC: ``abilities``) and the
+    # keys of an entry a sweep may vary, in every entry (``mu``) or one
+    # (``abilities[i].mu``): see entry_count and with_entry_value.
+    entries: ClassVar[str | None] = None
+    entry_knobs: ClassVar[frozenset[str]] = frozenset()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -398,6 +401,16 @@ class MergeMethod:
     def run_reusing(self, recipe: Recipe, made: Made, out: Path, ctx: RunContext) -> None:
         """Merge ``recipe`` into ``out`` from what an earlier run of its group ``made``."""
         raise NotImplementedError(f"merge method {self.name!r} reuses nothing")
+
+    def entry_count(self, recipe: Recipe) -> int:
+        """How many of its own entries (:attr:`entries`) ``recipe`` gives."""
+        return 0
+
+    def with_entry_value(self, recipe: Recipe, key: str, index: int | None,
+                         value: float) -> Recipe:
+        """``recipe`` with ``key`` (one of :attr:`entry_knobs`) set to ``value`` in its
+        own entry ``index``, or in every entry (None)."""
+        raise NotImplementedError(f"merge method {self.name!r} has no entries of its own")
 
     def language_model(self, recipe: Recipe) -> str | None:
         """The target-language model the merge builds on (a sweep's constraint may be
