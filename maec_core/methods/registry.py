@@ -42,11 +42,13 @@ def _method_modules() -> list[str]:
     """Every module of this package, then ``maec_core.<unit>.method`` for each package of
     the core that has one. Looked up on disk, not imported: importing every package of the
     core would pull torch into processes (the API) that must not load it."""
-    here = Path(__file__).resolve().parent
-    modules = [f"maec_core.methods.{info.name}" for info in pkgutil.iter_modules([str(here)])]
-    for info in pkgutil.iter_modules([str(here.parent)]):
-        if info.ispkg and (here.parent / info.name / "method.py").is_file():
-            modules.append(f"maec_core.{info.name}.method")
+    package = importlib.import_module("maec_core.methods")
+    modules = [f"{package.__name__}.{info.name}" for info in pkgutil.iter_modules(package.__path__)]
+    core = importlib.import_module("maec_core")
+    for root in core.__path__:
+        for info in pkgutil.iter_modules([root]):
+            if info.ispkg and (Path(root) / info.name / "method.py").is_file():
+                modules.append(f"maec_core.{info.name}.method")
     return modules
 
 
