@@ -124,6 +124,11 @@ class Maec(MergeMethod):
                 f"merge_method '{method}' takes models",
             )
 
+    def refuse_own_named_inputs(self, form: NamedForm, method: str) -> None:
+        if form.source_control is not None or form.ability_corpus is not None:
+            raise RecipeError("source_control and ability_corpus are MAEC inputs; "
+                              f"method '{method}' does not use them")
+
     def commands(self) -> list[click.Command]:
         """``maec extract``, ``maec combine`` and ``maec extract-lora``."""
         from maec_core.maec.cli import COMMANDS

@@ -257,6 +257,10 @@ class MergeMethod:
         top-level inputs; the owner knows them, so shared code never names them. The
         default owns none."""
 
+    def refuse_own_named_inputs(self, form: NamedForm, method: str) -> None:
+        """Refuse (RecipeError) a named body for ``method`` that gives the named-form
+        inputs only this method reads; the default reads none of its own."""
+
     def _models_counted(self, recipe: Recipe) -> int:
         """The models a models recipe merges besides its base (the base alone counts as
         one model for a method that merges it like any other)."""
@@ -448,9 +452,9 @@ class MergeMethod:
         The default: models are the ability donors, then the language base, merged onto
         ``base``; per-model parameters are split over them.
         """
-        if form.source_control is not None or form.ability_corpus is not None:
-            raise RecipeError("source_control and ability_corpus are MAEC inputs; "
-                              f"method '{self.name}' does not use them")
+        for other in _REGISTRY.values():
+            if other is not self:
+                other.refuse_own_named_inputs(form, self.name)
         params = dict(form.parameters)
         names = [*form.ability_donor, form.language_base]
         model_params: list[dict[str, Any]] = [{} for _ in names]
