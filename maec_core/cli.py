@@ -69,7 +69,7 @@ def merge(recipe: Path, out_dir: Path, flags: RunFlags, mergekit: MergekitFlags,
         from maec_core.gguf.output import add_gguf
 
         entry = flags.run(lambda _ctx: add_gguf(out_dir, gguf_type,
-                                                [dict(g.info) for g in ggufs]))
+                                                {g.ref: g.info for g in ggufs}))
         click.echo(f"wrote {out_dir / entry['path']} ({entry['size']} bytes, "
                    f"sha256 {entry['sha256']})")
 

@@ -25,8 +25,8 @@ from gguf.gguf_reader import ReaderField
 
 from maec_core.errors import InvalidGguf, UnsupportedGguf
 
-__all__ = ["ARCHITECTURES", "GGUF_MAGIC", "GgufHeader", "check_readable", "find_gguf",
-           "is_gguf_name", "read_header", "readable_types"]
+__all__ = ["ARCHITECTURES", "GGUF_MAGIC", "LOSSY_WARNING", "GgufHeader", "check_readable",
+           "find_gguf", "is_gguf_name", "read_header", "readable_types"]
 
 GGUF_MAGIC = b"GGUF"
 # The architectures transformers 5's GGUF loader maps to a model class
@@ -38,6 +38,9 @@ ARCHITECTURES = frozenset({
     "falcon", "phi3", "bloom", "t5", "stablelm", "gpt2", "starcoder2", "mamba",
     "nemotron", "gemma2", "gemma3", "gemma4", "umt5", "deci", "minimax_m2",
 })
+LOSSY_WARNING = ("{source} is a {quantization} GGUF file: it is dequantized to be merged, which "
+                 "is lossy (the merge reads the quantized weights, not the original "
+                 "model's)")
 # A header above this is refused rather than read (a lying length cannot make the API
 # read or allocate without bound); real headers with a 256k-token vocabulary are ~10 MB.
 MAX_HEADER_BYTES = 64 << 20

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +20,12 @@ def _sha256(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def add_gguf(folder: Path, qtype: str, gguf_inputs: list[dict[str, Any]] | None = None
-             ) -> dict[str, Any]:
+def add_gguf(folder: Path, qtype: str,
+             gguf_inputs: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
     """Write ``folder``'s model as GGUF ``qtype`` into ``folder`` and list it in its
-    manifest (``gguf_inputs``: what GGUF sources went in, recorded there too). Returns
-    the new file's entry (path, size, sha256, type)."""
+    manifest (``gguf_inputs``: the GGUF sources that went in, by reference: file,
+    sha256, quantization; recorded there too). Returns the new file's entry (path,
+    size, sha256, type)."""
     qtype = check_type(qtype)
     manifest_path = folder / MANIFEST_NAME
     doc: dict[str, Any] = (json.loads(manifest_path.read_text())
@@ -32,7 +34,7 @@ def add_gguf(folder: Path, qtype: str, gguf_inputs: list[dict[str, Any]] | None 
               for name, entry in (doc.get("inputs") or {}).items()}
     provenance = {"recipe": json.dumps(doc.get("recipe", {}), sort_keys=True),
                   "inputs": json.dumps(inputs, sort_keys=True),
-                  "gguf_sources": json.dumps(gguf_inputs or [], sort_keys=True)}
+                  "gguf_sources": json.dumps(dict(gguf_inputs or {}), sort_keys=True)}
     dest = folder / gguf_name(qtype)
     write_gguf(folder, dest, qtype, name=folder.name, provenance=provenance)
     entry = {"path": dest.name, "size": dest.stat().st_size, "sha256": _sha256(dest)}
@@ -43,6 +45,6 @@ def add_gguf(folder: Path, qtype: str, gguf_inputs: list[dict[str, Any]] | None 
         doc["gguf"] = {"file": dest.name, "type": qtype,
                        "tensor_type": GGUF_TYPES[qtype][0].name}
         if gguf_inputs:
-            doc["gguf_inputs"] = gguf_inputs
+            doc["gguf_inputs"] = {ref: dict(v) for ref, v in gguf_inputs.items()}
         write_manifest(folder, doc)
     return {**entry, "type": qtype}

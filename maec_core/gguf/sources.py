@@ -13,15 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from maec_core.checksums import sha256_file
-from maec_core.gguf.header import find_gguf, is_gguf_name
+from maec_core.gguf.header import LOSSY_WARNING, find_gguf, is_gguf_name
 from maec_core.recipe import Recipe
 
 __all__ = ["LOSSY_WARNING", "GgufInput", "check_gguf_output", "gguf_file_of",
            "resolve_gguf"]
 
-LOSSY_WARNING = ("{source} is a {quantization} GGUF file: it was dequantized to merge, which "
-                 "is lossy (the merge reads the quantized weights, not the original "
-                 "model's)")
+
 
 
 @dataclass(frozen=True)

@@ -110,12 +110,12 @@ def test_cli_merges_a_gguf_model_and_writes_gguf(tiny: dict[str, Path], tmp_path
                                        str(tmp_path / "cache"), "--gguf", "q8_0",
                                        str(recipe), str(out)])
     assert result.exit_code == 0, result.output
-    assert "dequantized to merge" in result.stderr
+    assert "dequantized to be merged, which is lossy" in result.stderr
     manifest = json.loads((out / "manifest.json").read_text())
     entry = next(f for f in manifest["files"] if f["path"] == "model-q8_0.gguf")
     assert entry["size"] == (out / "model-q8_0.gguf").stat().st_size
     assert manifest["gguf"]["type"] == "q8_0"
-    assert manifest["gguf_inputs"][0]["quantization"] == "Q8_0"
+    assert manifest["gguf_inputs"][str(tiny["gguf"])]["quantization"] == "Q8_0"
     reader = gguf.GGUFReader(out / "model-q8_0.gguf")
     assert reader.get_field("tokenizer.chat_template").contents() == CHAT_TEMPLATE
     assert reader.get_field("tokenizer.ggml.model").contents() == "gpt2"
@@ -123,7 +123,7 @@ def test_cli_merges_a_gguf_model_and_writes_gguf(tiny: dict[str, Path], tmp_path
     assert json.loads(reader.get_field("maec.recipe").contents())["merge_method"] == \
         "task_arithmetic"
     sources = json.loads(reader.get_field("maec.gguf_sources").contents())
-    assert sources[0]["sha256"] == manifest["gguf_inputs"][0]["sha256"]
+    assert sources == manifest["gguf_inputs"]
     inputs = json.loads(reader.get_field("maec.inputs").contents())
     assert all(e["files"] for e in inputs.values())
 
