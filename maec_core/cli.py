@@ -62,6 +62,8 @@ def merge(recipe: Path, out_dir: Path, flags: RunFlags, mergekit: MergekitFlags,
     store = LocalArtifactStore(flags.cache / "artifacts")
     parsed = flags.run(lambda _ctx: mergekit.apply(parse_recipe(recipe)))
     _warn(parsed)
+    if gguf_type is None and parsed.output is not None:
+        gguf_type = parsed.output.gguf  # the recipe's `output: {gguf: TYPE}`
     parsed, ggufs = flags.run(lambda _ctx: _gguf_inputs(parsed, flags, gguf_type))
     result = flags.run(lambda ctx: run(parsed, out_dir, ctx.but(artifact_store=store)))
     click.echo(f"wrote {out_dir} ({result.tensors} tensors, {result.seconds:.1f} s)")

@@ -137,3 +137,34 @@ def test_cli_refuses_an_unwritten_type_before_merging(tiny: dict[str, Path],
                                        str(recipe), str(tmp_path / "out")])
     assert result.exit_code == 2 and "unsupported_gguf_output" in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_f32_gguf_loads_back_exactly(tiny: dict[str, Path], tmp_path: Path, arch: str
+                                     ) -> None:
+    # f32 loses nothing, so any difference is a wrong name, layout or q/k permutation.
+    from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    from maec_core.gguf.writer import write_gguf
+    from tests.gguf_factory import bpe_tokenizer
+
+    folder = tiny["base"]
+    if arch == "qwen2":
+        folder = tmp_path / "qwen2"
+        torch.manual_seed(0)
+        model = Qwen2ForCausalLM(Qwen2Config(
+            vocab_size=264, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64))
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("bias"):
+                    p.normal_(0, 0.1)  # zero biases would hide a dropped one
+        model.save_pretrained(folder)
+        bpe_tokenizer().save_pretrained(folder)  # type: ignore[attr-defined]
+    write_gguf(folder, tmp_path / "m.gguf", "f32")
+    back = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="m.gguf",
+                                                dtype=torch.float32)
+    ref = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    ids = torch.tensor([[1, 5, 77, 200, 3, 259]])
+    with torch.no_grad():
+        assert torch.allclose(back(ids).logits, ref(ids).logits, atol=1e-5)
