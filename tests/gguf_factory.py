@@ -65,3 +65,18 @@ def foreign_gguf(dest: Path, arch: str = "bert",
     w.write_tensors_to_file()
     w.close()
     return dest
+
+
+def sparse_gguf(dest: Path, elements: int) -> Path:
+    """A llama GGUF whose header declares one F32 tensor of ``elements`` weights, its data
+    a hole in a sparse file: a big model's header at no disk cost."""
+    w = gguf.GGUFWriter(dest, "llama")
+    w.add_tensor_info("token_embd.weight", (elements // 1024, 1024), np.dtype(np.float32),
+                      elements * 4)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    w.close()
+    with open(dest, "r+b") as f:
+        f.truncate(f.seek(0, 2) + elements * 4 + 64)
+    return dest

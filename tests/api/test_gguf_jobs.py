@@ -12,7 +12,7 @@ from pathlib import Path
 import gguf
 
 from tests.api.conftest import Api
-from tests.gguf_factory import CHAT_TEMPLATE, foreign_gguf, tiny_gguf, tiny_hf
+from tests.gguf_factory import CHAT_TEMPLATE, foreign_gguf, sparse_gguf, tiny_gguf, tiny_hf
 from tests.ui.test_pages import _login
 
 
@@ -88,3 +88,21 @@ def test_bad_gguf_sources_are_refused_at_submission(api: Api) -> None:
         r = api.client.post("/v1/jobs", json={"recipe": _recipe(base, model, **output)},
                             headers=api.auth())
         assert r.status_code == 422 and r.json()["code"] == code, (model, r.text)
+
+
+def test_a_pool_refuses_a_gguf_it_cannot_dequantize(api_factory: object) -> None:
+    # 2 GiB of host memory holds the tiny GGUF, not a 512M-parameter one (~6 GiB in
+    # float32 three times over), which is refused from its header before any download.
+    api: Api = api_factory(pools={"cpu": {"host_memory_gib": 2, "disk_gib": 100}},  # type: ignore[operator]
+                           worker_pool="cpu")
+    extra = api.root / "extra"
+    base = tiny_hf(extra / "base", seed=0)
+    small = tiny_gguf(base, extra / "small.gguf")
+    big = sparse_gguf(extra / "big.gguf", 512 << 20)
+    ok = api.client.post("/v1/jobs", json={"recipe": _recipe(base, str(small))},
+                         headers=api.auth())
+    assert ok.status_code == 202, ok.text
+    r = api.client.post("/v1/jobs", json={"recipe": _recipe(base, str(big))},
+                        headers=api.auth())
+    assert r.status_code == 422 and r.json()["code"] == "no_capable_worker", r.text
+    assert r.json()["details"]["need"]["host_memory_bytes"] > 6 * (1 << 30)
