@@ -1,8 +1,10 @@
 """The worker's GGUF steps: a fetched GGUF input dequantized into a folder the merge
 reads, and the merged model's GGUF copy made before the manifest is published.
 
-Dequantized folders live under ``<work_dir>/gguf/<sha256 of the file>``: the same file
-from any source or job is dequantized once (``maec_core.gguf.sources.dequantized``).
+A dequantized folder is an entry of the worker's input cache, named by the file's
+sha256: the same file from any source or job is dequantized once, the folder is held
+while a job reads it and evicted, least recently used, under the cache's size cap like
+the files fetched.
 """
 
 from __future__ import annotations
@@ -12,18 +14,25 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from maec_core.gguf.dequantize import GGUF_INFO_FILE
+from app.disk_cache import DiskCache, Hold
+from maec_core.checksums import sha256_file
+from maec_core.gguf.dequantize import GGUF_INFO_FILE, dequantize_gguf
 from maec_core.gguf.output import add_gguf
-from maec_core.gguf.sources import check_gguf_output, dequantized
+from maec_core.gguf.sources import check_gguf_output
 from maec_core.manifest import MANIFEST_NAME, write_manifest
 from maec_core.recipe import Recipe
 
 __all__ = ["check_before_merge", "dequantize_input", "gguf_inputs", "with_gguf_output"]
 
 
-def dequantize_input(path: Path, work_dir: Path) -> Path:
-    """The dequantized folder of the fetched GGUF file ``path``."""
-    return dequantized(path, work_dir / "gguf", work_dir / "checksums").folder
+def dequantize_input(path: Path, cache: DiskCache, hold: Hold, hash_cache: Path) -> Path:
+    """The dequantized folder of the fetched GGUF file ``path`` (held by ``hold``)."""
+    digest = sha256_file(path, cache=hash_cache)
+    entry, _hit = cache.get_or_fill(
+        f"gguf-{digest}", lambda e: (e / GGUF_INFO_FILE).is_file(),
+        lambda tmp: dequantize_gguf(path, tmp, sha256=digest), hold,
+        what=f"{path.name} dequantized")
+    return entry
 
 
 def gguf_inputs(local: Mapping[str, str]) -> dict[str, dict[str, Any]]:

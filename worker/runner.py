@@ -337,7 +337,8 @@ class JobRunner:
                                                           and plan.one_file(uri)),
                                           hold=hold)
             if gguf:  # merged from its dequantized folder (worker/gguf.py)
-                path = dequantize_input(path, self.settings.work_dir)
+                path = dequantize_input(path, self.cache, hold,
+                                        self.settings.work_dir / "checksums")
             local[uri] = str(path)
             fetched, cached = fetched + got, cached + hit
             att.progress("fetch", i + 1, total)

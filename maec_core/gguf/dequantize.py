@@ -23,7 +23,8 @@ __all__ = ["GGUF_INFO_FILE", "dequantize_gguf", "memory_bytes"]
 # Written into the dequantized folder: where the weights came from (the manifest and
 # the job's warning read it).
 GGUF_INFO_FILE = "gguf_source.json"
-_CONFIG_DROP = ("quantization_config", "_name_or_path", "transformers_version", "dtype",
+_CONFIG_DROP = ("quantization_config", "_name_or_path", "_model_name_or_path",
+                "transformers_version", "dtype",
                 "torch_dtype")
 
 
