@@ -21,7 +21,7 @@ from pathlib import Path
 
 from app.sources.base import Source, SourceFile, SourceKind
 from app.storage.base import Storage, StorageError
-from maec_core.errors import InvalidGguf, SourceError
+from maec_core.errors import InvalidGguf, SourceError, SourceNotFound
 from maec_core.gguf.header import (
     MAX_HEADER_BYTES,
     GgufHeader,
@@ -102,7 +102,10 @@ def check_gguf_source(reader: SourceKind) -> GgufSource:
     """``reader``'s source (from :func:`gguf_candidate`) pinned to its file, its header
     checked: ``invalid_gguf`` or ``unsupported_gguf`` before anything is queued."""
     source = reader.source
-    pinned = reader.pin(single=True)
+    try:
+        pinned = reader.pin(single=True)
+    except SourceNotFound:
+        raise SourceNotFound(f"{source.uri}: no such GGUF file", source=source.uri) from None
     file = pinned.files[0]
     header = _header(pinned, reader.storage, file)
     check_readable(header, source.uri)

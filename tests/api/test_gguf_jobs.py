@@ -83,7 +83,8 @@ def test_bad_gguf_sources_are_refused_at_submission(api: Api) -> None:
     pair.mkdir()
     for name in ("a.gguf", "b.gguf"):
         shutil.copy(good, pair / name)
-    cases = [(str(cut), {}, "invalid_gguf"), (str(bert), {}, "unsupported_gguf"),
+    cases = [(str(extra / "missing.gguf"), {}, "source_not_found"),
+             (str(cut), {}, "invalid_gguf"), (str(bert), {}, "unsupported_gguf"),
              (str(pair), {}, "unsupported_gguf"),
              (str(good), {"gguf": "q4_k_m"}, "unsupported_gguf_output"),
              (str(other), {"gguf": "q3_k"}, "unsupported_gguf_output")]
