@@ -13,12 +13,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from app.scheduler.estimate import Need, estimate, estimate_moe
+from app.scheduler.estimate import Need, estimate, estimate_gguf_job, estimate_moe
 from app.settings import Settings
 from app.sources import (
+    GgufSource,
     Published,
     Source,
     check_corpus,
+    check_gguf,
     inspect_source,
     open_source,
     parse_source,
@@ -28,6 +30,7 @@ from app.sources import (
 from app.storage.base import Storage, StorageError
 from maec_contract import JobRequest as JobRequest  # the body model, shared with the client
 from maec_core.service import (
+    LOSSY_WARNING,
     SET_MAX_BYTES,
     Condition,
     EmptySelection,
@@ -49,6 +52,8 @@ from maec_core.service import (
     TokenizerError,
     candidates,
     check_lm_eval_sets,
+    check_output,
+    check_type,
     get_method,
     load_set,
     parse_moe_config,
@@ -256,9 +261,14 @@ def check_and_estimate(
     parsed: dict[str, Source] = {}
     for uri in [*plan.checkpoints, *plan.tokenizers, *plan.corpora]:
         parsed[uri] = parse_source(uri, settings, outputs)
+    ggufs = {uri: g for uri in plan.checkpoints
+             if (g := check_gguf(parsed[uri], storage)) is not None}
+    if ggufs:
+        return _gguf_job(recipe, plan, parsed, ggufs, settings, storage, outputs)
     folders = inspect_models(plan, parsed, storage)
     merge_plan = plan_recipe(recipe, folders)
     check_against_plan(recipe, merge_plan)
+    _check_gguf_output(recipe, folders)
     # Pinned after the checks: a file replaced in between is pinned as replaced, which
     # lets nothing unchecked through (the engine validates the folder it reads).
     pinned = {uri: pin_source(parsed[uri], storage)
@@ -269,6 +279,42 @@ def check_and_estimate(
     pinned.update(check_eval_sets(plan, settings, storage, outputs))
     sources = {uri: s.to_dict() for uri, s in pinned.items()}
     return sources, estimate(recipe, merge_plan, sources), list(merge_plan.notes)
+
+
+def _check_gguf_output(recipe: Recipe, folders: Mapping[str, ModelFolder]) -> None:
+    """A GGUF output the writer cannot make (its type, the base's architecture) is
+    refused before the job is queued."""
+    if recipe.output is None or recipe.output.gguf is None:
+        return
+    check_type(recipe.output.gguf)
+    first = folders.get(recipe.base_model or "") or next(iter(folders.values()), None)
+    if first is not None:
+        check_output(first.config)
+
+
+def _gguf_job(recipe: Recipe, plan: JobPlan, parsed: dict[str, Source],
+              ggufs: Mapping[str, GgufSource], settings: Settings, storage: Storage,
+              outputs: Mapping[str, Published] | None
+              ) -> tuple[dict[str, dict[str, Any]], Need, list[str]]:
+    """:func:`check_and_estimate` for a job with GGUF inputs: their headers checked and
+    their files pinned here; the other sources pinned as usual. The merge plan (names,
+    shapes, the recipe's filters) is the worker's to check, on the dequantized folders:
+    a mismatch fails the job with the same code it would get here."""
+    if recipe.output is not None and recipe.output.gguf is not None:
+        check_type(recipe.output.gguf)
+    pinned = {uri: g.source for uri, g in ggufs.items()}
+    for uri in (*plan.checkpoints, *plan.tokenizers):
+        if uri not in pinned:
+            pinned[uri] = pin_source(parsed[uri], storage)
+    for uri in plan.corpora:
+        pinned[uri] = check_corpus(parsed[uri], storage, settings.max_corpus_bytes)
+    check_lm_eval_sets(recipe.evaluate or [], lm_eval_config(settings))
+    pinned.update(check_eval_sets(plan, settings, storage, outputs))
+    sources = {uri: s.to_dict() for uri, s in pinned.items()}
+    need = estimate_gguf_job(recipe, [g.header.parameters for g in ggufs.values()], sources)
+    notes = [LOSSY_WARNING.format(source=uri, quantization=g.header.quantization)
+             for uri, g in ggufs.items()]
+    return sources, need, notes
 
 
 def lm_eval_config(settings: Settings) -> LmEvalConfig:

@@ -27,7 +27,7 @@ from app.jobs.calls import Claim, QuotaExceeded
 from app.jobs.record import JobRecord, now_iso
 from app.jobs.worker_store import WorkerJobStore
 from app.settings import Settings
-from app.sources import Source, check_not_service_storage
+from app.sources import Source, check_not_service_storage, is_pinned_gguf
 from app.storage.base import Storage, StorageError
 from maec_contract import FileInfo, JobResult
 from maec_core.service import (
@@ -42,6 +42,7 @@ from maec_core.service import (
     write_manifest,
 )
 from maec_core.service.running import EngineOptions, RunContext
+from worker.gguf import check_before_merge, dequantize_input, with_gguf_output
 from worker.inputs import InputCache, fetch_source
 from worker.measure import measured
 from worker.moe import execute_moe
@@ -333,10 +334,15 @@ class JobRunner:
             # Checked again here: a record queued before the rule existed (or written by
             # anything but the API) must not read the service's own storage either.
             source = check_not_service_storage(Source.from_dict(doc), self.settings)
+            gguf = is_pinned_gguf(source)
             path, got, hit = fetch_source(source, self.storage, self.cache,
                                           workdir / "inputs" / str(i),
-                                          corpus=plan is not None and plan.one_file(uri),
+                                          corpus=gguf or (plan is not None
+                                                          and plan.one_file(uri)),
                                           hold=hold)
+            if gguf:  # merged from its dequantized folder (worker/gguf.py)
+                path = dequantize_input(path, self.cache, hold,
+                                        self.settings.work_dir / "checksums")
             local[uri] = str(path)
             fetched, cached = fetched + got, cached + hit
             att.progress("fetch", i + 1, total)
@@ -354,6 +360,7 @@ class JobRunner:
         att.spans = plan.spans
         local = self._fetch(rec, plan, att, workdir, hold)
         plan.adapters.check(local)
+        check_before_merge(plan.localised(local))
         workdir.mkdir(parents=True, exist_ok=True)
         out = workdir / "out"
         uploaded = [0]
@@ -389,7 +396,7 @@ class JobRunner:
                            upload=upload, published=published)
             # The manifest clients read: inputs by the recipe's references. Written once,
             # its entry taken from the bytes written.
-            manifest = published(made.manifest)
+            manifest = with_gguf_output(out, published(made.manifest), plan.recipe, local)
             entry = write_manifest(out, manifest)
             # Before the manifest can publish anything: a job over its owner's quota
             # fails here, and the shards it uploaded meanwhile go with its prefix.
