@@ -13,7 +13,7 @@ import math
 import queue
 import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,6 +111,11 @@ def shard_layout(tensors: list[OutputTensor], shard_size: int) -> list[list[Outp
     return shards
 
 
+def _planned_size(tensors: list[OutputTensor]) -> int:
+    """A shard's file size: its header and its tensors' bytes."""
+    return len(_header(tensors)) + sum(t.nbytes for t in tensors)
+
+
 def tensor_bytes(tensor: torch.Tensor) -> memoryview:
     """A CPU tensor's bytes as a flat memoryview (no copy when already contiguous)."""
     # Flat: len() of a 2-D memoryview would count rows, not bytes.
@@ -135,7 +140,8 @@ class ShardedWriter:
 
     def __init__(self, folder: Path, tensors: list[OutputTensor], shard_size: int, *,
                  parallel_io: bool = False, on_shard: ShardFn | None = None,
-                 on_shard_open: ShardOpenFn | None = None) -> None:
+                 on_shard_open: ShardOpenFn | None = None,
+                 done: Mapping[str, WrittenFile] | None = None) -> None:
         self.folder = folder
         self.on_shard = on_shard
         self.on_shard_open = on_shard_open
@@ -152,7 +158,14 @@ class ShardedWriter:
             else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
         )
         self._shards = [_Shard(name, g) for name, g in zip(names, groups, strict=True)]
-        self._order = [(si, t) for si, s in enumerate(self._shards) for t in s.tensors]
+        # Shards a resumed merge already has (published by an earlier run of the same
+        # plan): not written here, listed as given. Only one of exactly the planned size
+        # counts; any other is another plan's file, and is written again.
+        self.done = {s.file_name: done[s.file_name] for s in self._shards
+                     if done is not None and s.file_name in done
+                     and done[s.file_name].size == _planned_size(s.tensors)}
+        self._order = [(si, t) for si, s in enumerate(self._shards) for t in s.tensors
+                       if s.file_name not in self.done]
         self._pos = 0
         self._current: BinaryIO | None = None
         self._current_index = -1
@@ -161,7 +174,11 @@ class ShardedWriter:
 
     @property
     def total_bytes(self) -> int:
-        return sum(t.nbytes for _, t in self._order)
+        return sum(t.nbytes for s in self._shards for t in s.tensors)
+
+    def expected(self) -> set[str]:
+        """The names of the tensors to be given."""
+        return {t.name for _, t in self._order}
 
     def _open(self, si: int) -> BinaryIO:
         if self._current_index != si:
@@ -175,7 +192,7 @@ class ShardedWriter:
             self._current, self._current_index = f, si
             if self.on_shard_open is not None:
                 self.on_shard_open(self.folder / shard.file_name, shard.file_name,
-                                   len(shard.header) + sum(t.nbytes for t in shard.tensors))
+                                   _planned_size(shard.tensors))
         assert self._current is not None
         return self._current
 
@@ -248,6 +265,8 @@ class ShardedWriter:
             raise MaecError(f"writer closed after {self._pos} of {len(self._order)} tensors")
         self._finish_current()
         self._shutdown_io()
+        self.files.extend(self.done[s.file_name] for s in self._shards
+                          if s.file_name in self.done)
         if len(self._shards) > 1:
             index = {
                 "metadata": {"total_size": self.total_bytes},
