@@ -286,6 +286,9 @@ class JobRunner:
         if result is not None:
             nbytes = result.nbytes
             fields.update(result.fields())
+            if att.resume is not None and att.resume.note is not None:
+                # The finished job (and its webhook) still says it was resumed.
+                fields["progress"] = {**fields["progress"], "resumed": att.resume.note}
         ok, previous = self.store.transition(
             rec.id, allowed=("running", "publishing"), to=status, attempt=att.attempt,
             fields=fields, metrics=finish_increments(status, seconds, nbytes),

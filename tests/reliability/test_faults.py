@@ -390,9 +390,12 @@ def test_sigkilled_merge_resumes_from_its_published_shards(stack: Stack, s3_serv
         (r.get("progress") or {}).get("resumed")), 60, "the second attempt resuming")
     note = resumed["progress"]["resumed"]
     assert note["shards"] == len(landed) - 1, note
+    # Progress starts at the resumed part (ties: combine covers 0.05 to 0.95 of the job).
+    assert resumed["progress"]["fraction"] >= 0.05 + 0.9 * note["shards"] / note["of"] - 1e-3
     done = stack.wait(job["id"], timeout=180)
     assert done["status"] == "succeeded", done["error"]
     assert done["attempts"] == 2
+    assert done["progress"]["resumed"] == note  # the finished job (its webhook) says so
     after = h.record(stack, job["id"])
     assert after["result_prefix"] == prefix  # the first attempt's shards were kept
     h.assert_published_once(s3_server, done, after)
