@@ -2,14 +2,16 @@
 
 A merge's output shards are a fixed list (the engine's shard plan: the output tensors in
 order, cut at ``out_shard_size``), and each is uploaded while the merge goes on. Each
-shard is recorded in the job's record as it lands (:class:`ShardLedger`: name, size and
-sha256, written through the attempt-checked update, so a worker whose lease was taken
-over records nothing), together with the storage prefix the shards lie under.
+shard is recorded in the job's record as it lands (:class:`ShardLedger`: name, size,
+sha256 and the stored object's ETag, written through the attempt-checked update, so a
+worker whose lease was taken over records nothing), together with the storage prefix the
+shards lie under.
 
 The next attempt after a lost or drained worker (:func:`adopt`) takes that prefix over
 instead of starting a fresh one: it verifies every recorded shard against the stored
-object (its size, and its sha256: the store's own when it keeps one, else the object's
-bytes hashed as they are read back), keeps those that match and hands them to the engine
+object (its size, and its sha256: the store's own when it keeps one; else the object
+is the one stored then when its ETag is unchanged; else its bytes are hashed as they are
+read back), keeps those that match and hands them to the engine
 as done (``EngineOptions.done_shards``), which then neither reads nor computes their
 tensors. Anything else under the prefix (a shard that does not match, one uploaded but
 never recorded, a partial upload) is made and uploaded again over it. The files beside
@@ -38,7 +40,7 @@ from maec_core.job_plan import JobPlan
 log = logging.getLogger("maec.worker")
 
 # The job record's field holding the published shards: {"prefix", "files": {name:
-# {"size", "sha256"}}}.
+# {"size", "sha256", "etag"}}}.
 FIELD = "shards"
 
 
@@ -49,12 +51,22 @@ def resumable(plan: JobPlan | None) -> bool:
             and not plan.recipe.evaluate)
 
 
-def recorded(rec: JobRecord) -> tuple[str, dict[str, WrittenFile]] | None:
-    """The record's published shards: (prefix, name -> file), or None."""
+@dataclass(frozen=True)
+class Landed:
+    """A shard as recorded when it landed: its file, and the stored object's ETag then
+    (None when the store did not say)."""
+
+    file: WrittenFile
+    etag: str | None = None
+
+
+def recorded(rec: JobRecord) -> tuple[str, dict[str, Landed]] | None:
+    """The record's published shards: (prefix, name -> shard), or None."""
     doc = rec.shards
     if not doc or not isinstance(doc.get("prefix"), str):
         return None
-    files = {name: WrittenFile(name, int(f["size"]), str(f["sha256"]))
+    files = {name: Landed(WrittenFile(name, int(f["size"]), str(f["sha256"])),
+                          str(f["etag"]) if f.get("etag") else None)
              for name, f in (doc.get("files") or {}).items()}
     return str(doc["prefix"]), files
 
@@ -67,15 +79,20 @@ def in_use(store: WorkerJobStore, job_id: str, prefix: str) -> bool:
     return found is not None and found[0] == prefix
 
 
-def stored_sha256(storage: Storage, key: str, size: int) -> str | None:
-    """The sha256 of the ``size``-byte object ``key``: the store's checksum when it
-    keeps one, else its bytes hashed as they are read; None when it is missing or of
-    another size."""
+def stored_sha256(storage: Storage, key: str, shard: Landed) -> str | None:
+    """The sha256 of the object ``key`` recorded as ``shard``: the store's checksum when
+    it keeps one; the recorded one when the object's ETag is the one recorded (the very
+    object stored then: a changed object has another ETag, and reading back a large
+    output to hash it would cost what resuming saves); else its bytes hashed as they are
+    read. None when it is missing or of another size."""
+    size = shard.file.size
     info = storage.head(key)
     if info is None or info.size != size:
         return None
     if info.sha256 is not None:
         return info.sha256
+    if shard.etag is not None and info.etag == shard.etag:
+        return shard.file.sha256
     digest = hashlib.sha256()
     got = 0
     if size:
@@ -85,17 +102,17 @@ def stored_sha256(storage: Storage, key: str, size: int) -> str | None:
     return digest.hexdigest() if got == size else None
 
 
-def verified(storage: Storage, prefix: str, files: Mapping[str, WrittenFile]
-             ) -> dict[str, WrittenFile]:
+def verified(storage: Storage, prefix: str, files: Mapping[str, Landed]
+             ) -> dict[str, Landed]:
     """Those of ``files`` stored under ``prefix`` with their recorded size and sha256."""
-    good: dict[str, WrittenFile] = {}
+    good: dict[str, Landed] = {}
     for name, f in sorted(files.items()):
         try:
-            sha = stored_sha256(storage, f"{prefix}/{name}", f.size)
+            sha = stored_sha256(storage, f"{prefix}/{name}", f)
         except StorageError as exc:
             log.warning("shard %s/%s not verified (made again): %s", prefix, name, exc)
             continue
-        if sha == f.sha256:
+        if sha == f.file.sha256:
             good[name] = f
         else:
             log.warning("shard %s/%s does not match its record: made again", prefix, name)
@@ -108,8 +125,13 @@ class Resumed:
     there, and (when it took an earlier attempt's prefix over) what it says about it."""
 
     prefix: str
-    done: dict[str, WrittenFile]
+    landed: dict[str, Landed]
     note: dict[str, Any] | None = None
+
+    @property
+    def done(self) -> dict[str, WrittenFile]:
+        """The shards the merge need not make (``EngineOptions.done_shards``)."""
+        return {n: s.file for n, s in self.landed.items()}
 
 
 def adopt(rec: JobRecord, storage: Storage, prefix: str) -> Resumed:
@@ -127,7 +149,7 @@ def adopt(rec: JobRecord, storage: Storage, prefix: str) -> Resumed:
     return Resumed(earlier, done, {"shards": len(done), "of": total})
 
 
-def _planned_count(files: Mapping[str, WrittenFile]) -> int | None:
+def _planned_count(files: Mapping[str, Landed]) -> int | None:
     """The output's shard count, read from a recorded shard's name (``-of-N``)."""
     for name in files:
         stem = name.removesuffix(".safetensors")
@@ -148,18 +170,19 @@ class ShardLedger:
     the record only ever grows."""
 
     def __init__(self, job_id: str, attempt: int, write: Callable[[dict[str, Any]], None],
-                 start: Resumed) -> None:
+                 start: Resumed, storage: Storage) -> None:
         self.job_id = job_id
         self.attempt = attempt
         self._write = write
+        self.storage = storage
         self.prefix = start.prefix
-        self._files = dict(start.done)
+        self._files = dict(start.landed)
         self._lock = threading.Lock()
 
     def _doc(self) -> dict[str, Any]:
         return {"prefix": self.prefix,
-                "files": {n: {"size": f.size, "sha256": f.sha256}
-                          for n, f in sorted(self._files.items())}}
+                "files": {n: {"size": s.file.size, "sha256": s.file.sha256, "etag": s.etag}
+                          for n, s in sorted(self._files.items())}}
 
     def begin(self) -> None:
         """Record the prefix and the verified shards (dropping any that failed)."""
@@ -168,8 +191,14 @@ class ShardLedger:
 
     def landed(self, name: str, size: int, sha256: str) -> None:
         """Shard ``name`` is stored and verified under the prefix."""
+        try:
+            info = self.storage.head(f"{self.prefix}/{name}")
+        except StorageError:  # recorded without: a resumed attempt then reads it back
+            info = None
+        # An ETag is only trusted later for an object of the size verified now.
+        etag = info.etag if info is not None and info.size == size and info.etag else None
         with self._lock:
-            self._files[name] = WrittenFile(name, size, sha256)
+            self._files[name] = Landed(WrittenFile(name, size, sha256), etag)
             self._write({FIELD: self._doc()})
         log.info("job %s attempt %d: shard %s stored and recorded", self.job_id,
                  self.attempt, name)

@@ -375,6 +375,10 @@ class JobRunner:
         # carried through the stages: fetch, merge (and evaluate), publish.
         plan = plan_job(parse_recipe(rec.recipe))
         att.spans = plan.spans
+        # A resumable merge records each shard in the job's record as it lands, and skips
+        # those it resumes with (its progress starts there: before the fetch).
+        ledger = self._ledger(att, plan, prefix)
+        done = att.resume.done if ledger is not None and att.resume is not None else {}
         local = self._fetch(rec, plan, att, workdir, hold)
         plan.adapters.check(local)
         workdir.mkdir(parents=True, exist_ok=True)
@@ -394,10 +398,7 @@ class JobRunner:
             return plan.published(manifest, local, hash_cache)
 
         # The output's shards go up while the merge goes on; stopped before any clean-up
-        # of the prefix (the caller's), so nothing lands after it. A resumable merge
-        # records each in the job's record as it lands, and skips those it resumes with.
-        ledger = self._ledger(att, plan, prefix)
-        done = att.resume.done if ledger is not None and att.resume is not None else {}
+        # of the prefix (the caller's), so nothing lands after it.
         uploads = ShardUploads(self.storage, prefix,
                                on_stored=ledger.landed if ledger is not None else None)
         # The local artifact copies the job reads stay held, like its inputs, until it ends.
@@ -442,7 +443,7 @@ class JobRunner:
         if not resumable(plan):
             return None
         start = att.resume if att.resume is not None else Resumed(prefix, {})
-        ledger = ShardLedger(att.job_id, att.attempt, att.write, start)
+        ledger = ShardLedger(att.job_id, att.attempt, att.write, start, self.storage)
         ledger.begin()
         of = (start.note or {}).get("of")
         if start.done and of:
