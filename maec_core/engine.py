@@ -457,7 +457,7 @@ def _to_folder(
             staged.add(write(ShardedWriter(
                 staged.folder, outputs, output.recipe.shard_size_bytes(), parallel_io=True,
                 on_shard=options.on_shard, on_shard_open=options.on_shard_open,
-                done=options.done_shards)))
+                done=options.done_shards, part=options.part)))
         except BaseException:
             hasher.stop()
             raise
@@ -470,9 +470,9 @@ def _write_tensors(sink: TensorSink, background: bool, loop: _Loop) -> list[Writ
     """Merge every planned tensor into ``sink`` (a staged folder's shards and their
     index, or the caller's sink; on a thread of its own when ``background``); returns
     the files it wrote."""
-    # Resuming: the tensors of shards already done are neither read nor computed (the
-    # progress count includes them).
-    if isinstance(sink, ShardedWriter) and sink.done:
+    # Resuming, or one part of a split merge: the tensors of the shards not made here are
+    # neither read nor computed (the progress count includes them).
+    if isinstance(sink, ShardedWriter) and sink.partial:
         loop = _resumed(loop, sink.expected())
     plan, work = loop.plan, loop.work
     writer = BackgroundWriter(

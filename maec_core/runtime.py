@@ -96,6 +96,13 @@ class EngineOptions:
     tensors and ``out_shard_size``). A given shard whose size is not the planned one is
     made again. ``on_shard`` and ``on_shard_open`` are called for the shards made only.
 
+    ``part`` (a folder's merge): ``(lo, hi)``, the shards ``lo`` to ``hi - 1`` (0-based)
+    of the output's fixed shard plan, the only ones this run makes: one part of a merge
+    split across workers. Only those shards' tensors are read and computed, and no index
+    is written (:func:`maec_core.io.writer.shard_index` gives its bytes); the folder's
+    other files and its manifest describe this part only. The parts' shards together
+    are the unsplit merge's, byte for byte.
+
     ``gpu_budget_bytes``: the GPU memory the merge is planned to fit in. The arithmetic,
     for inputs of ``k`` models, compute itemsize ``c`` (4 for float32) and stored
     itemsize ``s`` (2 for bf16):
@@ -124,6 +131,7 @@ class EngineOptions:
     resident: ResidentFiles | None = None
     skeleton: Path | None = None
     done_shards: Mapping[str, WrittenFile] | None = None
+    part: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if self.skeleton is not None and self.sink is None:
