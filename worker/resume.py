@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -139,14 +140,17 @@ def adopt(rec: JobRecord, storage: Storage, prefix: str) -> Resumed:
     published shards when an earlier attempt left some (their prefix, those verified),
     else from nothing under its own prefix."""
     found = recorded(rec)
-    if found is None:
+    # Only an attempt prefix of this very job is taken over (never a path elsewhere).
+    if found is None or not re.fullmatch(rf"jobs/{re.escape(rec.id)}/a\d+", found[0]):
         return Resumed(prefix, {})
     earlier, files = found
     done = verified(storage, earlier, files)
     total = _planned_count(files)
     log.info("job %s: resuming under %s: %d of %d recorded shards verified", rec.id,
              earlier, len(done), len(files))
-    return Resumed(earlier, done, {"shards": len(done), "of": total})
+    # Said in the job's progress only when something was kept (the prefix is taken over
+    # either way: whatever lies there is made again over it).
+    return Resumed(earlier, done, {"shards": len(done), "of": total} if done else None)
 
 
 def _planned_count(files: Mapping[str, Landed]) -> int | None:
