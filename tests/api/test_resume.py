@@ -85,3 +85,21 @@ def test_maec_job_resumes_from_the_shards_a_dead_worker_recorded(api: Api) -> No
     assert stored == sorted(files)
     assert json.loads((api.settings.storage_dir / prefix / "manifest.json").read_bytes()
                       )["files"] == manifest["files"]
+
+
+def test_a_record_naming_another_prefix_is_not_taken_over(api: Api) -> None:
+    """Only an attempt prefix of the job itself is resumed from: a record naming any
+    other storage path starts afresh under its own, and leaves that path alone."""
+    jid = str(api.submit(api.named(shard_size="20KB"))["id"])
+    other = api.settings.storage_dir / "elsewhere"
+    other.mkdir(parents=True)
+    (other / "model-00001-of-00006.safetensors").write_bytes(b"not ours")
+    api.r.hset(job_key(jid), "shards", json.dumps({"prefix": "elsewhere", "files": {
+        "model-00001-of-00006.safetensors": {"size": 8, "sha256": "0" * 64}}}))
+    storage = Shards(api.settings.storage_dir)
+    assert JobRunner(api.settings, api.worker_store(), storage, worker="w").run(jid) == "succeeded"
+    rec = api.worker_store().get(jid)
+    assert rec is not None and rec.result_prefix == f"jobs/{jid}/a1"
+    assert "resumed" not in rec.progress.model_dump()
+    assert len(storage.stored) > 1
+    assert (other / "model-00001-of-00006.safetensors").read_bytes() == b"not ours"
