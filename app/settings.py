@@ -30,7 +30,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from app.webhooks.hosts import AllowList
-from maec_core.errors import MaecError
+from maec_core.service import MaecError
 
 log = logging.getLogger("maec.settings")
 

@@ -27,26 +27,37 @@ from app.sources import (
 )
 from app.storage.base import Storage, StorageError
 from maec_contract import JobRequest as JobRequest  # the body model, shared with the client
-from maec_core.errors import (
+from maec_core.service import (
+    SET_MAX_BYTES,
+    Condition,
     EmptySelection,
     EvalSetError,
     EvalSetUnreadable,
+    JobPlan,
+    Joined,
+    LmEvalConfig,
+    MergePlan,
+    ModelFolder,
+    MoeConfig,
+    MoePlan,
+    NamedForm,
+    ParamValue,
+    Recipe,
     RecipeError,
     SourceNotFound,
+    TensorMethod,
     TokenizerError,
+    candidates,
+    check_lm_eval_sets,
+    get_method,
+    load_set,
+    parse_moe_config,
+    parse_recipe,
+    plan_job,
+    plan_moe,
+    plan_recipe,
+    recipe_warnings,
 )
-from maec_core.eval.lm_eval_tasks import LmEvalConfig, check_lm_eval_sets
-from maec_core.eval.sets import SET_MAX_BYTES, load_set
-from maec_core.io.folder import ModelFolder
-from maec_core.job_plan import JobPlan, Joined, plan_job
-from maec_core.methods import NamedForm, TensorMethod, get_method
-from maec_core.moe.config import MoeConfig, parse_moe_config
-from maec_core.moe.plan import MoePlan, plan_moe
-from maec_core.parsing import parse_recipe, recipe_warnings
-from maec_core.plan import MergePlan, plan_recipe
-from maec_core.recipe import Recipe
-from maec_core.recipe_values import Condition, ParamValue
-from maec_core.sweep.grid import candidates
 
 
 def build_job(req: JobRequest) -> Recipe | MoeConfig:

@@ -72,6 +72,7 @@ from maec_core.methods.params import layer_index
 from maec_core.naming import renamed
 from maec_core.plan import MergePlan, PlannedTensor, build_plan, recipe_vocab, rows_of
 from maec_core.recipe import Recipe
+from maec_core.recipe.chat_template import resolve_chat_template, with_chat_template
 from maec_core.runtime import (
     EngineOptions,
     MergeResult,
@@ -82,7 +83,6 @@ from maec_core.runtime import (
 )
 from maec_core.slices import prepare_slices
 from maec_core.vocab.build import is_vocab_tensor
-from maec_core.vocab.chat_template import resolve_chat_template, with_chat_template
 from maec_core.vocab.rows import RowAligner
 
 __all__ = ["ComputeFn", "MergeWork", "OffsetComputeFn", "PatchFn", "run_method", "stream_merge"]

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from app.storage.base import Digest, Storage, StorageError, WaitFn, expected_digest
-from maec_core.io.writer import WrittenFile
+from maec_core.service.running import WrittenFile
 
 log = logging.getLogger("maec.worker")
 

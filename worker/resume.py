@@ -35,8 +35,8 @@ from typing import Any
 from app.jobs.record import JobRecord
 from app.jobs.worker_store import WorkerJobStore
 from app.storage.base import Storage, StorageError
-from maec_core.io.writer import WrittenFile
-from maec_core.job_plan import JobPlan
+from maec_core.service import JobPlan
+from maec_core.service.running import WrittenFile
 
 log = logging.getLogger("maec.worker")
 

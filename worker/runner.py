@@ -30,14 +30,18 @@ from app.settings import Settings
 from app.sources import Source, check_not_service_storage
 from app.storage.base import Storage, StorageError
 from maec_contract import FileInfo, JobResult
-from maec_core.context import RunContext
-from maec_core.errors import Cancelled, MaecError
-from maec_core.job_plan import JobPlan, plan_job
-from maec_core.job_progress import StageSpans
-from maec_core.manifest import MANIFEST_NAME, write_manifest
-from maec_core.moe.config import MOE_METHOD
-from maec_core.parsing import parse_recipe
-from maec_core.runtime import EngineOptions
+from maec_core.service import (
+    MANIFEST_NAME,
+    MOE_METHOD,
+    Cancelled,
+    JobPlan,
+    MaecError,
+    StageSpans,
+    parse_recipe,
+    plan_job,
+    write_manifest,
+)
+from maec_core.service.running import EngineOptions, RunContext
 from worker.inputs import InputCache, fetch_source
 from worker.measure import measured
 from worker.moe import execute_moe

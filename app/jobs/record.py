@@ -19,7 +19,7 @@ from maec_contract import STATUSES as STATUSES  # re-exported: the store and API
 from maec_contract import TERMINAL as TERMINAL
 from maec_contract import Job
 from maec_contract import JobStatus as Status
-from maec_core.errors import MaecError
+from maec_core.service import MaecError
 
 ACTIVE: frozenset[str] = frozenset({"queued", "running", "publishing"})
 

@@ -30,12 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from maec_core.methods import get_method
-from maec_core.moe.config import MoeConfig
-from maec_core.moe.plan import MoePlan
-from maec_core.plan import MergePlan
-from maec_core.recipe import Recipe
-from maec_core.sweep.grid import candidates
+from maec_core.service import MergePlan, MoeConfig, MoePlan, Recipe, candidates, get_method
 
 # The engine's figures (maec_core.runtime: GPU_BUDGET_BYTES, whole_tensor_bytes), restated
 # because that module reaches torch and the API process must not; a test holds them equal.

@@ -24,8 +24,7 @@ from app.sources.job import JobSource, Published, published, referenced_job
 from app.sources.local import LocalSource
 from app.sources.s3 import S3Source
 from app.storage.base import Storage
-from maec_core.errors import CorpusError, SourceError
-from maec_core.io.folder import ModelFolder
+from maec_core.service import CorpusError, ModelFolder, SourceError
 
 __all__ = [
     "Published", "Source", "SourceFile", "SourceForbidden", "SourceKind", "check_corpus",

@@ -31,8 +31,13 @@ from app.sources.base import (
     write_verified,
 )
 from app.storage.base import StorageError
-from maec_core.errors import SourceChanged, SourceError, SourceNotFound
-from maec_core.io.folder import ModelFolder, open_model_folder
+from maec_core.service import (
+    ModelFolder,
+    SourceChanged,
+    SourceError,
+    SourceNotFound,
+    open_model_folder,
+)
 
 _CHUNK = 1 << 20
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC

@@ -19,8 +19,7 @@ from maec_core.errors import (
     SourceError,
     SourceNotFound,
 )
-from maec_core.io.headers import SafetensorsHeader, TensorInfo, read_header
-from maec_core.lora.adapter import (
+from maec_core.io.adapter import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
     adapter_pairs,
@@ -28,6 +27,7 @@ from maec_core.lora.adapter import (
     adapter_tensors,
     base_path,
 )
+from maec_core.io.headers import SafetensorsHeader, TensorInfo, read_header
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 SINGLE_FILE = "model.safetensors"

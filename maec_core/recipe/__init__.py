@@ -1,5 +1,9 @@
 """Recipes: mergekit's YAML shape for the shared methods, plus MAEC's own fields.
 
+This package is the recipe model and nothing that runs it: its parts (parameter values,
+the ``sweep:`` block, the chat template) sit here together, below every module that
+plans, merges, evaluates or sweeps a recipe (the ``core-floors`` import contract).
+
 Torch-free: the API validates job bodies with these models before anything is queued.
 Unknown keys inside a recipe's blocks are errors that name the key. An unknown top-level
 key is accepted, as mergekit 0.1.5 accepts it (it ignores it), and reported as a warning
@@ -19,9 +23,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from maec_core.errors import EvalSetError, MaecError, RecipeError, SweepError
 from maec_core.eval.sets import MAX_SETS, EvalSetSpec
-from maec_core.recipe_values import ParamValue
-from maec_core.sweep.spec import SweepSpec
-from maec_core.vocab.chat_template import check_chat_template
+from maec_core.recipe.chat_template import check_chat_template
+from maec_core.recipe.sweep import SweepSpec
+from maec_core.recipe.values import ParamValue
 
 DType = Literal["float32", "float16", "bfloat16"]
 
