@@ -456,7 +456,8 @@ def _to_folder(
         try:
             staged.add(write(ShardedWriter(
                 staged.folder, outputs, output.recipe.shard_size_bytes(), parallel_io=True,
-                on_shard=options.on_shard, on_shard_open=options.on_shard_open)))
+                on_shard=options.on_shard, on_shard_open=options.on_shard_open,
+                done=options.done_shards, part=options.part)))
         except BaseException:
             hasher.stop()
             raise
@@ -469,6 +470,10 @@ def _write_tensors(sink: TensorSink, background: bool, loop: _Loop) -> list[Writ
     """Merge every planned tensor into ``sink`` (a staged folder's shards and their
     index, or the caller's sink; on a thread of its own when ``background``); returns
     the files it wrote."""
+    # Resuming, or one part of a split merge: the tensors of the shards not made here are
+    # neither read nor computed (the progress count includes them).
+    if isinstance(sink, ShardedWriter) and sink.partial:
+        loop = _resumed(loop, sink.expected())
     plan, work = loop.plan, loop.work
     writer = BackgroundWriter(
         sink,
@@ -496,6 +501,14 @@ def _write_tensors(sink: TensorSink, background: bool, loop: _Loop) -> list[Writ
     except BaseException:
         writer.abort()
         raise
+
+
+def _resumed(loop: _Loop, expected: set[str]) -> _Loop:
+    """``loop`` over only the ``expected`` tensors, counted after the others."""
+    tensors = [t for t in loop.plan.tensors if t.name in expected]
+    skipped = len(loop.plan.tensors) - len(tensors)
+    return dataclasses.replace(loop, plan=dataclasses.replace(loop.plan, tensors=tensors),
+                               tick=functools.partial(_shifted, loop.tick, skipped))
 
 
 def _shifted(tick: Callable[[int], None], offset: int, i: int) -> None:
