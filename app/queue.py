@@ -17,6 +17,8 @@ from celery import Celery
 
 TASK_NAME = "maec.run_job"
 TAKE_TASK_NAME = "maec.take_next"
+# ``maec.run_part(job_id)`` on the pool's queue: help run a split job's parts.
+PART_TASK_NAME = "maec.run_part"
 # The default pool's queue (MAEC_POOLS' default, one pool without limits).
 QUEUE = "merges"
 # A finished job's signed webhook (app/webhooks/delivery.py), one attempt per message.
@@ -36,6 +38,11 @@ def send_webhook(celery: Celery, job_id: str, attempt: int = 1, delay_s: float =
 def send_take(celery: Celery, pool: str, *, retry: bool = True) -> None:
     """Wake one worker able to serve ``pool``."""
     celery.send_task(TAKE_TASK_NAME, args=[pool], queue=pool, retry=retry)
+
+
+def send_part(celery: Celery, pool: str, job_id: str) -> None:
+    """Ask one more worker of ``pool`` to run parts of split job ``job_id``."""
+    celery.send_task(PART_TASK_NAME, args=[job_id], queue=pool)
 
 
 class Enqueuer:

@@ -196,6 +196,13 @@ class Settings(BaseSettings):
     timeout is set above it."""
     lease_seconds: int = Field(default=60, ge=2)
     """A running job whose lease is older than this is re-queued by live workers."""
+    split_above_bytes: int = Field(default=0, ge=0)
+    """A plain merge whose inputs total more bytes than this runs as parts on several
+    workers of the pool, each part a contiguous group of output shards (0: never split).
+    Set alike on every worker of a pool."""
+    split_parts: int = Field(default=2, ge=2, le=64)
+    """How many parts a split merge is cut into (at most its output shard count): about
+    the number of workers the pool gives one merge."""
     progress_interval: float = Field(default=0.5, ge=0.0)
     """Seconds between a running job's progress writes to its record."""
     cancel_poll_interval: float = Field(default=0.25, ge=0.0)

@@ -65,6 +65,7 @@ from maec_core.io.writer import (
     SinkFn,
     TensorSink,
     WrittenFile,
+    shard_layout,
 )
 from maec_core.manifest import build_manifest, write_manifest
 from maec_core.methods import TensorCall, TensorMethod, get_method
@@ -628,6 +629,27 @@ def _run_slices(recipe: Recipe, spec: TensorMethod, out_dir: Path, ctx: RunConte
     output = OutputSpec(out_dir, recipe, job.out_dtype, job.tokenizer_from, job.base_models,
                         config_dtype=job.config_dtype)
     return stream_merge(job.plan, work, output, ctx)
+
+
+def planned_shard_count(recipe: Recipe) -> int | None:
+    """How many output shards a merge of ``recipe`` (its inputs local) makes, from the
+    inputs' headers alone: what splitting it into parts by shard groups needs to know.
+    None where the plan is not a plain tensor method's (slices, MAEC, MoE, a LoRA
+    export): such a merge is not split."""
+    spec = get_method(recipe.merge_method)
+    if (not isinstance(spec, TensorMethod) or recipe.layered
+            or (recipe.output is not None and recipe.output.format == "lora")):
+        return None
+    # The same planning steps as run_method: the same tensors, dtype and shard size.
+    base_key, others = _model_keys(recipe, spec.separate_base(recipe))
+    named = {**({base_key: base_key} if base_key else {}), **dict(others)}
+    folders = open_models(named, recipe.base_model)
+    reference = base_key or (recipe.base_model if recipe.base_model in named
+                             else others[0][0])
+    plan = build_plan(folders, reference, rows_of(recipe_vocab(recipe, folders)))
+    target = torch_dtype(spec.saved_dtype(recipe, plan.input_dtype))
+    outputs = [OutputTensor(t.name, t.shape, SAFETENSORS_NAMES[target]) for t in plan.tensors]
+    return len(shard_layout(outputs, recipe.shard_size_bytes()))
 
 
 def run_method(recipe: Recipe, out_dir: Path, ctx: RunContext | None = None) -> MergeResult:

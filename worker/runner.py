@@ -41,7 +41,7 @@ from maec_core.service import (
     plan_job,
     write_manifest,
 )
-from maec_core.service.running import EngineOptions, RunContext
+from maec_core.service.running import EngineOptions, RunContext, WrittenFile
 from worker.gguf import check_before_merge, dequantize_input, with_gguf_output
 from worker.inputs import InputCache, fetch_source
 from worker.measure import measured
@@ -166,10 +166,19 @@ class Outcome:
 ENDED_BY_CLAIM = frozenset({"cancelled", "exhausted", "time_limit"})
 
 
+# A split merge's parts all done: the prefix their shards lie under, and those shards.
+SplitDone = tuple[str, dict[str, WrittenFile]]
+# worker.split.coordinate: (runner, record, attempt, plan, inputs, prefix, workdir).
+SplitFn = Callable[["JobRunner", JobRecord, Attempt, JobPlan, dict[str, str], str, Path],
+                   SplitDone | None]
+
+
 class JobRunner:
     def __init__(self, settings: Settings, store: WorkerJobStore, storage: Storage,
                  *, worker: str | None = None,
-                 on_finished: Callable[[str], None] | None = None) -> None:
+                 on_finished: Callable[[str], None] | None = None,
+                 send_part: Callable[[str], None] | None = None,
+                 split: SplitFn | None = None) -> None:
         self.settings = settings
         self.store = store
         self.storage = storage
@@ -177,6 +186,11 @@ class JobRunner:
         # Called with the id of a job this runner ended that names a callback_url (the
         # worker queues its webhook); after the terminal write, never before.
         self.on_finished = on_finished
+        # Asks the pool for a helper on a split job's parts (worker.split); None: this
+        # runner runs every part itself.
+        self.send_part = send_part
+        # Runs a big merge as parts first (worker.split.coordinate); None: never split.
+        self.split = split
         self.cache = InputCache(settings.work_dir / "cache", settings.cache_max_bytes)
 
     def run(self, job_id: str) -> str:
@@ -298,6 +312,7 @@ class JobRunner:
             rec.id, allowed=("running", "publishing"), to=status, attempt=att.attempt,
             fields=fields, metrics=finish_increments(status, seconds, nbytes),
         )
+        self._forget_parts(rec.id)
         if not ok:
             log.warning("job %s: could not mark %s (record says %s)", rec.id, status,
                         previous)
@@ -305,6 +320,13 @@ class JobRunner:
         log.info("job %s: %s in %.2f s", rec.id, status, seconds)
         self._finished(rec.id, rec.callback_url)
         return status
+
+    def _forget_parts(self, job_id: str) -> None:
+        """A split job's parts, once it ended (they expire anyway)."""
+        try:
+            self.store.parts().remove(job_id)
+        except Exception as exc:
+            log.warning("job %s: parts not removed: %s", job_id, exc)
 
     def _finished(self, job_id: str, callback_url: str | None) -> None:
         """Hand an ended job to ``on_finished`` if it asked for a webhook. Never raises:
@@ -377,6 +399,19 @@ class JobRunner:
                  fetched, cached)
         return local
 
+    def fetch_inputs(self, rec: JobRecord, plan: JobPlan | None, att: Attempt,
+                     workdir: Path, hold: Hold) -> dict[str, str]:
+        """The job's inputs fetched (a split job's part fetches them too)."""
+        return self._fetch(rec, plan, att, workdir, hold)
+
+    def _split(self, rec: JobRecord, att: Attempt, plan: JobPlan, local: dict[str, str],
+               prefix: str, workdir: Path) -> SplitDone | None:
+        split = None if self.split is None else self.split(self, rec, att, plan, local,
+                                                            prefix, workdir)
+        if split is not None:
+            att.floor = max(att.floor, plan.spans.at("merge", 1, 1)[1])
+        return split
+
     def _execute(self, rec: JobRecord, att: Attempt, prefix: str, workdir: Path,
                  hold: Hold) -> Finished:
         if rec.method == MOE_METHOD:
@@ -392,6 +427,12 @@ class JobRunner:
         local = self._fetch(rec, plan, att, workdir, hold)
         plan.adapters.check(local)
         check_before_merge(plan.localised(local))
+        # --- split: a big merge's parts run on the pool's workers first (worker.split);
+        # this attempt then goes on as a resumed merge with every shard done ---
+        split = self._split(rec, att, plan, local, prefix, workdir)
+        if split is not None:
+            ledger, (prefix, done) = None, split
+        # --- end split ---
         workdir.mkdir(parents=True, exist_ok=True)
         out = workdir / "out"
         uploaded = [0]

@@ -11,12 +11,21 @@ from celery import shared_task
 # (a merge child then starts in milliseconds). Importing torch does not initialise CUDA.
 import maec_core.service.running  # noqa: F401
 from app.jobs.worker_store import WorkerJobStore
-from app.queue import TAKE_TASK_NAME, TASK_NAME, WEBHOOK_TASK_NAME, send_take, send_webhook
+from app.queue import (
+    PART_TASK_NAME,
+    TAKE_TASK_NAME,
+    TASK_NAME,
+    WEBHOOK_TASK_NAME,
+    send_part,
+    send_take,
+    send_webhook,
+)
 from app.settings import get_settings
 from app.storage import make_storage
 from app.webhooks.delivery import SOFT_TIME_LIMIT_S, TIME_LIMIT_S, deliver
 from worker import dispatch
 from worker.runner import JobRunner
+from worker.split import coordinate, help_parts
 
 log = logging.getLogger("maec.worker")
 
@@ -28,7 +37,9 @@ def _runner() -> JobRunner:
     settings = get_settings()
     return JobRunner(settings, WorkerJobStore.from_url(settings.redis_url),
                      make_storage(settings),
-                     on_finished=lambda ended: send_webhook(run_job.app, ended))
+                     on_finished=lambda ended: send_webhook(run_job.app, ended),
+                     send_part=lambda job: send_part(run_part.app, settings.own_pool, job),
+                     split=coordinate)
 
 
 @shared_task(name=TASK_NAME, acks_late=True, ignore_result=True)  # type: ignore[untyped-decorator]
@@ -41,6 +52,12 @@ def take_next(pool: str) -> str:
     """A wake-up for ``pool``: run whichever job the scheduler hands this worker."""
     return dispatch.take_next(_runner(), pool,
                               wake=lambda other: send_take(take_next.app, other))
+
+
+@shared_task(name=PART_TASK_NAME, acks_late=True, ignore_result=True)  # type: ignore[untyped-decorator]
+def run_part(job_id: str) -> str:
+    """Help run a split job's parts (worker.split)."""
+    return help_parts(_runner(), job_id)
 
 
 # Short limits of its own: one delivery attempt is a few network round trips; a later

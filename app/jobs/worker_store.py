@@ -32,6 +32,7 @@ from app.jobs.keys import (
     sched_workers_key,
     status_key,
 )
+from app.jobs.parts import PartStore
 from app.jobs.record import TERMINAL, JobRecord, decode, text
 from app.storage.base import Storage, StorageError
 
@@ -56,6 +57,10 @@ class WorkerJobStore:
 
     def close(self) -> None:
         self._r.close()
+
+    def parts(self) -> PartStore:
+        """The split merges' parts, on the same Redis (app.jobs.parts)."""
+        return PartStore(self._r)
 
     def _run(self, call: Call[T]) -> T:
         return call.parse(self._scripts[call.script.name](keys=call.keys, args=call.args))

@@ -4,6 +4,7 @@ evaluates. The worker imports it; the API never does (it must not load torch).""
 from __future__ import annotations
 
 from maec_core.context import RunContext
+from maec_core.engine import planned_shard_count
 from maec_core.gguf.dequantize import GGUF_INFO_FILE, dequantize_gguf
 from maec_core.gguf.sources import check_gguf_output
 from maec_core.io.writer import WrittenFile
@@ -21,6 +22,7 @@ __all__ = [
            "build_moe",
            "check_gguf_output", "dequantize_gguf",
            "evaluate_folder",
+           "planned_shard_count",
            "run",
            "run_sweep",
 ]

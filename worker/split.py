@@ -1,0 +1,313 @@
+"""One big merge split across a pool's workers: parts by shard groups, then a final step.
+
+A plain merge (a tensor method's, not a sweep, an evaluation, MAEC or an MoE) whose
+inputs total more than the pool's ``split_above_bytes`` runs as parts: its fixed output
+shard plan (``planned_shard_count``) is cut into ``split_parts`` contiguous groups
+(:func:`app.jobs.parts.part_ranges`), kept in the job store (:mod:`app.jobs.parts`).
+
+- The job's own attempt, claimed as any job's (fair share, cancel, drain, pin and
+  leases as for a whole job), is the coordinator (:func:`coordinate`): it creates the
+  parts, asks the pool for ``parts - 1`` helpers (``maec.run_part`` tasks, each running
+  :func:`help_parts`), and runs parts itself until none is left to claim; meanwhile it
+  writes the job's progress as the fraction done over all parts.
+- Each part is claimed with its own attempt and lease. It publishes its shards under
+  the job's prefix as they are made (``EngineOptions.part``) and records each in its
+  entry as it lands; a part whose worker is lost is claimed again once its lease runs
+  out (by a helper or the coordinator) and, like a resumed job, verifies and skips the
+  shards already recorded (``EngineOptions.done_shards``).
+- Once every part is done, the coordinator's attempt goes on as a resumed merge with
+  every shard done: the engine reads and computes nothing, writes the index, the model
+  card and the other files, and the manifest is published last, fenced by the job's
+  attempt, so it is written once. The result is the unsplit merge's byte for byte.
+
+Every part fetches the inputs whole (through the worker's cache); fetching only the
+byte ranges a part's tensors need is not done here.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from app.disk_cache import Hold
+from app.jobs.parts import Part, PartStore, part_ranges
+from app.jobs.record import JobRecord
+from maec_core.service import Cancelled, JobPlan, MaecError, parse_recipe, plan_job
+from maec_core.service.running import (
+    EngineOptions,
+    RunContext,
+    WrittenFile,
+    planned_shard_count,
+    run,
+)
+from worker.publish import ShardUploads
+from worker.resume import FIELD, Landed, Resumed, ShardLedger, resumable, verified
+from worker.runner import Attempt, JobRunner, LeaseLost, SplitDone
+
+log = logging.getLogger("maec.worker")
+
+# How often a coordinator with no part left to claim looks at the others (seconds).
+POLL_S = 0.2
+
+
+class PartFailed(MaecError):
+    """A part of a split merge failed (its error is the one given), or ran out of
+    attempts."""
+
+    code = "part_failed"
+
+
+def input_bytes(local: dict[str, str]) -> int:
+    """The fetched inputs' size: what ``split_above_bytes`` is compared with."""
+    total = 0
+    for path in set(local.values()):
+        p = Path(path)
+        files = [p] if p.is_file() else [f for f in p.rglob("*") if f.is_file()]
+        total += sum(f.stat().st_size for f in files)
+    return total
+
+
+def shard_count(runner: JobRunner, plan: JobPlan, local: dict[str, str]) -> int | None:
+    """The output's shard count when this merge is to be split, else None."""
+    if runner.settings.split_above_bytes <= 0 or not resumable(plan):
+        return None
+    if input_bytes(local) <= runner.settings.split_above_bytes:
+        return None
+    n = planned_shard_count(plan.localised(local).merge_only())
+    return n if n is not None and n >= 2 else None
+
+
+def coordinate(runner: JobRunner, rec: JobRecord, att: Attempt, plan: JobPlan,
+               local: dict[str, str], prefix: str, workdir: Path) -> SplitDone | None:
+    """Run ``rec``'s merge as parts when it is to be split (None: run it whole); the
+    prefix the parts' shards lie under, and those shards (the final step's done ones)."""
+    n = shard_count(runner, plan, local)
+    if n is None:
+        return None
+    store = runner.store.parts()
+    ranges = part_ranges(n, runner.settings.split_parts)
+    store.create(rec.id, prefix, ranges)
+    state = store.get(rec.id)
+    assert state is not None
+    log.info("job %s: split into %d parts of %d shards under %s", rec.id,
+             len(state.parts), n, state.prefix)
+    if runner.send_part is not None:
+        for _ in range(len(state.parts) - 1):
+            runner.send_part(rec.id)
+    stop = threading.Event()
+    reporter = threading.Thread(target=_report, args=(store, rec.id, att, stop),
+                                name="maec-split-progress", daemon=True)
+    reporter.start()
+    try:
+        _drive(runner, rec, att, plan, local, store, workdir)
+    except (Cancelled, PartFailed):
+        _wait_stopped(store, rec.id, runner.settings.lease_seconds)
+        raise
+    finally:
+        stop.set()
+        reporter.join()
+    final = store.get(rec.id)
+    assert final is not None
+    return final.prefix, {name: WrittenFile(name, int(s["size"]), str(s["sha256"]))
+                          for p in final.parts for name, s in p.shards.items()}
+
+
+def _drive(runner: JobRunner, rec: JobRecord, att: Attempt, plan: JobPlan,
+           local: dict[str, str], store: PartStore, workdir: Path) -> None:
+    """Claim and run parts until every part is done (the helpers run the others)."""
+    while True:
+        if att.cancel_requested():
+            raise Cancelled("the job was cancelled")
+        index, attempt = _claim(runner, store, rec.id)
+        if index >= 0:
+            try:
+                run_claimed_part(runner, rec, plan, store, index, attempt, local,
+                                 workdir / f"p{index}")
+            except LeaseLost:
+                if att.lost:  # the job itself was taken over
+                    raise
+                log.warning("job %s: part %d taken over", rec.id, index)
+            continue
+        state = store.get(rec.id)
+        if state is None:
+            raise PartFailed("the split merge's parts are gone from the job store")
+        failed = [p for p in state.parts if p.state == "failed"] if index == -1 else [
+            state.parts[attempt]]
+        if failed:
+            raise PartFailed(f"part {failed[0].index} of the split merge failed: "
+                             f"{_error(failed[0])}")
+        if state.done:
+            return
+        time.sleep(POLL_S)
+
+
+def _claim(runner: JobRunner, store: PartStore, job_id: str) -> tuple[int, int]:
+    s = runner.settings
+    return store.claim(job_id, worker=runner.worker, lease_s=s.lease_seconds,
+                       now=time.time(), max_attempts=s.max_attempts)
+
+
+def _error(part: Part) -> str:
+    if part.error:
+        return str(part.error.get("message") or part.error.get("code"))
+    return f"it ran out of its attempts ({part.attempt})"
+
+
+def _report(store: PartStore, job_id: str, att: Attempt, stop: threading.Event) -> None:
+    """The job's progress: the fraction of the parts done, over the merge stage."""
+    period = max(0.2, att.settings.progress_interval)
+    while not stop.wait(period):
+        try:
+            state = store.get(job_id)
+            if state is None:
+                return
+            done = sum(p.state == "done" for p in state.parts)
+            stage, fraction = att.spans.at("merge", 0, 1)
+            end = att.spans.at("merge", 1, 1)[1]
+            att.report(stage, fraction + (end - fraction) * state.fraction, done,
+                       len(state.parts), parts={"done": done, "of": len(state.parts)})
+        except Exception as exc:  # a Redis blip or a lost lease: the next tick says so
+            log.debug("job %s: split progress not written: %s", job_id, exc)
+
+
+def _wait_stopped(store: PartStore, job_id: str, lease_s: float) -> None:
+    """After a cancel, until no other worker still runs a part (each stops its uploads
+    first), so that the clean-up of the prefix that follows comes after their last
+    upload; at most one lease."""
+    deadline = time.monotonic() + lease_s
+    while time.monotonic() < deadline:
+        state = store.get(job_id)
+        if state is None or not any(p.state == "running" for p in state.parts):
+            return
+        time.sleep(POLL_S)
+
+
+@dataclass
+class PartAttempt(Attempt):
+    """One part's attempt: its lease, progress and recorded shards go to the part's
+    entry, fenced by the part's attempt; cancel is the job's."""
+
+    parts: PartStore | None = None
+    index: int = 0
+
+    def write(self, fields: dict[str, Any]) -> None:
+        update: dict[str, Any] = {}
+        if "lease_until" in fields:
+            update["lease_until"] = fields["lease_until"]
+        if "progress" in fields:
+            # Done only once marked done (after its last upload).
+            update["fraction"] = min(0.99, float(fields["progress"]["fraction"]))
+        if FIELD in fields:
+            update["shards"] = fields[FIELD]["files"]
+        assert self.parts is not None
+        with self._lock:
+            ok = self.parts.update(self.job_id, self.index, self.attempt, update)
+            self._last_write = self._last_poll = time.monotonic()
+        if not ok:
+            self.lost = True
+            raise LeaseLost(self.job_id)
+
+
+def run_claimed_part(runner: JobRunner, rec: JobRecord, plan: JobPlan, store: PartStore,
+                     index: int, attempt: int, local: dict[str, str] | None,
+                     workdir: Path, hold: Hold | None = None) -> dict[str, str]:
+    """Run part ``index`` (claimed as ``attempt``): make its shards, publish each as it
+    is made, record it, and mark the part done; returns the inputs (fetched here when
+    ``local`` is None)."""
+    state = store.get(rec.id)
+    if state is None:
+        raise PartFailed("the split merge's parts are gone from the job store")
+    part = state.parts[index]
+    att = PartAttempt(runner.store, runner.settings, rec.id, attempt, spans=plan.spans,
+                      parts=store, index=index)
+    att.start_lease()
+    log.info("job %s: part %d (shards %d-%d) attempt %d on %s", rec.id, index, part.lo,
+             part.hi - 1, attempt, runner.worker)
+    try:
+        if local is None:
+            assert hold is not None
+            local = runner.fetch_inputs(rec, plan, att, workdir, hold)
+        _make_part(runner, plan, att, state.prefix, part, local, workdir)
+    except Cancelled:
+        # Its uploads are stopped: the coordinator may clean the prefix now.
+        store.update(rec.id, index, attempt, {}, state="stopped")
+        raise
+    finally:
+        att.stop_lease()
+        shutil.rmtree(workdir / "out", ignore_errors=True)
+    if not store.finish(rec.id, index, attempt):
+        raise LeaseLost(rec.id)
+    log.info("job %s: part %d done", rec.id, index)
+    return local
+
+
+def _make_part(runner: JobRunner, plan: JobPlan, att: Attempt, prefix: str, part: Part,
+               local: dict[str, str], workdir: Path) -> None:
+    landed = {name: Landed(WrittenFile(name, int(s["size"]), str(s["sha256"])),
+                           str(s["etag"]) if s.get("etag") else None)
+              for name, s in part.shards.items()}
+    good = verified(runner.storage, prefix, landed) if landed else {}
+    ledger = ShardLedger(att.job_id, att.attempt, att.write, Resumed(prefix, good),
+                         runner.storage)
+    ledger.begin()
+    uploads = ShardUploads(runner.storage, prefix, on_stored=ledger.landed)
+    hash_cache = runner.settings.work_dir / "checksums"
+    ctx = RunContext(progress=att.progress, cancel=att.cancel_requested,
+                     device=runner.settings.device, hash_cache=hash_cache,
+                     options=EngineOptions(on_shard=uploads.on_shard,
+                                           on_shard_open=uploads.on_shard_open,
+                                           done_shards={n: s.file for n, s in good.items()}
+                                           or None, part=(part.lo, part.hi)))
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+        run(plan.localised(local).merge_only(), workdir / "out", ctx)
+        if not uploads.wait(att.cancel_requested, lambda _n: None):
+            raise Cancelled("the job was cancelled")
+    except BaseException:
+        uploads.stop()
+        raise
+    uploads.close()
+
+
+def help_parts(runner: JobRunner, job_id: str) -> str:
+    """A helper's task: run the job's free parts one after another, until none is left
+    (or the job ends). Never raises: a part that fails is marked failed with its error,
+    and the coordinator fails the job with it."""
+    store = runner.store.parts()
+    rec = runner.store.get(job_id)
+    if rec is None or rec.status != "running" or store.get(job_id) is None:
+        return "ended"
+    plan = plan_job(parse_recipe(rec.recipe))
+    workdir = runner.settings.work_dir / "jobs" / job_id / f"h{time.time_ns()}"
+    local: dict[str, str] | None = None
+    ran = 0
+    try:
+        with runner.cache.hold() as hold:
+            while True:
+                index, attempt = _claim(runner, store, job_id)
+                if index < 0:
+                    return f"ran {ran} parts"
+                try:
+                    local = run_claimed_part(runner, rec, plan, store, index, attempt,
+                                             local, workdir / f"p{index}", hold)
+                    ran += 1
+                except LeaseLost:
+                    log.warning("job %s: part %d taken over", job_id, index)
+                except Cancelled:
+                    return "cancelled"
+                except Exception as exc:
+                    if runner.store.cancel_requested(job_id):  # stopped in its fetch
+                        store.update(job_id, index, attempt, {}, state="stopped")
+                        return "cancelled"
+                    log.warning("job %s: part %d failed: %s", job_id, index, exc)
+                    error = exc.to_dict() if isinstance(exc, MaecError) else {
+                        "code": "internal_error", "message": f"{type(exc).__name__}: {exc}"}
+                    store.update(job_id, index, attempt, {"error": error}, state="failed")
+                    return "failed"
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
