@@ -1,0 +1,94 @@
+"""Faults during a split merge (parts on two workers, worker/split.py): a worker SIGKILLed
+mid-part, and a cancel while the parts run. Nothing is lost, no part is run twice to
+completion, and the split result is the unsplit merge's byte for byte."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+import redis
+
+from app.jobs.parts import parts_key
+from tests.reliability import helpers as h
+from tests.reliability import results
+from tests.reliability.test_faults import ENV, slow_job
+from tests.stack import S3Server, Stack, stack_context, wait_for
+
+pytestmark = [pytest.mark.faults, pytest.mark.integration, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, s3_server: S3Server,
+          model_root: Path) -> Iterator[Stack]:
+    env = {**ENV, "MAEC_SPLIT_ABOVE_BYTES": "1", "MAEC_SPLIT_PARTS": "2"}
+    with stack_context(tmp_path_factory.mktemp("split"), None, storage="s3", s3=s3_server,
+                       workers=2, local_roots=[model_root], env=env) as st:
+        yield st
+
+
+def parts(stack: Stack, job_id: str) -> list[dict[str, Any]]:
+    r = redis.Redis.from_url(stack.redis_url, socket_timeout=2)
+    try:
+        raw = cast(dict[bytes, bytes], r.hgetall(parts_key(job_id)))
+    finally:
+        r.close()
+    n = int(raw.get(b"n", b"0"))
+    return [json.loads(raw[f"p{i}".encode()]) for i in range(n)]
+
+
+def _helper_mid_part(stack: Stack, job_id: str) -> dict[str, Any] | None:
+    """The part a helper (not the job's own attempt) runs, once one shard of it landed."""
+    owner = h.record(stack, job_id).get("worker")
+    for p in parts(stack, job_id):
+        if p["state"] == "running" and p["owner"] != owner and p.get("shards"):
+            return p
+    return None
+
+
+def _done_once(stack: Stack, job_id: str) -> None:
+    text = h.log_text(stack.workers)
+    for i in range(2):
+        assert text.count(f"job {job_id}: part {i} done") == 1, i
+
+
+def test_worker_killed_mid_part_is_taken_over_and_resumed(stack: Stack,
+                                                           s3_server: S3Server,
+                                                           big: dict[str, Path]) -> None:
+    body = slow_job(big, "split-kill", shard="5MB")
+    job = stack.submit(body)
+    part = wait_for(lambda: _helper_mid_part(stack, job["id"]), 90, "a helper's part")
+    h.kill_child(stack, {"worker": part["owner"]})
+    t0 = time.monotonic()
+    done = stack.wait(job["id"], timeout=240)
+    results.figure("split_sigkill_part_recovery_s", round(time.monotonic() - t0, 1))
+    assert done["status"] == "succeeded", done["error"]
+    assert done["attempts"] == 1  # the job's own attempt was not the one killed
+    _done_once(stack, job["id"])
+    h.assert_published_once(s3_server, done, h.record(stack, job["id"]))
+    # Every shard is the one its part recorded (tests/api/test_split.py compares a split
+    # job's bytes with an unsplit one's).
+    shards = {f["path"]: f["sha256"] for f in done["result"]["files"]
+              if f["path"].endswith(".safetensors")}
+    assert len(shards) >= 4
+    lost, dup = h.audit(stack, s3_server, [job["id"]], h.worker_logs(stack))
+    assert (lost, dup) == (0, 0), f"lost={lost} duplicate runs={dup}"
+
+
+def test_cancel_while_parts_run_leaves_nothing(stack: Stack, s3_server: S3Server,
+                                               big: dict[str, Path]) -> None:
+    job = stack.submit(slow_job(big, "split-cancel", shard="5MB"))
+    wait_for(lambda: _helper_mid_part(stack, job["id"]), 90, "a helper's part")
+    r = stack.client().post(f"/v1/jobs/{job['id']}/cancel")
+    assert r.status_code in (200, 202), r.text
+    done = stack.wait(job["id"], timeout=120)
+    assert done["status"] == "cancelled", done
+    time.sleep(1)  # a helper's last upload, had it outlived the clean-up, lands here
+    assert not h.job_keys(s3_server, job["id"])
+    assert not parts(stack, job["id"])
+    lost, dup = h.audit(stack, s3_server, [job["id"]], h.worker_logs(stack))
+    assert (lost, dup) == (0, 0)
