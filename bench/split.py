@@ -21,8 +21,12 @@ resume_wall_vs_uninterrupted=... refetched_bytes_ratio=...``
   lease wait included) over the uninterrupted one's;
 - ``refetched_bytes_ratio``: the input bytes the resuming attempt fetched from the store
   (its worker's log), over the inputs' size;
-- ``speedup_2`` and ``speedup_4`` are ``n/a``: one job runs on one worker (a merge split
-  into parts across workers is not built).
+- ``speedup_2`` (``speedup_4`` with ``--four``, else ``n/a``): the same merge run whole
+  on one worker, over its wall split into 2 (4) parts on 2 (4) workers
+  (``MAEC_SPLIT_ABOVE_BYTES``, ``MAEC_SPLIT_PARTS``: worker/split.py); the split run's
+  files must have the whole run's sha256 for ``identical=1``. Each part fetches the
+  inputs whole (ranged fetches per part are not built), so under the read cap the fetch
+  does not shrink with more workers: only the merge and the upload are shared.
 """
 
 from __future__ import annotations
@@ -75,12 +79,12 @@ def _planned(rec: dict[str, Any]) -> int | None:
 
 
 def run_once(work: Path, s3: Any, uris: list[str], shard: str, env: dict[str, str],
-             kill_at: float | None) -> tuple[float, dict[str, Any], int]:
+             kill_at: float | None, workers: int = 2) -> tuple[float, dict[str, Any], int]:
     """(wall seconds, the finished job, input bytes the job's last attempt fetched)."""
     from tests.reliability import helpers as h
     from tests.stack import stack_context, wait_for
 
-    with stack_context(work, None, storage="s3", s3=s3, workers=2, env=env) as st:
+    with stack_context(work, None, storage="s3", s3=s3, workers=workers, env=env) as st:
         t0 = time.monotonic()
         job = st.submit(body(uris, shard))
         if kill_at is not None:
@@ -101,6 +105,10 @@ def run_once(work: Path, s3: Any, uris: list[str], shard: str, env: dict[str, st
     return wall, done, fetched[-1] if fetched else 0
 
 
+def _files(job: dict[str, Any]) -> dict[str, str]:
+    return {f["path"]: f["sha256"] for f in job["result"]["files"]}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--size", choices=sorted(SIZES), default="3b")
@@ -108,12 +116,15 @@ def main() -> int:
                     help="each worker's S3 read cap, MB/s (MAEC_S3_READ_BYTES_PER_S)")
     ap.add_argument("--kill-at", type=float, default=0.6,
                     help="fraction of the planned shards published when the worker dies")
+    ap.add_argument("--four", action="store_true",
+                    help="also split into 4 parts on 4 workers (a machine with the cores)")
     args = ap.parse_args()
     from tests.stack import S3Server
 
     env = {"MAEC_LEASE_SECONDS": "3", "MAEC_PROGRESS_INTERVAL": "0.2",
            "MAEC_S3_READ_BYTES_PER_S": str(int(args.read_mb_s * 1e6)),
            "MAEC_S3_DOWNLOAD_PART_BYTES": str(8 << 20)}
+    split_same = True
     with tempfile.TemporaryDirectory(prefix="bench-split-") as tmp:
         root = Path(tmp)
         models = build(root / "models", args.size)
@@ -121,17 +132,27 @@ def main() -> int:
         s3 = S3Server(root / "s3").start()
         try:
             uris = [s3.upload_folder(m, f"split/{m.name}") for m in models]
-            whole_s, whole, _ = run_once(root / "whole", s3, uris, SHARD[args.size], env, None)
+            whole_s, whole, _ = run_once(root / "whole", s3, uris, SHARD[args.size], env, None,
+                                         workers=1)
+            split_s: dict[int, float] = {}
+            for n in (2, 4) if args.four else (2,):
+                split_env = {**env, "MAEC_SPLIT_ABOVE_BYTES": "1", "MAEC_SPLIT_PARTS": str(n)}
+                split_s[n], split, _ = run_once(root / f"split{n}", s3, uris, SHARD[args.size],
+                                                split_env, None, workers=n)
+                same_split = _files(split) == _files(whole)
+                split_same = split_same and same_split if n != 2 else same_split
             resumed_s, resumed, refetched = run_once(root / "resumed", s3, uris,
                                                      SHARD[args.size], env, args.kill_at)
         finally:
             s3.kill()
-    same = ({f["path"]: f["sha256"] for f in whole["result"]["files"]}
-            == {f["path"]: f["sha256"] for f in resumed["result"]["files"]})
+    same = _files(whole) == _files(resumed) and split_same
+    speedup = {n: f"{whole_s / split_s[n]:.2f}" if n in split_s else "n/a" for n in (2, 4)}
     print(f"inputs {inputs / 1e9:.2f} GB; uninterrupted {whole_s:.1f} s; resumed "
           f"{resumed_s:.1f} s (attempts {resumed['attempts']}, "
           f"{(resumed['progress'].get('resumed') or {})} kept)")
-    print(f"RESULT split speedup_2=n/a speedup_4=n/a identical={int(same)} "
+    print("whole on 1 worker {:.1f} s; split: {}".format(whole_s, ", ".join(
+        f"{n} workers {t:.1f} s" for n, t in split_s.items())))
+    print(f"RESULT split speedup_2={speedup[2]} speedup_4={speedup[4]} identical={int(same)} "
           f"resume_wall_vs_uninterrupted={resumed_s / whole_s:.3f} "
           f"refetched_bytes_ratio={refetched / inputs:.3f}")
     return 0

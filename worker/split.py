@@ -45,6 +45,7 @@ from maec_core.service.running import (
     planned_shard_count,
     run,
 )
+from worker.drain import draining
 from worker.publish import ShardUploads
 from worker.resume import FIELD, Landed, Resumed, ShardLedger, resumable, verified
 from worker.runner import Attempt, JobRunner, LeaseLost, SplitDone
@@ -289,6 +290,8 @@ def help_parts(runner: JobRunner, job_id: str) -> str:
     try:
         with runner.cache.hold() as hold:
             while True:
+                if draining():  # the parts left go to the other workers
+                    return f"ran {ran} parts, draining"
                 index, attempt = _claim(runner, store, job_id)
                 if index < 0:
                     return f"ran {ran} parts"
