@@ -37,6 +37,7 @@ from typing import Any
 from app.disk_cache import Hold
 from app.jobs.parts import Part, PartStore, part_ranges
 from app.jobs.record import JobRecord
+from app.storage.base import StorageError
 from maec_core.service import Cancelled, JobPlan, MaecError, parse_recipe, plan_job
 from maec_core.service.running import (
     EngineOptions,
@@ -54,6 +55,8 @@ log = logging.getLogger("maec.worker")
 
 # How often a coordinator with no part left to claim looks at the others (seconds).
 POLL_S = 0.2
+# How long a part whose upload the store refused waits before it is claimed again.
+RETRY_PAUSE_S = 1.0
 
 
 class PartFailed(MaecError):
@@ -133,6 +136,8 @@ def _drive(runner: JobRunner, rec: JobRecord, att: Attempt, plan: JobPlan,
                 if att.lost:  # the job itself was taken over
                     raise
                 log.warning("job %s: part %d taken over", rec.id, index)
+            except StorageError as exc:
+                _release(store, rec.id, index, attempt, exc)
             continue
         state = store.get(rec.id)
         if state is None:
@@ -151,6 +156,16 @@ def _claim(runner: JobRunner, store: PartStore, job_id: str) -> tuple[int, int]:
     s = runner.settings
     return store.claim(job_id, worker=runner.worker, lease_s=s.lease_seconds,
                        now=time.time(), max_attempts=s.max_attempts)
+
+
+def _release(store: PartStore, job_id: str, index: int, attempt: int,
+             exc: StorageError) -> None:
+    """The store refused the part's upload: the part is handed back to be claimed again
+    (its recorded shards kept), after a pause; ``max_attempts`` bounds the tries."""
+    log.warning("job %s: part %d attempt %d: storage failed, part handed back: %s",
+                job_id, index, attempt, exc)
+    store.update(job_id, index, attempt, {}, state="pending")
+    time.sleep(RETRY_PAUSE_S)
 
 
 def _error(part: Part) -> str:
@@ -301,6 +316,8 @@ def help_parts(runner: JobRunner, job_id: str) -> str:
                     ran += 1
                 except LeaseLost:
                     log.warning("job %s: part %d taken over", job_id, index)
+                except StorageError as exc:
+                    _release(store, job_id, index, attempt, exc)
                 except Cancelled:
                     return "cancelled"
                 except Exception as exc:

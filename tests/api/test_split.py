@@ -9,10 +9,13 @@ import logging
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 import pytest
 
 from app.jobs.parts import part_ranges, parts_key
+from app.storage.base import Digest, StorageError, WaitFn
+from app.storage.local import LocalStorage
 from tests.api.conftest import Api
 from tests.api.test_resume import Shards, WorkerDied
 from worker.runner import JobRunner
@@ -115,3 +118,56 @@ def test_cancel_stops_a_split_job_and_leaves_nothing(
     assert coordinator.run(jid) == "cancelled"
     assert not api.r.exists(parts_key(jid))
     assert not list((api.settings.storage_dir / "jobs" / jid).rglob("*.safetensors"))
+
+
+class Refusing(LocalStorage):
+    """Local storage that refuses the first ``refuse`` shard uploads (an outage), and
+    can ask for the job's cancel as the final step uploads its first small file."""
+
+    def __init__(self, root: Path, refuse: int = 0,
+                 on_final: Callable[[], None] | None = None) -> None:
+        super().__init__(root)
+        self.refuse = refuse
+        self.on_final = on_final
+        self._lock = threading.Lock()
+
+    def put_verified(self, key: str, f: BinaryIO, size: int, sha256: Digest, *,
+                     wait_for: WaitFn | None = None) -> None:
+        if key.endswith(".safetensors"):
+            with self._lock:
+                self.refuse -= 1
+                if self.refuse >= 0:
+                    raise StorageError(f"{key}: the store is unreachable")
+        elif self.on_final is not None:
+            self.on_final()
+            self.on_final = None
+        super().put_verified(key, f, size, sha256, wait_for=wait_for)
+
+
+def test_a_part_whose_upload_the_store_refuses_for_a_while_is_tried_again(
+        api_factory: Callable[..., Api]) -> None:
+    api = api_factory(split_above_bytes=1, split_parts=2)
+    jid = str(api.submit(api.named(**BODY))["id"])
+    storage = Refusing(api.settings.storage_dir, refuse=2)
+    runner = JobRunner(api.settings, api.worker_store(), storage, split=coordinate)
+    assert runner.run(jid) == "succeeded"
+    assert storage.refuse < 0
+    assert _files(api, jid) == _whole(api)
+
+
+def test_cancel_during_the_final_step_publishes_nothing(
+        api_factory: Callable[..., Api]) -> None:
+    api = api_factory(split_above_bytes=1, split_parts=2, cancel_poll_interval=0.0)
+    jid = str(api.submit(api.named(**BODY))["id"])
+
+    def cancel() -> None:
+        r = api.client.post(f"/v1/jobs/{jid}/cancel", headers=api.auth())
+        assert r.status_code in (200, 202), r.text
+
+    storage = Refusing(api.settings.storage_dir, on_final=cancel)
+    runner = JobRunner(api.settings, api.worker_store(), storage, split=coordinate)
+    assert runner.run(jid) == "cancelled"
+    assert storage.on_final is None  # the parts were done: the final step had begun
+    assert not api.r.exists(parts_key(jid))
+    assert not [p for p in (api.settings.storage_dir / "jobs" / jid).rglob("*")
+                if p.is_file()]
