@@ -5,7 +5,8 @@ checkpoints. Two trees that print the same lines publish the same bytes.
     python scripts/published_digests.py [ROOT]
 
 ROOT (default /tmp/maec-published-digests, emptied first) holds the models, Redis and
-storage; it is fixed because the manifests name local inputs by their paths.
+storage; it is fixed because the manifests name local inputs by their paths. A digest
+marked ``*`` is of the file with its run-dependent parts fixed (see ``_VARYING``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -83,6 +85,8 @@ def main(root: Path) -> None:
         with TestClient(create_app(settings), raise_server_exceptions=False) as client:
             runner = JobRunner(settings, WorkerJobStore(r),
                                LocalStorage(settings.storage_dir), worker="digests")
+            # sha256 of a file as published -> of the file with its varying parts fixed.
+            renamed: dict[str, str] = {}
             for name, body in jobs.items():
                 resp = client.post("/v1/jobs", json=body, headers=auth)
                 assert resp.status_code == 202, resp.text
@@ -90,32 +94,64 @@ def main(root: Path) -> None:
                 outcome = runner.run(jid)
                 job = client.get(f"/v1/jobs/{jid}", headers=auth).json()
                 assert outcome == "succeeded", job.get("error")
-                for f in sorted(job["result"]["files"], key=lambda f: f["path"]):
+                files = sorted(job["result"]["files"], key=lambda f: f["path"])
+                # Manifests last: they list the other files' digests (see _fixed).
+                files.sort(key=lambda f: f["path"].endswith("manifest.json"))
+                for f in files:
                     data = client.get(f["url"], headers=auth).content
-                    digest = hashlib.sha256(data).hexdigest()
-                    if f["path"].endswith("manifest.json"):
-                        # The job id is random: it must not appear in a manifest.
-                        assert jid not in data.decode(), f["path"]
-                    print(f"{name:9} {digest} {f['path']}")
+                    fixed = _fixed(data, f["path"], renamed)
+                    mark = "*" if fixed != data else " "
+                    if fixed != data:
+                        renamed[hashlib.sha256(data).hexdigest()] = (
+                            hashlib.sha256(fixed).hexdigest())
+                    print(f"{name:9} {hashlib.sha256(fixed).hexdigest()}{mark} {f['path']}")
                 result = dict(job["result"])
                 for k in ("core_seconds",):
                     result.pop(k, None)
                 result["files"] = [{k: v for k, v in f.items() if k != "url"}
                                    for f in result["files"]]
-                doc = json.dumps(_strip_times(result), sort_keys=True).encode()
+                doc = json.dumps(_strip_times(result, renamed), sort_keys=True).encode()
                 print(f"{name:9} {hashlib.sha256(doc).hexdigest()} <job result, "
                       "timings and urls left out>")
     finally:
         server.stop()
 
 
-def _strip_times(doc: Any) -> Any:
-    """The result without wall-clock figures (seconds differ from run to run)."""
+# What differs from run to run in published files today: the job id and temporary folder
+# names inside worker paths (an MoE job's moe_config.yaml, an eval report's model_dir),
+# and an eval report's wall-clock seconds.
+_VARYING = [(re.compile(rb"j_[0-9a-f]{24}"), b"j_ID"),
+            (re.compile(rb"\.out\.sweep-[a-z0-9_]+"), b".out.sweep-TMP")]
+
+
+def _fixed(data: bytes, path: str, renamed: dict[str, str]) -> bytes:
+    """``data`` with the parts that vary between runs fixed: ``_VARYING``, and in JSON
+    files wall-clock seconds and the entries of files already fixed (``renamed``: their
+    sha256 replaced, their size left out)."""
+    for pattern, repl in _VARYING:
+        data = pattern.sub(repl, data)
+    if path.endswith(".json") and not path.endswith("tokenizer.json"):
+        doc = _strip_times(json.loads(data), renamed)
+        again = json.dumps(doc, indent=2, sort_keys=True).encode() + b"\n"
+        if json.loads(again) != json.loads(data):
+            return again
+    return data
+
+
+def _strip_times(doc: Any, renamed: dict[str, str]) -> Any:
+    """``doc`` without wall-clock figures, file entries of fixed files fixed."""
     if isinstance(doc, dict):
-        return {k: _strip_times(v) for k, v in doc.items()
-                if not (k.endswith("seconds") or k.endswith("_s"))}
+        out = {k: _strip_times(v, renamed) for k, v in doc.items()
+               if not (k.endswith("seconds") or k.endswith("_s"))}
+        if doc.get("sha256") in renamed:
+            out.pop("size", None)
+        if "total_size" in out:
+            out.pop("total_size")
+        return out
     if isinstance(doc, list):
-        return [_strip_times(v) for v in doc]
+        return [_strip_times(v, renamed) for v in doc]
+    if isinstance(doc, str) and doc in renamed:
+        return renamed[doc]
     return doc
 
 
