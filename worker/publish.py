@@ -20,13 +20,14 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 from app.storage.base import Digest, Storage, StorageError, WaitFn
 from maec_core.io.writer import WrittenFile
+from maec_core.manifest import FileEntry
 
 log = logging.getLogger("maec.worker")
 
@@ -175,7 +176,7 @@ class ShardUploads:
         self._pool.shutdown(wait=True)
 
 
-def publish(uploads: ShardUploads, out: Path, files: list[dict[str, Any]],
+def publish(uploads: ShardUploads, out: Path, files: Sequence[FileEntry],
             manifest: Path, *, cancelled: Callable[[], bool],
             progress: Callable[[int, int], None]) -> bool:
     """Every file of ``files`` stored and verified, then ``manifest`` last. Returns False
@@ -185,8 +186,8 @@ def publish(uploads: ShardUploads, out: Path, files: list[dict[str, Any]],
     # The other files (config, tokenizer, card, recipe) are complete once the merge has
     # returned: sent now, beside the last shard's last parts, not after them.
     for f in files:
-        if f["path"] not in shards:
-            uploads.submit(f["path"], out / f["path"], int(f["size"]), str(f["sha256"]))
+        if f.path not in shards:
+            uploads.submit(f.path, out / f.path, f.size, f.sha256)
     if not uploads.wait(cancelled, lambda n: progress(n, total)):
         return False
     if cancelled():

@@ -1,68 +1,108 @@
-"""What a job does between fetching its inputs and publishing: merge, evaluate, or sweep.
+"""The merge job kind: a recipe merged, evaluated, or swept (``worker.job_kind``).
 
-``produce`` runs the recipe (already pointing at local inputs and eval sets) into ``out``
-and answers what the runner publishes: the folder's manifest and the result fields the
-job gains (``evaluation``, ``sweep``). A sweep with ``publish: all`` uploads each
+:meth:`MergeJob.produce` runs the recipe (pointing at the fetched inputs and eval sets)
+into ``out`` and answers what the runner publishes: the folder's manifest, inputs named
+by the recipe's references, and the result fields the job gains (``evaluation``,
+``sweep``). A sweep with ``publish: all`` uploads each
 candidate under ``candidates/<id>/`` of the job's prefix as it finishes, through
-``upload``, so no more than one candidate waits on disk besides the best.
+``Run.upload``, so no more than one candidate waits on disk besides the best.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
+from app.jobs.record import JobRecord
 from maec_core.context import RunContext
 from maec_core.eval.report import EvalReport
-from maec_core.job_progress import candidate_at
-from maec_core.manifest import write_manifest
+from maec_core.job_plan import JobPlan, plan_job
+from maec_core.job_progress import StageSpans, candidate_at
+from maec_core.manifest import FileEntry, Manifest
+from maec_core.parsing import parse_recipe
 from maec_core.recipe import Recipe
 from maec_core.runtime import EngineOptions
-
-# upload(path under the job's prefix, local file): one file into the job's staging prefix.
-Upload = Callable[[str, Path], None]
-# A folder's manifest as clients see it (``maec_core.job_plan.JobPlan.published``).
-Published = Callable[[dict[str, Any]], dict[str, Any]]
-
-
-class Reporter(Protocol):
-    """The attempt's progress writer (``worker.runner.Attempt``)."""
-
-    def report(self, stage: str, fraction: float, done: int, total: int,
-               **extra: Any) -> None: ...
+from worker.job_kind import Made, Reporter, Run
 
 
 @dataclass
 class Produced:
-    manifest: dict[str, Any]
+    """What the merge (and its evaluation, or the sweep) made, inputs still named by
+    their local copies."""
+
+    manifest: Mapping[str, Any]
     report: dict[str, Any]
     stage_seconds: dict[str, float]
     core_seconds: float
     reused: list[bool]
     # Result fields the job gains (evaluation, sweep) and files already uploaded.
     result: dict[str, Any] = field(default_factory=dict)
-    files: list[dict[str, Any]] = field(default_factory=list)
+    files: list[FileEntry] = field(default_factory=list)
 
 
 def evaluation_result(report: EvalReport, label: str) -> dict[str, Any]:
     return {"label": label, "report": "eval_report.json", "table": report.table}
 
 
-def produce(recipe: Recipe, out: Path, ctx: RunContext, *, work_dir: Path,
-            reporter: Reporter, upload: Upload, published: Published) -> Produced:
+@dataclass(frozen=True)
+class MergeJob:
+    """One merge, evaluated merge or sweep, planned once from its recipe."""
+
+    plan: JobPlan
+
+    @property
+    def spans(self) -> StageSpans:
+        return self.plan.spans
+
+    def one_file(self, ref: str) -> bool:
+        return self.plan.one_file(ref)
+
+    def check(self, local: Mapping[str, str]) -> None:
+        self.plan.adapters.check(local)
+
+    def published(self, run: Run, manifest: Mapping[str, Any]) -> Manifest:
+        """A folder's manifest as clients see it: inputs by the recipe's references."""
+        return Manifest.of(self.plan.published(manifest, run.local, run.ctx.hash_cache))
+
+    def produce(self, run: Run) -> Made:
+        refs = self.plan.local_refs(run.local)
+        ctx = run.ctx.but(names={path: ref for ref, path in refs.items()})
+        made = produce(self.plan.localised(run.local), run.out, ctx, self, run)
+        reused = all(made.reused) if self.plan.extracts and made.reused else None
+        return Made(self.published(run, made.manifest),
+                    JobPlan.named(_summary(made.report, made.stage_seconds), refs),
+                    made.core_seconds, made.result, tuple(made.files), reused)
+
+
+class MergeKind:
+    """Every record another kind does not own: its recipe is a merge recipe."""
+
+    def owns(self, rec: JobRecord) -> bool:
+        return True
+
+    def plan(self, rec: JobRecord) -> MergeJob:
+        # The recipe is parsed once from the job record and planned once; the plan is
+        # carried through the stages: fetch, merge (and evaluate), publish.
+        return MergeJob(plan_job(parse_recipe(rec.recipe)))
+
+
+MERGE = MergeKind()
+
+
+def produce(recipe: Recipe, out: Path, ctx: RunContext, job: MergeJob, run: Run
+            ) -> Produced:
     """Merge (and evaluate, or sweep) ``recipe`` into ``out``. ``ctx.options`` (the
     output's finished-shard callbacks) apply to a plain merge only: a sweep's candidates
-    are not the output. ``published`` names a candidate's inputs in the manifest it
+    are not the output. ``job`` names a candidate's inputs in the manifest it
     publishes."""
     if recipe.sweep is not None:
-        return _sweep(recipe, out, ctx.but(options=EngineOptions()), work_dir=work_dir,
-                      reporter=reporter, upload=upload, published=published)
-    from maec_core.run import run
+        return _sweep(recipe, out, ctx.but(options=EngineOptions()), job, run)
+    from maec_core.run import run as run_recipe
     from maec_core.sweep.runner import evaluate_folder
 
-    merged = run(recipe.merge_only(), out, ctx)
+    merged = run_recipe(recipe.merge_only(), out, ctx)
     report = merged.report or {}
     produced = Produced(merged.manifest, report, merged.stage_seconds, merged.seconds,
                         [bool(a.get("artifact_reused")) for a in report.get("abilities", [])])
@@ -71,6 +111,14 @@ def produce(recipe: Recipe, out: Path, ctx: RunContext, *, work_dir: Path,
         produced.manifest = evaluated.manifest
         produced.result["evaluation"] = evaluation_result(evaluated.report, "merged")
     return produced
+
+
+def _summary(report: dict[str, Any], stage_seconds: dict[str, float]) -> dict[str, Any]:
+    """The job's report: the engine's summary plus stage timings. The per-tensor table
+    stays in the published maec_report.json, keeping job reads small."""
+    out = {k: v for k, v in report.items() if k != "tensors"}
+    out["stage_seconds"] = {k: round(v, 4) for k, v in stage_seconds.items()}
+    return out
 
 
 class SweepProgress:
@@ -91,25 +139,25 @@ class SweepProgress:
                              candidates=self.slots - 1)
 
 
-def _sweep(recipe: Recipe, out: Path, ctx: RunContext, *, work_dir: Path,
-           reporter: Reporter, upload: Upload, published: Published) -> Produced:
+def _sweep(recipe: Recipe, out: Path, ctx: RunContext, job: MergeJob, run: Run
+           ) -> Produced:
     from maec_core.sweep.grid import Candidate
     from maec_core.sweep.runner import SweepOptions, run_sweep
 
-    track = SweepProgress(reporter)
-    uploaded: list[dict[str, Any]] = []
+    track = SweepProgress(run.reporter)
+    uploaded: list[FileEntry] = []
     where: dict[str, str] = {}
 
     def keep(cand: Candidate, folder: Path, manifest: dict[str, Any]) -> None:
         prefix = f"candidates/{cand.id}"
-        entries = [*manifest["files"], write_manifest(folder, published(manifest))]
-        for f in entries:
-            upload(f"{prefix}/{f['path']}", folder / f["path"])
-            uploaded.append({**f, "path": f"{prefix}/{f['path']}"})
+        published = job.published(run, manifest)
+        for f in (*published.files, published.write(folder)):
+            run.upload(f"{prefix}/{f.path}", folder / f.path)
+            uploaded.append(f.under(prefix))
         where[cand.id] = prefix + "/"
 
     result = run_sweep(recipe, out, ctx.but(progress=track), SweepOptions(
-        work_dir=work_dir, keep=keep, announce=track.announce))
+        work_dir=run.workdir, keep=keep, announce=track.announce))
     board = result.board
     summary = {**board.model_dump(mode="json", exclude={"version"}), "candidates": where}
     return Produced(
@@ -122,4 +170,3 @@ def _sweep(recipe: Recipe, out: Path, ctx: RunContext, *, work_dir: Path,
         result={"evaluation": evaluation_result(result.report, board.winner or ""),
                 "sweep": summary},
         files=uploaded)
-
