@@ -386,6 +386,9 @@ class JobRunner:
                           device=self.settings.device,
                           hash_cache=self.settings.work_dir / "checksums",
                           artifact_store=artifacts, artifact_scope=artifact_scope(rec.owner),
+                          # The run's manifests stay in memory: the one published is
+                          # written once, last, with the inputs named by reference.
+                          manifest_file=False,
                           options=EngineOptions(on_shard=uploads.on_shard,
                                                 on_shard_open=uploads.on_shard_open))
 

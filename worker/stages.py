@@ -107,7 +107,7 @@ def produce(recipe: Recipe, out: Path, ctx: RunContext, job: MergeJob, run: Run
     produced = Produced(merged.manifest, report, merged.stage_seconds, merged.seconds,
                         [bool(a.get("artifact_reused")) for a in report.get("abilities", [])])
     if recipe.evaluate:
-        evaluated = evaluate_folder(recipe, out, ctx)
+        evaluated = evaluate_folder(recipe, out, ctx, manifest=merged.manifest)
         produced.manifest = evaluated.manifest
         produced.result["evaluation"] = evaluation_result(evaluated.report, "merged")
     return produced
