@@ -17,6 +17,8 @@ from maec_contract import (
     JobRequest,
     JobResult,
     JobStatus,
+    JobSubmission,
+    MoeJobRequest,
     NamedJob,
     Progress,
     RecipeJob,
@@ -27,5 +29,6 @@ JobErrorInfo = ErrorBody
 
 __all__ = [
     "TERMINAL", "ErrorBody", "FileInfo", "Job", "JobErrorInfo", "JobPage", "JobRequest",
-    "JobResult", "JobStatus", "NamedJob", "Progress", "RecipeJob",
+    "JobResult", "JobStatus", "JobSubmission", "MoeJobRequest", "NamedJob", "Progress",
+    "RecipeJob",
 ]

@@ -22,10 +22,20 @@ from maec_contract.jobs import (
     SweepSummary,
     WebhookDelivery,
 )
-from maec_contract.requests import JobRequest, NamedJob, RecipeJob
+from maec_contract.requests import (
+    AnyJobRequest,
+    JobRequest,
+    JobSubmission,
+    MoeJobRequest,
+    NamedJob,
+    RecipeJob,
+    parse_job_request,
+    request_kind,
+)
 
 __all__ = [
-    "STATUSES", "TERMINAL", "ErrorBody", "EvalTable", "Evaluation", "FileInfo", "FileList", "Job",
-    "JobPage", "JobRequest", "JobResult", "JobStatus", "LeaderboardRow", "NamedJob",
-    "Progress", "RecipeJob", "SweepSummary", "WebhookDelivery",
+    "STATUSES", "TERMINAL", "AnyJobRequest", "ErrorBody", "EvalTable", "Evaluation",
+    "FileInfo", "FileList", "Job", "JobPage", "JobRequest", "JobResult", "JobStatus",
+    "JobSubmission", "LeaderboardRow", "MoeJobRequest", "NamedJob", "Progress",
+    "RecipeJob", "SweepSummary", "WebhookDelivery", "parse_job_request", "request_kind",
 ]

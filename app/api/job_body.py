@@ -38,7 +38,13 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError, PydanticUndefined
 
 from app.api.bounds import BodyProblem, check_body
-from maec_contract import JobRequest
+from maec_contract import (
+    JobRequest,
+    JobSubmission,
+    MoeJobRequest,
+    parse_job_request,
+    request_kind,
+)
 from maec_contract.requests import _NAMED as NAMED_FIELDS  # the named form's fields
 from maec_core.methods import MergeMethod, TensorMethod, all_methods
 from maec_core.methods.base import FINITE_MAX
@@ -307,7 +313,7 @@ def _normalize(value: Any) -> Any:
         check_body(value)
     except BodyProblem as exc:
         raise PydanticCustomError(exc.kind, "{problem}", {"problem": str(exc)}) from None
-    if not isinstance(value, dict) or _form(value) in (None, "moe-form"):
+    if not isinstance(value, dict) or _form(value) in (None, *_KIND_FORMS.values()):
         return value  # the form's own error says what is wrong (an MoE config: no method)
     out = dict(value)
     holder, key = (out, "method")
@@ -327,8 +333,9 @@ def _normalize(value: Any) -> Any:
 def _form(value: Any) -> str | None:
     if not isinstance(value, dict):
         return "named-form"  # refused there with the type error
-    if value.get("kind") == "moe":
-        return "moe-form"  # before the recipe form: its recipe is an MoE config
+    kind_form = _KIND_FORMS.get(request_kind(value))
+    if kind_form is not None:
+        return kind_form  # before the recipe form: its recipe is that kind's
     if "recipe" in value:
         # The contract's rule: a named-form field set beside a recipe is an error.
         both = any(value.get(f) is not None for f in NAMED_FIELDS)
@@ -336,13 +343,16 @@ def _form(value: Any) -> str | None:
     return "named-form" if "method" in value else None
 
 
+# The body forms of kinds other than a merge, by the ``kind`` that selects them.
+_KIND_FORMS = {MoeJobRequest.KIND: "moe-form"}
+
+
 def _moe_job() -> type[BaseModel]:
     """``{"kind": "moe", "recipe": <mergekit-moe config>}``: the config is checked by
     ``maec_core.moe.config`` (keys mergekit-moe ignores are warnings there, not errors),
     so here it is only a bounded object."""
-    return strict_model(JobRequest, "MoeJob", {
-        **dict.fromkeys((*NAMED_FIELDS, "evaluate", "evaluate_inputs", "sweep")),
-        "kind": (_Lit["moe"], Field()),
+    return strict_model(MoeJobRequest, "MoeJob", {
+        "kind": (_Lit[MoeJobRequest.KIND], Field()),
         "recipe": (_A[_D[_A[str, at.MaxLen(FILTER_MAX)], Any], at.MaxLen(DICT_MAX)],
                    Field(description="a mergekit-moe config (docs/moe.md)")),
     })
@@ -374,9 +384,10 @@ else:
     """The body model of POST /v1/jobs (use as a route parameter's type)."""
 
 
-def to_request(body: BaseModel) -> JobRequest:
-    """The validated body as the contract's request (what the submission path takes)."""
-    return JobRequest.model_validate(body.model_dump(by_alias=True, exclude_unset=True))
+def to_request(body: BaseModel) -> JobSubmission:
+    """The validated body as the contract's request of its kind (what the submission
+    path takes)."""
+    return parse_job_request(body.model_dump(by_alias=True, exclude_unset=True))
 
 
 def describe_errors(errors: Sequence[Any]) -> tuple[str, list[str]]:
@@ -408,7 +419,7 @@ def _clean(loc: Sequence[Any]) -> list[Any]:
     out = list(loc[1:]) if loc[:1] == ("body",) or list(loc[:1]) == ["body"] else list(loc)
     if out[:1] == ["named-form"]:
         out = out[2:]  # the form tag, then the method tag
-    elif out[:1] == ["moe-form"]:
+    elif out[:1] and out[0] in _KIND_FORMS.values():
         out = out[1:]
     elif out[:1] == ["recipe-form"]:
         out = out[1:]
