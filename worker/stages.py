@@ -18,7 +18,7 @@ from typing import Any
 from app.jobs.record import JobRecord
 from maec_core.context import RunContext
 from maec_core.eval.report import EvalReport
-from maec_core.job_plan import JobPlan, plan_job
+from maec_core.job_plan import JobPlan, plan_job, published_manifest
 from maec_core.job_progress import StageSpans, candidate_at
 from maec_core.manifest import FileEntry, Manifest
 from maec_core.parsing import parse_recipe
@@ -62,18 +62,33 @@ class MergeJob:
     def check(self, local: Mapping[str, str]) -> None:
         self.plan.adapters.check(local)
 
-    def published(self, run: Run, manifest: Mapping[str, Any]) -> Manifest:
-        """A folder's manifest as clients see it: inputs by the recipe's references."""
-        return Manifest.of(self.plan.published(manifest, run.local, run.ctx.hash_cache))
-
     def produce(self, run: Run) -> Made:
+        # Each input's reference and its local copy, decided once: the run records
+        # references where it would record a copy (recipe.yaml, card), and every
+        # manifest and the report are named from the same map.
         refs = self.plan.local_refs(run.local)
+        named = Naming(self.plan.inputs, refs, run.ctx.hash_cache)
         ctx = run.ctx.but(names={path: ref for ref, path in refs.items()})
-        made = produce(self.plan.localised(run.local), run.out, ctx, self, run)
+        made = produce(self.plan.localised(run.local), run.out, ctx, named, run)
         reused = all(made.reused) if self.plan.extracts and made.reused else None
-        return Made(self.published(run, made.manifest),
+        return Made(named.manifest(made.manifest),
                     JobPlan.named(_summary(made.report, made.stage_seconds), refs),
                     made.core_seconds, made.result, tuple(made.files), reused)
+
+
+@dataclass(frozen=True)
+class Naming:
+    """How a job's folders are published: inputs by the recipe's references (``refs``:
+    reference -> local copy), with every input file's sha256."""
+
+    inputs: tuple[str, ...]
+    refs: Mapping[str, str]
+    hash_cache: Path | None
+
+    def manifest(self, manifest: Mapping[str, Any]) -> Manifest:
+        """A folder's manifest (written from the local copies) as clients see it."""
+        return Manifest.of(published_manifest(manifest, self.inputs, self.refs,
+                                              self.hash_cache))
 
 
 class MergeKind:
@@ -91,14 +106,14 @@ class MergeKind:
 MERGE = MergeKind()
 
 
-def produce(recipe: Recipe, out: Path, ctx: RunContext, job: MergeJob, run: Run
+def produce(recipe: Recipe, out: Path, ctx: RunContext, named: Naming, run: Run
             ) -> Produced:
     """Merge (and evaluate, or sweep) ``recipe`` into ``out``. ``ctx.options`` (the
     output's finished-shard callbacks) apply to a plain merge only: a sweep's candidates
-    are not the output. ``job`` names a candidate's inputs in the manifest it
+    are not the output. ``named`` names a candidate's inputs in the manifest it
     publishes."""
     if recipe.sweep is not None:
-        return _sweep(recipe, out, ctx.but(options=EngineOptions()), job, run)
+        return _sweep(recipe, out, ctx.but(options=EngineOptions()), named, run)
     from maec_core.run import run as run_recipe
     from maec_core.sweep.runner import evaluate_folder
 
@@ -139,7 +154,7 @@ class SweepProgress:
                              candidates=self.slots - 1)
 
 
-def _sweep(recipe: Recipe, out: Path, ctx: RunContext, job: MergeJob, run: Run
+def _sweep(recipe: Recipe, out: Path, ctx: RunContext, named: Naming, run: Run
            ) -> Produced:
     from maec_core.sweep.grid import Candidate
     from maec_core.sweep.runner import SweepOptions, run_sweep
@@ -150,7 +165,7 @@ def _sweep(recipe: Recipe, out: Path, ctx: RunContext, job: MergeJob, run: Run
 
     def keep(cand: Candidate, folder: Path, manifest: dict[str, Any]) -> None:
         prefix = f"candidates/{cand.id}"
-        published = job.published(run, manifest)
+        published = named.manifest(manifest)
         for f in (*published.files, published.write(folder)):
             run.upload(f"{prefix}/{f.path}", folder / f.path)
             uploaded.append(f.under(prefix))
