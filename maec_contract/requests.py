@@ -115,13 +115,23 @@ class RecipeJob(JobRequest):
     recipe: dict[str, Any]
 
 
-class MoeJobRequest(JobSubmission):
+class KindRequest(JobSubmission):
+    """The body of a kind other than a merge: its ``kind`` and its ``recipe``, which the
+    service checks as that kind reads it."""
+
+    KIND: ClassVar[str]
+    # What the API's schema says of ``recipe``.
+    RECIPE_DOC: ClassVar[str]
+    recipe: dict[str, Any]
+
+
+class MoeJobRequest(KindRequest):
     """An MoE build's body: ``recipe`` is a mergekit-moe config that builds a mixture of
-    experts from dense checkpoints (docs/moe.md); the service checks it."""
+    experts from dense checkpoints (docs/moe.md)."""
 
     KIND: ClassVar[str] = "moe"
+    RECIPE_DOC: ClassVar[str] = "a mergekit-moe config (docs/moe.md)"
     kind: Literal["moe"]
-    recipe: dict[str, Any]
 
     @classmethod
     def of(cls, config: Mapping[str, Any]) -> MoeJobRequest:
@@ -136,6 +146,8 @@ def request_kind(value: Any) -> str:
     return kind if isinstance(kind, str) and kind else "merge"
 
 
+# The body models of the kinds other than a merge.
+OTHER_KINDS: tuple[type[KindRequest], ...] = (MoeJobRequest,)
 # Every kind's body model, by its ``kind``.
 AnyJobRequest = Annotated[
     Annotated[JobRequest, Tag("merge")] | Annotated[MoeJobRequest, Tag(MoeJobRequest.KIND)],

@@ -39,9 +39,10 @@ from pydantic_core import PydanticCustomError, PydanticUndefined
 
 from app.api.bounds import BodyProblem, check_body
 from maec_contract import (
+    OTHER_KINDS,
     JobRequest,
     JobSubmission,
-    MoeJobRequest,
+    KindRequest,
     parse_job_request,
     request_kind,
 )
@@ -343,18 +344,18 @@ def _form(value: Any) -> str | None:
     return "named-form" if "method" in value else None
 
 
-# The body forms of kinds other than a merge, by the ``kind`` that selects them.
-_KIND_FORMS = {MoeJobRequest.KIND: "moe-form"}
+# The body forms of the kinds other than a merge, by the ``kind`` that selects them.
+_KIND_FORMS = {m.KIND: f"{m.KIND}-form" for m in OTHER_KINDS}
 
 
-def _moe_job() -> type[BaseModel]:
-    """``{"kind": "moe", "recipe": <mergekit-moe config>}``: the config is checked by
-    ``maec_core.moe.config`` (keys mergekit-moe ignores are warnings there, not errors),
-    so here it is only a bounded object."""
-    return strict_model(MoeJobRequest, "MoeJob", {
-        "kind": (_Lit[MoeJobRequest.KIND], Field()),
+def _kind_job(model: type[KindRequest]) -> type[BaseModel]:
+    """``{"kind": <kind>, "recipe": {...}}`` of a kind other than a merge: the recipe
+    (an MoE build's mergekit-moe config) is checked by the kind's own module at
+    submission (``app.kinds``), so here it is only a bounded object."""
+    return strict_model(model, model.__name__.removesuffix("Request"), {
+        "kind": (_Lit[model.KIND], Field()),
         "recipe": (_A[_D[_A[str, at.MaxLen(FILTER_MAX)], Any], at.MaxLen(DICT_MAX)],
-                   Field(description="a mergekit-moe config (docs/moe.md)")),
+                   Field(description=model.RECIPE_DOC)),
     })
 
 
@@ -368,7 +369,7 @@ def _build() -> Any:
     })
     return _A[
         _U[_A[recipe_job, Tag("recipe-form")], _A[named, Tag("named-form")],
-           _A[_moe_job(), Tag("moe-form")]],
+           *(_A[_kind_job(m), Tag(_KIND_FORMS[m.KIND])] for m in OTHER_KINDS)],
         Discriminator(_form, custom_error_type="invalid_form", custom_error_message=(
             "give exactly one of the two forms: recipe, or method (with ability_donor and "
             "language_base)")),
