@@ -230,6 +230,18 @@ class Settings(BaseSettings):
     max_corpus_bytes: int = Field(default=100 * 10**6, ge=1)
     """Largest ability corpus accepted (100 MB; larger is 422 `invalid_corpus`). The
     gradient pass reads only its token budget of it anyway."""
+    lm_eval_task_dirs: str = ""
+    """Folders of lm-evaluation-harness task YAMLs (`:`-separated) that `kind: lm_eval`
+    eval sets may name besides lm-eval's own tasks; a job's lm_eval `path` must lie in
+    one. Only operator folders: a task YAML can import Python. Read by the worker (and by
+    the API to check task names at submission)."""
+    lm_eval_data_dir: str = ""
+    """Where lm-eval tasks that read local files (`dataset_path: json`, `csv`, ...) find
+    their relative `data_files`; unset: the task YAML's own folder."""
+    lm_eval_hub: bool = False
+    """Whether lm-eval tasks may fetch their datasets from the Hugging Face Hub; unset,
+    the worker evaluates with `HF_DATASETS_OFFLINE=1` and `HF_HUB_OFFLINE=1`, reading Hub
+    datasets only from the local datasets cache."""
     worker_heartbeat_seconds: float = Field(default=5.0, gt=0)
     """How often a worker writes its heartbeat; `/readyz` counts workers seen within three
     of these."""

@@ -7,6 +7,7 @@ source is then allow-listed, resolved and its headers compared (no weights are r
 
 from __future__ import annotations
 
+import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -32,6 +33,7 @@ from maec_core.errors import (
     RecipeError,
     SourceNotFound,
 )
+from maec_core.eval.lm_eval_tasks import LmEvalConfig, check_lm_eval_sets
 from maec_core.eval.sets import SET_MAX_BYTES, load_set
 from maec_core.io.folder import ModelFolder
 from maec_core.job_plan import JobPlan, Joined, plan_job
@@ -181,9 +183,17 @@ def check_and_estimate(
               for uri in (*plan.checkpoints, *plan.tokenizers)}
     for uri in plan.corpora:
         pinned[uri] = check_corpus(parsed[uri], storage, settings.max_corpus_bytes)
+    check_lm_eval_sets(recipe.evaluate or [], lm_eval_config(settings))
     pinned.update(check_eval_sets(plan, settings, storage, outputs))
     sources = {uri: s.to_dict() for uri, s in pinned.items()}
     return sources, estimate(recipe, merge_plan, sources), list(merge_plan.notes)
+
+
+def lm_eval_config(settings: Settings) -> LmEvalConfig:
+    """The settings lm_eval sets are checked with (the worker reads the same variables)."""
+    dirs = tuple(Path(p) for p in settings.lm_eval_task_dirs.split(os.pathsep) if p)
+    return LmEvalConfig(task_dirs=dirs, data_dir=Path(settings.lm_eval_data_dir)
+                        if settings.lm_eval_data_dir else None, hub=settings.lm_eval_hub)
 
 
 def check_eval_sets(plan: JobPlan, settings: Settings, storage: Storage,

@@ -21,6 +21,7 @@ from maec_contract import (
     MoeJobRequest,
     NamedJob,
     Progress,
+    QueueSummary,
     RecipeJob,
 )
 
@@ -30,5 +31,5 @@ JobErrorInfo = ErrorBody
 __all__ = [
     "TERMINAL", "ErrorBody", "FileInfo", "Job", "JobErrorInfo", "JobPage", "JobRequest",
     "JobResult", "JobStatus", "JobSubmission", "MoeJobRequest", "NamedJob", "Progress",
-    "RecipeJob",
+    "QueueSummary", "RecipeJob",
 ]

@@ -162,6 +162,20 @@ class EvalSetUnreadable(EvalSetError):
     code = "eval_set_unreadable"
 
 
+class LmEvalTaskUnknown(EvalSetError):
+    """An lm_eval set names a task lm-evaluation-harness does not know (neither one of its
+    own nor one in a configured task folder)."""
+
+    code = "unknown_lm_eval_task"
+
+
+class LmEvalFailed(MaecError):
+    """lm-evaluation-harness could not run a task: not installed on the worker, its data
+    not found offline, or the task itself failed."""
+
+    code = "lm_eval_failed"
+
+
 class SweepError(RecipeError):
     """A parameter sweep is malformed: unknown knob, non-numeric value, too many
     candidates, or an objective naming no eval set."""

@@ -353,9 +353,13 @@ class Recipe(BaseModel):
                 if found is None:
                     raise ValueError(f"sweep.{use}.set {target.set!r} is not one of the "
                                      f"eval sets ({', '.join(sets) or 'evaluate is empty'})")
-                if found.kind != target.metric:
+                measures = found.metric if found.kind == "lm_eval" else found.kind
+                if measures is None:
+                    raise ValueError(f"sweep.{use}: give eval set {target.set!r} the lm-eval "
+                                     f"metric to compare (metric: {target.metric})")
+                if measures != target.metric:
                     raise ValueError(f"sweep.{use}: eval set {target.set!r} measures "
-                                     f"{found.kind}, not {target.metric}")
+                                     f"{measures}, not {target.metric}")
         return self
 
     def recipe_warnings(self) -> list[str]:

@@ -19,6 +19,9 @@ def eval_sources(recipe: Recipe) -> list[str]:
     """Every eval set and few-shot file the recipe's ``evaluate`` reads, no repeats."""
     out: list[str] = []
     for s in recipe.evaluate or []:
+        if s.kind == "lm_eval" or s.path is None:
+            # lm-eval reads its task and data itself (maec_core.eval.lm_eval_tasks).
+            continue
         out.append(s.path)
         if s.few_shot is not None:
             out.append(s.few_shot.path)
@@ -26,6 +29,8 @@ def eval_sources(recipe: Recipe) -> list[str]:
 
 
 def _moved(s: EvalSetSpec, mapping: Mapping[str, str]) -> EvalSetSpec:
+    if s.path is None:
+        return s
     update: dict[str, object] = {"path": mapping.get(s.path, s.path)}
     if s.few_shot is not None:
         shot = s.few_shot
