@@ -1,7 +1,7 @@
 """Kinds of job as the API takes them: each turns its kind's request body into a
-:class:`Submission` (what the job makes, checked before anything is queued), resolved by
+``Submission`` (what the job makes, checked before anything is queued), resolved by
 the body's ``kind`` (the contract's discriminator). The worker's side of each kind is
-``worker.kinds``. A new kind is its own module here and one entry in :data:`KINDS`.
+``worker.kinds``. A new kind is its own module here and one entry in ``KINDS``.
 """
 
 from __future__ import annotations
