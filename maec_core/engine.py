@@ -462,6 +462,9 @@ def _to_folder(
             hasher.stop()
             raise
         manifest = finish(staged, hasher=hasher)
+        if ctx.manifest_file:
+            # Written last and outside staged.files: the manifest lists the others.
+            write_manifest(staged.folder, manifest)
         staged.commit()
     return manifest
 
@@ -575,8 +578,8 @@ def _finish_folder(
     accounting: Accounting | None = None,
 ) -> dict[str, Any]:
     """Write the model's definition files (``define``: :func:`_write_definition`), the
-    recipe, card and extra documents, then the manifest (last: it lists the others);
-    returns the manifest."""
+    recipe, card and extra documents; returns the manifest listing them (written by the
+    caller, last)."""
     define(staged)
     recipe = output.recipe
     recipe_dump = recipe.model_dump(mode="json", exclude_none=True)
@@ -594,8 +597,6 @@ def _finish_folder(
         staged.files, inputs=inputs_doc, recipe=recipe_dump,
         extra=dict(output.manifest_extra or {}), accounting=accounting,
     )
-    # Written last and outside staged.files: the manifest lists the others.
-    write_manifest(staged.folder, manifest)
     return manifest
 
 

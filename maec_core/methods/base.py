@@ -402,8 +402,10 @@ class MergeMethod:
         ``store``; None when nothing is there to reuse (the next candidate runs whole)."""
         return None
 
-    def run_reusing(self, recipe: Recipe, made: Made, out: Path, ctx: RunContext) -> None:
-        """Merge ``recipe`` into ``out`` from what an earlier run of its group ``made``."""
+    def run_reusing(self, recipe: Recipe, made: Made, out: Path, ctx: RunContext
+                    ) -> dict[str, Any]:
+        """Merge ``recipe`` into ``out`` from what an earlier run of its group ``made``;
+        the folder's manifest."""
         raise NotImplementedError(f"merge method {self.name!r} reuses nothing")
 
     def entry_count(self, recipe: Recipe) -> int:
