@@ -87,6 +87,11 @@ def _library() -> tuple[ctypes.CDLL, int] | None:
         ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_int,
         ctypes.c_float, ctypes.c_void_p, ctypes.c_int64]
+    lib.maec_linear.restype = ctypes.c_int
+    lib.maec_linear.argtypes = [
+        ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+        ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_int, ctypes.c_void_p,
+        ctypes.c_int64]
     return lib, int(lib.maec_l1_simd())
 
 
@@ -112,6 +117,16 @@ def l1_rows(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
     return out if rc == 0 else None
 
 
+def _flat_alike(inputs: Sequence[torch.Tensor], out: torch.Tensor, compute: torch.dtype
+                ) -> bool:
+    """Whether the kernels take these: flat contiguous CPU tensors of one length, the
+    inputs of one dtype, every dtype one they know."""
+    return (inputs[0].dtype in _DTYPES and out.dtype in _DTYPES and compute in _DTYPES
+            and all(t.device.type == "cpu" and t.dim() == 1 and t.is_contiguous()
+                    and t.numel() == out.numel() for t in [*inputs, out])
+            and all(t.dtype == inputs[0].dtype for t in inputs))
+
+
 @dataclasses.dataclass(frozen=True)
 class TaskArithmeticSteps:
     """One task-arithmetic call's compute dtype and scalars, as torch's path holds them:
@@ -132,12 +147,7 @@ def task_arithmetic(base: torch.Tensor, models: Sequence[torch.Tensor],
     cannot take the call (see :func:`l1_rows`; more than 16 models): ``out`` is then
     untouched and the caller uses torch."""
     loaded = _library()
-    tensors = [base, *models, out]
-    if (loaded is None or not models or base.dtype not in _DTYPES
-            or out.dtype not in _DTYPES or steps.compute not in _DTYPES
-            or any(t.device.type != "cpu" or t.dim() != 1 or not t.is_contiguous()
-                   or t.numel() != out.numel() for t in tensors)
-            or any(m.dtype != base.dtype for m in models)):
+    if loaded is None or not models or not _flat_alike([base, *models], out, steps.compute):
         return None
     lib, simd = loaded
     pointers = (ctypes.c_void_p * len(models))(*[m.data_ptr() for m in models])
@@ -149,3 +159,42 @@ def task_arithmetic(base: torch.Tensor, models: Sequence[torch.Tensor],
         steps.divisor or 0.0, int(steps.lam is not None), 1.0 if steps.lam is None else steps.lam,
         out.data_ptr(), out.numel())
     return None if rc < 0 else rc == 0
+
+
+def linear(inputs: Sequence[torch.Tensor], weights: Sequence[float], total: float | None,
+           compute: torch.dtype, out: torch.Tensor) -> bool | None:
+    """``Σ w_i x_i`` accumulated in float32 from +0.0 (``weights`` as float32 values),
+    divided by ``total`` unless None, rounded to ``compute`` then to ``out``'s dtype, of
+    flat CPU tensors of one dtype (rounded to ``compute`` first) into ``out``; whether
+    every entry is finite, or None when the library cannot take the call (at most 17
+    inputs), ``out`` untouched."""
+    loaded = _library()
+    fused = _addcmul_fuses()
+    if (loaded is None or fused is None or not inputs
+            or not _flat_alike(inputs, out, compute)):
+        return None
+    lib, simd = loaded
+    pointers = (ctypes.c_void_p * len(inputs))(*[t.data_ptr() for t in inputs])
+    held = (ctypes.c_float * len(inputs))(*weights)
+    rc = lib.maec_linear(simd, _DTYPES[inputs[0].dtype], _DTYPES[compute], _DTYPES[out.dtype],
+                         len(inputs), pointers, held, int(total is not None), total or 0.0,
+                         int(fused), out.data_ptr(), out.numel())
+    return None if rc < 0 else rc == 0
+
+
+@functools.cache
+def _addcmul_fuses() -> bool | None:
+    """Whether torch's float32 ``addcmul_`` rounds ``acc + x·w`` once (a fused multiply-add:
+    its kernels for this CPU were built with contraction) or twice, on long runs (its
+    vector loop) and short ones (its scalar loop) alike; None when the two differ.
+
+    x = 1 + 2⁻⁷ and w = 1 + 2⁻²⁰ multiply to 1 + 2⁻⁷ + 2⁻²⁰ + 2⁻²⁷, whose last term a
+    float32 product drops: added to minus the rounded product, fused gives 2⁻²⁷, unfused 0.
+    """
+    x, w = 1 + 2.0**-7, 1 + 2.0**-20
+    answers = set()
+    for n in (3, 67):
+        acc = torch.full((n,), -(x + 2.0**-20), dtype=torch.float32)
+        acc.addcmul_(torch.full((n,), x, dtype=torch.bfloat16), torch.tensor(w))
+        answers |= {float(v) != 0.0 for v in acc}
+    return answers.pop() if len(answers) == 1 else None

@@ -177,3 +177,87 @@ int maec_task_arithmetic(int simd, int in_dt, int c_dt, int out_dt, int n,
     ta_args a = {in_dt, c_dt, out_dt, n, weights, normalize, divisor, scale, lambda};
     return ta_avx2(a, base, models, out, count);
 }
+
+/*
+ * Linear averaging, (Σ w_i x_i) / total, as maec_core.methods.linear computes it with
+ * torch: the products accumulated in float32 from +0.0 in order, the sum divided by
+ * `total` when `normalize`, rounded to the compute dtype, then to the output dtype. The
+ * inputs are first rounded to the compute dtype. torch's addcmul runs each product and
+ * its add as one fused multiply-add where its build for this CPU does (`fma`; the caller
+ * asks torch once), else as two roundings. Same answers as maec_task_arithmetic.
+ */
+typedef struct {
+    int in_dt, c, out_dt, n;
+    const float *w;
+    int normalize;
+    float total;
+    int fma;  /* whether torch's addcmul fuses the multiply and the add on this machine */
+} lin_args;
+
+__attribute__((target("avx2,f16c,fma"), always_inline))
+static inline __m256i lin8(const lin_args *a, const void *const *xs, void *out, int64_t i) {
+    __m256 s = _mm256_setzero_ps();
+    for (int k = 0; k < a->n; k++) {
+        __m256 x = ld8(a->in_dt, xs[k], i);
+        if (a->c != a->in_dt) x = round_to(a->c, x);
+        __m256 w = _mm256_set1_ps(a->w[k]);
+        s = a->fma ? _mm256_fmadd_ps(x, w, s) : _mm256_add_ps(s, _mm256_mul_ps(x, w));
+    }
+    if (a->normalize) s = _mm256_div_ps(s, _mm256_set1_ps(a->total));
+    __m256 r = round_to(a->out_dt, round_to(a->c, s));
+    st8(a->out_dt, out, i, r);
+    __m256i e = _mm256_set1_epi32(0x7f800000);
+    return _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(r), e), e);
+}
+
+__attribute__((target("avx2,f16c,fma"), always_inline))
+static inline int lin_run(const lin_args *a, const void *const *xs, void *out, int64_t n) {
+    __m256i bad = _mm256_setzero_si256();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) bad = _mm256_or_si256(bad, lin8(a, xs, out, i));
+    if (i < n) {
+        const int in_size = a->in_dt == DT_F32 ? 4 : 2, out_size = a->out_dt == DT_F32 ? 4 : 2;
+        const int64_t m = n - i;
+        unsigned char px[MAX_DELTAS + 1][32], po[32];
+        const void *pxs[MAX_DELTAS + 1];
+        for (int k = 0; k < a->n; k++) {
+            memset(px[k], 0, sizeof px[k]);
+            memcpy(px[k], (const char *)xs[k] + i * in_size, (size_t)(m * in_size));
+            pxs[k] = px[k];
+        }
+        __m256i e = lin8(a, pxs, po, 0);
+        memcpy((char *)out + i * out_size, po, (size_t)(m * out_size));
+        int32_t lanes[8];
+        _mm256_storeu_si256((__m256i *)lanes, e);
+        for (int64_t k = 0; k < m; k++) bad = _mm256_or_si256(bad, _mm256_set1_epi32(lanes[k]));
+    }
+    return !_mm256_testz_si256(bad, bad);
+}
+
+#define LIN_CASE(IN, C, OUT)                                                        \
+    if (a.in_dt == (IN) && a.c == (C) && a.out_dt == (OUT)) {                       \
+        a.in_dt = (IN); a.c = (C); a.out_dt = (OUT);                                \
+        return lin_run(&a, xs, out, n);                                             \
+    }
+
+__attribute__((target("avx2,f16c,fma")))
+static int lin_avx2(lin_args a, const void *const *xs, void *out, int64_t n) {
+    LIN_CASE(DT_BF16, DT_BF16, DT_BF16)
+    LIN_CASE(DT_BF16, DT_F32, DT_BF16)
+    LIN_CASE(DT_F16, DT_F16, DT_F16)
+    LIN_CASE(DT_F16, DT_F32, DT_F16)
+    return lin_run(&a, xs, out, n);
+}
+
+/* As maec_task_arithmetic: 1 when a result is inf or NaN, 0 if none, -1 declined. At most
+ * MAX_DELTAS + 1 inputs. */
+int maec_linear(int simd, int in_dt, int c_dt, int out_dt, int n, const void *const *xs,
+                const float *weights, int normalize, float total, int fma, void *out,
+                int64_t count) {
+    if (!simd || n < 1 || n > MAX_DELTAS + 1) return -1;
+    if (fma && !__builtin_cpu_supports("fma")) return -1;
+    if (in_dt < DT_F32 || in_dt > DT_F16 || c_dt < DT_F32 || c_dt > DT_F16
+        || out_dt < DT_F32 || out_dt > DT_F16) return -1;
+    lin_args a = {in_dt, c_dt, out_dt, n, weights, normalize, total, fma ? 1 : 0};
+    return lin_avx2(a, xs, out, count);
+}

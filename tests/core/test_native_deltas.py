@@ -1,8 +1,8 @@
-"""The compiled task-arithmetic kernel gives the bytes of the method's torch steps, for
-every input, compute and output dtype, any number of models it takes, normalize and λ,
-special values (signed zeros, subnormals, values that overflow float16) and lengths
-around its blocks of 8; the engine's stream uses it and writes the same files as
-without it."""
+"""The compiled task-arithmetic and linear kernels give the bytes of the methods' torch
+steps, for every input, compute and output dtype, any number of models they take,
+normalize, λ and weights, special values (signed zeros, subnormals, values that overflow
+float16) and lengths around their blocks of 8; the engine's stream uses them and writes
+the same files as without them."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ import torch
 
 import maec_core.native as native
 from maec_core.methods import get_method
+from maec_core.methods._common import WeightParams
 from maec_core.methods.base import TensorCall
+from maec_core.methods.linear import LinearParams
 from maec_core.methods.task_arithmetic import TaskArithmeticModelParams as ModelParams
 from maec_core.methods.task_arithmetic import TaskArithmeticParams
 from maec_core.parsing import parse_recipe
@@ -81,6 +83,45 @@ def test_kernel_gives_the_torch_steps_bytes(stored: torch.dtype, compute: torch.
         assert finite == bool(ok.all()), case
 
 
+@pytest.mark.parametrize(("stored", "compute", "out_dtype"), DTYPES)
+def test_linear_kernel_gives_the_torch_steps_bytes(stored: torch.dtype, compute: torch.dtype,
+                                                   out_dtype: torch.dtype) -> None:
+    method = get_method("linear")
+    g = torch.Generator().manual_seed(9)
+    cases = itertools.product([1, 2, 3, 8], [False, True], [False, True],
+                              ["random", "ones", "cancel"], [5, 1003])
+    for i, (models, normalize, with_base, weighting, n) in enumerate(cases):
+        weights = {"random": (torch.rand(models, generator=g) * 2 - 0.5).tolist(),
+                   "ones": [1.0] * models,
+                   # Weights summing to 0 (with the base's 1): the plain sum is kept.
+                   "cancel": ([-1.0] + [0.0] * models)[:models] if with_base
+                   else ([0.5, -0.5] * models)[:models]}[weighting]
+        xs = _inputs(n, stored, models + with_base, seed=100 + i)
+        mps = [WeightParams(weight=w) for w in weights]
+        params = LinearParams(normalize=normalize)
+
+        def call(ts: list[torch.Tensor], mps: list[WeightParams] = mps,
+                 params: LinearParams = params, with_base: bool = with_base) -> TensorCall:
+            return TensorCall("t", ts[0] if with_base else None, ts[1:] if with_base else ts,
+                              mps, params, None, 1)
+
+        want = method.merge(call([x.to(compute, copy=True) for x in xs])).to(out_dtype)
+        got = torch.empty(n, dtype=out_dtype)
+        finite = method.merge_into(call(xs), got, compute)
+        case = (models, normalize, with_base, weights, n)
+        assert finite is not None, case
+        ok = torch.isfinite(want)
+        assert torch.equal(ok, torch.isfinite(got)), case
+        assert torch.equal(_bits(want)[ok], _bits(got)[ok]), case
+        assert finite == bool(ok.all()), case
+
+
+def test_addcmul_probe_answers_for_this_torch() -> None:
+    """The linear kernel follows torch's addcmul rounding, which the probe reads off: a
+    fused multiply-add or two roundings, the same on its vector and scalar loops."""
+    assert native._addcmul_fuses() is not None
+
+
 @pytest.mark.parametrize("n", [1, 7, 8, 9, 15, 17])
 def test_lengths_around_the_blocks(n: int) -> None:
     xs = _inputs(n, BF16, 3, seed=n)
@@ -120,23 +161,26 @@ def test_non_finite_results_are_reported() -> None:
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("method", ["task_arithmetic", "linear"])
 def test_engine_writes_the_same_files_with_and_without_it(
     bf16_zoo: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dtype: str,
+    method: str,
 ) -> None:
     recipe = parse_recipe({
-        "merge_method": "task_arithmetic", "base_model": str(bf16_zoo["base"]),
+        "merge_method": method, "base_model": str(bf16_zoo["base"]),
         "models": [{"model": str(bf16_zoo["a"]), "parameters": {"weight": 0.7}},
                    {"model": str(bf16_zoo["b"]), "parameters": {"weight": 0.45}}],
-        "parameters": {"normalize": True, "lambda": 0.9}, "dtype": dtype,
+        "parameters": {"normalize": True, "lambda": 0.9} if method == "task_arithmetic"
+        else {}, "dtype": dtype,
     })
     used: list[bool | None] = []
-    kernel = native.task_arithmetic
+    kernel = getattr(native, method)
 
     def spied(*args: object) -> bool | None:
         used.append(kernel(*args))  # type: ignore[arg-type]
         return used[-1]
 
-    monkeypatch.setattr(native, "task_arithmetic", spied)
+    monkeypatch.setattr(native, method, spied)
     run(recipe, tmp_path / "fused")
     assert used and all(u is True for u in used)
     monkeypatch.setattr(native, "_library", lambda: None)
