@@ -50,8 +50,8 @@ bench-conformance: setup
 run: setup
 	$(PY) -m app.run_local
 
-# docs/: regenerate the pages made from the code (configuration, API reference), then
-# build the site into site/ (`$(VENV)/bin/mkdocs serve` to read it).
+# docs/: regenerate the pages made from the code (configuration, API reference, layout),
+# then build the site into site/ (`$(VENV)/bin/mkdocs serve` to read it).
 docs: setup
 	$(PY) scripts/docs_pages.py
 	$(VENV)/bin/mkdocs build --strict

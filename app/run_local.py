@@ -295,7 +295,7 @@ maec-service is running ({mode}; 127.0.0.1 only)
   limits    {_limits(settings)}
   logs      {var / 'logs'}
 
-Try (README.md, "First job", does this step by step):
+Try (docs/api.md, "A first job with curl", does this step by step):
   curl{auth} {url}/readyz
   curl{auth} -X POST {url}/v1/jobs -H 'content-type: application/json' -d '{{
     "method": "maec", "base": "{demo}/base", "ability_donor": ["{demo}/donor"],

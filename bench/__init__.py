@@ -1,0 +1,3 @@
+"""bench: benchmarks (`make bench-*`), each printing ratios against a peer measured in
+the same run (mergekit, task arithmetic, the I/O floor), and the soak test.
+"""

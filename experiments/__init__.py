@@ -1,0 +1,2 @@
+"""experiments: the small-scale transfer experiment (docs/experiments.md).
+"""

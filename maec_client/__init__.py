@@ -44,6 +44,7 @@ if TYPE_CHECKING:
         JobResult,
         NamedJob,
         Progress,
+        QueueSummary,
         RecipeJob,
     )
     from maec_client.retry import RetryPolicy
@@ -60,7 +61,7 @@ _HOMES: dict[str, str] = {
         "WaitTimeout")},
     **{name: "models" for name in (
         "FileInfo", "Job", "JobPage", "JobRequest", "JobResult", "NamedJob", "Progress",
-        "RecipeJob")},
+        "QueueSummary", "RecipeJob")},
     "RetryPolicy": "retry",
 }
 
@@ -69,7 +70,8 @@ __all__ = [
     "ClientError",
     "ConfigError", "Conflict", "DownloadError", "FileInfo", "Job", "JobCancelled",
     "JobFailed", "JobNotSucceeded", "JobPage", "JobRequest", "JobResult", "NamedJob",
-    "NetworkError", "NotFound", "Progress", "RangeNotSatisfiable", "RateLimited",
+    "NetworkError", "NotFound", "Progress", "QueueSummary", "RangeNotSatisfiable",
+    "RateLimited",
     "RecipeJob", "RetryPolicy", "ServerError", "ValidationFailed", "WaitTimeout",
     "build_body", "resolve_config",
 ]

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Unpack
 from urllib.parse import quote
 
 import httpx
@@ -22,6 +22,7 @@ from maec_client.client import (
     ProgressCallback,
     RecipeSource,
     checked,
+    connection,
     http_options,
     job_id_of,
     job_path,
@@ -31,34 +32,25 @@ from maec_client.client import (
     parse_job,
     parse_json,
     parse_page,
-    retry_policy,
+    parse_queue,
     submit_body,
 )
-from maec_client.config import ClientConfig, resolve_config
 from maec_client.errors import NotFound
-from maec_client.models import Job, JobPage
-from maec_client.retry import RetryPolicy
+from maec_client.models import Job, JobPage, QueueSummary
+from maec_client.options import AsyncClientOptions, DownloadOptions
 
 
 class AsyncClient:
     """One service endpoint and API key, for asyncio code. See Client for the semantics."""
 
-    def __init__(self, url: str | None = None, api_key: str | None = None, *,
-                 timeout: float | None = None, config: ClientConfig | None = None,
-                 transport: httpx.AsyncBaseTransport | None = None,
-                 sync_transport: httpx.BaseTransport | None = None,
-                 retry: RetryPolicy | None = None, max_retries: int | None = None,
-                 backoff: float | None = None,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        if config is None:
-            config = resolve_config(url=url, api_key=api_key, timeout=timeout)
-        self.config = config
-        self.retry = retry_policy(retry, max_retries, backoff)
-        self._sleep = sleep
-        self._clock = clock
-        self._sync_transport = sync_transport
-        self.http = httpx.AsyncClient(transport=transport, **http_options(config))
+    def __init__(self, url: str | None = None, api_key: str | None = None,
+                 **options: Unpack[AsyncClientOptions]) -> None:
+        self.config, self.retry = connection(url, api_key, options)
+        self._sleep = options.get("sleep", asyncio.sleep)
+        self._clock = options.get("clock", time.monotonic)
+        self._sync_transport = options.get("sync_transport")
+        self.http = httpx.AsyncClient(transport=options.get("transport"),
+                                      **http_options(self.config))
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -126,6 +118,10 @@ class AsyncClient:
                         limit: int | None = None) -> list[Job]:
         return [j async for j in self.iter_jobs(status=status, limit=limit)]
 
+    async def queue(self) -> QueueSummary:
+        """See Client.queue."""
+        return parse_queue(await self.request("GET", "/v1/queue"))
+
     async def cancel(self, job: Job | str) -> Job:
         path = f"/v1/jobs/{quote(job_id_of(job), safe='')}/cancel"
         return parse_job(await self.request("POST", path))
@@ -155,13 +151,15 @@ class AsyncClient:
             current = await self.get(current.id)
         return poll.outcome(current, raise_on_failure)
 
-    async def download(self, job: Job | str, dest: str | Path, **options: Any) -> Path:
+    async def download(self, job: Job | str, dest: str | Path,
+                       options: DownloadOptions | None = None, **fields: Any) -> Path:
         """Client.download in a worker thread (the event loop stays free meanwhile)."""
+        opts = DownloadOptions.of(options, **fields)
         current = job if isinstance(job, Job) and job.result is not None else await self.get(job)
 
         def run() -> Path:
             with Client(config=self.config, transport=self._sync_transport,
                         retry=self.retry) as sync:
-                return sync.download(current, dest, **options)
+                return sync.download(current, dest, opts)
 
         return await asyncio.to_thread(run)

@@ -22,7 +22,6 @@ Exit codes (stable; scripts branch on them):
 from __future__ import annotations
 
 import json
-import re
 import sys
 from collections.abc import Callable
 from functools import wraps
@@ -48,6 +47,7 @@ from maec_client.errors import (
     WaitTimeout,
 )
 from maec_client.extensions import COMMANDS, registered
+from maec_client.options import DownloadOptions, download_flags
 
 # The HTTP client, its settings and the contract models are imported where a ``jobs``
 # command needs them: ``maec merge`` (the merge library's command under this script)
@@ -257,31 +257,12 @@ def _wait(client: Client, job: Job | str, timeout: float | None, no_progress: bo
         bar.close()
 
 
-_UNITS = {"": 1, "B": 1, "K": 10**3, "KB": 10**3, "M": 10**6, "MB": 10**6, "G": 10**9,
-          "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
-
-
-def parse_size(value: str) -> int:
-    """``64MiB``, ``30KB``, ``1048576``: the size syntax recipes use for shard sizes."""
-    m = re.fullmatch(r"(\d+(?:\.\d*)?|\.\d+)([A-Z]*)", value.strip().upper().replace(" ", ""))
-    if m is None or m.group(2) not in _UNITS:
-        raise click.BadParameter(f"{value!r} is not a size like '64MiB'")
-    size = int(float(m.group(1)) * _UNITS[m.group(2)])
-    if size < 1:
-        raise click.BadParameter(f"{value!r} is less than one byte")
-    return size
-
-
-def _parse_part_size(ctx: click.Context, param: click.Parameter, value: str) -> int:
-    return parse_size(value)
-
-
 # -- commands -------------------------------------------------------------------------
 
 @click.group("jobs")
 @_connection_options
 def jobs() -> None:
-    """Submit, watch, list, cancel, download, pin and delete jobs on the merge service.
+    """Submit, watch, list, cancel, download, pin and delete jobs; see the queue.
 
     The URL and API key come from --url/--api-key, else MAEC_URL/MAEC_API_KEY, else
     the config file (~/.config/maec/client.toml or .yaml: url, api_key, timeout).
@@ -383,6 +364,29 @@ def list_(status_: str | None, limit: int, all_: bool) -> None:
 
 
 @jobs.command()
+@_connection_options
+@_handles_errors
+def queue() -> None:
+    """Your queued and running jobs (each queued one's position and ETA) and every
+    worker pool's load (GET /v1/queue)."""
+    with _client() as client:
+        summary = client.queue()
+    if _as_json():
+        _emit(summary.model_dump(mode="json"))
+        return
+    counts = summary.jobs
+    click.echo(f"key {summary.key} ({summary.policy}): {counts.queued} queued, "
+               f"{counts.running} running (cost {counts.running_cost})")
+    for j in summary.queued:
+        eta = "-" if j.eta_s is None else f"{j.eta_s:.0f}s"
+        click.echo(f"  {j.id:<28} {j.priority:<7} position {j.position:<4} eta {eta:<7} "
+                   f"pool {j.pool or '-'}")
+    for name, pool in summary.pools.items():
+        click.echo(f"pool {name}: {pool.queued} queued, {pool.active} active, "
+                   f"{pool.workers} workers")
+
+
+@jobs.command()
 @click.argument("job_id")
 @_connection_options
 @_handles_errors
@@ -434,20 +438,14 @@ _pin_command("unpin", False, "Let a pinned job expire again with the retention p
 @jobs.command()
 @click.argument("job_id")
 @click.argument("dest", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--workers", type=click.IntRange(1, 64), default=8, show_default=True,
-              help="parallel connections")
-@click.option("--part-size", default="64MiB", show_default=True, callback=_parse_part_size,
-              help="files larger than this are fetched as parallel ranges")
-@click.option("--overwrite", is_flag=True, help="replace an existing DEST")
-@click.option("--redirect", is_flag=True,
-              help="fetch from presigned store URLs (S3 storage) instead of via the API")
+@download_flags()
 @click.option("--wait", "wait_", is_flag=True, help="wait for the job to finish first")
 @click.option("--timeout", type=float, help="with --wait: give up after SECONDS (exit 7)")
 @click.option("--no-progress", is_flag=True, help="no progress bar")
 @_connection_options
 @_handles_errors
-def download(job_id: str, dest: Path, workers: int, part_size: int, overwrite: bool,
-             redirect: bool, wait_: bool, timeout: float | None, no_progress: bool) -> None:
+def download(job_id: str, dest: Path, options: DownloadOptions, wait_: bool,
+             timeout: float | None, no_progress: bool) -> None:
     """Download a succeeded job's files into DEST, verified against its manifest.
 
     Bytes land in DEST.partial first (rerun to resume after an interruption); DEST
@@ -455,9 +453,7 @@ def download(job_id: str, dest: Path, workers: int, part_size: int, overwrite: b
     """
     with _client() as client:
         job = _wait(client, job_id, timeout, no_progress) if wait_ else client.get(job_id)
-        client.download(job, dest, workers=workers, part_size=part_size,
-                        overwrite=overwrite, redirect=redirect,
-                        progress=_show_progress(no_progress))
+        client.download(job, dest, options, progress=_show_progress(no_progress))
     files = job.result.files if job.result else []
     if _as_json():
         _emit({"job_id": job.id, "dir": str(dest),

@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Callable, Generator, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 from urllib.parse import quote, urlsplit
 
 import httpx
@@ -34,7 +34,8 @@ from maec_client.errors import (
     error_from_response,
 )
 from maec_client.extensions import check_recipe
-from maec_client.models import Job, JobPage, JobRequest, NamedJob, RecipeJob
+from maec_client.models import Job, JobPage, JobRequest, NamedJob, QueueSummary, RecipeJob
+from maec_client.options import ClientOptions, ConnectionOptions, DownloadOptions
 from maec_client.retry import RetryPolicy
 
 # A Recipe model of the merge library is a BaseModel too.
@@ -83,39 +84,37 @@ def job_id_of(job: Job | str) -> str:
     return job.id if isinstance(job, Job) else job
 
 
-def retry_policy(retry: RetryPolicy | None, max_retries: int | None,
-                 backoff: float | None) -> RetryPolicy:
-    """``retry`` (default RetryPolicy()) with the two shorthand arguments applied."""
-    policy = retry or RetryPolicy()
-    if max_retries is not None:
+def connection(url: str | None, api_key: str | None,
+               options: ConnectionOptions) -> tuple[ClientConfig, RetryPolicy]:
+    """The endpoint settings and retry policy both clients make from their options:
+    ``config``, else the URL, key and timeout resolved (maec_client.config); ``retry``
+    (default RetryPolicy()) with the ``max_retries`` and ``backoff`` shorthands applied."""
+    config = options.get("config") or resolve_config(url=url, api_key=api_key,
+                                                      timeout=options.get("timeout"))
+    policy = options.get("retry") or RetryPolicy()
+    if (max_retries := options.get("max_retries")) is not None:
         policy = dataclasses.replace(policy, max_retries=max_retries)
-    if backoff is not None:
+    if (backoff := options.get("backoff")) is not None:
         policy = dataclasses.replace(policy, backoff=backoff)
-    return policy
+    return config, policy
 
 
 class Client:
     """One service endpoint and API key; thread-safe (downloads use it from many threads).
 
     ``url``/``api_key``/``timeout`` left as None are read from the environment and the
-    config file (see maec_client.config). ``retry`` is the retry policy (``max_retries``
-    and ``backoff`` override its fields). ``transport``, ``sleep`` and ``clock`` exist for
-    tests and embedding (e.g. an httpx.MockTransport, a fake clock).
+    config file (see maec_client.config); the other keyword arguments are
+    :class:`~maec_client.options.ClientOptions` (the retry policy, and a transport, sleep
+    and clock for tests and embedding).
     """
 
-    def __init__(self, url: str | None = None, api_key: str | None = None, *,
-                 timeout: float | None = None, config: ClientConfig | None = None,
-                 transport: httpx.BaseTransport | None = None,
-                 retry: RetryPolicy | None = None, max_retries: int | None = None,
-                 backoff: float | None = None, sleep: Callable[[float], None] = time.sleep,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        if config is None:
-            config = resolve_config(url=url, api_key=api_key, timeout=timeout)
-        self.config = config
-        self.retry = retry_policy(retry, max_retries, backoff)
-        self._sleep = sleep
-        self._clock = clock
-        self.http = httpx.Client(transport=transport, **http_options(config))
+    def __init__(self, url: str | None = None, api_key: str | None = None,
+                 **options: Unpack[ClientOptions]) -> None:
+        self.config, self.retry = connection(url, api_key, options)
+        self._sleep = options.get("sleep", time.sleep)
+        self._clock = options.get("clock", time.monotonic)
+        self.http = httpx.Client(transport=options.get("transport"),
+                                 **http_options(self.config))
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -204,6 +203,11 @@ class Client:
     def list_jobs(self, *, status: str | None = None, limit: int | None = None) -> list[Job]:
         return list(self.iter_jobs(status=status, limit=limit))
 
+    def queue(self) -> QueueSummary:
+        """``GET /v1/queue``: the caller's queued and running jobs (each queued one with
+        its position and ETA) and every worker pool's load."""
+        return parse_queue(self.request("GET", "/v1/queue"))
+
     def cancel(self, job: Job | str) -> Job:
         """Ask a job to stop (safe to retry); Conflict (``job_finished``) if it already
         succeeded or failed."""
@@ -247,12 +251,16 @@ class Client:
             current = self.get(current.id)
         return poll.outcome(current, raise_on_failure)
 
-    def download(self, job: Job | str, dest: str | Path, **options: Any) -> Path:
-        """Download a succeeded job's files into ``dest``; see maec_client.download."""
+    def download(self, job: Job | str, dest: str | Path,
+                 options: DownloadOptions | None = None, **fields: Any) -> Path:
+        """Download a succeeded job's files into ``dest``, verified; ``options`` (or
+        its fields as keyword arguments: ``workers=4``) as in
+        :class:`~maec_client.options.DownloadOptions`. See maec_client.download."""
         from maec_client.download import download_job
 
+        opts = DownloadOptions.of(options, **fields)
         current = job if isinstance(job, Job) and job.result is not None else self.get(job)
-        return download_job(self, current, Path(dest), **options)
+        return download_job(self, current, Path(dest), opts)
 
 
 def job_path(job: Job | str, action: str | None = None) -> str:
@@ -301,6 +309,14 @@ def parse_page(resp: httpx.Response) -> JobPage:
         return JobPage.model_validate(parse_json(resp))
     except ValidationError as exc:
         raise ServerError("invalid_response", f"answer is not a job page: {exc}",
+                          {}, resp.status_code) from None
+
+
+def parse_queue(resp: httpx.Response) -> QueueSummary:
+    try:
+        return QueueSummary.model_validate(parse_json(resp))
+    except ValidationError as exc:
+        raise ServerError("invalid_response", f"answer is not a queue summary: {exc}",
                           {}, resp.status_code) from None
 
 

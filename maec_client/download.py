@@ -46,6 +46,7 @@ from maec_client.errors import (
     error_from_response,
 )
 from maec_client.models import FileInfo, Job
+from maec_client.options import ByteCallback, DownloadOptions, MiB
 from maec_client.retry import RetryPolicy
 
 
@@ -60,8 +61,6 @@ class Connection(Protocol):
 
 
 MARKER = ".maec-download.json"
-MiB = 1 << 20
-ByteCallback = Callable[[int, int], None]
 
 
 class _Ledger:
@@ -253,24 +252,18 @@ def expected_files(job: Job) -> list[FileInfo]:
     return files
 
 
-def download_job(client: Connection, job: Job, dest: Path, *, workers: int = 8,
-                 part_size: int = 64 * MiB, progress: bool = False,
-                 on_bytes: ByteCallback | None = None, overwrite: bool = False,
-                 redirect: bool = False, retries: int = 5) -> Path:
-    """Download every file of ``job`` into ``dest``; returns ``dest``.
+def download_job(client: Connection, job: Job, dest: Path,
+                 options: DownloadOptions | None = None) -> Path:
+    """Download every file of ``job`` into ``dest`` as ``options`` say; returns ``dest``.
 
-    Files larger than ``part_size`` are split into ranges; all ranges of all files share
-    ``workers`` threads. A transport error (or an answer the client's retry policy
-    retries) retries that range from where it stopped, ``retries`` times in a row without
-    progress, waiting as the policy says. If the call still fails, the bytes stay in
-    ``dest.partial`` and the next call continues them. ``redirect`` asks the service for
-    307s to presigned store URLs (S3 storage only) instead of proxying the bytes.
+    A transport error (or an answer the client's retry policy retries) retries that
+    range from where it stopped, waiting as the policy says. If the call still fails,
+    the bytes stay in ``dest.partial`` and the next call continues them.
     """
-    if workers < 1 or part_size < 1:
-        raise ValueError("workers and part_size must be positive")
+    opts = options or DownloadOptions()
     files = expected_files(job)
     dest = Path(dest)
-    if dest.exists() and not overwrite:
+    if dest.exists() and not opts.overwrite:
         raise DownloadError(f"{dest} already exists (use overwrite)")
     partial = dest.with_name(dest.name + ".partial")
     partial.mkdir(parents=True, exist_ok=True)
@@ -282,19 +275,19 @@ def download_job(client: Connection, job: Job, dest: Path, *, workers: int = 8,
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise DownloadError(f"another download into {dest} is running") from None
-        _claim_partial(partial, job.id, overwrite)
-        _download_into(client, job, files, partial, dest, workers=workers,
-                       part_size=part_size, progress=progress, on_bytes=on_bytes,
-                       overwrite=overwrite, redirect=redirect, retries=retries)
+        _claim_partial(partial, job.id, opts.overwrite)
+        _download_into(client, job, files, (partial, dest), opts)
     finally:
         os.close(lock)
     return dest
 
 
-def _download_into(client: Connection, job: Job, files: list[FileInfo], partial: Path,
-                   dest: Path, *, workers: int, part_size: int, progress: bool,
-                   on_bytes: ByteCallback | None, overwrite: bool, redirect: bool,
-                   retries: int) -> None:
+def _download_into(client: Connection, job: Job, files: list[FileInfo],
+                   folders: tuple[Path, Path], opts: DownloadOptions) -> None:
+    """Fetch ``files`` into the partial folder, then publish it as the destination
+    (``folders``: partial, destination)."""
+    partial, dest = folders
+    workers = opts.workers
     plans = [_Plan(f, partial / safe_relpath(f.path)) for f in files]
     stop = threading.Event()
     # Files completed by an earlier run are re-hashed (in parallel): kept if they match,
@@ -302,21 +295,21 @@ def _download_into(client: Connection, job: Job, files: list[FileInfo], partial:
     _run_parallel(workers, [_reuse_task(p) for p in plans], stop)
     for p in plans:
         if not p.verified:
-            _split(p, part_size)
+            _split(p, opts.part_size)
     total = sum(f.size for f in files)
     have = sum(_present(p) for p in plans)
-    bar = _Progress(total, have, progress, on_bytes, stop)
+    bar = _Progress(total, have, opts.progress, opts.on_bytes, stop)
     try:
         todo = [r for p in plans for r in p.ranges]
-        _run_parallel(workers, [_fetch_task(client, job.id, r, bar, redirect, retries)
-                                for r in todo], stop)
+        _run_parallel(workers, [_fetch_task(client, job.id, r, bar, opts.redirect,
+                                            opts.retries) for r in todo], stop)
         _run_parallel(workers, [_finish_task(p) for p in plans if not p.verified], stop)
     finally:
         bar.close()
 
     _prune(partial, {p.final for p in plans})
     (partial / MARKER).unlink()
-    _publish(partial, dest, overwrite)
+    _publish(partial, dest, opts.overwrite)
 
 
 def _claim_partial(partial: Path, job_id: str, overwrite: bool) -> None:

@@ -19,6 +19,7 @@ from maec_contract import (
     JobStatus,
     NamedJob,
     Progress,
+    QueueSummary,
     RecipeJob,
 )
 
@@ -27,5 +28,5 @@ JobErrorInfo = ErrorBody
 
 __all__ = [
     "TERMINAL", "ErrorBody", "FileInfo", "Job", "JobErrorInfo", "JobPage", "JobRequest",
-    "JobResult", "JobStatus", "NamedJob", "Progress", "RecipeJob",
+    "JobResult", "JobStatus", "NamedJob", "Progress", "QueueSummary", "RecipeJob",
 ]

@@ -18,14 +18,20 @@ from maec_contract.jobs import (
     JobResult,
     JobStatus,
     LeaderboardRow,
+    PoolLoad,
     Progress,
+    QueueCounts,
+    QueuedJob,
+    QueuePlace,
+    QueueSummary,
     SweepSummary,
     WebhookDelivery,
 )
 from maec_contract.requests import JobRequest, NamedJob, RecipeJob
 
 __all__ = [
-    "STATUSES", "TERMINAL", "ErrorBody", "EvalTable", "Evaluation", "FileInfo", "FileList", "Job",
-    "JobPage", "JobRequest", "JobResult", "JobStatus", "LeaderboardRow", "NamedJob",
-    "Progress", "RecipeJob", "SweepSummary", "WebhookDelivery",
+    "STATUSES", "TERMINAL", "ErrorBody", "EvalTable", "Evaluation", "FileInfo",
+    "FileList", "Job", "JobPage", "JobRequest", "JobResult", "JobStatus", "LeaderboardRow",
+    "NamedJob", "PoolLoad", "Progress", "QueueCounts", "QueuePlace",
+    "QueueSummary", "QueuedJob", "RecipeJob", "SweepSummary", "WebhookDelivery",
 ]

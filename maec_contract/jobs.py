@@ -203,3 +203,49 @@ class FileList(_Answer):
     job_id: str
     status: StatusText
     files: list[FileInfo] = Field(default_factory=list)
+
+
+class QueueCounts(_Answer):
+    """The caller's jobs the scheduler holds: queued, running, and the units of work
+    (a sweep's candidates count each) the running ones take of the caller's share."""
+
+    queued: int = 0
+    running: int = 0
+    running_cost: int = 0
+
+
+class QueuedJob(_Answer):
+    """One of the caller's queued jobs and its place (as a queued job's ``queue`` says)."""
+
+    id: str
+    name: str | None = None
+    priority: str = "normal"
+    position: int = 0
+    eta_s: float | None = None
+    pool: str | None = None
+
+
+class PoolLoad(_Answer):
+    """One worker pool: its queued jobs (every key's, counted), active jobs, live
+    workers, the median seconds of its recent jobs (null until one finished), and what
+    each of its workers can hold (GiB; null: no limit)."""
+
+    queued: int = 0
+    active: int = 0
+    workers: int = 0
+    median_job_s: float | None = None
+    host_memory_gib: float | None = None
+    gpu_memory_gib: float = 0.0
+    disk_gib: float | None = None
+
+
+class QueueSummary(_Answer):
+    """``GET /v1/queue``: the caller's own jobs (counts, and each queued one with its
+    place, at most 100) and every pool's load; never another key's jobs."""
+
+    key: str
+    # The scheduler's policy (MAEC_SCHEDULER_POLICY): fair share between keys, or fifo.
+    policy: str = ""
+    jobs: QueueCounts = Field(default_factory=QueueCounts)
+    queued: list[QueuedJob] = Field(default_factory=list)
+    pools: dict[str, PoolLoad] = Field(default_factory=dict)

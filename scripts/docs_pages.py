@@ -1,5 +1,6 @@
-"""The generated pages of docs/: configuration.md from ``app.settings.Settings`` and
-api-reference.md from the API's OpenAPI schema.
+"""The generated pages of docs/: configuration.md from ``app.settings.Settings``,
+api-reference.md from the API's OpenAPI schema and layout.md from the packages' module
+docstrings.
 
 ``python scripts/docs_pages.py`` writes them (``make docs``); ``--check`` exits 1 naming
 each page that differs from what its source gives now. tests/test_docs_site.py fails on
@@ -184,7 +185,8 @@ def _components(schema: dict[str, Any], names: list[str]) -> list[str]:
 
 
 ANSWERS = ["Job", "JobPage", "FileList", "FileInfo", "JobResult", "Progress", "ErrorBody",
-           "WebhookDelivery", "Health", "Ready"]
+           "WebhookDelivery", "QueueSummary", "QueueCounts", "QueuedJob", "PoolLoad",
+           "Health", "Ready"]
 
 
 def api_reference_page() -> str:
@@ -200,7 +202,63 @@ def api_reference_page() -> str:
     return "\n".join(out).rstrip("\n") + "\n"
 
 
-PAGES = {"configuration.md": configuration_page, "api-reference.md": api_reference_page}
+LAYOUT_INTRO = """\
+# Layout
+
+Where things are: each package, then each of its modules and subpackages with the first
+paragraph of its docstring (the module's own statement of what it holds and why), so this
+page changes with the code. The import contracts between them are in `pyproject.toml`
+(`[tool.importlinter]`).
+"""
+# The service's packages, lowest first, then the folders around them.
+LAYOUT_PACKAGES = ("maec_contract", "maec_core", "app", "worker", "maec_client")
+LAYOUT_FOLDERS = ("tests", "bench", "experiments")
+# Folders without Python: said here, as they have no docstring to say it.
+LAYOUT_OTHER = (
+    ("scripts/", "set-up, the demo, and the generators of docs/'s generated pages"),
+    ("deploy/", "the Helm chart, the KEDA schemas, Redis's configuration and an example "
+                "environment; docker-compose.yml and the Dockerfile sit at the root "
+                "(docs/deploy.md)"),
+    ("docs/", "this site (MkDocs); docs_theme/ holds its self-contained theme"),
+)
+
+
+def _docstring(path: Path) -> str:
+    """The first paragraph of a module's docstring, on one line."""
+    import ast
+
+    doc = ast.get_docstring(ast.parse(path.read_text(), filename=str(path))) or ""
+    return _one_line(doc.split("\n\n")[0])
+
+
+def _children(package: Path) -> list[tuple[str, Path]]:
+    """(name as shown, file holding its docstring) of each module and subpackage."""
+    out = []
+    for child in sorted(package.iterdir()):
+        if child.suffix == ".py" and child.name != "__init__.py":
+            out.append((f"{package.name}/{child.name}", child))
+        elif child.is_dir() and (child / "__init__.py").is_file():
+            out.append((f"{package.name}/{child.name}/", child / "__init__.py"))
+    return out
+
+
+def layout_page() -> str:
+    out = [GENERATED.format(source="the packages' module docstrings"), LAYOUT_INTRO]
+    for name in LAYOUT_PACKAGES:
+        package = ROOT / name
+        out += [f"## {name}/", "", _docstring(package / "__init__.py"), "",
+                "| module | what it is |", "|---|---|"]
+        out += [f"| `{shown}` | {_docstring(path)} |" for shown, path in _children(package)]
+        out.append("")
+    out += ["## Around the packages", "", "| folder | what it is |", "|---|---|"]
+    out += [f"| `{name}/` | {_docstring(ROOT / name / '__init__.py')} |"
+            for name in LAYOUT_FOLDERS]
+    out += [f"| `{name}` | {what} |" for name, what in LAYOUT_OTHER]
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+PAGES = {"configuration.md": configuration_page, "api-reference.md": api_reference_page,
+         "layout.md": layout_page}
 
 
 def main(argv: list[str]) -> int:

@@ -8,12 +8,13 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
 
 from app.settings import Settings
-from scripts import docs_pages
+from scripts import docs_pages, mkdocs_hooks
 from tests.stack import ROOT
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -39,14 +40,33 @@ def test_every_setting_is_described_and_on_the_configuration_page() -> None:
 
 def test_the_readme_is_a_front_page() -> None:
     text = (ROOT / "README.md").read_text()
-    assert len(text.splitlines()) <= 150
+    assert len(text.splitlines()) <= 80
     assert "make run" in text and "make test" in text
-    assert text.count("```bash") >= 2  # the two commands, the first job
+    assert text.count("```bash") == 2  # the two commands, the first job
+    first = text[text.index("## First job"):].split("```bash\n", 1)[1].split("```")[0]
+    assert len(first.splitlines()) <= 6
     linked = {t.split("#")[0] for t in LINK.findall(text)}
     for page in ("quickstart", "recipes", "maec", "evaluation", "api", "api-reference",
                  "client", "configuration", "deploy", "reliability", "benchmarks",
-                 "experiments"):
+                 "experiments", "layout"):
         assert f"docs/{page}.md" in linked, page
+
+
+def test_the_docs_home_includes_the_readme_with_its_links_working() -> None:
+    # docs/index.md holds the README's place, not a copy of it; included, every README
+    # link must still land on a page of the site.
+    index = (ROOT / "docs" / "index.md").read_text()
+    assert index.count(mkdocs_hooks.INCLUDE) == 1
+    readme = (ROOT / "README.md").read_text()
+    assert readme.splitlines()[2] not in index  # no copied paragraph
+    home = mkdocs_hooks.on_page_markdown(index, SimpleNamespace(
+        file=SimpleNamespace(src_uri="index.md")))
+    assert home.startswith(readme.splitlines()[0]) and "## How a job goes" in home
+    for target in LINK.findall(home):
+        path = target.split("#")[0]
+        assert path and (ROOT / "docs" / path).is_file(), target
+    yml = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    assert yml["hooks"] == ["scripts/mkdocs_hooks.py"]
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])

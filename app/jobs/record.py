@@ -12,12 +12,12 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import ConfigDict, Field
 from pydantic_core import PydanticSerializationError
 
 from maec_contract import STATUSES as STATUSES  # re-exported: the store and API use it
 from maec_contract import TERMINAL as TERMINAL
-from maec_contract import Job, Progress, WebhookDelivery
+from maec_contract import Job
 from maec_contract import JobStatus as Status
 from maec_core.errors import MaecError
 
@@ -34,42 +34,31 @@ def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-class JobRecord(BaseModel):
-    id: str
+class JobRecord(Job):
+    """The contract's :class:`~maec_contract.Job` (its fields, in its order: the store
+    assembles a served body in record order) and the bookkeeping the service keeps
+    beside it, never shown (:data:`INTERNAL_FIELDS`).
+
+    Only what the record holds differently is declared again: a status the service
+    writes is one of the statuses; a job always has its method, recipe and creation time;
+    ``error``, ``result`` and ``queue`` stay the JSON they were stored as, so what a
+    record serves (a webhook body, a changed job) is byte for byte what was stored, not a
+    re-dump with a newer model's defaults filled in."""
+
+    # Unlike a client reading an answer, the store drops fields it no longer knows
+    # rather than serving them.
+    model_config = ConfigDict(extra="ignore")
+
     owner: str
     status: Status = "queued"
-    stage: str | None = None
-    progress: Progress = Field(default_factory=Progress)
     method: str
-    name: str | None = None
     recipe: dict[str, Any]
-    # What the recipe gives that the merge does not use (maec_core recipe_warnings), then
-    # what the plan decided from the checkpoints' headers (MergePlan.notes).
-    warnings: list[str] = Field(default_factory=list)
+    created_at: str
+    error: dict[str, Any] | None = None  # type: ignore[assignment]
+    result: dict[str, Any] | None = None  # type: ignore[assignment]
+    queue: dict[str, Any] | None = None  # type: ignore[assignment]
     # Every source the recipe names, as the worker will fetch it (kind, uri, ...).
     sources: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    created_at: str
-    started_at: str | None = None
-    finished_at: str | None = None
-    attempts: int = 0
-    cancel_requested: bool = False
-    artifact_reused: bool | None = None
-    error: dict[str, Any] | None = None
-    result: dict[str, Any] | None = None
-    # Where the finished job is POSTed, signed, and how that went (app/webhooks.py).
-    callback_url: str | None = None
-    webhook: WebhookDelivery | None = None
-    # Kept past the retention period (MAEC_JOB_TTL_DAYS) until unpinned or deleted.
-    pinned: bool = False
-    # Scheduling (docs/scheduling.md): the priority band, the pool the job was routed
-    # to and the one whose worker ran it, the estimate that routed it and the measured
-    # peak of its last attempt, and (read only while queued) its place in the queue.
-    priority: str = "normal"
-    pool: str | None = None
-    ran_pool: str | None = None
-    estimate: dict[str, Any] | None = None
-    measured: dict[str, Any] | None = None
-    queue: dict[str, Any] | None = None
     # Units of work against the owner's fair share (a sweep's candidates), and the
     # job's place in the scheduler's order (set when queued).
     cost: int = 1

@@ -39,6 +39,7 @@ from app.jobs.keys import (
 from app.jobs.record import text
 from app.scheduler.pools import served_by
 from app.settings import Settings
+from maec_contract import QueueSummary
 
 BANDS = (0, 1, 2)
 # At most this many of the caller's queued jobs are listed by GET /v1/queue.
@@ -167,7 +168,7 @@ class QueueView:
                 workers=workers, median_job_s=None if median is None else round(median, 3))
         return out
 
-    async def summary(self, owner: str) -> dict[str, Any]:
+    async def summary(self, owner: str) -> QueueSummary:
         """``GET /v1/queue``: the caller's jobs (counts, and each queued one's place)
         and every pool's depth, active count and live workers; no other key's jobs."""
         running = await self.running_by()
@@ -178,7 +179,7 @@ class QueueView:
             if per.get(owner):
                 mine += await self._own_queued(pool, owner)
         mine.sort(key=lambda j: (j["position"], j["id"]))
-        return {
+        return QueueSummary.model_validate({
             "key": owner,
             "policy": self._s.scheduler_policy,
             "jobs": {"queued": sum(per.get(owner, 0) for per in queued.values()),
@@ -187,7 +188,7 @@ class QueueView:
             "queued": mine[:MAX_LISTED],
             "pools": {name: {**vars(state), **self._s.pools[name].model_dump()}
                       for name, state in pools.items()},
-        }
+        })
 
     async def _own_queued(self, pool: str, owner: str) -> list[dict[str, Any]]:
         ids = [text(i) for i in await self._r.zrange(sched_queue_key(pool, owner), 0,

@@ -6,12 +6,15 @@ worker process runs here."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import Any
 
+import httpx
 import pytest
 from celery import Celery
+from click.testing import CliRunner
 
 from app.jobs.calls import Taken
 from app.jobs.keys import (
@@ -28,7 +31,9 @@ from app.queue import QUEUE
 from app.scheduler.estimate import GPU_BUDGET_BYTES, whole_tensor_bytes
 from app.scheduler.pools import covers, served_by
 from app.settings import PoolSpec, Settings
-from tests.api.conftest import Api
+from maec_client import AsyncClient, Client, ClientConfig, QueueSummary
+from maec_client.cli import main
+from tests.api.conftest import API_KEYS, Api
 from worker.sweeper import top_up_wakeups
 
 GIB = 1 << 30
@@ -51,6 +56,40 @@ def finish(api: Api, job_id: str) -> None:
     ok, _ = api.worker_store().transition(job_id, allowed=("running",), to="succeeded",
                                           attempt=rec.attempts)
     assert ok
+
+
+def queue_as_the_client_reads_it(api: Api, key: str) -> dict[str, Any]:
+    """``GET /v1/queue`` through Client.queue, AsyncClient.queue and ``maec jobs queue
+    --json`` against this app: all three parse the contract's QueueSummary, and what
+    they give back is the answer as served."""
+    def forward(request: httpx.Request) -> httpx.Response:
+        got = api.client.request(request.method, request.url.path,
+                                 headers=dict(request.headers), content=request.content)
+        return httpx.Response(got.status_code, headers=got.headers, content=got.content)
+
+    config = ClientConfig(url="http://testserver", api_key=API_KEYS[key])
+    with Client(config=config, transport=httpx.MockTransport(forward)) as client:
+        summary = client.queue()
+    assert isinstance(summary, QueueSummary) and summary.key == key
+
+    async def read_async() -> QueueSummary:
+        async with AsyncClient(config=config,
+                               transport=httpx.MockTransport(forward)) as aclient:
+            return await aclient.queue()
+
+    assert asyncio.run(read_async()) == summary
+    cli = CliRunner().invoke(
+        main, ["jobs", "queue", "--json"], catch_exceptions=False,
+        obj={"client_factory": lambda **_: Client(config=config,
+                                                  transport=httpx.MockTransport(forward))})
+    assert cli.exit_code == 0, cli.output
+    text = CliRunner().invoke(
+        main, ["jobs", "queue"], catch_exceptions=False,
+        obj={"client_factory": lambda **_: Client(config=config,
+                                                  transport=httpx.MockTransport(forward))})
+    assert f"key {key} (fair): {summary.jobs.queued} queued" in text.output
+    assert json.loads(cli.stdout) == summary.model_dump(mode="json")
+    return summary.model_dump(mode="json")
 
 
 def test_the_engines_figures_are_the_estimates(api: Api) -> None:
@@ -306,6 +345,7 @@ def test_a_queued_jobs_place_and_the_queue_summary(api: Api) -> None:
     assert place(a[2])["eta_s"] == 20.0  # ceil((3 + 1) / 2) rounds of the 10 s median
 
     summary = api.client.get("/v1/queue", headers=api.auth("bob")).json()
+    assert queue_as_the_client_reads_it(api, "bob") == summary
     assert summary["key"] == "bob"
     assert summary["jobs"] == {"queued": 1, "running": 0, "running_cost": 0}
     assert [j["id"] for j in summary["queued"]] == [b]

@@ -9,6 +9,7 @@ from click.testing import CliRunner
 
 from maec_client import Client
 from maec_client.cli import main
+from maec_client.options import DOWNLOAD_FLAGS, DownloadOptions
 from tests.client.conftest import EXACT
 from tests.client.test_client import MERGEKIT_YAML
 from tests.client.test_download import FILES
@@ -155,6 +156,34 @@ def test_download_json_and_checksum_exit_6(run, fake, tmp_path):
     assert res.exit_code == 6 and not (tmp_path / "bad").exists()
     res = run("download", job["id"], str(tmp_path / "x"), "--part-size", "lots")
     assert res.exit_code == 2
+
+
+def test_download_flags_are_generated_from_the_download_options(run, fake, tmp_path):
+    # Every flagged DownloadOptions field is a flag of `maec jobs download`, and what the
+    # flags say reaches the downloader as one DownloadOptions.
+    help_text = run("download", "--help").stdout
+    for name in DOWNLOAD_FLAGS:
+        assert f"--{name.replace('_', '-')}" in help_text, name
+    assert "[default: 64MiB]" in help_text and "1<=x<=64" in help_text
+    seen: list[DownloadOptions] = []
+    real = Client.download
+
+    def spy(self, job, dest, options=None, **fields):
+        seen.append(DownloadOptions.of(options, **fields))
+        return real(self, job, dest, options, **fields)
+
+    job = fake.add_job()
+    fake.finish(job["id"], FILES)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Client, "download", spy)
+        res = run("download", job["id"], str(tmp_path / "o"), "--workers", "3",
+                  "--part-size", "30KB", "--redirect", "--no-progress", "--api-key", "k1")
+    assert res.exit_code == 0, res.output
+    assert seen == [DownloadOptions(workers=3, part_size=30_000, redirect=True)]
+    with pytest.raises(TypeError):
+        DownloadOptions.of(worker=3)  # a misspelt option fails as a keyword would
+    with pytest.raises(ValueError):
+        DownloadOptions(workers=0)
 
 
 def test_merge_command_still_present_and_cli_is_torch_free():

@@ -29,6 +29,8 @@ def test_the_client_the_api_and_the_store_share_one_declaration():
     assert app.submission.JobRequest is JobRequest and ClientNamedJob is NamedJob
     # The store assembles a job's body from its hash in this order, without the model.
     assert [f.decode() for f in PUBLIC_FIELDS] == list(Job.model_fields)
+    # The record is the contract's Job plus bookkeeping, not a second list of its fields.
+    assert issubclass(JobRecord, Job)
     assert set(INTERNAL_FIELDS) == {"owner", "sources", "idempotency_key", "lease_until",
                                     "worker", "result_prefix", "attempt_started",
                                     "published_bytes", "artifact_keys", "cost", "seq"}
