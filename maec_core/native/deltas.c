@@ -36,14 +36,18 @@ static inline __m256 ld8(int dt, const void *p, int64_t i) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-/* x rounded to bfloat16 (nearest, ties to even), held in float32; NaN stays NaN. */
-__attribute__((target("avx2,f16c")))
-static inline __m256 round_bf16(__m256 x) {
+/* x rounded to bfloat16 (nearest, ties to even), held in float32; NaN stays NaN.
+ * `any_nan`: x may be a NaN whose low 16 bits are not all zero, which the carry of the
+ * rounding could turn into a finite value; such a NaN becomes a quiet NaN instead. Every
+ * NaN of a merge of bfloat16 inputs has those bits zero (an input's, carried by the
+ * arithmetic, or the default NaN an invalid operation makes), so that case skips it. */
+__attribute__((target("avx2,f16c"), always_inline))
+static inline __m256 round_bf16(__m256 x, int any_nan) {
     __m256i u = _mm256_castps_si256(x);
     __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
     __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb);
     r = _mm256_and_si256(r, _mm256_set1_epi32((int)0xffff0000u));
-    /* A NaN's payload could carry into the sign and exponent: a quiet NaN instead. */
+    if (!any_nan) return _mm256_castsi256_ps(r);
     __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
     return _mm256_blendv_ps(_mm256_castsi256_ps(r),
                             _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000)), nan);
@@ -54,12 +58,15 @@ static inline __m256 round_f16(__m256 x) {
     return _mm256_cvtph_ps(_mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
 }
 
-__attribute__((target("avx2,f16c")))
-static inline __m256 round_to(int dt, __m256 x) {
-    if (dt == DT_BF16) return round_bf16(x);
+/* x rounded to `dt`; `any_nan` as for round_bf16 (1 unless the inputs are bfloat16). */
+__attribute__((target("avx2,f16c"), always_inline))
+static inline __m256 round_nan(int dt, __m256 x, int any_nan) {
+    if (dt == DT_BF16) return round_bf16(x, any_nan);
     if (dt == DT_F16) return round_f16(x);
     return x;
 }
+
+#define round_to(dt, x) round_nan((dt), (x), a->in_dt != DT_BF16)
 
 /* Store 8 values already rounded to `dt` (exact in it). */
 __attribute__((target("avx2,f16c")))
@@ -110,7 +117,8 @@ static inline __m256i ta8(const ta_args *a, const void *base, const void *const 
     s = round_to(c, s);
     if (a->normalize) s = round_to(c, _mm256_div_ps(s, _mm256_set1_ps(a->divisor)));
     if (a->scale) s = round_to(c, _mm256_mul_ps(s, _mm256_set1_ps(a->lambda)));
-    __m256 r = round_to(a->out_dt, round_to(c, _mm256_add_ps(s, b)));
+    __m256 r = round_to(c, _mm256_add_ps(s, b));
+    if (a->out_dt != c) r = round_to(a->out_dt, r);
     st8(a->out_dt, out, i, r);
     __m256i e = _mm256_set1_epi32(0x7f800000);
     return _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(r), e), e);
@@ -204,7 +212,8 @@ static inline __m256i lin8(const lin_args *a, const void *const *xs, void *out, 
         s = a->fma ? _mm256_fmadd_ps(x, w, s) : _mm256_add_ps(s, _mm256_mul_ps(x, w));
     }
     if (a->normalize) s = _mm256_div_ps(s, _mm256_set1_ps(a->total));
-    __m256 r = round_to(a->out_dt, round_to(a->c, s));
+    __m256 r = round_to(a->c, s);
+    if (a->out_dt != a->c) r = round_to(a->out_dt, r);
     st8(a->out_dt, out, i, r);
     __m256i e = _mm256_set1_epi32(0x7f800000);
     return _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(r), e), e);

@@ -160,6 +160,28 @@ def test_non_finite_results_are_reported() -> None:
     assert method.merge_into(call, out, F16) is True
 
 
+@pytest.mark.parametrize(("stored", "pattern"), [(F32, 0x7FFFFFFF), (F32, -1), (F16, 0x7FFF),
+                                                 (BF16, 0x7FFF), (BF16, -1)])
+@pytest.mark.parametrize("method", ["task_arithmetic", "linear"])
+def test_nan_inputs_never_round_to_a_number(stored: torch.dtype, pattern: int,
+                                            method: str) -> None:
+    """A NaN whose payload fills the low bits (the carry of rounding to bfloat16 could
+    make it -0.0 or +0.0) still fails the merge, in every compute dtype."""
+    ints = {F32: torch.int32, F16: torch.int16, BF16: torch.int16}[stored]
+    nan = torch.tensor([pattern] * 11, dtype=ints).view(stored)
+    assert bool(torch.isnan(nan).all())
+    zeros = torch.zeros(11, dtype=stored)
+    spec = get_method(method)
+    params = TaskArithmeticParams() if method == "task_arithmetic" else LinearParams()
+    for inputs in ([zeros, nan], [nan, zeros]):
+        call = TensorCall("t", inputs[0], inputs[1:], [WeightParams(weight=0.5)], params,
+                          None, 1)
+        for compute in (BF16, F16, F32):
+            out = torch.empty(11, dtype=BF16)
+            assert spec.merge_into(call, out, compute) is False, (inputs, compute)
+            assert bool(torch.isnan(out).all())
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
 @pytest.mark.parametrize("method", ["task_arithmetic", "linear"])
 def test_engine_writes_the_same_files_with_and_without_it(
