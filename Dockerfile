@@ -43,7 +43,8 @@ COPY maec_core maec_core
 COPY app app
 COPY worker worker
 RUN pip install ./maec_client
-RUN pip install .
+# The worker runs lm_eval eval sets (pyproject.toml's lm-eval extra).
+RUN pip install ".[lm-eval]"
 # Built into the installed package, which the run stage copies with the virtualenv.
 RUN python -m maec_core.native
 

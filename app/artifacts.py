@@ -1,6 +1,6 @@
 """MAEC ability-vector artifacts kept in object storage, with local copies per worker.
 
-Implements ``maec_core.maec.store.ArtifactStore``. Objects live under
+Implements ``maec_core.artifact_store.ArtifactStore``. Objects live under
 ``artifacts/<key>/``; ``ability.json`` (the metadata) is uploaded last and marks an
 artifact complete, mirroring the local store's rule, so a half-uploaded artifact (a
 worker killed mid-put) is never used and the next job simply extracts again.
@@ -37,7 +37,7 @@ from pathlib import Path
 
 from app.disk_cache import DiskCache, Hold
 from app.storage.base import ObjectInfo, Storage, StorageError
-from maec_core.maec.store import META_NAME, check_key
+from maec_core.service import META_NAME, check_key
 
 log = logging.getLogger("maec.artifacts")
 PREFIX = "artifacts"

@@ -30,7 +30,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from app.webhooks.hosts import AllowList
-from maec_core.errors import MaecError
+from maec_core.service import MaecError
 
 log = logging.getLogger("maec.settings")
 
@@ -155,6 +155,12 @@ class Settings(BaseSettings):
     per file (the client keeps 32 connections)."""
     s3_download_part_bytes: int = Field(default=16 * 1024 * 1024, ge=1024 * 1024)
     """The size of each ranged GET of an input; smaller objects are one GET."""
+    s3_read_bytes_per_s: int | None = Field(default=None, ge=1024 * 1024)
+    """Caps how fast a worker reads an input object from S3, in bytes per second (its
+    ranged GETs together; unset: no cap). Objects under two download parts are one GET
+    and are not capped. Models one node's network bandwidth on a machine whose local
+    store is faster than a real one's network (a benchmark of how a merge scales with
+    workers); in production the network is the cap."""
 
     local_roots: list[Path] = Field(default_factory=list)
     """JSON list of allow-listed local checkpoint roots (absolute paths); `make run` adds
@@ -230,6 +236,18 @@ class Settings(BaseSettings):
     max_corpus_bytes: int = Field(default=100 * 10**6, ge=1)
     """Largest ability corpus accepted (100 MB; larger is 422 `invalid_corpus`). The
     gradient pass reads only its token budget of it anyway."""
+    lm_eval_task_dirs: str = ""
+    """Folders of lm-evaluation-harness task YAMLs (`:`-separated) that `kind: lm_eval`
+    eval sets may name besides lm-eval's own tasks; a job's lm_eval `path` must lie in
+    one. Only operator folders: a task YAML can import Python. Read by the worker (and by
+    the API to check task names at submission)."""
+    lm_eval_data_dir: str = ""
+    """Where lm-eval tasks that read local files (`dataset_path: json`, `csv`, ...) find
+    their relative `data_files`; unset: the task YAML's own folder."""
+    lm_eval_hub: bool = False
+    """Whether lm-eval tasks may fetch their datasets from the Hugging Face Hub; unset,
+    the worker evaluates with `HF_DATASETS_OFFLINE=1` and `HF_HUB_OFFLINE=1`, reading Hub
+    datasets only from the local datasets cache."""
     worker_heartbeat_seconds: float = Field(default=5.0, gt=0)
     """How often a worker writes its heartbeat; `/readyz` counts workers seen within three
     of these."""

@@ -7,17 +7,20 @@ source is then allow-listed, resolved and its headers compared (no weights are r
 
 from __future__ import annotations
 
+import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from app.scheduler.estimate import Need, estimate, estimate_moe
+from app.scheduler.estimate import Need, estimate, estimate_gguf_job, estimate_moe
 from app.settings import Settings
 from app.sources import (
+    GgufSource,
     Published,
     Source,
     check_corpus,
+    check_gguf,
     inspect_source,
     open_source,
     parse_source,
@@ -26,25 +29,40 @@ from app.sources import (
 )
 from app.storage.base import Storage, StorageError
 from maec_contract import JobRequest as JobRequest  # the body model, shared with the client
-from maec_core.errors import (
+from maec_core.service import (
+    LOSSY_WARNING,
+    SET_MAX_BYTES,
+    Condition,
     EmptySelection,
     EvalSetError,
     EvalSetUnreadable,
+    JobPlan,
+    Joined,
+    LmEvalConfig,
+    MergePlan,
+    ModelFolder,
+    MoeConfig,
+    MoePlan,
+    NamedForm,
+    ParamValue,
+    Recipe,
     RecipeError,
     SourceNotFound,
+    TensorMethod,
     TokenizerError,
+    candidates,
+    check_lm_eval_sets,
+    check_output,
+    check_type,
+    get_method,
+    load_set,
+    parse_moe_config,
+    parse_recipe,
+    plan_job,
+    plan_moe,
+    plan_recipe,
+    recipe_warnings,
 )
-from maec_core.eval.sets import SET_MAX_BYTES, load_set
-from maec_core.io.folder import ModelFolder
-from maec_core.job_plan import JobPlan, Joined, plan_job
-from maec_core.methods import NamedForm, TensorMethod, get_method
-from maec_core.moe.config import MoeConfig, parse_moe_config
-from maec_core.moe.plan import MoePlan, plan_moe
-from maec_core.parsing import parse_recipe, recipe_warnings
-from maec_core.plan import MergePlan, plan_recipe
-from maec_core.recipe import Recipe
-from maec_core.recipe_values import Condition, ParamValue
-from maec_core.sweep.grid import candidates
 
 
 def build_job(req: JobRequest) -> Recipe | MoeConfig:
@@ -243,18 +261,67 @@ def check_and_estimate(
     parsed: dict[str, Source] = {}
     for uri in [*plan.checkpoints, *plan.tokenizers, *plan.corpora]:
         parsed[uri] = parse_source(uri, settings, outputs)
+    ggufs = {uri: g for uri in plan.checkpoints
+             if (g := check_gguf(parsed[uri], storage)) is not None}
+    if ggufs:
+        return _gguf_job(recipe, plan, parsed, ggufs, settings, storage, outputs)
     folders = inspect_models(plan, parsed, storage)
     merge_plan = plan_recipe(recipe, folders)
     check_against_plan(recipe, merge_plan)
+    _check_gguf_output(recipe, folders)
     # Pinned after the checks: a file replaced in between is pinned as replaced, which
     # lets nothing unchecked through (the engine validates the folder it reads).
     pinned = {uri: pin_source(parsed[uri], storage)
               for uri in (*plan.checkpoints, *plan.tokenizers)}
     for uri in plan.corpora:
         pinned[uri] = check_corpus(parsed[uri], storage, settings.max_corpus_bytes)
+    check_lm_eval_sets(recipe.evaluate or [], lm_eval_config(settings))
     pinned.update(check_eval_sets(plan, settings, storage, outputs))
     sources = {uri: s.to_dict() for uri, s in pinned.items()}
     return sources, estimate(recipe, merge_plan, sources), list(merge_plan.notes)
+
+
+def _check_gguf_output(recipe: Recipe, folders: Mapping[str, ModelFolder]) -> None:
+    """A GGUF output the writer cannot make (its type, the base's architecture) is
+    refused before the job is queued."""
+    if recipe.output is None or recipe.output.gguf is None:
+        return
+    check_type(recipe.output.gguf)
+    first = folders.get(recipe.base_model or "") or next(iter(folders.values()), None)
+    if first is not None:
+        check_output(first.config)
+
+
+def _gguf_job(recipe: Recipe, plan: JobPlan, parsed: dict[str, Source],
+              ggufs: Mapping[str, GgufSource], settings: Settings, storage: Storage,
+              outputs: Mapping[str, Published] | None
+              ) -> tuple[dict[str, dict[str, Any]], Need, list[str]]:
+    """:func:`check_and_estimate` for a job with GGUF inputs: their headers checked and
+    their files pinned here; the other sources pinned as usual. The merge plan (names,
+    shapes, the recipe's filters) is the worker's to check, on the dequantized folders:
+    a mismatch fails the job with the same code it would get here."""
+    if recipe.output is not None and recipe.output.gguf is not None:
+        check_type(recipe.output.gguf)
+    pinned = {uri: g.source for uri, g in ggufs.items()}
+    for uri in (*plan.checkpoints, *plan.tokenizers):
+        if uri not in pinned:
+            pinned[uri] = pin_source(parsed[uri], storage)
+    for uri in plan.corpora:
+        pinned[uri] = check_corpus(parsed[uri], storage, settings.max_corpus_bytes)
+    check_lm_eval_sets(recipe.evaluate or [], lm_eval_config(settings))
+    pinned.update(check_eval_sets(plan, settings, storage, outputs))
+    sources = {uri: s.to_dict() for uri, s in pinned.items()}
+    need = estimate_gguf_job(recipe, [g.header.parameters for g in ggufs.values()], sources)
+    notes = [LOSSY_WARNING.format(source=uri, quantization=g.header.quantization)
+             for uri, g in ggufs.items()]
+    return sources, need, notes
+
+
+def lm_eval_config(settings: Settings) -> LmEvalConfig:
+    """The settings lm_eval sets are checked with (the worker reads the same variables)."""
+    dirs = tuple(Path(p) for p in settings.lm_eval_task_dirs.split(os.pathsep) if p)
+    return LmEvalConfig(task_dirs=dirs, data_dir=Path(settings.lm_eval_data_dir)
+                        if settings.lm_eval_data_dir else None, hub=settings.lm_eval_hub)
 
 
 def check_eval_sets(plan: JobPlan, settings: Settings, storage: Storage,

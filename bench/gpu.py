@@ -80,7 +80,7 @@ def recipes(folders: list[Path]) -> dict[str, dict[str, Any]]:
 
 def child(mode: str, device: str, recipe_path: Path, out: Path) -> None:
     """One measured merge in this process: ``mode`` ta or maec on ``device``."""
-    from maec_core.maec.store import LocalArtifactStore
+    from maec_core.artifact_store import LocalArtifactStore
     from maec_core.parsing import parse_recipe
     from maec_core.run import run
 

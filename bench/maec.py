@@ -95,7 +95,7 @@ def child(argv: list[str]) -> None:
 
         run(parsed, out, RunContext(device="cpu", hash_cache=hash_cache))
     elif mode == "full":
-        from maec_core.maec.store import LocalArtifactStore
+        from maec_core.artifact_store import LocalArtifactStore
         from maec_core.run import run
 
         # An empty store: this run must extract.

@@ -189,7 +189,7 @@ class Level:
 
 def library_sweep(data: dict[str, Any]) -> Round:
     """One sweep with a fresh artifact store."""
-    from maec_core.maec.store import LocalArtifactStore
+    from maec_core.artifact_store import LocalArtifactStore
     from maec_core.parsing import parse_recipe
     from maec_core.sweep.runner import run_sweep
 
@@ -206,8 +206,8 @@ def library_sweep(data: dict[str, Any]) -> Round:
 def library_separate(data: dict[str, Any]) -> Round:
     """Each candidate run and evaluated as on a cold worker: its own empty artifact
     store, so each extracts its ability vector."""
+    from maec_core.artifact_store import LocalArtifactStore
     from maec_core.eval.runner import evaluate
-    from maec_core.maec.store import LocalArtifactStore
     from maec_core.parsing import parse_recipe
     from maec_core.run import run
     from maec_core.sweep.grid import candidates

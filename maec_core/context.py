@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from maec_core.runtime import CancelFn, EngineOptions, ProgressFn
 
 if TYPE_CHECKING:
-    from maec_core.maec.store import ArtifactStore
+    from maec_core.artifact_store import ArtifactStore
     from maec_core.recipe import Recipe
 
 __all__ = ["OutputSpec", "RunContext"]

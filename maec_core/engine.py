@@ -72,6 +72,7 @@ from maec_core.methods.params import layer_index
 from maec_core.naming import renamed
 from maec_core.plan import MergePlan, PlannedTensor, build_plan, recipe_vocab, rows_of
 from maec_core.recipe import Recipe
+from maec_core.recipe.chat_template import resolve_chat_template, with_chat_template
 from maec_core.runtime import (
     EngineOptions,
     MergeResult,
@@ -82,7 +83,6 @@ from maec_core.runtime import (
 )
 from maec_core.slices import prepare_slices
 from maec_core.vocab.build import is_vocab_tensor
-from maec_core.vocab.chat_template import resolve_chat_template, with_chat_template
 from maec_core.vocab.rows import RowAligner
 
 __all__ = ["ComputeFn", "FusedFn", "MergeWork", "OffsetComputeFn", "PatchFn", "run_method",
@@ -488,7 +488,8 @@ def _to_folder(
         try:
             staged.add(write(ShardedWriter(
                 staged.folder, outputs, output.recipe.shard_size_bytes(), parallel_io=True,
-                on_shard=options.on_shard, on_shard_open=options.on_shard_open)))
+                on_shard=options.on_shard, on_shard_open=options.on_shard_open,
+                done=options.done_shards, part=options.part)))
         except BaseException:
             hasher.stop()
             raise
@@ -501,6 +502,10 @@ def _write_tensors(sink: TensorSink, background: bool, loop: _Loop) -> list[Writ
     """Merge every planned tensor into ``sink`` (a staged folder's shards and their
     index, or the caller's sink; on a thread of its own when ``background``); returns
     the files it wrote."""
+    # Resuming, or one part of a split merge: the tensors of the shards not made here are
+    # neither read nor computed (the progress count includes them).
+    if isinstance(sink, ShardedWriter) and sink.partial:
+        loop = _resumed(loop, sink.expected())
     plan, work = loop.plan, loop.work
     writer = BackgroundWriter(
         sink,
@@ -528,6 +533,14 @@ def _write_tensors(sink: TensorSink, background: bool, loop: _Loop) -> list[Writ
     except BaseException:
         writer.abort()
         raise
+
+
+def _resumed(loop: _Loop, expected: set[str]) -> _Loop:
+    """``loop`` over only the ``expected`` tensors, counted after the others."""
+    tensors = [t for t in loop.plan.tensors if t.name in expected]
+    skipped = len(loop.plan.tensors) - len(tensors)
+    return dataclasses.replace(loop, plan=dataclasses.replace(loop.plan, tensors=tensors),
+                               tick=functools.partial(_shifted, loop.tick, skipped))
 
 
 def _shifted(tick: Callable[[int], None], offset: int, i: int) -> None:

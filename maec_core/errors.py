@@ -162,6 +162,20 @@ class EvalSetUnreadable(EvalSetError):
     code = "eval_set_unreadable"
 
 
+class LmEvalTaskUnknown(EvalSetError):
+    """An lm_eval set names a task lm-evaluation-harness does not know (neither one of its
+    own nor one in a configured task folder)."""
+
+    code = "unknown_lm_eval_task"
+
+
+class LmEvalFailed(MaecError):
+    """lm-evaluation-harness could not run a task: not installed on the worker, its data
+    not found offline, or the task itself failed."""
+
+    code = "lm_eval_failed"
+
+
 class SweepError(RecipeError):
     """A parameter sweep is malformed: unknown knob, non-numeric value, too many
     candidates, or an objective naming no eval set."""
@@ -173,3 +187,23 @@ class NoFeasibleCandidate(MaecError):
     """Every candidate of a sweep broke its constraint: nothing is published."""
 
     code = "no_feasible_candidate"
+
+
+class InvalidGguf(CheckpointError):
+    """A GGUF file that cannot be read: not GGUF, truncated, or a header that lies about
+    its tensors (no tensor data is ever trusted past the file's end)."""
+
+    code = "invalid_gguf"
+
+
+class UnsupportedGguf(CheckpointError):
+    """A GGUF file whose architecture or tensor types transformers' GGUF loader cannot
+    dequantize: refused from its header, before any tensor is read."""
+
+    code = "unsupported_gguf"
+
+
+class UnsupportedGgufOutput(RecipeError):
+    """A GGUF output type (or a merged architecture) the GGUF writer does not produce."""
+
+    code = "unsupported_gguf_output"

@@ -234,15 +234,11 @@ def plan_recipe(recipe: Recipe, models: Mapping[str, ModelFolder]) -> MergePlan:
         return build_slice_plan(recipe, models).plan
     keys = _distinct(recipe)
     folders = {k: models[k] for k in keys}
-    if get_method(recipe.merge_method).needs_language_base:
-        from maec_core.vocab.maec import maec_token_map
-
-        assert recipe.base_model is not None and recipe.language_base is not None
-        donors = [folders[s.ref] for s in recipe.sources()
-                  if s.role in ("ability_donor", "ability_control")]
-        tmap = maec_token_map(recipe, folders[recipe.base_model],
-                              folders[recipe.language_base], donors)
-        return build_plan(folders, keys[0], tmap.lang_rows if tmap else None)
+    # A method that decides the output's vocabulary itself (MAEC: its language base's)
+    # says so; otherwise the recipe's tokenizer settings do.
+    own = get_method(recipe.merge_method).own_vocab(recipe, folders)
+    if own is not None:
+        return build_plan(folders, keys[0], own.rows)
     vocab = recipe_vocab(recipe, folders, models)
     return build_plan(folders, keys[0], rows_of(vocab))
 

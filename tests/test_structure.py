@@ -213,7 +213,7 @@ def test_no_function_takes_more_than_limit_parameters() -> None:
 
 # A method's facts (its stages, whether it builds on a language base, how it runs) are
 # asked of its unit; only the unit itself may know it is MAEC.
-METHOD_UNIT = ("maec_core/maec/", "maec_core/methods/maec.py")
+METHOD_UNIT = ("maec_core/maec/", "maec_core/maec/method.py")
 NAME_CHECKED = ("maec_core", "app", "worker")
 NAME_TESTS = re.compile(
     r"""[=!]=\s*["']maec["']|["']maec["']\s*[=!]="""
@@ -236,7 +236,7 @@ def test_name_test_finder() -> None:
         'if name in ("maec", "ties"):',
         "is_maec = True",
         "if isinstance(method, Maec):",
-        "from maec_core.methods.maec import Maec",
+        "from maec_core.maec.method import Maec",
         's3_bucket: str = "maec"',
         'log = logging.getLogger("maec.worker")',
         'keys = manifest.get("maec")',
@@ -245,7 +245,7 @@ def test_name_test_finder() -> None:
     ]))]
     assert found == ['if recipe.merge_method == "maec":', "ok = 'maec' != method",
                      'if name in ("maec", "ties"):', "is_maec = True",
-                     "if isinstance(method, Maec):", "from maec_core.methods.maec import Maec",
+                     "if isinstance(method, Maec):", "from maec_core.maec.method import Maec",
                      'if name in ["ties", "maec"]:']
 
 
@@ -258,5 +258,85 @@ def test_no_method_is_told_apart_by_name_outside_its_unit() -> None:
         for line, text in name_tests(path.read_text())
     ]
     assert not offenders, (f"{len(offenders)} place(s) outside the MAEC unit tell MAEC apart "
-                           "by name (ask the method: stages, needs_language_base, run, "
-                           "check_plan):\n" + "\n".join(offenders))
+                           "by name (ask the method: stages, own_vocab, held_input, "
+                           "reuse_key, run, check_plan):\n" + "\n".join(offenders))
+
+
+# A method with a pipeline of its own keeps its whole unit in one package of the core
+# (``maec_core/<unit>/``, registered from its ``method`` module); what is in it is that
+# method's private business. Asked of the import graph, not of the text: an import under
+# another name, a lazy one, or one under TYPE_CHECKING counts the same.
+IMPORT_CHECKED = ("maec_core", "app", "worker")
+
+
+def method_units() -> list[str]:
+    """The core's packages that hold a method's unit (the registry's own rule)."""
+    return sorted(f"maec_core.{p.parent.name}" for p in (ROOT / "maec_core").glob("*/method.py"))
+
+
+def outside_imports(edges: dict[str, set[str]], private: str, unit: str) -> list[str]:
+    """``importer -> imported`` for each import of ``private`` (or a module under it) by a
+    module outside ``unit`` (a package: it and every module under it are inside)."""
+    def under(module: str, package: str) -> bool:
+        return module == package or module.startswith(package + ".")
+
+    return [f"{importer} -> {imported}"
+            for importer in sorted(edges) if not under(importer, unit)
+            for imported in sorted(edges[importer]) if under(imported, private)]
+
+
+def test_outside_import_finder() -> None:
+    # The finder itself: inside the unit is fine, outside is not, a prefix is no parent.
+    edges = {"m.maec.pipeline": {"m.maec.params", "m.engine"}, "m.sweep.grid": {"m.maec.params"},
+             "m.cli": {"m.maec"}, "m.maecish": {"m.maec_x"}, "app.x": {"m.maec.store"},
+             "m.methods.ties": {"m.methods.linear"}, "m.plan": {"m.methods.ties"}}
+    assert outside_imports(edges, "m.maec", "m.maec") == [
+        "app.x -> m.maec.store", "m.cli -> m.maec", "m.sweep.grid -> m.maec.params"]
+    assert outside_imports(edges, "m.methods.ties", "m.methods") == [
+        "m.plan -> m.methods.ties"]
+
+
+def _import_edges() -> dict[str, set[str]]:
+    graph = grimp.build_graph(*IMPORT_CHECKED, exclude_type_checking_imports=False,
+                              cache_dir=None)
+    return {m: set(graph.find_modules_directly_imported_by(m)) for m in graph.modules}
+
+
+def test_no_method_private_package_is_imported_outside_its_unit() -> None:
+    units = method_units()
+    assert "maec_core.maec" in units  # the rule still finds the one such unit there is
+    edges = _import_edges()
+    offenders = [line for unit in units for line in outside_imports(edges, unit, unit)]
+    assert not offenders, (f"{len(offenders)} import(s) of a method's own package from "
+                           "outside it (ask the method through its hooks, or move the code "
+                           "into its unit):\n" + "\n".join(offenders))
+
+
+def test_no_method_module_is_imported_outside_its_package() -> None:
+    # A merge method is found by the registry, never imported by name: a module that
+    # defines one is imported only from its own package.
+    from maec_core.methods import all_methods
+
+    modules = sorted({type(m).__module__ for m in all_methods()})
+    assert "maec_core.methods.linear" in modules and len(modules) > 10
+    edges = _import_edges()
+    offenders = [line for module in modules
+                 for line in outside_imports(edges, module, module.rsplit(".", 1)[0])]
+    assert not offenders, (f"{len(offenders)} import(s) of a merge method's module from "
+                           "outside its package:\n" + "\n".join(offenders))
+
+
+def test_front_door_contract_names_every_other_module_of_the_core() -> None:
+    # The service reaches the core only through maec_core.service: the import contract
+    # forbids every other module by name, so a new module must join its list.
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    contract = next(c for c in config["tool"]["importlinter"]["contracts"]
+                    if c["id"] == "service-front-door")
+    core = ROOT / "maec_core"
+    children = {p.stem for p in core.glob("*.py") if p.name != "__init__.py"}
+    children |= {p.parent.name for p in core.glob("*/__init__.py")}
+    expected = sorted(f"maec_core.{c}" for c in children - {"service"})
+    assert sorted(contract["forbidden_modules"]) == expected
+    assert sorted(contract["source_modules"]) == ["app", "worker"]

@@ -12,13 +12,15 @@ from app.jobs.record import JobRecord
 from app.settings import Settings
 from app.storage.base import Storage
 from maec_contract import FileInfo, JobResult
-from maec_core.context import RunContext
-from maec_core.job_plan import JobPlan, published_manifest
-from maec_core.job_progress import StageSpans, job_spans
-from maec_core.manifest import write_manifest
-from maec_core.moe.build import build_moe
-from maec_core.moe.config import parse_moe_config
-from maec_core.runtime import EngineOptions
+from maec_core.service import (
+    JobPlan,
+    StageSpans,
+    job_spans,
+    parse_moe_config,
+    published_manifest,
+    write_manifest,
+)
+from maec_core.service.running import EngineOptions, RunContext, build_moe
 from worker.publish import ShardUploads
 from worker.result import Finished
 

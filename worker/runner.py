@@ -13,7 +13,7 @@ import shutil
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,22 +27,28 @@ from app.jobs.calls import Claim, QuotaExceeded
 from app.jobs.record import JobRecord, now_iso
 from app.jobs.worker_store import WorkerJobStore
 from app.settings import Settings
-from app.sources import Source, check_not_service_storage
+from app.sources import Source, check_not_service_storage, is_pinned_gguf
 from app.storage.base import Storage, StorageError
 from maec_contract import FileInfo, JobResult
-from maec_core.context import RunContext
-from maec_core.errors import Cancelled, MaecError
-from maec_core.job_plan import JobPlan, plan_job
-from maec_core.job_progress import StageSpans
-from maec_core.manifest import MANIFEST_NAME, write_manifest
-from maec_core.moe.config import MOE_METHOD
-from maec_core.parsing import parse_recipe
-from maec_core.runtime import EngineOptions
+from maec_core.service import (
+    MANIFEST_NAME,
+    MOE_METHOD,
+    Cancelled,
+    JobPlan,
+    MaecError,
+    StageSpans,
+    parse_recipe,
+    plan_job,
+    write_manifest,
+)
+from maec_core.service.running import EngineOptions, RunContext
+from worker.gguf import check_before_merge, dequantize_input, with_gguf_output
 from worker.inputs import InputCache, fetch_source
 from worker.measure import measured
 from worker.moe import execute_moe
 from worker.publish import ShardUploads, publish
 from worker.result import Finished
+from worker.resume import Resumed, ShardLedger, adopt, in_use, resumable
 from worker.stages import produce
 
 log = logging.getLogger("maec.worker")
@@ -78,6 +84,10 @@ class Attempt:
     spans: StageSpans = field(default_factory=lambda: StageSpans({}))
     cancelled: bool = False
     lost: bool = False
+    # A resumed attempt: the shards it starts with, and the least fraction it reports
+    # (the resumed part's; worker.resume).
+    resume: Resumed | None = None
+    floor: float = 0.0
     _last_write: float = 0.0
     _last_poll: float = 0.0
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -102,6 +112,9 @@ class Attempt:
         (``extra``: more progress fields, e.g. a sweep's candidate)."""
         changed = stage != self.stage
         self.stage = stage
+        fraction = max(fraction, self.floor)
+        if self.resume is not None and self.resume.note is not None:
+            extra = {**extra, "resumed": self.resume.note}
         # Throttled: one Redis write per interval, but always on a stage change and at
         # the end of a stage, so a poller sees every stage and its completion.
         if changed or done >= total or (
@@ -196,16 +209,24 @@ class JobRunner:
         att.start_lease()
         log.info("job %s: attempt %d on %s", job_id, claim.attempt, self.worker)
         try:
+            # --- resume: an earlier attempt's published shards (worker.resume) ---
+            att.resume = adopt(rec, self.storage, prefix)
+            prefix = att.resume.prefix
+            # --- end resume ---
             for earlier in range(1, claim.attempt):
-                # A dead attempt's partial upload: nobody will ever read it.
-                self.storage.delete_prefix(result_prefix(job_id, earlier) + "/")
+                # A dead attempt's partial upload: nobody will ever read it (but the
+                # shards this attempt resumes from).
+                if result_prefix(job_id, earlier) != prefix:
+                    self.storage.delete_prefix(result_prefix(job_id, earlier) + "/")
             outcome = self._attempt(rec, att, prefix, workdir, started)
         except LeaseLost:
             log.warning("job %s attempt %d: stopped, the job was taken over",
                         job_id, claim.attempt)
-            # This attempt's own prefix: shards it uploaded during the merge (the new
-            # owner writes under its own, and removes this one when it starts).
-            self._cleanup(prefix)
+            # This attempt's prefix: shards it uploaded during the merge (the new owner
+            # writes under its own and removes this one when it starts), unless the
+            # record names it: the new owner resumes from it.
+            if not self._resumed_from(job_id, prefix):
+                self._cleanup(prefix)
             return "lost"
         finally:
             att.stop_lease()
@@ -243,6 +264,14 @@ class JobRunner:
                 "message": f"{type(exc).__name__}: {exc}", "details": {}}, started)
         return self._end(rec, att, "succeeded", None, started, result=result)
 
+    def _resumed_from(self, job_id: str, prefix: str) -> bool:
+        try:
+            return in_use(self.store, job_id, prefix)
+        except Exception as exc:  # Redis down: left in place, removed with the job
+            log.warning("job %s: could not tell whether %s is resumed from: %s", job_id,
+                        prefix, exc)
+            return True
+
     def _cleanup(self, prefix: str) -> None:
         try:
             self.storage.delete_prefix(prefix + "/")
@@ -262,6 +291,9 @@ class JobRunner:
         if result is not None:
             nbytes = result.nbytes
             fields.update(result.fields())
+            if att.resume is not None and att.resume.note is not None:
+                # The finished job (and its webhook) still says it was resumed.
+                fields["progress"] = {**fields["progress"], "resumed": att.resume.note}
         ok, previous = self.store.transition(
             rec.id, allowed=("running", "publishing"), to=status, attempt=att.attempt,
             fields=fields, metrics=finish_increments(status, seconds, nbytes),
@@ -329,10 +361,15 @@ class JobRunner:
             # Checked again here: a record queued before the rule existed (or written by
             # anything but the API) must not read the service's own storage either.
             source = check_not_service_storage(Source.from_dict(doc), self.settings)
+            gguf = is_pinned_gguf(source)
             path, got, hit = fetch_source(source, self.storage, self.cache,
                                           workdir / "inputs" / str(i),
-                                          corpus=plan is not None and plan.one_file(uri),
+                                          corpus=gguf or (plan is not None
+                                                          and plan.one_file(uri)),
                                           hold=hold)
+            if gguf:  # merged from its dequantized folder (worker/gguf.py)
+                path = dequantize_input(path, self.cache, hold,
+                                        self.settings.work_dir / "checksums")
             local[uri] = str(path)
             fetched, cached = fetched + got, cached + hit
             att.progress("fetch", i + 1, total)
@@ -348,8 +385,13 @@ class JobRunner:
         # carried through the stages: fetch, merge (and evaluate), publish.
         plan = plan_job(parse_recipe(rec.recipe))
         att.spans = plan.spans
+        # A resumable merge records each shard in the job's record as it lands, and skips
+        # those it resumes with (its progress starts there: before the fetch).
+        ledger = self._ledger(att, plan, prefix)
+        done = att.resume.done if ledger is not None and att.resume is not None else {}
         local = self._fetch(rec, plan, att, workdir, hold)
         plan.adapters.check(local)
+        check_before_merge(plan.localised(local))
         workdir.mkdir(parents=True, exist_ok=True)
         out = workdir / "out"
         uploaded = [0]
@@ -368,7 +410,8 @@ class JobRunner:
 
         # The output's shards go up while the merge goes on; stopped before any clean-up
         # of the prefix (the caller's), so nothing lands after it.
-        uploads = ShardUploads(self.storage, prefix)
+        uploads = ShardUploads(self.storage, prefix,
+                               on_stored=ledger.landed if ledger is not None else None)
         # The local artifact copies the job reads stay held, like its inputs, until it ends.
         artifacts = StorageArtifactStore(self.storage, self.settings.work_dir / "artifacts",
                                          self.settings.artifact_cache_max_bytes,
@@ -380,17 +423,19 @@ class JobRunner:
                              artifact_scope=artifact_scope(rec.owner),
                              names={path: ref for ref, path in plan.local_refs(local).items()},
                              options=EngineOptions(on_shard=uploads.on_shard,
-                                                   on_shard_open=uploads.on_shard_open))
+                                                   on_shard_open=uploads.on_shard_open,
+                                                   done_shards=done or None))
             made = produce(plan.localised(local), out, ctx, work_dir=workdir, reporter=att,
                            upload=upload, published=published)
             # The manifest clients read: inputs by the recipe's references. Written once,
             # its entry taken from the bytes written.
-            manifest = published(made.manifest)
+            manifest = with_gguf_output(out, published(made.manifest), plan.recipe, local)
             entry = write_manifest(out, manifest)
             # Before the manifest can publish anything: a job over its owner's quota
             # fails here, and the shards it uploaded meanwhile go with its prefix.
             self._reserve(rec, att, manifest, entry, already=uploaded[0])
-            files = [*made.files, *self._publish(rec, att, out, manifest, entry, uploads)]
+            files = [*made.files, *self._publish(rec, att, out, manifest, entry, uploads,
+                                                 stored=done)]
         except BaseException:
             uploads.stop()
             raise
@@ -403,8 +448,22 @@ class JobRunner:
         reused = all(made.reused) if plan.extracts and made.reused else None
         return Finished(result, prefix, reused)
 
+    def _ledger(self, att: Attempt, plan: JobPlan, prefix: str) -> ShardLedger | None:
+        """The resumable merge's shard record, begun (the verified shards it resumes
+        with written first); its progress floor set. None: not resumable."""
+        if not resumable(plan):
+            return None
+        start = att.resume if att.resume is not None else Resumed(prefix, {})
+        ledger = ShardLedger(att.job_id, att.attempt, att.write, start, self.storage)
+        ledger.begin()
+        of = (start.note or {}).get("of")
+        if start.done and of:
+            att.floor = plan.spans.at("combine", len(start.done), int(of))[1]
+        return ledger
+
     def _publish(self, rec: JobRecord, att: Attempt, out: Path, manifest: dict[str, Any],
-                 entry: dict[str, Any], uploads: ShardUploads) -> list[dict[str, Any]]:
+                 entry: dict[str, Any], uploads: ShardUploads,
+                 stored: Collection[str] = ()) -> list[dict[str, Any]]:
         """Every file not uploaded yet, then manifest.json last (the commit marker, its
         file ``entry``), once every other file is stored and verified; the files'
         entries."""
@@ -414,7 +473,7 @@ class JobRunner:
             raise LeaseLost(rec.id)
         files = [dict(f) for f in manifest["files"]]
         att.progress("publish", 0, len(files) + 1)
-        if not publish(uploads, out, files, out / MANIFEST_NAME,
+        if not publish(uploads, out, files, out / MANIFEST_NAME, stored=stored,
                        cancelled=att.cancel_requested,
                        progress=lambda n, total: att.progress("publish", n, total)):
             raise _CancelledHere

@@ -14,12 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from maec_core.context import RunContext
-from maec_core.eval.report import EvalReport
-from maec_core.job_progress import candidate_at
-from maec_core.manifest import write_manifest
-from maec_core.recipe import Recipe
-from maec_core.runtime import EngineOptions
+from maec_core.service import EvalReport, Recipe, candidate_at, write_manifest
+from maec_core.service.running import EngineOptions, RunContext
 
 # upload(path under the job's prefix, local file): one file into the job's staging prefix.
 Upload = Callable[[str, Path], None]
@@ -59,8 +55,7 @@ def produce(recipe: Recipe, out: Path, ctx: RunContext, *, work_dir: Path,
     if recipe.sweep is not None:
         return _sweep(recipe, out, ctx.but(options=EngineOptions()), work_dir=work_dir,
                       reporter=reporter, upload=upload, published=published)
-    from maec_core.run import run
-    from maec_core.sweep.runner import evaluate_folder
+    from maec_core.service.running import evaluate_folder, run
 
     merged = run(recipe.merge_only(), out, ctx)
     report = merged.report or {}
@@ -93,8 +88,8 @@ class SweepProgress:
 
 def _sweep(recipe: Recipe, out: Path, ctx: RunContext, *, work_dir: Path,
            reporter: Reporter, upload: Upload, published: Published) -> Produced:
-    from maec_core.sweep.grid import Candidate
-    from maec_core.sweep.runner import SweepOptions, run_sweep
+    from maec_core.service import Candidate
+    from maec_core.service.running import SweepOptions, run_sweep
 
     track = SweepProgress(reporter)
     uploaded: list[dict[str, Any]] = []

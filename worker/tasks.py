@@ -9,7 +9,7 @@ from celery import shared_task
 
 # Imported here, in the prefork parent, so every child forks with torch already loaded
 # (a merge child then starts in milliseconds). Importing torch does not initialise CUDA.
-import maec_core.run  # noqa: F401
+import maec_core.service.running  # noqa: F401
 from app.jobs.worker_store import WorkerJobStore
 from app.queue import TAKE_TASK_NAME, TASK_NAME, WEBHOOK_TASK_NAME, send_take, send_webhook
 from app.settings import get_settings

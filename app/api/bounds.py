@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ByteSize, TypeAdapter, ValidationError
 
-from maec_core.errors import RecipeError
+from maec_core.service import RecipeError
 
 # Job ids are ``j_`` + 24 hex digits; anything much longer names no job.
 MAX_ID_CHARS = 64

@@ -14,7 +14,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.api.job_body import describe_errors
-from maec_core.errors import MaecError
+from maec_core.service import MaecError
 
 log = logging.getLogger("maec.api")
 

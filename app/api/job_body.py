@@ -40,9 +40,16 @@ from pydantic_core import PydanticCustomError, PydanticUndefined
 from app.api.bounds import BodyProblem, check_body
 from maec_contract import JobRequest
 from maec_contract.requests import _NAMED as NAMED_FIELDS  # the named form's fields
-from maec_core.methods import MergeMethod, TensorMethod, all_methods
-from maec_core.methods.base import FINITE_MAX
-from maec_core.recipe import ModelEntry, Recipe, Slice, SliceSource
+from maec_core.service import (
+    FINITE_MAX,
+    MergeMethod,
+    ModelEntry,
+    Recipe,
+    Slice,
+    SliceSource,
+    TensorMethod,
+    all_methods,
+)
 
 # Caps for what the methods' models leave open. Strings: sources are paths, URIs or hub
 # ids (S3 keys stop at 1024 bytes); lists: gradients, conditions, models; dicts: free

@@ -15,7 +15,7 @@ from app.api import docs, errors
 from app.api.deps import Services
 from app.api.gc_tuning import tune_gc
 from app.api.limits import Limits
-from app.api.routes import files, health, jobs, queue
+from app.api.routes import files, health, hub, jobs, queue
 from app.api.ui import router as ui_router
 from app.jobs.api_store import ApiJobStore
 from app.queue import Enqueuer
@@ -148,6 +148,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(jobs.router)
     app.include_router(queue.router)
     app.include_router(files.router)
+    # The Hub client's paths for a job's files (docs/client.md).
+    app.include_router(hub.router)
     app.include_router(health.router)
     docs.install(app)
     app.include_router(ui_router)

@@ -40,7 +40,7 @@ from app.jobs.record import (
     now_iso,
     text,
 )
-from maec_core.errors import MaecError
+from maec_core.service import MaecError
 
 T = TypeVar("T")
 # Reads a queued job's place from its raw record (app.scheduler.view.QueueView.place).

@@ -34,7 +34,7 @@ from app.jobs.keys import (
 )
 from app.jobs.record import JobRecord, encode, now_iso, storable_fields, text
 from app.jobs.scripts import Arg, Script
-from maec_core.errors import MaecError
+from maec_core.service import MaecError
 
 T = TypeVar("T")
 CreateOutcome = Literal["created", "existing", "conflict", "too_many"]

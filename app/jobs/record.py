@@ -19,7 +19,7 @@ from maec_contract import STATUSES as STATUSES  # re-exported: the store and API
 from maec_contract import TERMINAL as TERMINAL
 from maec_contract import Job
 from maec_contract import JobStatus as Status
-from maec_core.errors import MaecError
+from maec_core.service import MaecError
 
 ACTIVE: frozenset[str] = frozenset({"queued", "running", "publishing"})
 
@@ -76,6 +76,9 @@ class JobRecord(Job):
     published_bytes: int = 0
     # Ability artifacts the published outputs were made from (kept while referenced).
     artifact_keys: list[str] = Field(default_factory=list)
+    # A merge's output shards as they landed, and the prefix they lie under: what the
+    # next attempt resumes from (worker/resume.py).
+    shards: dict[str, Any] | None = None
 
     def public(self) -> dict[str, Any]:
         """The Job object of the API contract (maec_contract.Job), bookkeeping left out."""

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 from app.scheduler.estimate import GPU_BUDGET_BYTES, Need
 from app.settings import GIB, PoolSpec
-from maec_core.errors import MaecError
+from maec_core.service import MaecError
 
 
 class NoCapableWorker(MaecError):

@@ -24,11 +24,18 @@ from typing import Any, ClassVar, Literal
 
 from app.settings import Settings
 from app.storage.base import Storage, StorageError
-from maec_core.errors import CorruptCheckpoint, MaecError, SourceError
-from maec_core.io.folder import INDEX_FILE, TOKENIZER_FILES, ModelFolder, open_model_folder
-from maec_core.io.headers import MAX_HEADER_BYTES
-from maec_core.lora.adapter import ADAPTER_CONFIG
-from maec_core.vocab.tokens import keep_tokenizer
+from maec_core.service import (
+    ADAPTER_CONFIG,
+    INDEX_FILE,
+    MAX_HEADER_BYTES,
+    TOKENIZER_FILES,
+    CorruptCheckpoint,
+    MaecError,
+    ModelFolder,
+    SourceError,
+    keep_tokenizer,
+    open_model_folder,
+)
 
 Kind = Literal["s3", "local", "hf", "job"]
 # Files a checkpoint folder may contribute (weights, configs, tokenizer; a LoRA adapter

@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 
 from app.settings import Settings
 from app.sources.base import Source
-from maec_core.errors import SourceError
+from maec_core.service import SourceError
 
 
 class SourceForbidden(SourceError):

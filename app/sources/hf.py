@@ -60,16 +60,19 @@ from app.sources.base import (
     write_whole,
 )
 from app.storage.base import StorageError
-from maec_core.errors import CorruptCheckpoint, MaecError, SourceError, SourceNotFound
-from maec_core.io.folder import (
+from maec_core.service import (
+    ADAPTER_CONFIG,
     INDEX_FILE,
     MAX_JSON_BYTES,
     MAX_SIDE_FILE_BYTES,
     PICKLE_SUFFIXES,
     TOKENIZER_FILES,
+    CorruptCheckpoint,
+    MaecError,
     ModelFolder,
+    SourceError,
+    SourceNotFound,
 )
-from maec_core.lora.adapter import ADAPTER_CONFIG
 
 # Read whole at submission (the plan needs their content); side files are only sniffed.
 WHOLE_FILES = ("config.json", INDEX_FILE, ADAPTER_CONFIG)

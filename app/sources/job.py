@@ -37,8 +37,13 @@ from app.sources.base import (
     sparse_header_copy,
     write_whole,
 )
-from maec_core.errors import SourceChanged, SourceError, SourceNotFound
-from maec_core.io.folder import MAX_JSON_BYTES, ModelFolder
+from maec_core.service import (
+    MAX_JSON_BYTES,
+    ModelFolder,
+    SourceChanged,
+    SourceError,
+    SourceNotFound,
+)
 
 # A job id (``app.jobs.record.new_job_id``), then an optional path inside its outputs.
 _REF = re.compile(r"^job:(j_[0-9a-f]{1,64})(?:/(.*))?$")

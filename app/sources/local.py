@@ -31,8 +31,13 @@ from app.sources.base import (
     write_verified,
 )
 from app.storage.base import StorageError
-from maec_core.errors import SourceChanged, SourceError, SourceNotFound
-from maec_core.io.folder import ModelFolder, open_model_folder
+from maec_core.service import (
+    ModelFolder,
+    SourceChanged,
+    SourceError,
+    SourceNotFound,
+    open_model_folder,
+)
 
 _CHUNK = 1 << 20
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -116,6 +121,10 @@ class LocalSource(SourceKind):
                 ) -> ModelFolder:
         # Read in place: the tokenizer files stay where the plan can read them.
         path = Path(self.source.path)
+        if path.is_file() and path.suffix.lower() == ".gguf":
+            # Merge recipes take GGUF sources (app.sources.gguf); this reader does not.
+            raise SourceError(f"{self.source.uri} is a GGUF file: GGUF is a source of merge "
+                              "recipes only (docs/gguf.md)", source=self.source.uri)
         if not path.is_dir():
             raise SourceNotFound(f"{self.source.uri}: no such checkpoint folder",
                                  source=self.source.uri)

@@ -39,8 +39,14 @@ from app.sources.base import (
     write_whole,
 )
 from app.storage.base import ObjectInfo, Storage, StorageDenied, StorageError
-from maec_core.errors import SourceChanged, SourceError, SourceNotFound
-from maec_core.io.folder import MAX_JSON_BYTES, PICKLE_SUFFIXES, ModelFolder
+from maec_core.service import (
+    MAX_JSON_BYTES,
+    PICKLE_SUFFIXES,
+    ModelFolder,
+    SourceChanged,
+    SourceError,
+    SourceNotFound,
+)
 
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
 

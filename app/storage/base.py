@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
-from maec_core.errors import MaecError
+from maec_core.service import MaecError
 
 
 class StorageError(MaecError):

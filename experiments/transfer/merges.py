@@ -258,9 +258,9 @@ def sweep(recipe: dict[str, Any], out_dir: Path, cache: Path) -> SweepOutcome:
     raised. ``cache`` keeps input digests and extracted ability artifacts across sweeps
     and runs, so a rerun reuses every extraction and only combines.
     """
+    from maec_core.artifact_store import LocalArtifactStore
     from maec_core.errors import NoFeasibleCandidate
     from maec_core.eval.report import EvalReport
-    from maec_core.maec.store import LocalArtifactStore
     from maec_core.parsing import parse_recipe
     from maec_core.sweep.attach import EVAL_REPORT_NAME
     from maec_core.sweep.board import Row, rank

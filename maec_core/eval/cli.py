@@ -27,8 +27,9 @@ def eval_command(model_dir: Path, spec: Path, out: Path, label: str | None, mark
                  flags: RunFlags) -> None:
     """Score MODEL_DIR on the eval sets listed in EVAL.yaml; print the table, write the report.
 
-    EVAL.yaml lists sets: {name, language, kind: perplexity|accuracy, path, ...}; set paths
-    are relative to its folder.
+    EVAL.yaml lists sets: {name, language, kind: perplexity|accuracy, path, ...}, or
+    lm-evaluation-harness tasks: {name, kind: lm_eval, task, limit, num_fewshot, path: a
+    folder of task YAMLs}; paths are relative to its folder.
     """
     from maec_core.eval.report import write_report
     from maec_core.eval.runner import evaluate

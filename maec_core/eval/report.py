@@ -41,13 +41,17 @@ class DocumentScore(BaseModel):
     nll: float
 
 
+Kind = Literal["perplexity", "accuracy", "lm_eval"]
+
+
 class SetResult(BaseModel):
     name: str
     language: str
-    kind: Literal["perplexity", "accuracy"]
-    # Perplexity: exp(token-weighted mean NLL). Accuracy: correct / items.
+    kind: Kind
+    # Perplexity: exp(token-weighted mean NLL). Accuracy: correct / items. lm_eval: the
+    # lm-eval metric named by ``metric``.
     value: float
-    # Perplexity: scored tokens. Accuracy: items.
+    # Perplexity: scored tokens. Accuracy and lm_eval: items.
     count: int
     correct: int | None = None
     mean_nll: float | None = None
@@ -56,8 +60,15 @@ class SetResult(BaseModel):
     settings: dict[str, Any] = Field(default_factory=dict)
     items: list[AccuracyItem] = Field(default_factory=list)
     documents: list[DocumentScore] = Field(default_factory=list)
+    # lm_eval: the metric ``value`` is, and every metric (and its standard error) under
+    # lm-eval's own name ("acc", "acc_norm", "exact_match,flexible-extract").
+    metric: str | None = None
+    metrics: dict[str, float] = Field(default_factory=dict)
+    stderr: dict[str, float] = Field(default_factory=dict)
 
     def cell(self) -> str:
+        if self.kind == "lm_eval":
+            return f"{self.metric} {self.value:.3f} (n={self.count})"
         if self.kind == "accuracy":
             return f"acc {self.value:.3f} ({self.correct}/{self.count})"
         return f"ppl {self.value:.4g}"
@@ -78,7 +89,9 @@ class ModelResult(BaseModel):
 class Column(BaseModel):
     name: str
     language: str
-    kind: Literal["perplexity", "accuracy"]
+    kind: Kind
+    # lm_eval: the lm-eval metric the column shows (the other kinds' metric is the kind).
+    metric: str | None = Field(default=None, exclude=True)
 
     @property
     def header(self) -> str:
@@ -95,13 +108,15 @@ class EvalReport(BaseModel):
         seen: dict[str, Column] = {}
         for m in self.models:
             for s in m.sets:
-                seen.setdefault(s.name, Column(name=s.name, language=s.language, kind=s.kind))
+                seen.setdefault(s.name, Column(name=s.name, language=s.language, kind=s.kind,
+                                               metric=s.metric))
         return list(seen.values())
 
     @computed_field  # type: ignore[prop-decorator]
     @property
     def table(self) -> dict[str, Any]:
-        """Rows models, columns eval sets, each cell the set's metric value (or null)."""
+        """Rows models, columns eval sets, each cell the set's metric value (or null); a
+        row with lm_eval sets also lists each one's metrics under lm-eval's names."""
         cols = self.columns
         rows = []
         for m in self.models:
@@ -109,8 +124,12 @@ class EvalReport(BaseModel):
             for c in cols:
                 r = m.result(c.name)
                 cells[c.name] = r.value if r is not None else None
-            rows.append({"model": m.label, "cells": cells})
-        columns = [{**c.model_dump(), "metric": c.kind} for c in cols]
+            row: dict[str, Any] = {"model": m.label, "cells": cells}
+            lm_eval = {s.name: s.metrics for s in m.sets if s.kind == "lm_eval"}
+            if lm_eval:
+                row["lm_eval"] = lm_eval
+            rows.append(row)
+        columns = [{**c.model_dump(), "metric": c.metric or c.kind} for c in cols]
         return {"columns": columns, "rows": rows}
 
     def _grid(self) -> tuple[list[str], list[list[str]]]:

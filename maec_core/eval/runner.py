@@ -77,6 +77,11 @@ def evaluate_set(loaded: LoadedModel, s: LoadedSet, ctx: RunContext, *,
         if progress is not None:
             progress(where, done, total)
 
+    if s.spec.kind == "lm_eval":
+        from maec_core.eval.lm_eval_tasks import run_lm_eval
+
+        return run_lm_eval(loaded.model, loaded.tokenizer, loaded.device, s.spec,
+                           on_batch, cancel)
     if s.spec.kind == "perplexity":
         return _perplexity(loaded, s, on_batch, cancel)
     return _accuracy(loaded, s, on_batch, cancel)

@@ -1,7 +1,9 @@
 """Eval specs and eval sets, parsed and checked without torch.
 
 An eval spec (YAML) lists eval sets; each names a language, a kind (``perplexity`` on a
-text set, ``accuracy`` on a question/answer set) and a file. The API checks a spec and
+text set, ``accuracy`` on a question/answer set) and a file; or, of kind ``lm_eval``, a
+task of lm-evaluation-harness, which reads its own data when it runs
+(:mod:`maec_core.eval.lm_eval_tasks`). The API checks a spec and
 reads its sets with this module at submission, so nothing here imports torch; the
 measuring modules (:mod:`maec_core.eval.measure`, :mod:`maec_core.eval.runner`) do.
 
@@ -51,9 +53,14 @@ SHOT_SEPARATOR = "\n\n"
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 TSV_SUFFIXES = (".tsv",)
 
-Kind = Literal["perplexity", "accuracy"]
+# lm_eval: a task of lm-evaluation-harness, run by it (maec_core.eval.lm_eval_tasks).
+Kind = Literal["perplexity", "accuracy", "lm_eval"]
 Format = Literal["jsonl", "tsv", "text"]
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+# lm-eval's names: "mgsm_direct_bn", "tmmluplus_education_(profession_level)".
+LM_EVAL_TASK_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._()-]*$"
+# lm-eval's metric keys: "acc", "acc_norm", "exact_match,flexible-extract".
+LM_EVAL_METRIC_PATTERN = r"^[A-Za-z0-9_]+(?:,[A-Za-z0-9_.-]+)?$"
 # BCP-47-like: "sw", "swh", "en-US", "zh_Hant".
 LANGUAGE_PATTERN = r"^[A-Za-z]{2,3}(?:[-_][A-Za-z0-9]{2,8})*$"
 
@@ -90,9 +97,11 @@ class EvalSetSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(min_length=1, max_length=64, pattern=NAME_PATTERN)
-    language: str = Field(max_length=35, pattern=LANGUAGE_PATTERN)
+    # lm_eval: defaults to the task name's language suffix (mgsm_direct_bn: bn).
+    language: str = Field(default="und", max_length=35, pattern=LANGUAGE_PATTERN)
     kind: Kind
-    path: str = Field(min_length=1, max_length=MAX_PATH_CHARS)
+    # The set file; for lm_eval, an optional folder of task YAMLs (lm-eval's include_path).
+    path: str | None = Field(default=None, min_length=1, max_length=MAX_PATH_CHARS)
     format: Format | None = None
     template: str | None = Field(default=None, max_length=MAX_TEMPLATE_CHARS)
     few_shot: FewShot | None = None
@@ -102,16 +111,44 @@ class EvalSetSpec(BaseModel):
     stride: int | None = Field(default=None, ge=1, le=1 << 20)
     batch_size: int = Field(default=DEFAULT_BATCH_SIZE, ge=1, le=1024)
     max_items: int | None = Field(default=None, ge=1, le=MAX_ITEMS)
+    # lm_eval only: lm-eval's task name (default: name), its limit and num_fewshot, and
+    # which of its metrics is this set's value (a sweep's objective or constraint).
+    task: str | None = Field(default=None, min_length=1, max_length=128,
+                             pattern=LM_EVAL_TASK_PATTERN)
+    limit: int | None = Field(default=None, ge=1, le=MAX_ITEMS)
+    num_fewshot: int | None = Field(default=None, ge=0, le=MAX_EXEMPLARS)
+    metric: str | None = Field(default=None, min_length=1, max_length=128,
+                               pattern=LM_EVAL_METRIC_PATTERN)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _task_language(cls, data: Any) -> Any:
+        # lm-eval's per-language tasks end in the language (mgsm_direct_bn, arc_sw).
+        if isinstance(data, dict) and data.get("kind") == "lm_eval" and "language" not in data:
+            task = data.get("task") or data.get("name")
+            tail = task.rsplit("_", 1)[-1] if isinstance(task, str) and "_" in task else ""
+            if 2 <= len(tail) <= 3 and tail.isalpha() and tail.islower():
+                return {**data, "language": tail}
+        return data
 
     @model_validator(mode="after")
     def _consistent(self) -> EvalSetSpec:
         given = {k for k in self.model_fields_set if getattr(self, k) is not None}
         only = {"perplexity": {"context", "stride"},
-                "accuracy": {"template", "few_shot", "max_new_tokens", "stop"}}
-        other = "accuracy" if self.kind == "perplexity" else "perplexity"
-        wrong = sorted(given & only[other])
+                "accuracy": {"template", "few_shot", "max_new_tokens", "stop"},
+                "lm_eval": {"task", "limit", "num_fewshot", "metric"}}
+        owner = {key: kind for kind, keys in only.items() for key in keys}
+        wrong = sorted(k for k in given if owner.get(k, self.kind) != self.kind)
         if wrong:
-            raise ValueError(f"{', '.join(wrong)}: only for kind {other}")
+            raise ValueError(f"{', '.join(wrong)}: only for kind {owner[wrong[0]]}")
+        if self.kind == "lm_eval":
+            if "max_items" in given:
+                raise ValueError("max_items: an lm_eval set takes limit")
+            return self
+        if self.path is None:
+            raise ValueError(f"a {self.kind} set needs path (its file)")
+        if "language" not in self.model_fields_set:
+            raise ValueError(f"a {self.kind} set needs language")
         if self.kind == "accuracy" and self.file_format == "text":
             raise ValueError("an accuracy set is JSONL or TSV: name it *.jsonl or *.tsv, "
                              "or give format: jsonl|tsv")
@@ -127,7 +164,18 @@ class EvalSetSpec(BaseModel):
 
     @property
     def file_format(self) -> Format:
-        return self.format or _infer_format(self.path)
+        return self.format or _infer_format(self.path or "")
+
+    @property
+    def lm_eval_task(self) -> str:
+        return self.task or self.name
+
+    @property
+    def file(self) -> str:
+        """The set file (perplexity and accuracy sets always have one)."""
+        if self.path is None:
+            raise EvalSetError(f"eval set {self.name!r} has no file", set=self.name)
+        return self.path
 
     @property
     def prompt_template(self) -> str:
@@ -223,6 +271,8 @@ def _node_line(node: yaml.Node | None, loc: list[Any]) -> int | None:
 
 
 def _resolved(s: EvalSetSpec, base: Path, root: Path | None) -> EvalSetSpec:
+    if s.path is None:
+        return s
     update: dict[str, Any] = {"path": str(_resolve_path(s.path, base, root, s.name))}
     if s.few_shot is not None:
         shot_path = _resolve_path(s.few_shot.path, base, root, s.name)
@@ -272,8 +322,11 @@ def load_sets(spec: EvalSpec) -> list[LoadedSet]:
 
 
 def load_set(spec: EvalSetSpec) -> LoadedSet:
-    """Read one set (and its exemplars), checking every line up to ``max_items``."""
-    path = Path(spec.path)
+    """Read one set (and its exemplars), checking every line up to ``max_items``. An
+    lm_eval set has nothing to read here: lm-eval reads its task when it runs."""
+    if spec.kind == "lm_eval":
+        return LoadedSet(spec)
+    path = Path(spec.file)
     if spec.kind == "perplexity":
         texts = tuple(_read_texts(path, spec.file_format, spec.max_items))
         if not texts:

@@ -1,5 +1,5 @@
-"""LoRA adapters: read as checkpoints (``adapter``), written from a merge (``export``).
+"""LoRA adapters written from a merge (``export``).
 
-Kept import-free: ``maec_core.io.folder`` imports ``adapter`` in the API process, which
-must not import torch (``export`` does).
+Reading an adapter as a checkpoint is file I/O and sits with it, in
+:mod:`maec_core.io.adapter` (torch-free, the API checks adapters with it).
 """

@@ -7,9 +7,10 @@ names them with ``lora_alpha = r`` (scale 1). The report gives each module's ret
 energy, ``sum(kept s²) / sum(s²)`` (1.0 for a zero delta). A module whose smaller side is
 below ``r`` is padded with zero rows, so one ``r`` holds for all and it stays exact.
 
-Two entries: :func:`export_merge` (a recipe's ``output: {format: lora}``: the merge is
+The entry is :func:`export_merge` (a recipe's ``output: {format: lora}``: the merge is
 written to a temporary folder beside the output, then streamed against its base, tensor
-by tensor) and :func:`export_artifact` (a MAEC ability vector's sparse delta).
+by tensor); a method exports its own artifacts with the same pieces (``select_targets``,
+``factor_all``, ``write_adapter``, ``publish``), as MAEC's ability vectors are.
 Weights are laid out as ``nn.Linear`` stores them, ``(out, in)``.
 """
 
@@ -29,13 +30,11 @@ from safetensors.torch import save_file
 from maec_core.checksums import sha256_file
 from maec_core.context import RunContext
 from maec_core.errors import Cancelled, OutputExists, RecipeError
+from maec_core.io.adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS, LORA_A, LORA_B, PEFT_PREFIX
 from maec_core.io.folder import ModelFolder, open_model_folder
 from maec_core.io.output import StagedOutput
 from maec_core.io.reader import TensorReader
 from maec_core.io.writer import WrittenFile
-from maec_core.lora.adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS, LORA_A, LORA_B, PEFT_PREFIX
-from maec_core.maec.artifact import Artifact, load_artifact
-from maec_core.maec.rowio import RowReader
 from maec_core.manifest import build_manifest, write_manifest
 from maec_core.recipe import OutputFormat, Recipe
 from maec_core.runtime import MergeResult, best_device
@@ -149,7 +148,7 @@ def write_adapter(staged: StagedOutput, factors: list[ModuleFactors], rank: int,
     return report
 
 
-def _factor_all(deltas: Iterator[tuple[str, torch.Tensor]], total: int, rank: int,
+def factor_all(deltas: Iterator[tuple[str, torch.Tensor]], total: int, rank: int,
                 ctx: RunContext) -> list[ModuleFactors]:
     """Each module's rank-``rank`` factors, on ``ctx``'s device, reporting stage ``lora``."""
     device = best_device(ctx.device)
@@ -194,7 +193,7 @@ def _adapter_dtype(recipe: Recipe | None) -> torch.dtype:
     return torch_dtype(name) if name else torch.float32
 
 
-def _publish(staged: StagedOutput, report: dict[str, Any], recipe: Recipe | None,
+def publish(staged: StagedOutput, report: dict[str, Any], recipe: Recipe | None,
              merged_manifest: dict[str, Any]) -> dict[str, Any]:
     """The report, the recipe and, last, the manifest listing them all, with the merge's
     inputs and the accounting of their tensors (into the merged tensors the adapter
@@ -235,12 +234,12 @@ def export_merge(recipe: Recipe, out: Path, ctx: RunContext,
         names = select_targets(((n, t.shape) for n, t in merged.tensors.items()),
                                spec.target_modules)
         with StagedOutput(out, overwrite=overwrite) as staged:
-            factors = _factor_all(_merge_deltas(merged, base, names), len(names), spec.rank,
+            factors = factor_all(_merge_deltas(merged, base, names), len(names), spec.rank,
                                   ctx)
             report = write_adapter(staged, factors, spec.rank, recipe.lora_base,
                                    base.config, _adapter_dtype(recipe))
             report["untargeted_changed"] = _untargeted_changes(merged, base, set(names))
-            manifest = _publish(staged, report, recipe, merged_result.manifest)
+            manifest = publish(staged, report, recipe, merged_result.manifest)
             staged.commit()
     finally:
         shutil.rmtree(full, ignore_errors=True)
@@ -250,42 +249,3 @@ def export_merge(recipe: Recipe, out: Path, ctx: RunContext,
     stages = {**merged_result.stage_seconds, "lora": seconds}
     return MergeResult(out, manifest, len(factors), merged_result.seconds + seconds, stages,
                        {**(merged_result.report or {}), "lora": summary})
-
-
-def _artifact_deltas(art: Artifact, names: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
-    """The ability vector's dense delta for each name (zero off its key neurons)."""
-    with RowReader() as reader:
-        for name in names:
-            t = art.tensors[name]
-            idx, values = art.read(name, reader)
-            dense = torch.zeros(t.shape, dtype=torch.float32)
-            if art.granularity == "element":
-                dense.view(-1)[idx] = values.reshape(-1)
-            else:
-                dense[idx] = values.reshape(len(idx), *t.shape[1:])
-            yield name, dense
-
-
-def export_artifact(
-    artifact_dir: Path,
-    out: Path,
-    ctx: RunContext,
-    rank: int,
-    *,
-    target_modules: list[str] | None = None,
-    base_ref: str | None = None,
-) -> dict[str, Any]:
-    """Publish at ``out`` the adapter approximating a MAEC ability vector (the artifact's
-    sparse delta, weight 1); returns the report. Of ``ctx`` the progress, device and
-    overwrite apply (an export is not cancelled)."""
-    art = load_artifact(artifact_dir)
-    names = select_targets(((n, t.shape) for n, t in art.tensors.items()), target_modules)
-    with StagedOutput(out, overwrite=ctx.overwrite) as staged:
-        factors = _factor_all(_artifact_deltas(art, names), len(names), rank,
-                              ctx.but(cancel=None))
-        report = write_adapter(staged, factors, rank, base_ref, None, torch.float32)
-        report["artifact_key"] = art.key
-        _publish(staged, report, None, {"artifact": {"path": str(artifact_dir),
-                                                   "key": art.key}})
-        staged.commit()
-    return report

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from maec_core.artifact_store import META_NAME
 from maec_core.checksums import sha256_file
 from maec_core.errors import ArtifactMismatch, CorruptCheckpoint
 from maec_core.io.folder import load_json
@@ -29,7 +30,6 @@ from maec_core.io.headers import TensorInfo, read_header
 from maec_core.maec.keys import ARTIFACT_FORMAT, ARTIFACT_FORMAT_VERSION, key_of
 from maec_core.maec.params import MaecParams
 from maec_core.maec.rowio import RowReader
-from maec_core.maec.store import META_NAME
 from maec_core.plan import PlannedTensor
 
 WEIGHTS_NAME = "ability.safetensors"

@@ -30,13 +30,13 @@ from maec_core.maec.artifact import Artifact
 from maec_core.maec.params import MaecParams
 from maec_core.maec.rowio import RowReader
 from maec_core.maec.select import select_tensors
+from maec_core.maec.vocab import TokenMap
 from maec_core.plan import LM_HEAD, MergePlan, PlannedTensor, tensor_of
 from maec_core.runtime import (
     MergeResult,
     cpu_single_thread,
 )
 from maec_core.vocab.build import is_vocab_tensor
-from maec_core.vocab.maec import TokenMap
 
 StepFn = Callable[[int, int], None]
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from maec_core.artifact_store import META_NAME
 from maec_core.context import RunContext
 from maec_core.errors import Cancelled
 from maec_core.io.folder import ModelFolder
@@ -49,7 +50,6 @@ from maec_core.maec.params import MaecParams, key_count
 from maec_core.maec.radix import GlobalSelection, select_global
 from maec_core.maec.rowio import RowReader
 from maec_core.maec.select import check_scores, global_top_k, top_k_indices
-from maec_core.maec.store import META_NAME
 from maec_core.native import l1_rows as native_l1_rows
 from maec_core.plan import PlannedTensor, build_plan
 from maec_core.runtime import CancelFn, best_device, cpu_single_thread, torch_dtype

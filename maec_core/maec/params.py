@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from maec_core.errors import CorpusError, EmptySelection, RecipeError
 from maec_core.methods.base import Finite
-from maec_core.recipe_values import Condition
+from maec_core.recipe.values import Condition
 
 if TYPE_CHECKING:
     from maec_core.recipe import Recipe

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from maec_core.artifact_store import ArtifactStore, LocalArtifactStore
 from maec_core.context import OutputSpec, RunContext
 from maec_core.errors import CheckpointError, OutputExists
 from maec_core.io.folder import ModelFolder, open_model_folder
@@ -47,11 +48,10 @@ from maec_core.maec.keys import (
     key_of,
 )
 from maec_core.maec.params import MaecParams, validate_maec_recipe
-from maec_core.maec.store import ArtifactStore, LocalArtifactStore
+from maec_core.maec.vocab import maec_token_map
 from maec_core.plan import MergePlan, build_plan
 from maec_core.recipe import Recipe
 from maec_core.runtime import MergeResult, ProgressFn
-from maec_core.vocab.maec import maec_token_map
 
 __all__ = ["ArtifactStore", "LocalArtifactStore", "artifact_key", "combine", "extract",
            "report_cosines", "run_maec"]

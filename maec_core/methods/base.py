@@ -18,14 +18,17 @@ from pydantic import AfterValidator, AllowInfNan, BaseModel, ConfigDict, Validat
 
 from maec_core.errors import RecipeError
 from maec_core.methods.params import candidate_values
-from maec_core.recipe_values import condition_warnings
+from maec_core.recipe.values import condition_warnings
 
 if TYPE_CHECKING:
     from pathlib import Path
 
+    import click
     import torch
 
+    from maec_core.artifact_store import ArtifactStore
     from maec_core.context import RunContext
+    from maec_core.io.folder import ModelFolder
     from maec_core.recipe import Recipe
     from maec_core.runtime import MergeResult
 
@@ -141,6 +144,32 @@ def field_keys(model: type[BaseModel]) -> set[str]:
     return {f.alias or name for name, f in model.model_fields.items()}
 
 
+@dataclass(frozen=True)
+class OwnVocab:
+    """The output vocabulary's rows as a method decides them (None: the reference
+    model's own, nothing remapped)."""
+
+    rows: int | None
+
+
+# What decides the work candidates of a sweep can share: (parameter, value) pairs, equal
+# for candidates that share it.
+ReuseKey = tuple[tuple[str, int | float], ...]
+
+
+@dataclass(frozen=True)
+class Made:
+    """What one candidate's run made that the later candidates of its group reuse.
+
+    ``files`` are worth holding in memory while the group runs (the sweep holds them when
+    its budget allows); ``state`` is the method's own, handed back to
+    :meth:`MergeMethod.run_reusing` untouched.
+    """
+
+    files: list[Path]
+    state: Any
+
+
 _REGISTRY: dict[str, MergeMethod] = {}
 
 
@@ -172,13 +201,13 @@ class MergeMethod:
     max_models: ClassVar[int | None] = None
     # The stages a run reports progress under, in order (the engine's one pass is
     # ``merge``); a method with an ``extract`` stage extracts once per donor and
-    # parameters, and a sweep groups its candidates by what they extract.
+    # parameters (what a sweep's candidates share is the method's ``reuse_key``).
     stages: ClassVar[tuple[str, ...]] = ("merge",)
-    # Whether the merge is built on the recipe's language_base (its plan follows that
-    # model's vocabulary, and a sweep may hold it in memory for every candidate).
-    needs_language_base: ClassVar[bool] = False
-    # Per-ability parameters a sweep may vary (``mu`` or ``abilities[i].mu``).
-    ability_knobs: ClassVar[frozenset[str]] = frozenset()
+    # The recipe key of the method's own list of entries (MAEC: ``abilities``) and the
+    # keys of an entry a sweep may vary, in every entry (``mu``) or one
+    # (``abilities[i].mu``): see entry_count and with_entry_value.
+    entries: ClassVar[str | None] = None
+    entry_knobs: ClassVar[frozenset[str]] = frozenset()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -199,14 +228,12 @@ class MergeMethod:
     def validate(self, recipe: Recipe) -> None:
         """Check a recipe naming this method (RecipeError naming the problem).
 
-        The default checks the recipe's shape (base, model count, no MAEC fields) and
-        every parameter's name and range; methods add their own rules on top.
+        The default checks the recipe's shape (base, model count, no other method's own
+        inputs) and every parameter's name and range; methods add their own rules on top.
         """
-        if recipe.language_base is not None or recipe.abilities or recipe.artifact:
-            raise RecipeError(
-                "language_base, abilities and artifact are MAEC fields; "
-                f"merge_method '{self.name}' takes models",
-            )
+        for other in _REGISTRY.values():
+            if other is not self:
+                other.refuse_own_inputs(recipe, self.name)
         if self.needs_base and not recipe.base_model:
             raise RecipeError(f"merge_method '{self.name}' needs base_model")
         if recipe.layered:
@@ -224,6 +251,15 @@ class MergeMethod:
         for i, m in enumerate(recipe.models):
             check_params(self.model_params, _only(m.parameters, own),
                          f"models[{i}].parameters")
+
+    def refuse_own_inputs(self, recipe: Recipe, method: str) -> None:
+        """Refuse (RecipeError) a recipe for ``method`` that gives this method's own
+        top-level inputs; the owner knows them, so shared code never names them. The
+        default owns none."""
+
+    def refuse_own_named_inputs(self, form: NamedForm, method: str) -> None:
+        """Refuse (RecipeError) a named body for ``method`` that gives the named-form
+        inputs only this method reads; the default reads none of its own."""
 
     def _models_counted(self, recipe: Recipe) -> int:
         """The models a models recipe merges besides its base (the base alone counts as
@@ -341,10 +377,70 @@ class MergeMethod:
         a recipe that would fail once its weights are read; the default checks nothing
         (the submission checks tensor methods' filters and parameters itself)."""
 
+    def own_vocab(self, recipe: Recipe, folders: Mapping[str, ModelFolder]) -> OwnVocab | None:
+        """The output vocabulary when the method decides it from ``folders`` (the
+        recipe's checkpoints by reference, header views); None (the default): the
+        recipe's tokenizer settings decide it."""
+        return None
+
     def run(self, recipe: Recipe, out: Path, ctx: RunContext) -> MergeResult:
         """Merge ``recipe`` into ``out`` by a method's own pipeline; a tensor method is
         run by the engine instead (``maec_core.engine.run_method``)."""
         raise NotImplementedError(f"merge method {self.name!r} has no pipeline of its own")
+
+    # A sweep asks these, never the method's name: a method whose runs make something
+    # (an extraction) that other parameter values can reuse says what decides it, gives
+    # it back after the first run, and runs the rest from it.
+
+    def reuse_key(self, recipe: Recipe) -> ReuseKey | None:
+        """What decides the work a run of ``recipe`` can share with other candidates of a
+        sweep (equal keys: one run's work serves all); None: it shares nothing."""
+        return None
+
+    def made(self, result: MergeResult, store: ArtifactStore) -> Made | None:
+        """What a run (its ``result``) made for the rest of its reuse group, found in
+        ``store``; None when nothing is there to reuse (the next candidate runs whole)."""
+        return None
+
+    def run_reusing(self, recipe: Recipe, made: Made, out: Path, ctx: RunContext) -> None:
+        """Merge ``recipe`` into ``out`` from what an earlier run of its group ``made``."""
+        raise NotImplementedError(f"merge method {self.name!r} reuses nothing")
+
+    def entry_count(self, recipe: Recipe) -> int:
+        """How many of its own entries (:attr:`entries`) ``recipe`` gives."""
+        return 0
+
+    def with_entry_value(self, recipe: Recipe, key: str, index: int | None,
+                         value: float) -> Recipe:
+        """``recipe`` with ``key`` (one of :attr:`entry_knobs`) set to ``value`` in its
+        own entry ``index``, or in every entry (None)."""
+        raise NotImplementedError(f"merge method {self.name!r} has no entries of its own")
+
+    def language_model(self, recipe: Recipe) -> str | None:
+        """The target-language model the merge builds on (a sweep's constraint may be
+        relative to it; ``evaluate_inputs`` scores it): the model with ``role:
+        language`` (layer swapping), else the last of ``models`` besides the base (where
+        the named form puts the language base)."""
+        models = [m for m in recipe.models if m.model != recipe.base_model]
+        for m in models:
+            if m.parameters.get("role") == "language":
+                return m.model
+        return models[-1].model if models else None
+
+    def donors(self, recipe: Recipe) -> list[str]:
+        """The models whose abilities the merge adds (``evaluate_inputs`` scores each):
+        every model besides the base and the language model."""
+        lang = self.language_model(recipe)
+        return [m.model for m in recipe.models if m.model not in (recipe.base_model, lang)]
+
+    def held_input(self, recipe: Recipe) -> str | None:
+        """An input every candidate of a sweep reads whole, worth holding in memory once
+        for all of them (a reference as the recipe gives it); None: none."""
+        return None
+
+    def commands(self) -> list[click.Command]:
+        """The method's own commands of the ``maec`` command line (none by default)."""
+        return []
 
     def per_model_keys(self) -> set[str]:
         """Named-form parameters that are split over the models (the rest are global)."""
@@ -356,9 +452,9 @@ class MergeMethod:
         The default: models are the ability donors, then the language base, merged onto
         ``base``; per-model parameters are split over them.
         """
-        if form.source_control is not None or form.ability_corpus is not None:
-            raise RecipeError("source_control and ability_corpus are MAEC inputs; "
-                              f"method '{self.name}' does not use them")
+        for other in _REGISTRY.values():
+            if other is not self:
+                other.refuse_own_named_inputs(form, self.name)
         params = dict(form.parameters)
         names = [*form.ability_donor, form.language_base]
         model_params: list[dict[str, Any]] = [{} for _ in names]

@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from maec_core.errors import RecipeError
-from maec_core.recipe_values import Condition, ParamValue, Scalar
+from maec_core.recipe.values import Condition, ParamValue, Scalar
 
 # A transformer block's tensor: "<stack>.<i>.<rest>", the stack "<...>.layers" (Llama
 # and most others) or "<...>.h" (GPT-2, Falcon, BLOOM). Groups: stack with its dot,

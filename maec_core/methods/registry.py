@@ -2,7 +2,9 @@
 
 A method registers itself when its class is defined (``MergeMethod.__init_subclass__``);
 this module imports each module of the package once, on the first lookup, so a new
-method is found as soon as its file exists.
+method is found as soon as its file exists. A method with a pipeline of its own (which
+runs the engine, so sits above it) keeps its whole unit in its own package of
+``maec_core`` and registers from that package's ``method`` module, found the same way.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import threading
+from pathlib import Path
 from typing import TypeVar, overload
 
 from maec_core.errors import RecipeError
@@ -30,10 +33,23 @@ def _discover() -> None:
     with _lock:
         if _loaded:
             return
-        package = importlib.import_module("maec_core.methods")
-        for info in pkgutil.iter_modules(package.__path__):
-            importlib.import_module(f"{package.__name__}.{info.name}")
+        for module in _method_modules():
+            importlib.import_module(module)
         _loaded = True
+
+
+def _method_modules() -> list[str]:
+    """Every module of this package, then ``maec_core.<unit>.method`` for each package of
+    the core that has one. Looked up on disk, not imported: importing every package of the
+    core would pull torch into processes (the API) that must not load it."""
+    package = importlib.import_module("maec_core.methods")
+    modules = [f"{package.__name__}.{info.name}" for info in pkgutil.iter_modules(package.__path__)]
+    core = importlib.import_module("maec_core")
+    for root in core.__path__:
+        for info in pkgutil.iter_modules([root]):
+            if info.ispkg and (Path(root) / info.name / "method.py").is_file():
+                modules.append(f"maec_core.{info.name}.method")
+    return modules
 
 
 def all_methods() -> list[MergeMethod]:

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from maec_core.errors import NoFeasibleCandidate
 from maec_core.eval.report import EvalReport
-from maec_core.sweep.spec import SweepSpec
+from maec_core.recipe.sweep import SweepSpec
 
 LEADERBOARD_NAME = "leaderboard.json"
 LEADERBOARD_VERSION = 1

@@ -72,7 +72,7 @@ def sweep_command(recipe: Path, sweep: Path, out_dir: Path, resident_mb: int | N
                   flags: RunFlags) -> None:
     """Merge and evaluate every candidate of SWEEP.yaml's grid over RECIPE.yaml; write the
     winner to OUT with eval_report.json, leaderboard.json and sweep.png."""
-    from maec_core.maec.store import LocalArtifactStore
+    from maec_core.artifact_store import LocalArtifactStore
     from maec_core.sweep.grid import Candidate
     from maec_core.sweep.runner import SweepOptions, run_sweep
 

@@ -18,14 +18,14 @@ from typing import Any
 from pydantic import BaseModel
 
 from maec_core.errors import RecipeError, SweepError
-from maec_core.maec.params import EXTRACTION_FIELDS, GRADIENT_FIELDS
-from maec_core.methods import get_method
-from maec_core.methods.base import MergeMethod
+from maec_core.methods import all_methods, get_method
+from maec_core.methods.base import MergeMethod, ReuseKey
 from maec_core.recipe import Recipe
 from maec_core.sweep.inputs import language_base
 
 Number = int | float
-_TARGETED = re.compile(r"^(models|abilities)\[(\d+)\]\.(.+)$")
+# ``models[i].key``, or ``<entries>[i].key`` for a method's own list of entries.
+_TARGETED = re.compile(r"^([a-z_]+)\[(\d+)\]\.(.+)$")
 
 
 @dataclass(frozen=True)
@@ -36,14 +36,15 @@ class Candidate:
     index: int
     values: dict[str, Number]
     recipe: Recipe
-    # Candidates with equal groups share their MAEC ability vectors (None: not MAEC).
-    group: tuple[tuple[str, Number], ...] | None = None
+    # Candidates with equal groups share the work their method says they can (MAEC: the
+    # ability vectors); None: the method shares nothing.
+    group: ReuseKey | None = None
 
 
 @dataclass(frozen=True)
 class _Knob:
     name: str
-    scope: str  # "global", "models", "abilities"
+    scope: str  # "global", "models", "entries" (the method's own, e.g. MAEC's abilities)
     key: str
     index: int | None  # one entry's only, or every entry
 
@@ -68,13 +69,19 @@ def _field(model: type[BaseModel], key: str) -> tuple[str, bool] | None:
 def _knob(name: str, method: MergeMethod, recipe: Recipe) -> _Knob:
     m = _TARGETED.match(name)
     scope, index, key = (m.group(1), int(m.group(2)), m.group(3)) if m else ("", None, name)
-    per_ability = key in method.ability_knobs
-    if scope == "abilities" or (not scope and per_ability):
-        if not per_ability:
-            raise SweepError(f"sweep knob {name!r}: only MAEC abilities have a swept "
-                             "value, mu", knob=name)
-        _check_index(name, index, len(recipe.abilities))
-        return _Knob(name, "abilities", key, index)
+    owner = _entries_owner(scope) if scope and scope != "models" else None
+    if scope and scope != "models" and owner is None:
+        scope, index, key = "", None, name  # no list of that name: a plain (unknown) key
+    per_entry = key in method.entry_knobs
+    if owner is None and not scope and per_entry:
+        owner = method  # a key of every entry: ``mu`` for all of MAEC's abilities
+    if owner is not None:
+        if owner is not method or not per_entry:
+            raise SweepError(f"sweep knob {name!r}: only {owner.name.upper()} "
+                             f"{owner.entries} have a swept value, "
+                             f"{', '.join(sorted(owner.entry_knobs))}", knob=name)
+        _check_index(name, index, method.entry_count(recipe))
+        return _Knob(name, "entries", key, index)
     found = None if scope else _field(method.params, key)
     where = "global"
     if found is None:
@@ -89,19 +96,21 @@ def _knob(name: str, method: MergeMethod, recipe: Recipe) -> _Knob:
     return _Knob(name, where, key, index)
 
 
+def _entries_owner(scope: str) -> MergeMethod | None:
+    """The method whose own list of entries is called ``scope`` (None: none)."""
+    return next((m for m in all_methods() if m.entries == scope), None)
+
+
 def _check_index(name: str, index: int | None, n: int) -> None:
     if index is not None and index >= n:
         raise SweepError(f"sweep knob {name!r}: the recipe has {n} entries there", knob=name)
 
 
-def _apply(recipe: Recipe, knob: _Knob, value: Number) -> Recipe:
+def _apply(recipe: Recipe, method: MergeMethod, knob: _Knob, value: Number) -> Recipe:
     if knob.scope == "global":
         return recipe.model_copy(update={"parameters": {**recipe.parameters, knob.key: value}})
-    if knob.scope == "abilities":
-        abilities = [a.model_copy(update={"mu": float(value)})
-                     if knob.index in (None, i) else a
-                     for i, a in enumerate(recipe.abilities)]
-        return recipe.model_copy(update={"abilities": abilities})
+    if knob.scope == "entries":
+        return method.with_entry_value(recipe, knob.key, knob.index, value)
     models = [m.model_copy(update={"parameters": {**m.parameters, knob.key: value}})
               if knob.index in (None, i) else m
               for i, m in enumerate(recipe.models)]
@@ -130,7 +139,7 @@ def candidates(recipe: Recipe) -> list[Candidate]:
         values = dict(zip(sweep.grid, combo, strict=True))
         concrete = plain
         for knob, value in zip(knobs, combo, strict=True):
-            concrete = _apply(concrete, knob, value)
+            concrete = _apply(concrete, method, knob, value)
         concrete = concrete.model_copy(update={"name": _name(recipe, cid)})
         try:
             method.validate(concrete)
@@ -138,7 +147,7 @@ def candidates(recipe: Recipe) -> list[Candidate]:
             shown = ", ".join(f"{k}={v}" for k, v in values.items())
             raise SweepError(f"sweep candidate {cid} ({shown}): {exc.message}",
                              candidate=cid, values=values) from None
-        out.append(Candidate(cid, i, values, concrete, _group(concrete, method)))
+        out.append(Candidate(cid, i, values, concrete, method.reuse_key(concrete)))
     return out
 
 
@@ -146,16 +155,7 @@ def _name(recipe: Recipe, cid: str) -> str:
     return f"{recipe.name} ({cid})" if recipe.name else cid
 
 
-def _group(recipe: Recipe, method: MergeMethod) -> tuple[tuple[str, Number], ...] | None:
-    """The extraction parameters as given (defaults left to the key): equal tuples mean
-    one ability vector per donor serves every candidate of the group."""
-    if "extract" not in method.stages:
-        return None
-    fields = (*EXTRACTION_FIELDS, *GRADIENT_FIELDS)
-    return tuple(sorted((k, v) for k, v in recipe.parameters.items()
-                        if k in fields and isinstance(v, int | float)))
-
-
 def extraction_groups(cands: list[Candidate]) -> int:
-    """How many distinct extractions (per donor) the candidates need."""
+    """How many distinct runs of shared work (MAEC: extractions per donor) the
+    candidates need."""
     return len({c.group for c in cands if c.group is not None})

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from maec_core.eval.sets import EvalSetSpec, EvalSpec
+from maec_core.methods import get_method
 from maec_core.recipe import Recipe
 
 LANGUAGE_BASE = "language_base"
@@ -19,6 +20,9 @@ def eval_sources(recipe: Recipe) -> list[str]:
     """Every eval set and few-shot file the recipe's ``evaluate`` reads, no repeats."""
     out: list[str] = []
     for s in recipe.evaluate or []:
+        if s.kind == "lm_eval" or s.path is None:
+            # lm-eval reads its task and data itself (maec_core.eval.lm_eval_tasks).
+            continue
         out.append(s.path)
         if s.few_shot is not None:
             out.append(s.few_shot.path)
@@ -26,6 +30,8 @@ def eval_sources(recipe: Recipe) -> list[str]:
 
 
 def _moved(s: EvalSetSpec, mapping: Mapping[str, str]) -> EvalSetSpec:
+    if s.path is None:
+        return s
     update: dict[str, object] = {"path": mapping.get(s.path, s.path)}
     if s.few_shot is not None:
         shot = s.few_shot
@@ -50,26 +56,17 @@ def eval_spec(recipe: Recipe) -> EvalSpec:
 
 
 def language_base(recipe: Recipe) -> str | None:
-    """The target-language model the merge builds on: MAEC's ``language_base``; for the
-    other methods the model with ``role: language`` (layer swapping), else the last of
-    ``models`` (where the named form puts the language base)."""
-    if recipe.language_base is not None:
-        return recipe.language_base
-    models = [m for m in recipe.models if m.model != recipe.base_model]
-    for m in models:
-        if m.parameters.get("role") == "language":
-            return m.model
-    return models[-1].model if models else None
+    """The target-language model the merge builds on, as its method names it
+    (:meth:`~maec_core.methods.base.MergeMethod.language_model`)."""
+    return get_method(recipe.merge_method).language_model(recipe)
 
 
 def input_models(recipe: Recipe) -> dict[str, str]:
     """The inputs ``evaluate_inputs`` scores, by row label: the language base, then each
     donor (``donor``, or ``donor0``, ``donor1``... when there are several)."""
-    lang = language_base(recipe)
-    donors = ([a.model for a in recipe.abilities] if recipe.abilities else
-              [m.model for m in recipe.models
-               if m.model not in (recipe.base_model, lang)])
-    donors = list(dict.fromkeys(donors))
+    method = get_method(recipe.merge_method)
+    lang = method.language_model(recipe)
+    donors = list(dict.fromkeys(method.donors(recipe)))
     out = {LANGUAGE_BASE: lang} if lang is not None else {}
     for i, d in enumerate(donors):
         out["donor" if len(donors) == 1 else f"donor{i}"] = d

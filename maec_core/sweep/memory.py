@@ -1,9 +1,11 @@
-"""What a MAEC sweep holds in memory for all its candidates' merges, within a budget.
+"""What a sweep holds in memory for all its candidates' merges, within a budget.
 
-Every candidate of a MAEC sweep streams the whole language base θL (combination is θL
-plus sparse rows), and the candidates of one extraction group also read the same stored
-ability vectors. Held in memory (:class:`~maec_core.io.resident.ResidentFiles`, handed to
-each merge through ``EngineOptions.resident``), they are read from disk once:
+What is held is what the method names: the input every candidate reads whole
+(``held_input``) and what a reuse group's first run made (``Made.files``). For MAEC:
+every candidate streams the whole language base θL (combination is θL plus sparse rows),
+and the candidates of one extraction group also read the same stored ability vectors.
+Held in memory (:class:`~maec_core.io.resident.ResidentFiles`, handed to each merge
+through ``EngineOptions.resident``), they are read from disk once:
 
 - θL's tensor bytes, read before the first candidate and held to the end (the winner's
   final merge included);
@@ -31,7 +33,6 @@ import torch
 
 from maec_core.io.folder import open_model_folder
 from maec_core.io.resident import ResidentFiles, held_bytes, tensor_files
-from maec_core.maec.artifact import WEIGHTS_NAME
 from maec_core.methods.registry import get_method
 from maec_core.recipe import Recipe
 from maec_core.runtime import CancelFn
@@ -60,10 +61,10 @@ class SweepMemory:
               cancel: CancelFn | None = None) -> SweepMemory:
         """Hold ``recipe``'s language base when it fits ``budget`` (None: the default
         for scoring on ``device``). A sweep without a language base holds nothing."""
-        if (not get_method(recipe.merge_method).needs_language_base
-                or recipe.language_base is None):
+        held = get_method(recipe.merge_method).held_input(recipe)
+        if held is None:
             return cls(budget or 0, cancel)
-        lang = open_model_folder(recipe.language_base, base=recipe.base_model)
+        lang = open_model_folder(held, base=recipe.base_model)
         files = tensor_files(lang.tensors)
         size = held_bytes(files)
         if budget is None:
@@ -88,12 +89,11 @@ class SweepMemory:
     def _all(self) -> list[ResidentFiles]:
         return [r for r in (self._lang, *self._groups.values()) if r is not None]
 
-    def hold_group(self, group: Hashable, artifact_dirs: list[Path]) -> None:
-        """Hold the ability vectors of ``group`` (its artifact folders) if they fit in
-        what the budget leaves."""
+    def hold_group(self, group: Hashable, files: list[Path]) -> None:
+        """Hold what ``group``'s first run made (its ``files``: MAEC's ability vectors)
+        if they fit in what the budget leaves."""
         if self.summary is None or group in self._groups:
             return
-        files = [Path(d) / WEIGHTS_NAME for d in artifact_dirs]
         if self.held + held_bytes(files) <= self.budget:
             self._groups[group] = ResidentFiles.read(files, self._cancel)
             self.summary.ability_vector_groups += 1

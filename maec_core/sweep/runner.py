@@ -2,12 +2,15 @@
 
 Cost discipline (the point of a sweep over separate jobs):
 - the inputs are read where they are; the eval sets are read once;
-- for MAEC each distinct extraction (per donor and extraction parameters) runs once and
+- work the method says candidates can share (its ``reuse_key``) runs once per group,
+  and the group's other candidates run from what it made (``made``, ``run_reusing``).
+  For MAEC each distinct extraction (per donor and extraction parameters) runs once and
   is kept in the artifact store; the other candidates of its group only combine, from
   the stored ability vectors and the c_t the first combination computed, never opening
   the donor again nor re-reading the key rows;
-- the language base is read from disk once for every candidate's merge, and a group's
-  ability vectors once for its candidates, when they fit in memory (a budget, by
+- the input every candidate reads whole (the method's ``held_input``: MAEC's language
+  base) is read from disk once for every candidate's merge, and what a group made
+  once for its candidates, when they fit in memory (a budget, by
   default half the available memory less the scoring model; ``maec_core.sweep.memory``);
   the leaderboard records whether they did;
 - one candidate model is in memory at a time. With ``publish: best`` every candidate
@@ -40,11 +43,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from maec_core.artifact_store import ArtifactStore, LocalArtifactStore
 from maec_core.context import RunContext
 from maec_core.errors import Cancelled, NamesDiffer, OutputExists
 from maec_core.eval.report import EvalReport, ModelResult
 from maec_core.eval.sets import LoadedSet, load_sets
-from maec_core.maec.store import ArtifactStore, LocalArtifactStore
+from maec_core.methods import get_method
+from maec_core.methods.base import Made
 from maec_core.recipe import Recipe
 from maec_core.runtime import ProgressFn, best_device
 from maec_core.sweep.attach import attach_evaluation
@@ -98,10 +103,9 @@ class _State:
     rows: list[Row] = field(default_factory=list)
     results: list[ModelResult] = field(default_factory=list)
     best: _Best | None = None
-    # Stored ability vectors of each extraction group, once extracted, and their c_t
-    # against the language base (the same for every candidate of the group).
-    groups: dict[Any, tuple[list[Path], dict[str, dict[str, float]]]] = field(
-        default_factory=dict)
+    # What the first run of each reuse group made for the rest of it (MAEC: the stored
+    # ability vectors and their c_t against the language base), as its method gave it.
+    groups: dict[Any, Made] = field(default_factory=dict)
     extractions: int = 0
 
 
@@ -365,7 +369,6 @@ class _Sweep:
                skeleton: Path | None = None) -> None:
         """Merge one candidate into ``folder``, or into ``sink`` when given (no weights
         are written then; the definition files to ``skeleton`` when given)."""
-        from maec_core.maec.pipeline import combine, report_cosines
         from maec_core.run import run
 
         stored = self.state.groups.get(cand.group) if cand.group is not None else None
@@ -374,19 +377,18 @@ class _Sweep:
         if sink is not None or resident is not None:
             ctx = ctx.but(options=dataclasses.replace(
                 ctx.options, sink=sink, resident=resident, skeleton=skeleton))
+        method = get_method(cand.recipe.merge_method)
         if stored is not None:
-            combine(cand.recipe, stored[0], folder, ctx, cosines=stored[1])
+            method.run_reusing(cand.recipe, stored, folder, ctx)
             return
         result = run(cand.recipe, folder, ctx)
         if cand.group is None:
             return
-        report = result.report or {}
-        dirs = [self.store.get(k) for k in report.get("artifact_keys", [])]
-        if all(d is not None for d in dirs):
-            held = [d for d in dirs if d is not None]
-            self.state.groups[cand.group] = (held, report_cosines(report))
+        made = method.made(result, self.store)
+        if made is not None:
+            self.state.groups[cand.group] = made
             if self.memory is not None and self.last_of[cand.group] > cand.index:
-                self.memory.hold_group(cand.group, held)
+                self.memory.hold_group(cand.group, made.files)
 
     def _board(self, winner: str, why: str, reference: dict[str, float]) -> Leaderboard:
         c = self.spec.constraint

@@ -23,6 +23,7 @@ EXPECTED = {
     errors.EvalSetError: 422, errors.EvalSetUnreadable: 422, errors.TokenizerError: 422,
     errors.UnsupportedAdapter: 422, errors.SweepError: 422, errors.NoFeasibleCandidate: 422,
     errors.UnsupportedMoe: 422, errors.TensorUnaccounted: 400,
+    errors.LmEvalTaskUnknown: 422, errors.LmEvalFailed: 400,
 }
 
 

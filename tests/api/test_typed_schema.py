@@ -22,7 +22,7 @@ from maec_core.maec.params import MaecParams
 from maec_core.methods import all_methods
 from maec_core.methods.nearswap import NearSwapParams
 from maec_core.methods.params import validated_params
-from maec_core.recipe_values import Condition
+from maec_core.recipe.values import Condition
 from tests.api.conftest import Api
 
 Q_PROJ = "model.layers.0.self_attn.q_proj.weight"
@@ -249,12 +249,12 @@ def _run(api: Api, job_id: str) -> dict[str, Any]:
 
 def test_running_out_of_memory_is_its_own_code(api: Api,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    import maec_core.run
+    import maec_core.service.running
 
     def no_memory(*_a: Any, **_k: Any) -> None:
         raise MemoryError("cannot allocate")
 
-    monkeypatch.setattr(maec_core.run, "run", no_memory)
+    monkeypatch.setattr(maec_core.service.running, "run", no_memory)
     job_id = str(api.submit()["id"])
     assert _run(api, job_id)["code"] == "out_of_memory"
 

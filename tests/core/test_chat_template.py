@@ -10,7 +10,7 @@ import pytest
 
 from maec_core.errors import RecipeError
 from maec_core.parsing import parse_recipe
-from maec_core.vocab.chat_template import NAMED, resolve_chat_template, with_chat_template
+from maec_core.recipe.chat_template import NAMED, resolve_chat_template, with_chat_template
 from tests.factories import tiny_tokenizer
 
 CONVERSATIONS = [

@@ -19,11 +19,11 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from maec_core.artifact_store import LocalArtifactStore
 from maec_core.context import RunContext
 from maec_core.errors import CorpusError
 from maec_core.maec.keys import artifact_key
 from maec_core.maec.pipeline import extract
-from maec_core.maec.store import LocalArtifactStore
 from maec_core.parsing import parse_recipe
 from maec_core.recipe import Recipe
 from maec_core.run import run

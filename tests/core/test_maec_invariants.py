@@ -7,9 +7,9 @@ from pathlib import Path
 
 import torch
 
+from maec_core.artifact_store import LocalArtifactStore
 from maec_core.context import RunContext
 from maec_core.maec.keys import artifact_key
-from maec_core.maec.store import LocalArtifactStore
 from maec_core.run import run
 from tests.core.test_maec_common import (
     DOWN0,

@@ -26,7 +26,7 @@ import json, sys
 from pathlib import Path
 import torch
 from maec_core.context import RunContext
-from maec_core.maec.store import LocalArtifactStore
+from maec_core.artifact_store import LocalArtifactStore
 from maec_core.parsing import parse_recipe
 from maec_core.run import run
 from maec_core.runtime import torch_threads

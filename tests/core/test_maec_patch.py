@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from maec_core import engine
+from maec_core.artifact_store import LocalArtifactStore
 from maec_core.context import RunContext
 from maec_core.maec.artifact import load_artifact
 from maec_core.maec.rowio import RowReader
-from maec_core.maec.store import LocalArtifactStore
 from maec_core.run import run
 from tests.core.test_maec_common import (
     _private_cache,  # noqa: F401 - autouse fixture

@@ -11,11 +11,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from maec_core.artifact_store import LocalArtifactStore
 from maec_core.context import RunContext
 from maec_core.errors import ArtifactMismatch, CorruptCheckpoint, IncompatibleCheckpoints
 from maec_core.maec.keys import artifact_key
 from maec_core.maec.pipeline import combine, extract, report_cosines
-from maec_core.maec.store import LocalArtifactStore
 from maec_core.run import run
 from tests.core.test_maec_common import (
     DOWN0,
@@ -191,7 +191,7 @@ def test_store_keeps_the_artifact_after_its_folder_is_removed(
         def no_link(src: object, dst: object) -> None:
             raise OSError(18, "Invalid cross-device link")
 
-        monkeypatch.setattr("maec_core.maec.store.os.link", no_link)
+        monkeypatch.setattr("maec_core.artifact_store.os.link", no_link)
     base, ability, lang = planted(tmp_path, torch.bfloat16)
     r = maec_recipe(base, lang, [{"model": str(ability)}], key_ratio=KEY_RATIO)
     ex = extract(r, 0, tmp_path / "artifact")

@@ -196,3 +196,37 @@ def test_recipe_sources_and_with_sources() -> None:
     moved = slerp.with_sources({"b": "/x/b"})
     assert moved.base_model == "/x/b" and moved.tokenizer_source == "base"
     assert [m.model for m in moved.models] == ["/x/b", "a"]
+
+
+def test_a_method_says_what_sweep_candidates_share(
+    scratch_registry: dict[str, MergeMethod],
+) -> None:
+    # A sweep groups candidates by the method's reuse_key, whatever the method: a second
+    # extract/combine method gets the grouping (and the reuse) without touching the sweep.
+    from maec_core.methods.base import Finite, Params
+    from maec_core.sweep.grid import candidates, extraction_groups
+
+    class StrengthParams(Params):
+        strength: Finite = 1.0
+        scale: Finite = 1.0
+
+    class Shares(TensorMethod):
+        name = "shares_for_test"
+        paper = "none"
+        params = StrengthParams
+        needs_base = False
+
+        def merge(self, call: TensorCall) -> Any:
+            return call.models[0]
+
+        def reuse_key(self, recipe: Any) -> Any:
+            return (("strength", recipe.parameters["strength"]),)
+
+    sets = [{"name": "t", "language": "en", "kind": "perplexity", "path": "t.txt"}]
+    recipe = parse_recipe({
+        "merge_method": "shares_for_test", "models": [{"model": "a"}], "evaluate": sets,
+        "sweep": {"grid": {"strength": [1.0, 2.0], "scale": [0.5, 1.0]},
+                  "objective": {"set": "t", "metric": "perplexity"}}})
+    cands = candidates(recipe)
+    assert [c.group for c in cands] == [(("strength", 1.0),)] * 2 + [(("strength", 2.0),)] * 2
+    assert extraction_groups(cands) == 2

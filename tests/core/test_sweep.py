@@ -18,10 +18,10 @@ import torch
 import yaml
 from click.testing import CliRunner
 
+from maec_core.artifact_store import LocalArtifactStore
 from maec_core.context import RunContext
 from maec_core.errors import Cancelled, CheckpointError, NoFeasibleCandidate, SweepError
 from maec_core.eval.report import ModelResult, read_report
-from maec_core.maec.store import LocalArtifactStore
 from maec_core.parsing import parse_recipe
 from maec_core.runtime import torch_threads
 from maec_core.sweep.board import read_leaderboard

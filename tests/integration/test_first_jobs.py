@@ -69,6 +69,7 @@ def test_the_first_jobs_run_verbatim_after_make_run(tmp_path: Path) -> None:
         assert m is not None and "sha256 verified" in stdout, stdout
         job_id = m.group(1)
         _check_files(url, job_id, tmp_path / "var" / "first-job")
+        _check_hub_download(url, job_id, tmp_path, env)
         # Out of the way of the curl block, which downloads into the same folder.
         (tmp_path / "var" / "first-job").rename(tmp_path / "var" / "first-job-readme")
         stdout = _run_block(curl, tmp_path, {**env, "MAEC_URL": url})
@@ -114,3 +115,40 @@ def _check_outcome(url: str, root: Path, stdout: str) -> None:
         assert f"{f['path']}: OK" in stdout  # sha256sum -c
     sums = (out / "SHA256SUMS").read_text().splitlines()
     assert len(sums) == len(listing)
+
+
+# A user's own process: huggingface_hub reads HF_ENDPOINT at import. from_pretrained
+# first, on an empty cache, so it fetches the files itself; then the whole snapshot,
+# whose files' sha256 the test compares with the listing.
+_HUB_LOAD = """
+import hashlib, pathlib, sys
+from huggingface_hub import snapshot_download
+from transformers import AutoModelForCausalLM, AutoTokenizer
+repo = sys.argv[1]
+model = AutoModelForCausalLM.from_pretrained(repo)
+tok = AutoTokenizer.from_pretrained(repo)
+print("loaded", type(model).__name__, "chat template", tok.chat_template is not None)
+folder = pathlib.Path(snapshot_download(repo))
+print("commit", folder.name)
+for p in sorted(folder.rglob("*")):
+    if p.is_file():
+        print("file", p.relative_to(folder).as_posix(), hashlib.sha256(p.read_bytes()).hexdigest())
+"""
+
+
+def _check_hub_download(url: str, job_id: str, root: Path, env: dict[str, str]) -> None:
+    """The merged model fetched by id, ``jobs/<id>``, with HF_ENDPOINT at the service."""
+    listing = httpx.get(f"{url}/v1/jobs/{job_id}/files").json()["files"]
+    hub_env = {k: v for k, v in env.items() if not k.startswith(("HF_", "HUGGING_FACE_"))
+               and k != "TRANSFORMERS_OFFLINE"}
+    hub_env.update(HF_ENDPOINT=url, HF_HOME=str(root / "hf"), HF_HUB_DISABLE_TELEMETRY="1",
+                   HF_HUB_DISABLE_PROGRESS_BARS="1")
+    out = subprocess.run(
+        [sys.executable, "-c", _HUB_LOAD, f"jobs/{job_id}"],
+        cwd=root, env=hub_env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "loaded LlamaForCausalLM chat template True" in out.stdout, out.stdout
+    manifest = next(f for f in listing if f["path"] == "manifest.json")
+    assert f"commit {manifest['sha256'][:40]}" in out.stdout
+    got = re.findall(r"^file (\S+) (\w+)$", out.stdout, re.M)
+    assert dict(got) == {f["path"]: f["sha256"] for f in listing}

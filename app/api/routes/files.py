@@ -8,17 +8,18 @@ served, so a path can never name anything else in storage.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from typing import Annotated
+from collections.abc import Iterator, Mapping
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import RedirectResponse, Response, StreamingResponse
 
 from app.api.bounds import MAX_PATH_CHARS, shown
-from app.api.deps import Auth
+from app.api.deps import Auth, Caller, Services
 from app.api.errors import ApiError
 from app.api.routes.jobs import check_id, not_found
 from app.api.schemas import PROBLEMS
+from app.jobs.record import JobRecord
 from app.storage.base import StorageError
 from maec_contract import FileList
 
@@ -80,14 +81,63 @@ def _unsatisfiable(size: int) -> ApiError:
                     headers={"Content-Range": f"bytes */{size}"}, size=size)
 
 
-@router.get("/{job_id}/files", response_model=FileList)
-async def list_files(job_id: str, auth: Auth) -> FileList:
-    """What the job published (path, size, sha256, download URL), from its manifest;
-    empty until it has succeeded. Another key's job is a 404, as for the job itself."""
+async def owned_job(auth: Caller, job_id: str) -> JobRecord:
+    """The caller's job ``job_id``: 404 for an absent one and for another key's alike."""
     check_id(job_id)
     rec = await auth.svc.store.get(job_id, auth.owner)
     if rec is None:
         raise not_found(job_id)
+    return rec
+
+
+def published_files(rec: JobRecord) -> dict[str, dict[str, Any]]:
+    """The files ``rec`` serves, by path: its result's, once it has succeeded; none
+    before. The only paths ever turned into storage keys."""
+    if rec.status != "succeeded" or not rec.result_prefix:
+        return {}
+    return {f["path"]: f for f in (rec.result or {}).get("files", [])}
+
+
+def published_entry(rec: JobRecord, path: str) -> dict[str, Any]:
+    """``path``'s entry in what ``rec`` published; 404 ``file_not_found`` otherwise."""
+    entry = published_files(rec).get(path) if len(path) <= MAX_PATH_CHARS else None
+    if entry is None:
+        raise _no_file(rec.id, path, rec.status)
+    return entry
+
+
+def serve(svc: Services, rec: JobRecord, entry: dict[str, Any], request: Request, *,
+          redirect: int | None = None, extra: Mapping[str, str] | None = None) -> Response:
+    """One published file: with ``redirect`` (a status), a redirect to a presigned URL
+    where storage makes one; otherwise its bytes, a single range honoured (HEAD: the
+    same headers, no body). The sha256 is the ``ETag``; ``extra`` headers ride along."""
+    key = f"{rec.result_prefix}/{entry['path']}"
+    size = int(entry["size"])
+    headers = {"Accept-Ranges": "bytes", "ETag": f'"{entry["sha256"]}"', **(extra or {})}
+    if redirect is not None:
+        url = svc.storage.presign(key, svc.settings.s3_presign_seconds)
+        if url is not None:
+            return RedirectResponse(url, status_code=redirect, headers=headers)
+    rng = parse_range(request.headers.get("range"), size)
+    if rng is None:
+        start, end, status = 0, size - 1, 200
+    else:
+        (start, end), status = rng, 206
+        headers["Content-Range"] = f"bytes {start}-{end}/{size}"
+    headers["Content-Length"] = str(end - start + 1)
+    if size == 0 or request.method == "HEAD":
+        return Response(b"", status_code=status, headers=headers,
+                        media_type="application/octet-stream")
+    body = exactly(svc.storage.iter_range(key, start, end), end - start + 1, key)
+    return StreamingResponse(body, status_code=status,
+                             headers=headers, media_type="application/octet-stream")
+
+
+@router.get("/{job_id}/files", response_model=FileList)
+async def list_files(job_id: str, auth: Auth) -> FileList:
+    """What the job published (path, size, sha256, download URL), from its manifest;
+    empty until it has succeeded. Another key's job is a 404, as for the job itself."""
+    rec = await owned_job(auth, job_id)
     files = (rec.result or {}).get("files", []) if rec.status == "succeeded" else []
     return FileList(job_id=job_id, status=rec.status, files=files)
 
@@ -107,31 +157,6 @@ async def get_file(
 ) -> Response:
     """One published file's bytes, with a sha256 `ETag` and single-range support;
     `?redirect=true` on S3 storage answers 307 to a short-lived presigned URL."""
-    owner, svc = auth.owner, auth.svc
-    check_id(job_id)
-    rec = await svc.store.get(job_id, owner)
-    if rec is None:
-        raise not_found(job_id)
-    files = {f["path"]: f for f in (rec.result or {}).get("files", [])}
-    entry = files.get(path) if len(path) <= MAX_PATH_CHARS else None
-    if rec.status != "succeeded" or entry is None or not rec.result_prefix:
-        raise _no_file(job_id, path, rec.status)
-    key = f"{rec.result_prefix}/{path}"
-    size = int(entry["size"])
-    headers = {"Accept-Ranges": "bytes", "ETag": f'"{entry["sha256"]}"'}
-    if redirect:
-        url = svc.storage.presign(key, svc.settings.s3_presign_seconds)
-        if url is not None:
-            return RedirectResponse(url, status_code=307, headers=headers)
-    rng = parse_range(request.headers.get("range"), size)
-    if rng is None:
-        start, end, status = 0, size - 1, 200
-    else:
-        (start, end), status = rng, 206
-        headers["Content-Range"] = f"bytes {start}-{end}/{size}"
-    headers["Content-Length"] = str(end - start + 1)
-    if size == 0:
-        return Response(b"", headers=headers, media_type="application/octet-stream")
-    body = exactly(svc.storage.iter_range(key, start, end), end - start + 1, key)
-    return StreamingResponse(body, status_code=status,
-                             headers=headers, media_type="application/octet-stream")
+    rec = await owned_job(auth, job_id)
+    entry = published_entry(rec, path)
+    return serve(auth.svc, rec, entry, request, redirect=307 if redirect else None)

@@ -33,7 +33,7 @@ from app.api.ui import sessions, views
 from app.api.ui.sessions import UiSession
 from app.jobs.record import STATUSES
 from app.settings import DEV_OWNER
-from maec_core.errors import MaecError
+from maec_core.service import MaecError
 
 HERE = Path(__file__).resolve().parent
 templates = Jinja2Templates(directory=str(HERE / "templates"))

@@ -10,9 +10,7 @@ from urllib.parse import quote
 import yaml
 
 from app.jobs.record import TERMINAL, JobRecord
-from maec_core.errors import MaecError
-from maec_core.moe.config import MOE_METHOD, MoeConfig
-from maec_core.parsing import parse_recipe
+from maec_core.service import MOE_METHOD, MaecError, MoeConfig, parse_recipe
 
 BASE_ROLES = frozenset({"base", "language_base"})
 DONOR_ROLES = frozenset({"ability_donor", "model", "slice_source"})

@@ -1,5 +1,9 @@
 """Recipes: mergekit's YAML shape for the shared methods, plus MAEC's own fields.
 
+This package is the recipe model and nothing that runs it: its parts (parameter values,
+the ``sweep:`` block, the chat template) sit here together, below every module that
+plans, merges, evaluates or sweeps a recipe (the ``core-floors`` import contract).
+
 Torch-free: the API validates job bodies with these models before anything is queued.
 Unknown keys inside a recipe's blocks are errors that name the key. An unknown top-level
 key is accepted, as mergekit 0.1.5 accepts it (it ignores it), and reported as a warning
@@ -19,9 +23,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from maec_core.errors import EvalSetError, MaecError, RecipeError, SweepError
 from maec_core.eval.sets import MAX_SETS, EvalSetSpec
-from maec_core.recipe_values import ParamValue
-from maec_core.sweep.spec import SweepSpec
-from maec_core.vocab.chat_template import check_chat_template
+from maec_core.recipe.chat_template import check_chat_template
+from maec_core.recipe.sweep import SweepSpec
+from maec_core.recipe.values import ParamValue
 
 DType = Literal["float32", "float16", "bfloat16"]
 
@@ -213,6 +217,8 @@ class OutputFormat(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     format: Literal["model", "lora"] = "model"
+    # Also publish the merged model as one GGUF file of this type (docs/gguf.md).
+    gguf: str | None = None
     rank: int | None = Field(default=None, ge=1, le=65536)
     # Module names as peft matches them (a name, or a name's last dotted parts); None:
     # every 2-D weight inside the transformer blocks.
@@ -224,6 +230,8 @@ class OutputFormat(BaseModel):
             raise ValueError("output format lora needs a rank")
         if self.format == "model" and (self.rank is not None or self.target_modules):
             raise ValueError("output rank and target_modules apply to format lora only")
+        if self.gguf is not None and self.format == "lora":
+            raise ValueError("output gguf applies to format model only")
         return self
 
 
@@ -353,9 +361,13 @@ class Recipe(BaseModel):
                 if found is None:
                     raise ValueError(f"sweep.{use}.set {target.set!r} is not one of the "
                                      f"eval sets ({', '.join(sets) or 'evaluate is empty'})")
-                if found.kind != target.metric:
+                measures = found.metric if found.kind == "lm_eval" else found.kind
+                if measures is None:
+                    raise ValueError(f"sweep.{use}: give eval set {target.set!r} the lm-eval "
+                                     f"metric to compare (metric: {target.metric})")
+                if measures != target.metric:
                     raise ValueError(f"sweep.{use}: eval set {target.set!r} measures "
-                                     f"{found.kind}, not {target.metric}")
+                                     f"{measures}, not {target.metric}")
         return self
 
     def recipe_warnings(self) -> list[str]:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -35,7 +35,13 @@ MAX_CANDIDATES = 64
 KNOB_PATTERN = r"^(?:(?:models|abilities)\[\d{1,3}\]\.)?[A-Za-z_][A-Za-z0-9_]{0,63}$"
 _KNOB = re.compile(KNOB_PATTERN)
 
-Metric = Literal["accuracy", "perplexity"]
+# Our own sets' metrics, or an lm_eval set's lm-eval metric name ("acc_norm",
+# "exact_match,flexible-extract"), which must be the metric that set is given.
+Metric = Annotated[str, Field(min_length=1, max_length=128,
+                              pattern=r"^[A-Za-z0-9_]+(?:,[A-Za-z0-9_.-]+)?$")]
+# lm-eval metrics where lower is better (their default goal is min; the rest max).
+LOWER_IS_BETTER = ("perplexity", "word_perplexity", "byte_perplexity", "bits_per_byte",
+                   "ter")
 # The inputs a ratio constraint may compare against (evaluated once per sweep).
 Reference = Literal["language_base"]
 
@@ -43,7 +49,8 @@ Reference = Literal["language_base"]
 class Objective(BaseModel):
     """What the winner is best at: one eval set's metric, maximised or minimised.
 
-    ``goal`` defaults to the metric's sense: max for accuracy, min for perplexity.
+    ``goal`` defaults to the metric's sense: max for accuracy, min for perplexity; for
+    an lm-eval metric, min for the perplexity-like ones, else max.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -56,7 +63,8 @@ class Objective(BaseModel):
     def direction(self) -> Literal["max", "min"]:
         if self.goal is not None:
             return self.goal
-        return "max" if self.metric == "accuracy" else "min"
+        name = self.metric.partition(",")[0]
+        return "min" if name in LOWER_IS_BETTER else "max"
 
     def summary(self) -> dict[str, str]:
         """As the leaderboard records it: the set, the metric and the goal in force."""

@@ -1,7 +1,10 @@
-"""Where ability-vector artifacts are kept between jobs, by content-addressed key.
+"""Where a method's artifacts (work a later job can reuse: MAEC's ability vectors) are
+kept between jobs, by content-addressed key.
 
 The library needs only two operations; the service's worker passes an object-storage
-implementation, the CLI and tests the local one below (in a folder they choose).
+implementation, the CLI and tests the local one below (in a folder they choose). The
+store knows no method: an artifact is a folder of files whose metadata file is written
+last, so a folder without it is incomplete.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from typing import Protocol, runtime_checkable
 from maec_core.errors import MaecError
 
 _KEY = re.compile(r"^[0-9a-f]{64}$")
-# The file an artifact folder is complete without; see maec_core.maec.artifact.
+# The file an artifact folder is complete with (its metadata, stored last). The name is
+# kept from the first method with artifacts: stored artifacts stay readable.
 META_NAME = "ability.json"
 
 
