@@ -16,11 +16,9 @@ from typing import Any
 
 from app.disk_cache import DiskCache, Hold
 from maec_core.service import (
-    MANIFEST_NAME,
     Recipe,
-    add_gguf,
+    gguf_copy,
     sha256_file,
-    write_manifest,
 )
 from maec_core.service.running import GGUF_INFO_FILE, check_gguf_output, dequantize_gguf
 
@@ -54,15 +52,13 @@ def check_before_merge(recipe: Recipe) -> None:
         check_gguf_output(recipe, recipe.output.gguf)
 
 
-def with_gguf_output(out: Path, manifest: dict[str, Any], recipe: Recipe,
+def with_gguf_output(out: Path, manifest: Mapping[str, Any], recipe: Recipe,
                      local: Mapping[str, str]) -> dict[str, Any]:
-    """``manifest`` (as clients see it) with the GGUF inputs recorded and, when the recipe
-    asks, the GGUF copy written into ``out`` and listed with its checksum."""
+    """``manifest`` (as clients see it, in memory) with the GGUF inputs recorded and,
+    when the recipe asks, the GGUF copy written into ``out`` and listed with its
+    checksum (the manifest itself is written once, last, by the runner)."""
     inputs = gguf_inputs(local)
     doc = {**manifest, "gguf_inputs": inputs} if inputs else dict(manifest)
     if recipe.output is None or recipe.output.gguf is None:
         return doc
-    write_manifest(out, doc)  # the provenance the GGUF file carries: references, digests
-    add_gguf(out, recipe.output.gguf, inputs)
-    amended: dict[str, Any] = json.loads((out / MANIFEST_NAME).read_text())
-    return amended
+    return gguf_copy(out, recipe.output.gguf, doc, inputs)[1]

@@ -20,12 +20,13 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 from app.storage.base import Digest, Storage, StorageError, WaitFn, expected_digest
+from maec_core.service import FileEntry
 from maec_core.service.running import WrittenFile
 
 log = logging.getLogger("maec.worker")
@@ -182,7 +183,7 @@ class ShardUploads:
         self._pool.shutdown(wait=True)
 
 
-def publish(uploads: ShardUploads, out: Path, files: list[dict[str, Any]],
+def publish(uploads: ShardUploads, out: Path, files: Sequence[FileEntry],
             manifest: Path, *, cancelled: Callable[[], bool],
             progress: Callable[[int, int], None],
             stored: Collection[str] = ()) -> bool:
@@ -194,9 +195,9 @@ def publish(uploads: ShardUploads, out: Path, files: list[dict[str, Any]],
     # The other files (config, tokenizer, card, recipe) are complete once the merge has
     # returned: sent now, beside the last shard's last parts, not after them.
     for f in files:
-        if f["path"] not in shards:
-            uploads.submit(f["path"], out / f["path"], int(f["size"]), str(f["sha256"]))
-    already = sum(1 for f in files if f["path"] in stored)
+        if f.path not in shards:
+            uploads.submit(f.path, out / f.path, f.size, f.sha256)
+    already = sum(1 for f in files if f.path in stored)
     if not uploads.wait(cancelled, lambda n: progress(already + n, total)):
         return False
     if cancelled():

@@ -38,7 +38,7 @@ from app.disk_cache import Hold
 from app.jobs.parts import Part, PartStore, part_ranges
 from app.jobs.record import JobRecord
 from app.storage.base import StorageError
-from maec_core.service import Cancelled, JobPlan, MaecError, parse_recipe, plan_job
+from maec_core.service import Cancelled, MaecError, parse_recipe, plan_job
 from maec_core.service.running import (
     EngineOptions,
     RunContext,
@@ -47,9 +47,11 @@ from maec_core.service.running import (
     run,
 )
 from worker.drain import draining
+from worker.job_kind import Planned
 from worker.publish import ShardUploads
-from worker.resume import FIELD, Landed, Resumed, ShardLedger, resumable, verified
+from worker.resume import FIELD, Landed, Resumed, ShardLedger, verified
 from worker.runner import Attempt, JobRunner, LeaseLost, SplitDone
+from worker.stages import MergeJob
 
 log = logging.getLogger("maec.worker")
 
@@ -76,22 +78,23 @@ def input_bytes(local: dict[str, str]) -> int:
     return total
 
 
-def shard_count(runner: JobRunner, plan: JobPlan, local: dict[str, str]) -> int | None:
+def shard_count(runner: JobRunner, job: Planned, local: dict[str, str]) -> int | None:
     """The output's shard count when this merge is to be split, else None."""
-    if runner.settings.split_above_bytes <= 0 or not resumable(plan):
+    if (runner.settings.split_above_bytes <= 0 or not isinstance(job, MergeJob)
+            or not job.resumable):
         return None
     if input_bytes(local) <= runner.settings.split_above_bytes:
         return None
-    n = planned_shard_count(plan.localised(local).merge_only())
+    n = planned_shard_count(job.plan.localised(local).merge_only())
     return n if n is not None and n >= 2 else None
 
 
-def coordinate(runner: JobRunner, rec: JobRecord, att: Attempt, plan: JobPlan,
+def coordinate(runner: JobRunner, rec: JobRecord, att: Attempt, job: Planned,
                local: dict[str, str], prefix: str, workdir: Path) -> SplitDone | None:
     """Run ``rec``'s merge as parts when it is to be split (None: run it whole); the
     prefix the parts' shards lie under, and those shards (the final step's done ones)."""
-    n = shard_count(runner, plan, local)
-    if n is None:
+    n = shard_count(runner, job, local)
+    if n is None or not isinstance(job, MergeJob):
         return None
     store = runner.store.parts()
     ranges = part_ranges(n, runner.settings.split_parts)
@@ -108,7 +111,7 @@ def coordinate(runner: JobRunner, rec: JobRecord, att: Attempt, plan: JobPlan,
                                 name="maec-split-progress", daemon=True)
     reporter.start()
     try:
-        _drive(runner, rec, att, plan, local, store, workdir)
+        _drive(runner, rec, att, job, local, store, workdir)
     except (Cancelled, PartFailed):
         _wait_stopped(store, rec.id, runner.settings.lease_seconds)
         raise
@@ -121,7 +124,7 @@ def coordinate(runner: JobRunner, rec: JobRecord, att: Attempt, plan: JobPlan,
                           for p in final.parts for name, s in p.shards.items()}
 
 
-def _drive(runner: JobRunner, rec: JobRecord, att: Attempt, plan: JobPlan,
+def _drive(runner: JobRunner, rec: JobRecord, att: Attempt, job: MergeJob,
            local: dict[str, str], store: PartStore, workdir: Path) -> None:
     """Claim and run parts until every part is done (the helpers run the others)."""
     while True:
@@ -130,7 +133,7 @@ def _drive(runner: JobRunner, rec: JobRecord, att: Attempt, plan: JobPlan,
         index, attempt = _claim(runner, store, rec.id)
         if index >= 0:
             try:
-                run_claimed_part(runner, rec, plan, store, index, attempt, local,
+                run_claimed_part(runner, rec, job, index, attempt, local,
                                  workdir / f"p{index}")
             except LeaseLost:
                 if att.lost:  # the job itself was taken over
@@ -229,17 +232,18 @@ class PartAttempt(Attempt):
             raise LeaseLost(self.job_id)
 
 
-def run_claimed_part(runner: JobRunner, rec: JobRecord, plan: JobPlan, store: PartStore,
-                     index: int, attempt: int, local: dict[str, str] | None,
-                     workdir: Path, hold: Hold | None = None) -> dict[str, str]:
+def run_claimed_part(runner: JobRunner, rec: JobRecord, job: MergeJob, index: int,
+                     attempt: int, local: dict[str, str] | None, workdir: Path,
+                     hold: Hold | None = None) -> dict[str, str]:
     """Run part ``index`` (claimed as ``attempt``): make its shards, publish each as it
     is made, record it, and mark the part done; returns the inputs (fetched here when
     ``local`` is None)."""
+    store = runner.store.parts()
     state = store.get(rec.id)
     if state is None:
         raise PartFailed("the split merge's parts are gone from the job store")
     part = state.parts[index]
-    att = PartAttempt(runner.store, runner.settings, rec.id, attempt, spans=plan.spans,
+    att = PartAttempt(runner.store, runner.settings, rec.id, attempt, spans=job.spans,
                       parts=store, index=index)
     att.start_lease()
     log.info("job %s: part %d (shards %d-%d) attempt %d on %s", rec.id, index, part.lo,
@@ -247,8 +251,8 @@ def run_claimed_part(runner: JobRunner, rec: JobRecord, plan: JobPlan, store: Pa
     try:
         if local is None:
             assert hold is not None
-            local = runner.fetch_inputs(rec, plan, att, workdir, hold)
-        _make_part(runner, plan, att, state.prefix, part, local, workdir)
+            local = runner.fetch_inputs(rec, job, att, workdir, hold)
+        _make_part(runner, job, att, state.prefix, part, local, workdir)
     except Cancelled:
         # Its uploads are stopped: the coordinator may clean the prefix now.
         store.update(rec.id, index, attempt, {}, state="stopped")
@@ -262,7 +266,7 @@ def run_claimed_part(runner: JobRunner, rec: JobRecord, plan: JobPlan, store: Pa
     return local
 
 
-def _make_part(runner: JobRunner, plan: JobPlan, att: Attempt, prefix: str, part: Part,
+def _make_part(runner: JobRunner, job: MergeJob, att: Attempt, prefix: str, part: Part,
                local: dict[str, str], workdir: Path) -> None:
     landed = {name: Landed(WrittenFile(name, int(s["size"]), str(s["sha256"])),
                            str(s["etag"]) if s.get("etag") else None)
@@ -281,7 +285,7 @@ def _make_part(runner: JobRunner, plan: JobPlan, att: Attempt, prefix: str, part
                                            or None, part=(part.lo, part.hi)))
     try:
         workdir.mkdir(parents=True, exist_ok=True)
-        run(plan.localised(local).merge_only(), workdir / "out", ctx)
+        run(job.plan.localised(local).merge_only(), workdir / "out", ctx)
         if not uploads.wait(att.cancel_requested, lambda _n: None):
             raise Cancelled("the job was cancelled")
     except BaseException:
@@ -298,7 +302,7 @@ def help_parts(runner: JobRunner, job_id: str) -> str:
     rec = runner.store.get(job_id)
     if rec is None or rec.status != "running" or store.get(job_id) is None:
         return "ended"
-    plan = plan_job(parse_recipe(rec.recipe))
+    job = MergeJob(plan_job(parse_recipe(rec.recipe)))
     workdir = runner.settings.work_dir / "jobs" / job_id / f"h{time.time_ns()}"
     local: dict[str, str] | None = None
     ran = 0
@@ -311,7 +315,7 @@ def help_parts(runner: JobRunner, job_id: str) -> str:
                 if index < 0:
                     return f"ran {ran} parts"
                 try:
-                    local = run_claimed_part(runner, rec, plan, store, index, attempt,
+                    local = run_claimed_part(runner, rec, job, index, attempt,
                                              local, workdir / f"p{index}", hold)
                     ran += 1
                 except LeaseLost:

@@ -39,7 +39,7 @@ from maec_core.gguf.header import (
     read_header,
 )
 from maec_core.gguf.header import MAX_HEADER_BYTES as GGUF_MAX_HEADER_BYTES
-from maec_core.gguf.output import add_gguf
+from maec_core.gguf.output import add_gguf, gguf_copy
 from maec_core.gguf.writer import check_output, check_type
 from maec_core.io.adapter import ADAPTER_CONFIG
 from maec_core.io.folder import (
@@ -54,7 +54,7 @@ from maec_core.io.folder import (
 from maec_core.io.headers import MAX_HEADER_BYTES
 from maec_core.job_plan import JobPlan, Joined, plan_job, published_manifest
 from maec_core.job_progress import StageSpans, candidate_at, job_spans
-from maec_core.manifest import MANIFEST_NAME, write_manifest
+from maec_core.manifest import MANIFEST_NAME, FileEntry, Manifest, write_manifest
 from maec_core.methods import MergeMethod, NamedForm, TensorMethod, all_methods, get_method
 from maec_core.methods.base import FINITE_MAX
 from maec_core.moe.config import MOE_METHOD, MoeConfig, parse_moe_config
@@ -90,12 +90,14 @@ __all__ = [
     "EvalReport",
     "EvalSetError",
     "EvalSetUnreadable",
+    "FileEntry",
     "GgufHeader",
     "InvalidGguf",
     "JobPlan",
     "Joined",
     "LmEvalConfig",
     "MaecError",
+    "Manifest",
     "MergeMethod",
     "MergePlan",
     "ModelEntry",
@@ -125,6 +127,7 @@ __all__ = [
     "check_type",
     "find_gguf",
     "get_method",
+    "gguf_copy",
     "is_gguf_name",
     "job_spans",
     "keep_tokenizer",
