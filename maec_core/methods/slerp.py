@@ -11,6 +11,7 @@ it by a unit in the last place.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -114,6 +115,24 @@ def coefficients(dot: torch.Tensor, tt: torch.Tensor) -> tuple[torch.Tensor, tor
     return coef_a, coef_b
 
 
+_SCRATCH = threading.local()
+
+
+def _chunk_buffers() -> list[torch.Tensor]:
+    """Two float32 buffers of one mergekit chunk, this thread's own. The engine runs a
+    tensor's pass on one thread from its first slice to :meth:`SlerpPass.finish` before
+    the next tensor's, so the passes share them: one allocation instead of 8 MB freed
+    and taken again per tensor and pass (which left the allocator's heap fragmented,
+    tens of MB above the buffers themselves)."""
+    import torch
+
+    bufs: list[torch.Tensor] | None = getattr(_SCRATCH, "bufs", None)
+    if bufs is None or bufs[0].numel() != _MERGEKIT_CHUNK:
+        bufs = [torch.empty(_MERGEKIT_CHUNK, dtype=torch.float32) for _ in range(2)]
+        _SCRATCH.bufs = bufs
+    return bufs
+
+
 class SlerpPass:
     """SLERP's reductions over flat slices (stored dtype), for the engine's 16-bit
     stream: mergekit's norms and dot are sums over its chunks of ``_MERGEKIT_CHUNK``
@@ -141,7 +160,7 @@ class SlerpPass:
         assert base is not None
         pair = (base, models[0])
         if not self.bufs:
-            self.bufs = [torch.empty(_MERGEKIT_CHUNK, dtype=torch.float32) for _ in pair]
+            self.bufs = _chunk_buffers()
         done = 0
         while done < base.numel():
             take = min(base.numel() - done, _MERGEKIT_CHUNK - self.filled)
@@ -162,8 +181,9 @@ class SlerpPass:
             for parts, x in zip(self.parts, (a, b), strict=True):
                 parts.append(torch.linalg.vector_norm(x, dim=1, keepdim=True))
         else:
-            self.dots.append((a / self.norms[0] * (b / self.norms[1]))
-                             .sum(dim=1, keepdim=True))
+            # In place, in the whole-tensor path's order: (a / n0) * (b / n1).
+            a.div_(self.norms[0])
+            self.dots.append(a.mul_(b.div_(self.norms[1])).sum(dim=1, keepdim=True))
         self.filled = 0
 
     def again(self) -> bool:
@@ -175,7 +195,7 @@ class SlerpPass:
 
         if self.filled:
             self._reduce_chunk()
-        # Let go of the chunk buffers between rounds: every tensor's pass is open then.
+        # The buffers go back to the next tensor's pass.
         self.bufs = []
         if self.norms is None:
             norms = [torch.linalg.vector_norm(torch.stack(p), dim=0) for p in self.parts]
