@@ -155,7 +155,6 @@ class SlerpPass:
         self.state: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def add(self, base: torch.Tensor | None, models: Sequence[torch.Tensor]) -> None:
-        import torch
 
         assert base is not None
         pair = (base, models[0])
