@@ -6,8 +6,10 @@ report progress, honour cancellation); ``run_method`` drives it for the register
 methods, and the MAEC pipeline reuses it for combination. ``maec_core.run`` chooses
 between the two.
 
-Two paths share it. Methods that need a whole tensor (TIES, DARE, SLERP) get one tensor
-at a time, the next one read on a thread meanwhile. Element-wise methods (linear, task
+Two paths share it. Methods that need a whole tensor (TIES, DARE) get one tensor at a
+time, the next one read on a thread meanwhile; a method whose per-tensor reductions can
+run over slices (SLERP's norms and dot) streams 16-bit compute after passes that reduce
+them (``_reduced``). Element-wise methods (linear, task
 arithmetic, layer swapping) stream slices instead: a reader thread fills recycled
 buffers, the calling thread converts each slice to the compute dtype (float32, or a
 16-bit one: the same loop, see ``stream_merge``), computes and casts it into a recycled
@@ -574,8 +576,8 @@ def _reduced(work: MergeWork, reduction: Reduction, plan: MergePlan,
             if not (work.whole is not None and work.whole(t))]
     with torch_threads() as threads:
         while todo:
-            todo = _pass_round(todo, plan, steps, options, cdtype, reduction, passes, states,
-                               threads)
+            todo = _pass_round(todo, plan, steps, options, cdtype, reduction,
+                               (passes, states, threads))
     whole = work.whole
 
     def alone(t: PlannedTensor) -> bool:
@@ -590,11 +592,12 @@ def _reduced(work: MergeWork, reduction: Reduction, plan: MergePlan,
 
 def _pass_round(todo: list[int], plan: MergePlan, steps: list[list[TensorInfo]],
                 options: EngineOptions, cdtype: torch.dtype, reduction: Reduction,
-                passes: dict[int, FirstPass], states: dict[str, Any],
-                threads: ThreadControl
+                open_passes: tuple[dict[int, FirstPass], dict[str, Any], ThreadControl]
                 ) -> list[int]:
-    """One read of the ``todo`` tensors' inputs through their passes (started on the
-    first round); the tensors whose pass asks for another round."""
+    """One read of the ``todo`` tensors' inputs through their passes (``open_passes``:
+    by tensor index, started on the first round; the states of those done, by name;
+    torch's threads); the tensors whose pass asks for another round."""
+    passes, states, threads = open_passes
     again = []
     with UnitReader([steps[i] for i in todo], UNIT_CPU, resident=options.resident) as units:
         for u in units:
@@ -794,43 +797,28 @@ def run_method(recipe: Recipe, out_dir: Path, ctx: RunContext | None = None) -> 
 
     aligner = RowAligner(vocab) if rows_of(vocab) is not None and vocab else None
 
+    def call_of(t: PlannedTensor, inputs: Sequence[torch.Tensor], state: Any = None
+                ) -> TensorCall:
+        model_params, params = params_for(t.name)  # no inputs: a call without tensors
+        return TensorCall(name=t.name, base=inputs[0] if base_key and inputs else None,
+                          models=inputs[1:] if base_key else inputs,
+                          model_params=model_params, params=params,
+                          layer=layer_index(t.name), num_layers=num_layers, reduced=state)
+
     def compute(t: PlannedTensor, inputs: list[torch.Tensor]) -> torch.Tensor:
-        model_params, params = params_for(t.name)
         if aligner is not None and is_vocab_tensor(t.name):
             aligner.align(keys, inputs)  # in place: the originals are let go one by one
-        call = TensorCall(
-            name=t.name,
-            base=inputs[0] if base_key else None,
-            models=inputs[1:] if base_key else inputs,
-            model_params=model_params,
-            params=params,
-            layer=layer_index(t.name),
-            num_layers=num_layers,
-        )
-        return fn(call)
+        return fn(call_of(t, inputs))
 
     def fused(t: PlannedTensor, inputs: list[torch.Tensor], out: torch.Tensor,
               cdtype: torch.dtype) -> bool | None:
-        model_params, params = params_for(t.name)
-        call = TensorCall(name=t.name, base=inputs[0] if base_key else None,
-                          models=inputs[1:] if base_key else inputs,
-                          model_params=model_params, params=params,
-                          layer=layer_index(t.name), num_layers=num_layers)
-        return spec.merge_into(call, out, cdtype)
+        return spec.merge_into(call_of(t, inputs), out, cdtype)
 
     def start(t: PlannedTensor, cdtype: torch.dtype) -> FirstPass | None:
-        model_params, params = params_for(t.name)
-        return spec.first_pass(TensorCall(
-            name=t.name, base=None, models=(), model_params=model_params, params=params,
-            layer=layer_index(t.name), num_layers=num_layers), cdtype)
+        return spec.first_pass(call_of(t, []), cdtype)  # it is given the slices
 
     def reduced(t: PlannedTensor, inputs: list[torch.Tensor], state: Any) -> torch.Tensor:
-        model_params, params = params_for(t.name)
-        return fn(TensorCall(name=t.name, base=inputs[0] if base_key else None,
-                             models=inputs[1:] if base_key else inputs,
-                             model_params=model_params, params=params,
-                             layer=layer_index(t.name), num_layers=num_layers,
-                             reduced=state))
+        return fn(call_of(t, inputs, state))
 
     overrides = type(spec).merge_into is not TensorMethod.merge_into
     reduces = type(spec).first_pass is not TensorMethod.first_pass

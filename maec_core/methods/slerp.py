@@ -197,6 +197,8 @@ class SlerpPass:
         # The buffers go back to the next tensor's pass.
         self.bufs = []
         if self.norms is None:
+            if not self.parts[0]:
+                return None  # no entries: the whole-tensor path's own case
             norms = [torch.linalg.vector_norm(torch.stack(p), dim=0) for p in self.parts]
             self.norms = [torch.where(n > self.eps, n, 1) for n in norms]
             return None

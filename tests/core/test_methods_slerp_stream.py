@@ -56,3 +56,9 @@ def test_slices_give_the_whole_tensors_bytes(compute: torch.dtype, case: str,
     assert got.dtype == whole.dtype == compute
     assert torch.equal(got.view(torch.int16), whole.view(torch.int16))
 
+
+
+def test_an_empty_tensor_goes_whole() -> None:
+    first = SlerpPass(torch.bfloat16, 0.5, 1e-8)
+    first.add(torch.zeros(0), [torch.zeros(0)])
+    assert first.finish() is None and not first.again()
