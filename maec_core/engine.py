@@ -603,9 +603,10 @@ def _pass_round(todo: list[int], plan: MergePlan, steps: list[list[TensorInfo]],
         for u in units:
             index = todo[u.step]
             planned = plan.tensors[index]
-            # The threads a whole-tensor merge of it would use: a reduction's order
-            # (and so its bits) depends on how torch splits it.
-            threads.use(threads.saved if planned.numel >= THREADED_MIN_NUMEL else 1)
+            # torch's own thread count, as mergekit runs: a reduction of over 32K entries
+            # is split over the threads, so its bits depend on their number (with one
+            # thread, SLERP's 1M-4M-entry tensors came out with other bits than mergekit's).
+            threads.use(threads.saved)
             try:
                 if u.first and index not in passes:
                     started = reduction.start(planned, cdtype)
