@@ -127,6 +127,24 @@ class DownloadOptions:
         return dataclasses.replace(options or cls(), **fields)
 
 
+# ``maec jobs submit --gguf TYPE`` and ``Client.submit(..., gguf=TYPE)``: the body's
+# ``output: {gguf: TYPE}``, spelt as a recipe spells it (docs/gguf.md).
+gguf_flag = click.option(
+    "--gguf", metavar="TYPE",
+    help="also publish the merged model as one GGUF file of TYPE (f16, bf16, q8_0, ...)")
+
+
+def with_gguf_output(body: dict[str, Any], gguf: str | None) -> dict[str, Any]:
+    """``body`` asking for a GGUF output of type ``gguf`` (unchanged when None): in the
+    recipe's own ``output`` when it has one (the service refuses an output given both
+    in the body and in the recipe), else in the body's."""
+    if gguf is not None:
+        recipe = body.get("recipe")
+        target = recipe if isinstance(recipe, dict) and "output" in recipe else body
+        target["output"] = {**(target.get("output") or {}), "gguf": gguf}
+    return body
+
+
 DOWNLOAD_FLAGS = tuple(f.name for f in dataclasses.fields(DownloadOptions) if f.metadata)
 C = TypeVar("C", bound=Callable[..., Any])
 
