@@ -127,9 +127,9 @@ def main(root: Path) -> None:
         server.stop()
 
 
-# What differs from run to run in published files today: the job id and temporary folder
-# names inside worker paths (an MoE job's moe_config.yaml, an eval report's model_dir),
-# and an eval report's wall-clock seconds.
+# What would differ from run to run if a published file held it: a job id, a sweep's
+# temporary folder (none does: tests/api/test_published_paths.py), and an eval report's
+# wall-clock seconds.
 _VARYING = [(re.compile(rb"j_[0-9a-f]{24}"), b"j_ID"),
             (re.compile(rb"\.out\.sweep-[a-z0-9_]+"), b".out.sweep-TMP")]
 
