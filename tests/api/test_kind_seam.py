@@ -141,7 +141,7 @@ def _submit(api: Api, body: CopyRequest) -> str:
 @pytest.mark.usefixtures("copy_kind")
 def test_a_kind_registered_at_runtime_runs_end_to_end(api: Api) -> None:
     source = str(api.models.base)
-    jid = _submit(api, CopyRequest(kind=KIND, recipe={"source": source}))
+    jid = _submit(api, CopyRequest(kind="copy", recipe={"source": source}))
     rec = api.worker_store().get(jid)
     assert rec is not None and app_kinds.kind_name(rec) == KIND
     assert isinstance(worker_kinds.kind_of(rec), CopyJobKind)
