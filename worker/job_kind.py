@@ -10,9 +10,9 @@ alike for every kind: fetch, then produce, then reserve and publish, manifest la
 
 A new kind (an eval-only job, say), named by the contract's ``kind``, touches:
 
-- ``maec_contract.requests``: its body model (a ``KindRequest`` with its ``KIND``) in
-  ``OTHER_KINDS`` and the ``AnyJobRequest`` union, since the contract publishes every
-  body and imports nothing of the service's;
+- ``maec_contract.requests``: its body model (a ``KindRequest`` with its ``KIND``) and
+  one entry in ``OTHER_KINDS`` (the request union and the API's body schema are made
+  from it), since the contract publishes every body and imports nothing of ours;
 - its module in ``app.kinds`` (which records it owns, what it reads at submission) and
   one entry in ``app.kinds.KINDS``;
 - its module here (a :class:`JobKind`: the record's plan and its produce step) and one
