@@ -13,6 +13,7 @@ from typing import BinaryIO
 
 import pytest
 
+from app.jobs.keys import job_key
 from app.jobs.parts import part_ranges, parts_key
 from app.storage.base import Digest, StorageError, WaitFn
 from app.storage.local import LocalStorage
@@ -171,3 +172,21 @@ def test_cancel_during_the_final_step_publishes_nothing(
     assert not api.r.exists(parts_key(jid))
     assert not [p for p in (api.settings.storage_dir / "jobs" / jid).rglob("*")
                 if p.is_file()]
+
+
+def test_a_lost_coordinator_is_followed_by_one_that_keeps_the_parts(
+        api_factory: Callable[..., Api]) -> None:
+    api = api_factory(split_above_bytes=1, split_parts=2, lease_seconds=2)
+    jid = str(api.submit(api.named(**BODY))["id"])
+    dying = Shards(api.settings.storage_dir, die_at=1)
+    with pytest.raises(WorkerDied):
+        JobRunner(api.settings, api.worker_store(), dying, worker="dies",
+                  split=coordinate).run(jid)
+    assert len(dying.stored) == 1
+    api.r.hset(job_key(jid), "lease_until", "0")  # the dead worker's lease has run out
+    second = Shards(api.settings.storage_dir)
+    assert JobRunner(api.settings, api.worker_store(), second, worker="next",
+                     split=coordinate).run(jid) == "succeeded"
+    files = _files(api, jid)
+    assert dying.stored[0] not in second.stored  # its part's recorded shard was kept
+    assert files == _whole(api)
