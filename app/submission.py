@@ -136,9 +136,7 @@ def build_recipe(req: JobRequest) -> Recipe:
         recipe = parse_recipe(data)
     else:
         recipe = _named_recipe(req)
-    if recipe.artifact is not None:
-        raise RecipeError("recipe.artifact is not accepted by the service: ability vectors "
-                          "are cached and reused automatically by content", key="artifact")
+    get_method(recipe.merge_method).check_service(recipe)
     if recipe.sweep is not None:
         candidates(recipe)  # every candidate checked as a recipe, before queueing
     return recipe

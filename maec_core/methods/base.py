@@ -18,6 +18,7 @@ from pydantic import AfterValidator, AllowInfNan, BaseModel, ConfigDict, Validat
 
 from maec_core.errors import RecipeError
 from maec_core.methods.params import candidate_values
+from maec_core.recipe.inputs import MethodInputs, register_inputs
 from maec_core.recipe.values import condition_warnings
 
 if TYPE_CHECKING:
@@ -199,10 +200,9 @@ class MergeMethod:
     # Models besides base_model the recipe must list (max None: no upper bound).
     min_models: ClassVar[int] = 1
     max_models: ClassVar[int | None] = None
-    # The stages a run reports progress under, in order (the engine's one pass is
-    # ``merge``); a method with an ``extract`` stage extracts once per donor and
-    # parameters (what a sweep's candidates share is the method's ``reuse_key``).
-    stages: ClassVar[tuple[str, ...]] = ("merge",)
+    # The method's own top-level recipe keys (MAEC's ``language_base``, ``abilities``),
+    # as a model of their own; None: the method reads none (the shared recipe has none).
+    inputs: ClassVar[type[MethodInputs] | None] = None
     # The recipe key of the method's own list of entries (MAEC: ``abilities``) and the
     # keys of an entry a sweep may vary, in every entry (``mu``) or one
     # (``abilities[i].mu``): see entry_count and with_entry_value.
@@ -218,6 +218,8 @@ class MergeMethod:
             raise TypeError(f"merge method {cls.name!r} is defined twice "
                             f"({type(_REGISTRY[cls.name]).__module__} and {cls.__module__})")
         _REGISTRY[cls.name] = cls()
+        if cls.inputs is not None:
+            register_inputs(cls.name, cls.inputs)
 
     @classmethod
     def _check_complete(cls) -> None:
@@ -405,6 +407,16 @@ class MergeMethod:
     def run_reusing(self, recipe: Recipe, made: Made, out: Path, ctx: RunContext) -> None:
         """Merge ``recipe`` into ``out`` from what an earlier run of its group ``made``."""
         raise NotImplementedError(f"merge method {self.name!r} reuses nothing")
+
+    def extracts(self) -> bool:
+        """Whether a run makes something before it merges that a later run may merge
+        from (a stage of its own, progress reported under ``extract``): derived from
+        the reuse hooks, true for a method that runs from what another run made."""
+        return type(self).run_reusing is not MergeMethod.run_reusing
+
+    def check_service(self, recipe: Recipe) -> None:
+        """Refuse (RecipeError) what ``recipe`` may say on a local run but not in a job
+        of the service (nothing by default)."""
 
     def entry_count(self, recipe: Recipe) -> int:
         """How many of its own entries (:attr:`entries`) ``recipe`` gives."""

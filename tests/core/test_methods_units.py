@@ -143,8 +143,10 @@ def test_named_form_of_layer_swap_and_maec() -> None:
     data = _named("maec", donors=["A1", "A2"], source_control="S", ability_corpus="C",
                   parameters={"mu": [0.5, 2], "key_ratio": 0.1})
     recipe = parse_recipe(data)
-    assert recipe.language_base == "L" and recipe.parameters == {"key_ratio": 0.1}
-    assert [(a.model, a.control, a.corpus, a.mu) for a in recipe.abilities] == [
+    assert recipe.method_inputs is not None and recipe.parameters == {"key_ratio": 0.1}
+    own = recipe.method_inputs.model_dump()
+    assert own["language_base"] == "L"
+    assert [(a["model"], a["control"], a["corpus"], a["mu"]) for a in own["abilities"]] == [
         ("A1", "S", "C", 0.5), ("A2", "S", "C", 2.0)]
     with pytest.raises(RecipeError, match="mu"):
         parse_recipe(_named("maec", parameters={"mu": "lots"}))
@@ -185,7 +187,8 @@ def test_recipe_sources_and_with_sources() -> None:
     local = {s.ref: f"/cache/{i}" for i, s in enumerate(maec.sources())}
     moved = maec.with_sources(local)
     assert [s.ref for s in moved.sources()] == [local[s.ref] for s in maec.sources()]
-    assert moved.abilities[1].control is None and moved.parameters == maec.parameters
+    assert moved.method_inputs is not None and moved.parameters == maec.parameters
+    assert moved.method_inputs.model_dump()["abilities"][1]["control"] is None
     assert maec.base_model == "s3://b"  # the original is unchanged
 
     slerp = parse_recipe({"merge_method": "slerp", "base_model": "b",
