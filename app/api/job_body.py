@@ -287,7 +287,11 @@ def _method_models(method: MergeMethod) -> tuple[type[BaseModel], type[BaseModel
         "sources": (_items(source, 1), Field()),
         "parameters": (params, Field(default_factory=params)),
     })
+    # The method's own top-level keys (its inputs model), beside the shared recipe's.
+    inputs = method.inputs.model_fields if method.inputs is not None else {}
     recipe = strict_model(Recipe, f"{c}Recipe", {
+        **{k: _field(info, strict_type(info.annotation, info.metadata),
+                     required=info.is_required()) for k, info in inputs.items()},
         "merge_method": (_Lit[method.name], Field()),
         "models": (_items(entry), Field(default_factory=list)),
         "slices": (_U[_items(piece, 1), None], Field(default=None)),
