@@ -233,3 +233,51 @@ def test_a_method_says_what_sweep_candidates_share(
     cands = candidates(recipe)
     assert [c.group for c in cands] == [(("strength", 1.0),)] * 2 + [(("strength", 2.0),)] * 2
     assert extraction_groups(cands) == 2
+
+
+def test_a_method_owns_its_top_level_keys(
+    scratch_registry: dict[str, MergeMethod], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The shared recipe has no method's fields: a method's inputs model claims its keys,
+    # checks them as strictly as the recipe's own, and says where their references sit.
+    from maec_core.recipe import inputs as inputs_mod
+    from maec_core.recipe.inputs import MethodInputs, SourceRef
+
+    monkeypatch.setattr(inputs_mod, "_INPUTS", dict(inputs_mod._INPUTS))
+
+    class Guides(MethodInputs):
+        guide: str | None = None
+
+        def sources(self) -> list[SourceRef]:
+            return [] if self.guide is None else [SourceRef("guide", self.guide)]
+
+        def with_sources(self, mapping: Any) -> Guides:
+            return self.model_copy(update={"guide": mapping.get(self.guide, self.guide)})
+
+    class Guided(TensorMethod):
+        name = "guided_for_test"
+        paper = "none"
+        inputs = Guides
+
+        def merge(self, call: TensorCall) -> Any:
+            return call.models[0]
+
+    recipe = parse_recipe({"merge_method": "guided_for_test", "base_model": "b",
+                           "guide": "g", "models": [{"model": "a"}]})
+    assert [(s.role, s.ref) for s in recipe.sources()] == [
+        ("base", "b"), ("guide", "g"), ("model", "a")]
+    assert recipe.with_sources({"g": "/x/g"}).to_yaml().count("guide: /x/g") == 1
+    assert not any(w.startswith("guide") for w in recipe.recipe_warnings())
+    with pytest.raises(RecipeError, match="invalid recipe: guide: Input should be"):
+        parse_recipe({"merge_method": "guided_for_test", "base_model": "b",
+                      "guide": {"x": 1}, "models": [{"model": "a"}]})
+    # Another method's recipe: the key stays an unknown one (warned about); given with
+    # its owner's default, as every recipe.yaml spells it out, it is dropped.
+    plain = {"merge_method": "linear", "models": [{"model": "a"}]}
+    linear = parse_recipe({**plain, "guide": "g"})
+    assert linear.method_inputs is None and linear.model_extra == {"guide": "g"}
+    assert any(w.startswith("guide ignored") for w in linear.recipe_warnings())
+    defaulted = parse_recipe({**plain, "guide": None})
+    assert defaulted.model_extra == {}
+    assert defaulted.to_yaml() == parse_recipe(plain).to_yaml()
+    assert "guide" not in parse_recipe(plain).to_yaml()  # exclude_none: a None default
