@@ -281,3 +281,12 @@ def test_a_method_owns_its_top_level_keys(
     assert defaulted.model_extra == {}
     assert defaulted.to_yaml() == parse_recipe(plain).to_yaml()
     assert "guide" not in parse_recipe(plain).to_yaml()  # exclude_none: a None default
+
+
+def test_the_shared_recipe_has_no_methods_fields() -> None:
+    from maec_core.recipe import Recipe
+    from maec_core.recipe.inputs import inputs_models, owned_keys
+
+    owned = owned_keys(inputs_models())
+    assert {"language_base", "abilities", "artifact"} <= set(owned)  # MAEC's, found
+    assert not set(Recipe.model_fields) & set(owned)
