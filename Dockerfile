@@ -16,7 +16,7 @@ RUN python -m venv /opt/venv && useradd --create-home --uid 10001 maec
 WORKDIR /srv
 
 # ---- build stages: a virtualenv each, copied into slim run stages ----
-# A C compiler for MAEC's row-score kernel (maec_core/native), in the build stages only.
+# A C compiler for the compiled kernels (maec_core/native), in the build stages only.
 FROM base AS build-base
 RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/*

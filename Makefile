@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup run test lint docs demo test-faults soak bench-engine bench-maec bench-api bench-conformance bench-gpu bench-fleet bench-real experiment experiment-smoke
+.PHONY: setup run test lint docs demo test-faults soak bench-engine bench-maec bench-api bench-conformance bench-gpu bench-fleet bench-split bench-real experiment experiment-smoke
 
 setup:
 	@bash scripts/setup.sh
@@ -72,6 +72,13 @@ bench-fetch: setup
 # two pools, key A's 30 jobs then key B's 3, fair scheduler against FIFO in the same
 # run. BENCH_FLEET_ARGS=--runs 3 (medians)
 BENCH_FLEET_ARGS ?=
+# A merge whose worker is SIGKILLed at 60% of its shards, resumed by another, against the
+# same merge uninterrupted: 2.7B-parameter bf16 models on a local S3 store with each
+# worker's read rate capped (docs/reliability.md). BENCH_SPLIT_ARGS="--size small": a
+# minute.
+bench-split: setup
+	$(PY) -m bench.split $(BENCH_SPLIT_ARGS)
+
 bench-fleet: setup
 	$(PY) -m bench.fleet $(BENCH_FLEET_ARGS)
 

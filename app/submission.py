@@ -13,21 +13,23 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from app.scheduler.estimate import Need, estimate, estimate_moe
+from app.scheduler.estimate import Need, estimate, estimate_gguf_job
 from app.settings import Settings
 from app.sources import (
+    GgufSource,
     Published,
     Source,
     check_corpus,
+    check_gguf,
     inspect_source,
     open_source,
     parse_source,
     pin_source,
-    referenced_job,
 )
 from app.storage.base import Storage, StorageError
 from maec_contract import JobRequest as JobRequest  # the body model, shared with the client
 from maec_core.service import (
+    LOSSY_WARNING,
     SET_MAX_BYTES,
     Condition,
     EmptySelection,
@@ -38,93 +40,22 @@ from maec_core.service import (
     LmEvalConfig,
     MergePlan,
     ModelFolder,
-    MoeConfig,
-    MoePlan,
     NamedForm,
     ParamValue,
     Recipe,
     RecipeError,
     SourceNotFound,
     TensorMethod,
-    TokenizerError,
     candidates,
     check_lm_eval_sets,
+    check_output,
+    check_type,
     get_method,
     load_set,
-    parse_moe_config,
     parse_recipe,
     plan_job,
-    plan_moe,
     plan_recipe,
-    recipe_warnings,
 )
-
-
-def build_job(req: JobRequest) -> Recipe | MoeConfig:
-    """What the job runs: a merge recipe, or (``kind: moe``) an MoE config."""
-    if req.kind == "moe":
-        assert req.recipe is not None  # the contract's rule
-        config = parse_moe_config(dict(req.recipe))
-        if req.name is not None and config.name is None:
-            config = config.model_copy(update={"name": req.name})
-        return config
-    return build_recipe(req)
-
-
-def job_warnings(job: Recipe | MoeConfig) -> list[str]:
-    """What the job's recipe (or MoE config) says that its build does not read, one line
-    each, for the job record."""
-    return job.warnings if isinstance(job, MoeConfig) else recipe_warnings(job)
-
-
-def job_references(job: Recipe | MoeConfig) -> set[str]:
-    """The ids of the jobs whose outputs ``job`` reads (``job:<id>`` sources, in any
-    role): the API looks each up with the caller's key before the sources are checked."""
-    refs = job.sources() if isinstance(job, MoeConfig) else plan_job(job).inputs
-    return {i for i in map(referenced_job, refs) if i is not None}
-
-
-def check_job_sources(job: Recipe | MoeConfig, settings: Settings, storage: Storage,
-                      outputs: Mapping[str, Published] | None = None
-                      ) -> tuple[dict[str, dict[str, Any]], Need, list[str]]:
-    """:func:`check_and_estimate` for either kind of job: the sources pinned, the job's
-    needs, which route it to a pool, and what its plan warns of from the checkpoints'
-    headers (the job record lists these after :func:`job_warnings`). ``outputs``: the
-    caller's succeeded jobs among :func:`job_references`, which its ``job:`` sources
-    resolve to."""
-    if isinstance(job, MoeConfig):
-        sources, plan = check_moe_sources(job, settings, storage, outputs)
-        return sources, estimate_moe(job, plan, sources), []
-    return check_and_estimate(job, settings, storage, outputs)
-
-
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
-
-
-def check_moe_sources(config: MoeConfig, settings: Settings, storage: Storage,
-                      outputs: Mapping[str, Published] | None = None
-                      ) -> tuple[dict[str, dict[str, Any]], MoePlan]:
-    """Allow-list, resolve and plan every checkpoint of an MoE config from headers and
-    configs (output architecture, layer counts, MLP shapes, dtypes), and that the base
-    has the tokenizer its prompts need; returns the sources pinned, as for a merge, and
-    the plan (every output tensor, which the estimate sizes)."""
-    refs = config.sources()
-    if len(refs) > settings.max_models_per_job:
-        raise RecipeError(
-            f"the job names {len(refs)} checkpoints; this service takes at most "
-            f"{settings.max_models_per_job} (MAEC_MAX_MODELS_PER_JOB)",
-            limit=settings.max_models_per_job)
-    parsed = {uri: parse_source(uri, settings, outputs) for uri in refs}
-    folders = {uri: inspect_source(parsed[uri], storage, uri == config.base_model)
-               for uri in refs}
-    plan = plan_moe(config, folders)
-    base = folders[config.base_model]
-    if config.gate_mode not in ("random", "uniform_random") and not (
-            base.tokenizer_data or any((base.root / n).is_file() for n in _TOKENIZER_FILES)):
-        raise TokenizerError(f"{config.base_model}: no tokenizer, which gate mode "
-                             f"{config.gate_mode} needs to read the prompts",
-                             source=config.base_model)
-    return {uri: pin_source(parsed[uri], storage).to_dict() for uri in refs}, plan
 
 
 def build_recipe(req: JobRequest) -> Recipe:
@@ -254,9 +185,14 @@ def check_and_estimate(
     parsed: dict[str, Source] = {}
     for uri in [*plan.checkpoints, *plan.tokenizers, *plan.corpora]:
         parsed[uri] = parse_source(uri, settings, outputs)
+    ggufs = {uri: g for uri in plan.checkpoints
+             if (g := check_gguf(parsed[uri], storage)) is not None}
+    if ggufs:
+        return _gguf_job(recipe, plan, parsed, ggufs, settings, storage, outputs)
     folders = inspect_models(plan, parsed, storage)
     merge_plan = plan_recipe(recipe, folders)
     check_against_plan(recipe, merge_plan)
+    _check_gguf_output(recipe, folders)
     # Pinned after the checks: a file replaced in between is pinned as replaced, which
     # lets nothing unchecked through (the engine validates the folder it reads).
     pinned = {uri: pin_source(parsed[uri], storage)
@@ -267,6 +203,42 @@ def check_and_estimate(
     pinned.update(check_eval_sets(plan, settings, storage, outputs))
     sources = {uri: s.to_dict() for uri, s in pinned.items()}
     return sources, estimate(recipe, merge_plan, sources), list(merge_plan.notes)
+
+
+def _check_gguf_output(recipe: Recipe, folders: Mapping[str, ModelFolder]) -> None:
+    """A GGUF output the writer cannot make (its type, the base's architecture) is
+    refused before the job is queued."""
+    if recipe.output is None or recipe.output.gguf is None:
+        return
+    check_type(recipe.output.gguf)
+    first = folders.get(recipe.base_model or "") or next(iter(folders.values()), None)
+    if first is not None:
+        check_output(first.config)
+
+
+def _gguf_job(recipe: Recipe, plan: JobPlan, parsed: dict[str, Source],
+              ggufs: Mapping[str, GgufSource], settings: Settings, storage: Storage,
+              outputs: Mapping[str, Published] | None
+              ) -> tuple[dict[str, dict[str, Any]], Need, list[str]]:
+    """:func:`check_and_estimate` for a job with GGUF inputs: their headers checked and
+    their files pinned here; the other sources pinned as usual. The merge plan (names,
+    shapes, the recipe's filters) is the worker's to check, on the dequantized folders:
+    a mismatch fails the job with the same code it would get here."""
+    if recipe.output is not None and recipe.output.gguf is not None:
+        check_type(recipe.output.gguf)
+    pinned = {uri: g.source for uri, g in ggufs.items()}
+    for uri in (*plan.checkpoints, *plan.tokenizers):
+        if uri not in pinned:
+            pinned[uri] = pin_source(parsed[uri], storage)
+    for uri in plan.corpora:
+        pinned[uri] = check_corpus(parsed[uri], storage, settings.max_corpus_bytes)
+    check_lm_eval_sets(recipe.evaluate or [], lm_eval_config(settings))
+    pinned.update(check_eval_sets(plan, settings, storage, outputs))
+    sources = {uri: s.to_dict() for uri, s in pinned.items()}
+    need = estimate_gguf_job(recipe, [g.header.parameters for g in ggufs.values()], sources)
+    notes = [LOSSY_WARNING.format(source=uri, quantization=g.header.quantization)
+             for uri, g in ggufs.items()]
+    return sources, need, notes
 
 
 def lm_eval_config(settings: Settings) -> LmEvalConfig:

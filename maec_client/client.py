@@ -34,14 +34,23 @@ from maec_client.errors import (
     error_from_response,
 )
 from maec_client.extensions import check_recipe
-from maec_client.models import Job, JobPage, JobRequest, NamedJob, QueueSummary, RecipeJob
+from maec_client.models import (
+    Job,
+    JobPage,
+    JobSubmission,
+    MoeJobRequest,
+    NamedJob,
+    QueueSummary,
+    RecipeJob,
+)
 from maec_client.options import ClientOptions, ConnectionOptions, DownloadOptions
 from maec_client.retry import RetryPolicy
+from maec_contract import parse_job_request
 
 # A Recipe model of the merge library is a BaseModel too.
 RecipeSource = NamedJob | BaseModel | Mapping[str, Any] | str | Path
 ProgressCallback = Callable[[Job], None]
-RequestT = TypeVar("RequestT", bound=JobRequest)
+RequestT = TypeVar("RequestT", bound=JobSubmission)
 
 
 class _OriginBearer(httpx.Auth):
@@ -343,6 +352,15 @@ def request_model(model: type[RequestT], data: Mapping[str, Any]) -> RequestT:
                                {"errors": exc.errors(include_url=False)}) from None
 
 
+def _any_request(data: Mapping[str, Any]) -> JobSubmission:
+    """``data`` as the body of the kind it names (a merge when it names none)."""
+    try:
+        return parse_job_request(data)
+    except ValidationError as exc:
+        raise ValidationFailed("invalid_request", f"invalid job fields: {exc}",
+                               {"errors": exc.errors(include_url=False)}) from None
+
+
 def submit_body(source: RecipeSource, *, idempotency_key: str | None, name: str | None,
                 validate: bool, pinned: bool | None = None) -> dict[str, Any]:
     body = build_body(source, validate=validate)
@@ -437,12 +455,14 @@ def build_body(source: RecipeSource, *, validate: bool = True) -> dict[str, Any]
     data = load_source(source)
     if data.pop("__named__", False):
         return data
-    if data.get("kind") == "moe" or ("experts" in data and "merge_method" not in data):
-        # A mergekit-moe config: the service checks it (no local check is installed).
-        moe = data if "recipe" in data else {"kind": "moe", "recipe": data}
-        return request_model(RecipeJob, moe).body()
+    if "experts" in data and "merge_method" not in data and "recipe" not in data:
+        # A bare mergekit-moe config: sent as an MoE build.
+        data = MoeJobRequest.of(data).body()
     if "recipe" in data:
-        job: JobRequest = request_model(RecipeJob, data)
+        job = _any_request(data)
+        if not job.checked_locally:
+            # A kind whose recipe the client has no check for: the service checks it.
+            return job.body()
     elif "merge_method" in data:
         job = request_model(RecipeJob, {"recipe": data})
     elif "method" in data:

@@ -17,6 +17,8 @@ from maec_contract import (
     JobRequest,
     JobResult,
     JobStatus,
+    JobSubmission,
+    MoeJobRequest,
     NamedJob,
     Progress,
     QueueSummary,
@@ -28,5 +30,6 @@ JobErrorInfo = ErrorBody
 
 __all__ = [
     "TERMINAL", "ErrorBody", "FileInfo", "Job", "JobErrorInfo", "JobPage", "JobRequest",
-    "JobResult", "JobStatus", "NamedJob", "Progress", "QueueSummary", "RecipeJob",
+    "JobResult", "JobStatus", "JobSubmission", "MoeJobRequest", "NamedJob", "Progress",
+    "QueueSummary", "RecipeJob",
 ]

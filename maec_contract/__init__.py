@@ -27,11 +27,24 @@ from maec_contract.jobs import (
     SweepSummary,
     WebhookDelivery,
 )
-from maec_contract.requests import JobRequest, NamedJob, RecipeJob
+from maec_contract.requests import (
+    OTHER_KINDS,
+    AnyJobRequest,
+    JobRequest,
+    JobSubmission,
+    KindRequest,
+    MoeJobRequest,
+    NamedJob,
+    RecipeJob,
+    parse_job_request,
+    request_kind,
+)
 
 __all__ = [
-    "STATUSES", "TERMINAL", "ErrorBody", "EvalTable", "Evaluation", "FileInfo",
-    "FileList", "Job", "JobPage", "JobRequest", "JobResult", "JobStatus", "LeaderboardRow",
-    "NamedJob", "PoolLoad", "Progress", "QueueCounts", "QueuePlace",
-    "QueueSummary", "QueuedJob", "RecipeJob", "SweepSummary", "WebhookDelivery",
+    "OTHER_KINDS", "STATUSES", "TERMINAL", "AnyJobRequest", "ErrorBody", "EvalTable",
+    "Evaluation", "FileInfo", "FileList", "Job", "JobPage", "JobRequest", "JobResult",
+    "JobStatus", "JobSubmission", "KindRequest", "LeaderboardRow", "MoeJobRequest",
+    "NamedJob", "PoolLoad", "Progress", "QueueCounts", "QueuePlace", "QueueSummary",
+    "QueuedJob", "RecipeJob", "SweepSummary", "WebhookDelivery", "parse_job_request",
+    "request_kind",
 ]

@@ -1,39 +1,41 @@
-"""The body of ``POST /v1/jobs``: named checkpoints, or a recipe (docs/api.md).
+"""The body of ``POST /v1/jobs``: a union discriminated by ``kind`` (docs/api.md).
 
-``JobRequest`` is what the service accepts (either form, checked by one validator);
-``NamedJob`` and ``RecipeJob`` are the same model narrowed to one form, for callers that
-build a body. Strict (``extra="forbid"``): a misspelt key fails here, not as a silent
-default.
+:data:`AnyJobRequest` is what the service accepts: a merge (``kind: merge``, the default:
+a body without ``kind`` is a merge, :class:`JobRequest`: named checkpoints or a recipe,
+checked by one validator) or an MoE build (``kind: moe``, :class:`MoeJobRequest`: a
+mergekit-moe config). ``NamedJob`` and ``RecipeJob`` are the merge model narrowed to
+one form, for callers that build a body. Strict (``extra="forbid"``): a misspelt key
+fails here, not as a silent default.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    TypeAdapter,
+    field_validator,
+    model_validator,
+)
 
 _NAMED = ("method", "base", "ability_donor", "language_base", "source_control",
           "ability_corpus", "parameters", "dtype", "shard_size")
 
 
-class JobRequest(BaseModel):
-    """Body of POST /v1/jobs: exactly one of the named form (``method``) or ``recipe``."""
+class JobSubmission(BaseModel):
+    """What every kind of job's body may say besides what the job makes."""
 
     model_config = ConfigDict(extra="forbid")
+    # Whether a client's installed recipe check reads this kind's recipe (a merge
+    # recipe); other kinds are checked by the service only.
+    checked_locally: ClassVar[bool] = False
 
-    method: str | None = Field(default=None, max_length=64)
-    base: str | None = None
-    ability_donor: list[str] | None = Field(default=None, min_length=1, max_length=16)
-    language_base: str | None = None
-    source_control: str | None = None
-    ability_corpus: str | None = None
-    parameters: dict[str, Any] | None = None
-    dtype: Literal["float32", "float16", "bfloat16"] | None = None
-    shard_size: str | int | None = None
-    recipe: dict[str, Any] | None = None
-    # What the recipe is: a merge recipe (the default), or a mergekit-moe config that
-    # builds a mixture of experts from dense checkpoints (docs/moe.md).
-    kind: Literal["merge", "moe"] | None = None
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
     name: str | None = Field(default=None, max_length=200)
     # Where the service POSTs the finished job, signed (docs/api.md, Webhooks); the
@@ -45,6 +47,30 @@ class JobRequest(BaseModel):
     # high job before any normal one, every normal before any low; fair share between
     # keys within each. Capped per key by the service (403 priority_not_allowed).
     priority: Literal["low", "normal", "high"] | None = None
+
+    def body(self) -> dict[str, Any]:
+        """The JSON body to send; unset fields are left out so the service's defaults
+        apply (e.g. shard_size "5GB")."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+
+class JobRequest(JobSubmission):
+    """A merge job's body: exactly one of the named form (``method``) or ``recipe``."""
+
+    checked_locally: ClassVar[bool] = True
+
+    method: str | None = Field(default=None, max_length=64)
+    base: str | None = None
+    ability_donor: list[str] | None = Field(default=None, min_length=1, max_length=16)
+    language_base: str | None = None
+    source_control: str | None = None
+    ability_corpus: str | None = None
+    parameters: dict[str, Any] | None = None
+    dtype: Literal["float32", "float16", "bfloat16"] | None = None
+    shard_size: str | int | None = None
+    recipe: dict[str, Any] | None = None
+    # The job's kind: a merge (also when left out).
+    kind: Literal["merge"] | None = None
     # Either form: eval sets scored after the merge (each {name, language, kind, path:
     # a source, ...eval settings}), whether the inputs are scored too, and a parameter
     # sweep ({grid, objective, constraint, tie_break, publish}). In the recipe form they may also be
@@ -65,13 +91,7 @@ class JobRequest(BaseModel):
         if self.recipe is not None:
             if named:
                 raise ValueError(f"give either recipe or the named form, not both ({named})")
-            extras = [f for f in ("evaluate", "evaluate_inputs", "sweep")
-                      if getattr(self, f) is not None]
-            if self.kind == "moe" and extras:
-                raise ValueError(f"an moe job builds its model only; {extras} go with merges")
             return self
-        if self.kind == "moe":
-            raise ValueError("kind moe needs recipe: the mergekit-moe config")
         if self.method is None:
             raise ValueError("give either recipe or method (with ability_donor and "
                              "language_base)")
@@ -79,11 +99,6 @@ class JobRequest(BaseModel):
         if missing:
             raise ValueError(f"the named form needs {', '.join(missing)}")
         return self
-
-    def body(self) -> dict[str, Any]:
-        """The JSON body to send; unset fields are left out so the service's defaults
-        apply (e.g. shard_size "5GB")."""
-        return self.model_dump(mode="json", exclude_none=True)
 
 
 class NamedJob(JobRequest):
@@ -98,3 +113,48 @@ class RecipeJob(JobRequest):
     """Form 2: a recipe (mergekit or MAEC shape), sent as ``{"recipe": ...}``."""
 
     recipe: dict[str, Any]
+
+
+class KindRequest(JobSubmission):
+    """The body of a kind other than a merge: its ``kind`` and its ``recipe``, which the
+    service checks as that kind reads it."""
+
+    KIND: ClassVar[str]
+    # What the API's schema says of ``recipe``.
+    RECIPE_DOC: ClassVar[str]
+    recipe: dict[str, Any]
+
+
+class MoeJobRequest(KindRequest):
+    """An MoE build's body: ``recipe`` is a mergekit-moe config that builds a mixture of
+    experts from dense checkpoints (docs/moe.md)."""
+
+    KIND: ClassVar[str] = "moe"
+    RECIPE_DOC: ClassVar[str] = "a mergekit-moe config (docs/moe.md)"
+    kind: Literal["moe"]
+
+    @classmethod
+    def of(cls, config: Mapping[str, Any]) -> MoeJobRequest:
+        """The body that builds ``config`` (a mergekit-moe config)."""
+        return cls(kind="moe", recipe=dict(config))
+
+
+def request_kind(value: Any) -> str:
+    """The kind a body (a mapping, or a request model) asks for: ``merge`` unless it
+    says otherwise."""
+    kind = value.get("kind") if isinstance(value, Mapping) else getattr(value, "kind", None)
+    return kind if isinstance(kind, str) and kind else "merge"
+
+
+# The body models of the kinds other than a merge.
+OTHER_KINDS: tuple[type[KindRequest], ...] = (MoeJobRequest,)
+# Every kind's body model, by its ``kind``.
+AnyJobRequest = Annotated[
+    Annotated[JobRequest, Tag("merge")] | Annotated[MoeJobRequest, Tag(MoeJobRequest.KIND)],
+    Discriminator(request_kind)]
+_ANY: TypeAdapter[JobRequest | MoeJobRequest] = TypeAdapter(AnyJobRequest)
+
+
+def parse_job_request(data: Any) -> JobRequest | MoeJobRequest:
+    """``data`` validated as the body of its kind (ValidationError when it is none)."""
+    return _ANY.validate_python(data)

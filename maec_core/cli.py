@@ -12,6 +12,7 @@ from maec_core.cli_mergekit import MergekitFlags, mergekit_flags
 from maec_core.cli_options import FLAG_NAMES as ALL_FLAGS
 from maec_core.cli_options import RunFlags, run_flags
 from maec_core.eval.cli import eval_command
+from maec_core.gguf.sources import GgufInput
 from maec_core.methods import all_methods
 from maec_core.parsing import parse_recipe
 from maec_core.recipe import Recipe
@@ -36,11 +37,16 @@ def main() -> None:
 @click.argument("out_dir", type=click.Path(path_type=Path))
 @run_flags(*ALL_FLAGS)
 @mergekit_flags
-def merge(recipe: Path, out_dir: Path, flags: RunFlags, mergekit: MergekitFlags) -> None:
+@click.option("--gguf", "gguf_type", default=None, metavar="TYPE",
+              help="also write the merged model as GGUF of this type into OUT_DIR "
+                   "(f32, f16, bf16, q8_0, q5_1, q5_0, q4_1, q4_0; docs/gguf.md)")
+def merge(recipe: Path, out_dir: Path, flags: RunFlags, mergekit: MergekitFlags,
+          gguf_type: str | None) -> None:
     """Merge the checkpoints named in RECIPE (mergekit YAML shape) into OUT_DIR.
 
     mergekit-yaml's options are accepted with the same meaning, or refused naming the
-    reason (docs/compatibility.md lists each).
+    reason (docs/compatibility.md lists each). A model may be a GGUF file (or a folder
+    holding one): it is dequantized first, into the cache folder.
     """
     from maec_core.artifact_store import LocalArtifactStore
     from maec_core.run import run
@@ -57,8 +63,32 @@ def merge(recipe: Path, out_dir: Path, flags: RunFlags, mergekit: MergekitFlags)
     store = LocalArtifactStore(flags.cache / "artifacts")
     parsed = flags.run(lambda _ctx: mergekit.apply(parse_recipe(recipe)))
     _warn(parsed)
+    if gguf_type is None and parsed.output is not None:
+        gguf_type = parsed.output.gguf  # the recipe's `output: {gguf: TYPE}`
+    parsed, ggufs = flags.run(lambda _ctx: _gguf_inputs(parsed, flags, gguf_type))
     result = flags.run(lambda ctx: run(parsed, out_dir, ctx.but(artifact_store=store)))
     click.echo(f"wrote {out_dir} ({result.tensors} tensors, {result.seconds:.1f} s)")
+    if gguf_type is not None:
+        from maec_core.gguf.output import add_gguf
+
+        entry = flags.run(lambda _ctx: add_gguf(out_dir, gguf_type,
+                                                {g.ref: g.info for g in ggufs}))
+        click.echo(f"wrote {out_dir / entry['path']} ({entry['size']} bytes, "
+                   f"sha256 {entry['sha256']})")
+
+
+def _gguf_inputs(recipe: Recipe, flags: RunFlags, gguf_type: str | None
+                 ) -> tuple[Recipe, list[GgufInput]]:
+    """GGUF models dequantized (cached by sha256 under the cache folder), each with its
+    lossy-merge warning; a GGUF output refused before the merge if it cannot be made."""
+    from maec_core.gguf.sources import check_gguf_output, resolve_gguf
+
+    recipe, ggufs = resolve_gguf(recipe, flags.cache / "gguf", flags.cache / "sha256")
+    for g in ggufs:
+        click.echo(f"warning: {g.warning}", err=True)
+    if gguf_type is not None:
+        check_gguf_output(recipe, gguf_type)
+    return recipe, ggufs
 
 
 main.add_command(eval_command)

@@ -38,7 +38,9 @@ class RunContext:
     keeps MAEC ability artifacts between runs (other methods have none; without a store
     MAEC extracts every ability afresh); ``artifact_scope``, when set, is part of every
     artifact key, so artifacts are shared only within one scope (the service: one per
-    API key). ``options``: compute dtype, GPU budget,
+    API key). ``manifest_file``: whether the run writes each folder's manifest.json
+    (False: the caller writes it, once, from the manifest the run returns in memory, as
+    the service does after naming the inputs). ``options``: compute dtype, GPU budget,
     finished-shard callbacks, a sink taking the tensors instead of a folder
     (:class:`~maec_core.runtime.EngineOptions`).
     """
@@ -55,6 +57,7 @@ class RunContext:
     # card, extra documents): a job's worker sets it so that nothing it publishes names
     # the worker's own paths. Empty: paths are recorded as given.
     names: Mapping[str, str] = field(default_factory=dict)
+    manifest_file: bool = True
 
     def but(self, **changes: Any) -> RunContext:
         """This context with ``changes`` applied (a new one: contexts are frozen)."""

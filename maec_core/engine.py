@@ -85,7 +85,13 @@ from maec_core.slices import prepare_slices
 from maec_core.vocab.build import is_vocab_tensor
 from maec_core.vocab.rows import RowAligner
 
-__all__ = ["ComputeFn", "MergeWork", "OffsetComputeFn", "PatchFn", "run_method", "stream_merge"]
+__all__ = ["ComputeFn", "FusedFn", "MergeWork", "OffsetComputeFn", "PatchFn", "run_method",
+           "stream_merge"]
+
+# A compiled slice kernel: (tensor, its stored-dtype input slices, the output slice, the
+# compute dtype) -> whether the output is finite, or None when it cannot take them.
+FusedFn = Callable[[PlannedTensor, list[torch.Tensor], torch.Tensor, torch.dtype],
+                   bool | None]
 
 # Element-wise streaming: elements per read/write unit and per compute slice. A slice of
 # 256K float32 (1 MB per input) keeps a method's few passes inside the CPU cache; units
@@ -156,7 +162,8 @@ def _whole_tensors(run: LoopRun) -> None:
             prefetch.close()
 
 
-def _elementwise(run: LoopRun, compute_threads: int = 1) -> None:
+def _elementwise(run: LoopRun, compute_threads: int = 1, fused: FusedFn | None = None
+                 ) -> None:
     """Stream fixed-size runs of elements through ``compute``, all buffers recycled.
 
     Valid only when ``compute`` is element-wise: it then sees flat slices of the inputs
@@ -169,7 +176,7 @@ def _elementwise(run: LoopRun, compute_threads: int = 1) -> None:
     # OpenMP team waiting at a barrier for a descheduled member stalls every op (measured
     # 20x slower on 2 shared cores). Reading and writing run on their own threads.
     with torch_threads(1):
-        _stream_units(run, UNIT_CPU, CHUNK_CPU, workers=compute_threads)
+        _stream_units(run, UNIT_CPU, CHUNK_CPU, workers=compute_threads, fused=fused)
 
 
 def _unit_buffers(
@@ -192,8 +199,25 @@ def _unit_buffers(
     return scratch, out_free
 
 
-def _stream_units(run: LoopRun, unit: int, chunk: int, workers: int = 1) -> None:
+def _fused_unit(fused: FusedFn, planned: PlannedTensor, u: Unit, out: torch.Tensor,
+                cdtype: torch.dtype, chunk: int) -> bool:
+    """Unit ``u`` through the compiled kernel into ``out``, slice by slice (the same
+    slices as the torch path; no copies in between); False when it declines the first
+    slice (then it declines them all: the call differs only in its offsets)."""
+    for c0 in range(0, u.hi - u.lo, chunk):
+        c1 = min(u.hi - u.lo, c0 + chunk)
+        finite = fused(planned, [t[c0:c1] for t in u.tensors], out[c0:c1], cdtype)
+        if finite is None:
+            return False
+        if not finite:
+            raise non_finite(planned.name)
+    return True
+
+
+def _stream_units(run: LoopRun, unit: int, chunk: int, workers: int = 1,
+                  fused: FusedFn | None = None) -> None:
     plan, steps, writer, target, tick = run.plan, run.steps, run.writer, run.target, run.tick
+    cdtype = torch_dtype(run.options.compute_dtype or "float32")
     st_dtype = SAFETENSORS_NAMES[target]
     tsize = torch.empty((), dtype=target).element_size()
     # Units computed ahead of the oldest: two per worker, so a worker finds its next
@@ -214,6 +238,9 @@ def _stream_units(run: LoopRun, unit: int, chunk: int, workers: int = 1) -> None
             patch_at(planned, out, u.lo)
             if not all_finite(out):
                 raise non_finite(planned.name)
+            return
+        if fused is not None and _fused_unit(fused, planned, u, buf[: (u.hi - u.lo) * tsize]
+                                             .view(target), cdtype, chunk):
             return
         mine = scratch.get()
         try:
@@ -300,6 +327,10 @@ class MergeWork:
     the float32 arithmetic ``compute_at`` would do on them (the same bytes, without
     converting every entry to float32 and back).
 
+    ``fused`` (with ``elementwise``) is a compiled kernel for the CPU stream: it computes
+    a unit straight from the stored bytes into the output, the bytes ``compute`` would
+    give, or declines (None) and ``compute`` runs.
+
     ``feeds(t)`` names the plan's model keys whose tensor goes into ``t`` (default:
     those ``read(t)`` loads); for the manifest's accounting, when a tensor reaches the
     output by another way than being read here (MAEC's base, through the ability
@@ -315,6 +346,7 @@ class MergeWork:
     compute_threads: int = 1
     whole: Callable[[PlannedTensor], bool] | None = None
     patch_at: PatchFn | None = None
+    fused: FusedFn | None = None
     feeds: Callable[[PlannedTensor], Sequence[str]] | None = None
     added: Collection[str] = ()
 
@@ -456,11 +488,15 @@ def _to_folder(
         try:
             staged.add(write(ShardedWriter(
                 staged.folder, outputs, output.recipe.shard_size_bytes(), parallel_io=True,
-                on_shard=options.on_shard, on_shard_open=options.on_shard_open)))
+                on_shard=options.on_shard, on_shard_open=options.on_shard_open,
+                done=options.done_shards, part=options.part)))
         except BaseException:
             hasher.stop()
             raise
         manifest = finish(staged, hasher=hasher)
+        if ctx.manifest_file:
+            # Written last and outside staged.files: the manifest lists the others.
+            write_manifest(staged.folder, manifest)
         staged.commit()
     return manifest
 
@@ -469,6 +505,10 @@ def _write_tensors(sink: TensorSink, background: bool, loop: _Loop) -> list[Writ
     """Merge every planned tensor into ``sink`` (a staged folder's shards and their
     index, or the caller's sink; on a thread of its own when ``background``); returns
     the files it wrote."""
+    # Resuming, or one part of a split merge: the tensors of the shards not made here are
+    # neither read nor computed (the progress count includes them).
+    if isinstance(sink, ShardedWriter) and sink.partial:
+        loop = _resumed(loop, sink.expected())
     plan, work = loop.plan, loop.work
     writer = BackgroundWriter(
         sink,
@@ -491,11 +531,19 @@ def _write_tensors(sink: TensorSink, background: bool, loop: _Loop) -> list[Writ
             elif cuda:
                 stream_units_cuda(run)
             else:
-                _elementwise(run, work.compute_threads)
+                _elementwise(run, work.compute_threads, work.fused)
         return writer.close()
     except BaseException:
         writer.abort()
         raise
+
+
+def _resumed(loop: _Loop, expected: set[str]) -> _Loop:
+    """``loop`` over only the ``expected`` tensors, counted after the others."""
+    tensors = [t for t in loop.plan.tensors if t.name in expected]
+    skipped = len(loop.plan.tensors) - len(tensors)
+    return dataclasses.replace(loop, plan=dataclasses.replace(loop.plan, tensors=tensors),
+                               tick=functools.partial(_shifted, loop.tick, skipped))
 
 
 def _shifted(tick: Callable[[int], None], offset: int, i: int) -> None:
@@ -562,8 +610,8 @@ def _finish_folder(
     accounting: Accounting | None = None,
 ) -> dict[str, Any]:
     """Write the model's definition files (``define``: :func:`_write_definition`), the
-    recipe, card and extra documents, then the manifest (last: it lists the others);
-    returns the manifest."""
+    recipe, card and extra documents; returns the manifest listing them (written by the
+    caller, last)."""
     define(staged)
     recipe = output.recipe
     recipe_dump = recipe.model_dump(mode="json", exclude_none=True)
@@ -581,8 +629,6 @@ def _finish_folder(
         staged.files, inputs=inputs_doc, recipe=recipe_dump,
         extra=dict(output.manifest_extra or {}), accounting=accounting,
     )
-    # Written last and outside staged.files: the manifest lists the others.
-    write_manifest(staged.folder, manifest)
     return manifest
 
 
@@ -676,8 +722,19 @@ def run_method(recipe: Recipe, out_dir: Path, ctx: RunContext | None = None) -> 
         )
         return fn(call)
 
+    def fused(t: PlannedTensor, inputs: list[torch.Tensor], out: torch.Tensor,
+              cdtype: torch.dtype) -> bool | None:
+        model_params, params = params_for(t.name)
+        call = TensorCall(name=t.name, base=inputs[0] if base_key else None,
+                          models=inputs[1:] if base_key else inputs,
+                          model_params=model_params, params=params,
+                          layer=layer_index(t.name), num_layers=num_layers)
+        return spec.merge_into(call, out, cdtype)
+
+    overrides = type(spec).merge_into is not TensorMethod.merge_into
     work = MergeWork(compute, read, elementwise=spec.elementwise,
                      compute_threads=COMPUTE_THREADS,
+                     fused=fused if overrides and spec.elementwise else None,
                      whole=None if aligner is None else lambda t: is_vocab_tensor(t.name))
     output = OutputSpec(Path(out_dir), recipe, out_dtype,
                         vocab.copy_from if vocab else reference, list(named.values()),

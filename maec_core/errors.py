@@ -187,3 +187,23 @@ class NoFeasibleCandidate(MaecError):
     """Every candidate of a sweep broke its constraint: nothing is published."""
 
     code = "no_feasible_candidate"
+
+
+class InvalidGguf(CheckpointError):
+    """A GGUF file that cannot be read: not GGUF, truncated, or a header that lies about
+    its tensors (no tensor data is ever trusted past the file's end)."""
+
+    code = "invalid_gguf"
+
+
+class UnsupportedGguf(CheckpointError):
+    """A GGUF file whose architecture or tensor types transformers' GGUF loader cannot
+    dequantize: refused from its header, before any tensor is read."""
+
+    code = "unsupported_gguf"
+
+
+class UnsupportedGgufOutput(RecipeError):
+    """A GGUF output type (or a merged architecture) the GGUF writer does not produce."""
+
+    code = "unsupported_gguf_output"

@@ -4,8 +4,9 @@ what it evaluates and which adapter checks its inputs get (torch-free).
 The worker builds one :class:`JobPlan` per attempt and carries it through its stages:
 fetch (:attr:`JobPlan.inputs`, each a folder or one file), merge (the recipe pointing at
 the fetched copies, :meth:`JobPlan.localised`, once :attr:`JobPlan.adapters` passed),
-evaluate, and publish, where :meth:`JobPlan.published` names the inputs in the manifest
-by the recipe's own references and their digests, never by where the worker put them.
+evaluate, and publish, where :func:`published_manifest` names the inputs in the manifest
+by the recipe's own references (:meth:`JobPlan.local_refs`) and their digests, never by
+where the worker put them.
 """
 
 from __future__ import annotations
@@ -125,13 +126,6 @@ class JobPlan:
         """The recipe with every reference (eval sets too) replaced by its local copy."""
         refs = self.local_refs(local)
         return with_eval_sources(self.recipe.with_sources(refs), refs)
-
-    def published(self, manifest: Mapping[str, Any], local: Mapping[str, str],
-                  hash_cache: Path | None = None) -> dict[str, Any]:
-        """``manifest`` (written from the :meth:`localised` recipe) as clients see it:
-        ``inputs`` names each input by its reference with every file's sha256, and the
-        recorded recipe names references, not the local copies ``local`` maps them to."""
-        return published_manifest(manifest, self.inputs, self.local_refs(local), hash_cache)
 
     @staticmethod
     def named(doc: Any, local: Mapping[str, str]) -> Any:

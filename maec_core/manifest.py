@@ -10,6 +10,8 @@ import hashlib
 import json
 import os
 import platform
+from collections.abc import Mapping
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,6 +24,58 @@ if TYPE_CHECKING:
 
 MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One file of a published folder, as its manifest lists it."""
+
+    path: str
+    size: int
+    sha256: str
+
+    @staticmethod
+    def of(doc: Mapping[str, Any]) -> FileEntry:
+        return FileEntry(str(doc["path"]), int(doc["size"]), str(doc["sha256"]))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "size": self.size, "sha256": self.sha256}
+
+    def under(self, prefix: str) -> FileEntry:
+        """This entry with its path below ``prefix`` (a folder published inside another)."""
+        return FileEntry(f"{prefix}/{self.path}", self.size, self.sha256)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A folder's manifest as a value: the JSON document clients read (``doc``, written
+    as is by :meth:`write`) and the parts a publisher needs, read from it once."""
+
+    doc: Mapping[str, Any]
+    # Every file but the manifest itself.
+    files: tuple[FileEntry, ...]
+    # The ability artifacts the folder was made from (MAEC; empty for other methods).
+    artifact_keys: tuple[str, ...] = ()
+
+    @staticmethod
+    def of(doc: Mapping[str, Any]) -> Manifest:
+        keys = (doc.get("maec") or {}).get("artifact_keys", [])
+        return Manifest(doc, tuple(FileEntry.of(f) for f in doc.get("files", [])),
+                        tuple(str(k) for k in keys))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the files listed (the manifest's own not included)."""
+        return sum(f.size for f in self.files)
+
+    def with_doc(self, doc: Mapping[str, Any]) -> Manifest:
+        """The same folder's manifest with another document (renamed inputs, added
+        keys); the files and artifact keys read again from it."""
+        return Manifest.of(doc)
+
+    def write(self, folder: Path) -> FileEntry:
+        """:func:`write_manifest` of this document; the manifest's own entry."""
+        return FileEntry.of(write_manifest(folder, dict(self.doc)))
 
 
 def library_versions() -> dict[str, str]:

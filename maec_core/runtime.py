@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     import torch
 
     from maec_core.io.resident import ResidentFiles
-    from maec_core.io.writer import ShardFn, ShardOpenFn, SinkFn
+    from maec_core.io.writer import ShardFn, ShardOpenFn, SinkFn, WrittenFile
 
 # progress(stage, done, total)
 ProgressFn = Callable[[str, int, int], None]
@@ -87,6 +87,22 @@ class EngineOptions:
     stay in CPU memory whatever the device (a CUDA merge copies them into its pinned
     buffers, as it does what it reads).
 
+    ``done_shards`` (a folder's merge, not a sink's): output shards an earlier,
+    interrupted run of the same merge already made and the caller has verified (shard
+    file name -> its size and sha256). Their tensors are neither read nor computed and
+    their files are not written; the output's file list and manifest name them as
+    given, so the folder holds the other files and, with the given shards put beside
+    them, is the uninterrupted run's byte for byte (the shard plan is fixed by the
+    tensors and ``out_shard_size``). A given shard whose size is not the planned one is
+    made again. ``on_shard`` and ``on_shard_open`` are called for the shards made only.
+
+    ``part`` (a folder's merge): ``(lo, hi)``, the shards ``lo`` to ``hi - 1`` (0-based)
+    of the output's fixed shard plan, the only ones this run makes: one part of a merge
+    split across workers. Only those shards' tensors are read and computed, and no index
+    is written (:func:`maec_core.io.writer.shard_index` gives its bytes); the folder's
+    other files and its manifest describe this part only. The parts' shards together
+    are the unsplit merge's, byte for byte.
+
     ``gpu_budget_bytes``: the GPU memory the merge is planned to fit in. The arithmetic,
     for inputs of ``k`` models, compute itemsize ``c`` (4 for float32) and stored
     itemsize ``s`` (2 for bf16):
@@ -114,6 +130,8 @@ class EngineOptions:
     sink: SinkFn | None = None
     resident: ResidentFiles | None = None
     skeleton: Path | None = None
+    done_shards: Mapping[str, WrittenFile] | None = None
+    part: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if self.skeleton is not None and self.sink is None:

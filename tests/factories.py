@@ -160,7 +160,8 @@ def make_extended(
 def spy_slice_sizes(monkeypatch: Any, method: str, unit: int, chunk: int) -> list[int]:
     """Make the engine stream units of ``unit`` and slices of ``chunk`` entries (odd sizes
     cut every tensor at odd places) and record, per call of ``method``'s tensor function,
-    the largest input it was given: a method that streams never sees more than ``chunk``."""
+    the largest input it was given (its compiled ``merge_into`` too): a method that
+    streams never sees more than ``chunk``."""
     import maec_core.engine as engine
     from maec_core.methods import get_method
 
@@ -175,4 +176,12 @@ def spy_slice_sizes(monkeypatch: Any, method: str, unit: int, chunk: int) -> lis
         return merge(self, call)
 
     monkeypatch.setattr(spec, "merge", spied)
+    fused = spec.merge_into
+
+    def spied_into(self: Any, call: Any, out: Any, compute: Any) -> Any:
+        sizes.append(max(t.numel() for t in call.models))
+        return fused(self, call, out, compute)
+
+    # A compiled fast path is called per slice instead of merge, when it takes them.
+    monkeypatch.setattr(spec, "merge_into", spied_into)
     return sizes

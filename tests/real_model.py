@@ -235,15 +235,20 @@ def _lora(base: Path, seed: int) -> Callable[[Path], None]:
     return build
 
 
+def real_base() -> Path:
+    """The real model's folder alone (the family's ``base``), built when missing."""
+    gguf_file()
+    return _build_once(cache_dir() / "base", _convert)
+
+
 def real_family() -> dict[str, Path]:
     """The family's folders by name (see the module's docstring), built when missing.
 
     Raises :class:`RealModelUnavailable` without the package. The first call converts
     the GGUF file and derives the siblings (a few minutes on two cores).
     """
-    gguf_file()
     root = cache_dir()
-    base = _build_once(root / "base", _convert)
+    base = real_base()
     return {
         "base": base,
         "donor": _build_once(root / "donor", _sibling(base, seed=1)),

@@ -26,7 +26,7 @@ LENGTH_CHECKED = ("maec_core", "app", "worker")
 MAX_FUNCTION_LINES = 80
 # Beyond this a signature re-lists what belongs in one object (a run context, an output
 # spec, the work of a loop): callers then pass that object whole.
-PARAMS_CHECKED = ("maec_core", "maec_client", "app")
+PARAMS_CHECKED = ("maec_core", "maec_client", "app", "worker")
 MAX_PARAMETERS = 8
 
 

@@ -20,12 +20,13 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
-from app.storage.base import Digest, Storage, StorageError, WaitFn
+from app.storage.base import Digest, Storage, StorageError, WaitFn, expected_digest
+from maec_core.service import FileEntry
 from maec_core.service.running import WrittenFile
 
 log = logging.getLogger("maec.worker")
@@ -82,9 +83,14 @@ class _Growing:
 class ShardUploads:
     """Uploads files under ``prefix`` on a small pool as they are handed in."""
 
-    def __init__(self, storage: Storage, prefix: str) -> None:
+    def __init__(self, storage: Storage, prefix: str, *,
+                 on_stored: Callable[[str, int, str], None] | None = None) -> None:
         self.storage = storage
         self.prefix = prefix
+        # Called with (name, size, sha256) once a shard is stored and verified (from the
+        # upload's thread; an error it raises fails the upload): how a resumable job
+        # records its shards as they land (worker.resume).
+        self.on_stored = on_stored
         self._pool = ThreadPoolExecutor(UPLOAD_WORKERS, thread_name_prefix="maec-upload")
         self._futures: dict[str, Future[None]] = {}
         self._growing: dict[str, _Growing] = {}
@@ -105,7 +111,7 @@ class ShardUploads:
         growing = _Growing(name, size)
         with self._lock:
             self._growing[name] = growing
-        self.submit(name, path, size, growing.sha256, grow=growing)
+        self.submit(name, path, size, growing.sha256, grow=growing, shard=True)
 
     def on_shard(self, path: Path, written: WrittenFile) -> None:
         """The engine's finished-shard callback (called on the writer's thread)."""
@@ -115,10 +121,10 @@ class ShardUploads:
         if growing is not None:
             growing.finish(written)
         else:
-            self.submit(written.path, path, written.size, written.sha256)
+            self.submit(written.path, path, written.size, written.sha256, shard=True)
 
     def submit(self, name: str, path: Path, size: int, sha256: Digest, *,
-               grow: _Growing | None = None) -> None:
+               grow: _Growing | None = None, shard: bool = False) -> None:
         f = open(path, "rb")  # noqa: SIM115 - closed by _upload
         wait_for = None if grow is None else functools.partial(grow.wait_for, f.fileno())
         with self._lock:
@@ -126,14 +132,16 @@ class ShardUploads:
                 f.close()
                 return
             self._futures[name] = self._pool.submit(self._upload, name, f, size, sha256,
-                                                    wait_for)
+                                                    wait_for, shard)
 
     def _upload(self, name: str, f: BinaryIO, size: int, sha256: Digest,
-                wait_for: WaitFn | None) -> None:
+                wait_for: WaitFn | None, shard: bool) -> None:
         started = time.monotonic()
         with f:
             self.storage.put_verified(f"{self.prefix}/{name}", f, size, sha256,
                                       wait_for=wait_for)
+        if shard and self.on_stored is not None:
+            self.on_stored(name, size, expected_digest(sha256))
         log.debug("uploaded %s (%d bytes) in %.2f s", name, size, time.monotonic() - started)
 
     @property
@@ -175,19 +183,22 @@ class ShardUploads:
         self._pool.shutdown(wait=True)
 
 
-def publish(uploads: ShardUploads, out: Path, files: list[dict[str, Any]],
+def publish(uploads: ShardUploads, out: Path, files: Sequence[FileEntry],
             manifest: Path, *, cancelled: Callable[[], bool],
-            progress: Callable[[int, int], None]) -> bool:
+            progress: Callable[[int, int], None],
+            stored: Collection[str] = ()) -> bool:
     """Every file of ``files`` stored and verified, then ``manifest`` last. Returns False
-    (nothing more uploaded) when ``cancelled()`` turns true on the way."""
+    (nothing more uploaded) when ``cancelled()`` turns true on the way. ``stored``:
+    files already stored and verified under the prefix (a resumed merge's shards)."""
     total = len(files) + 1
-    shards = uploads.names
+    shards = uploads.names | set(stored)
     # The other files (config, tokenizer, card, recipe) are complete once the merge has
     # returned: sent now, beside the last shard's last parts, not after them.
     for f in files:
-        if f["path"] not in shards:
-            uploads.submit(f["path"], out / f["path"], int(f["size"]), str(f["sha256"]))
-    if not uploads.wait(cancelled, lambda n: progress(n, total)):
+        if f.path not in shards:
+            uploads.submit(f.path, out / f.path, f.size, f.sha256)
+    already = sum(1 for f in files if f.path in stored)
+    if not uploads.wait(cancelled, lambda n: progress(already + n, total)):
         return False
     if cancelled():
         return False

@@ -1,4 +1,5 @@
-"""One job attempt: claim -> fetch inputs -> maec_core -> publish -> mark done.
+"""One job attempt: claim -> fetch inputs -> produce (the job's kind) -> reserve ->
+publish -> mark done.
 
 Celery-free (the task in ``worker.tasks`` only calls :func:`run_job`), so tests can drive
 it directly. Every record write goes through the attempt number the claim returned:
@@ -8,12 +9,13 @@ new owner's state.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shutil
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,27 +29,19 @@ from app.jobs.calls import Claim, QuotaExceeded
 from app.jobs.record import JobRecord, now_iso
 from app.jobs.worker_store import WorkerJobStore
 from app.settings import Settings
-from app.sources import Source, check_not_service_storage
+from app.sources import Source, check_not_service_storage, is_pinned_gguf
 from app.storage.base import Storage, StorageError
 from maec_contract import FileInfo, JobResult
-from maec_core.service import (
-    MANIFEST_NAME,
-    MOE_METHOD,
-    Cancelled,
-    JobPlan,
-    MaecError,
-    StageSpans,
-    parse_recipe,
-    plan_job,
-    write_manifest,
-)
+from maec_core.service import MANIFEST_NAME, Cancelled, FileEntry, MaecError, Manifest, StageSpans
 from maec_core.service.running import EngineOptions, RunContext
+from worker.gguf import dequantize_input
 from worker.inputs import InputCache, fetch_source
+from worker.job_kind import Made, Planned, Run
+from worker.kinds import kind_of
 from worker.measure import measured
-from worker.moe import execute_moe
 from worker.publish import ShardUploads, publish
 from worker.result import Finished
-from worker.stages import produce
+from worker.resume import Resumed, ShardLedger, adopt, in_use
 
 log = logging.getLogger("maec.worker")
 
@@ -86,6 +80,10 @@ class Attempt:
     _last_poll: float = 0.0
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _stop: threading.Event = field(default_factory=threading.Event)
+    # A resumed attempt: the shards it starts with, and the least fraction it reports
+    # (the resumed part's; worker.resume).
+    resume: Resumed | None = None
+    floor: float = 0.0
 
     def write(self, fields: dict[str, Any]) -> None:
         with self._lock:
@@ -104,6 +102,9 @@ class Attempt:
                **extra: Any) -> None:
         """Write progress: ``fraction`` of the whole job, ``done``/``total`` of the stage
         (``extra``: more progress fields, e.g. a sweep's candidate)."""
+        fraction = max(fraction, self.floor)
+        if self.resume is not None and self.resume.note is not None:
+            extra = {**extra, "resumed": self.resume.note}
         changed = stage != self.stage
         self.stage = stage
         # Throttled: one Redis write per interval, but always on a stage change and at
@@ -200,16 +201,24 @@ class JobRunner:
         att.start_lease()
         log.info("job %s: attempt %d on %s", job_id, claim.attempt, self.worker)
         try:
+            # --- resume: an earlier attempt's published shards (worker.resume) ---
+            att.resume = adopt(rec, self.storage, prefix)
+            prefix = att.resume.prefix
+            # --- end resume ---
             for earlier in range(1, claim.attempt):
-                # A dead attempt's partial upload: nobody will ever read it.
-                self.storage.delete_prefix(result_prefix(job_id, earlier) + "/")
+                # A dead attempt's partial upload: nobody will ever read it (but the
+                # shards this attempt resumes from).
+                if result_prefix(job_id, earlier) != prefix:
+                    self.storage.delete_prefix(result_prefix(job_id, earlier) + "/")
             outcome = self._attempt(rec, att, prefix, workdir, started)
         except LeaseLost:
             log.warning("job %s attempt %d: stopped, the job was taken over",
                         job_id, claim.attempt)
-            # This attempt's own prefix: shards it uploaded during the merge (the new
-            # owner writes under its own, and removes this one when it starts).
-            self._cleanup(prefix)
+            # This attempt's prefix: shards it uploaded during the merge (the new owner
+            # writes under its own and removes this one when it starts), unless the
+            # record names it: the new owner resumes from it.
+            if not self._resumed_from(job_id, prefix):
+                self._cleanup(prefix)
             return "lost"
         finally:
             att.stop_lease()
@@ -221,7 +230,7 @@ class JobRunner:
         try:
             # The job's cache entries stay held (never evicted) until it ends.
             with self.cache.hold() as hold:
-                result = self._execute(rec, att, prefix, workdir, hold)
+                result = self.execute(rec, att, prefix, workdir, hold)
         except (Cancelled, _CancelledHere):
             self._cleanup(prefix)
             return self._end(rec, att, "cancelled", None, started)
@@ -255,6 +264,14 @@ class JobRunner:
             # The store is down: the workers' heartbeat deletes it once it is back.
             self.store.remember_orphan(prefix + "/")
 
+    def _resumed_from(self, job_id: str, prefix: str) -> bool:
+        try:
+            return in_use(self.store, job_id, prefix)
+        except Exception as exc:  # Redis down: left in place, removed with the job
+            log.warning("job %s: could not tell whether %s is resumed from: %s", job_id,
+                        prefix, exc)
+            return True
+
     def _end(self, rec: JobRecord, att: Attempt, status: str, error: dict[str, Any] | None,
              started: float, result: Finished | None = None) -> str:
         seconds = time.monotonic() - started
@@ -266,6 +283,9 @@ class JobRunner:
         if result is not None:
             nbytes = result.nbytes
             fields.update(result.fields())
+            if att.resume is not None and att.resume.note is not None:
+                # The finished job (and its webhook) still says it was resumed.
+                fields["progress"] = {**fields["progress"], "resumed": att.resume.note}
         ok, previous = self.store.transition(
             rec.id, allowed=("running", "publishing"), to=status, attempt=att.attempt,
             fields=fields, metrics=finish_increments(status, seconds, nbytes),
@@ -295,15 +315,13 @@ class JobRunner:
         except Exception as exc:  # Redis down: deleting the job gives them back later
             log.warning("job %s: reservation not released: %s", rec.id, exc)
 
-    def _reserve(self, rec: JobRecord, att: Attempt, manifest: dict[str, Any],
-                 entry: dict[str, Any], already: int = 0) -> None:
+    def _reserve(self, rec: JobRecord, att: Attempt, manifest: Manifest, entry: FileEntry,
+                 already: int = 0) -> None:
         """Count the outputs (the manifest's ``entry`` too, and ``already`` uploaded
         bytes: a sweep's candidates) against the owner's storage quota before uploading
         them."""
-        nbytes = already + sum(int(f["size"]) for f in manifest["files"])
-        nbytes += int(entry["size"])
-        keys = tuple(str(k) for k in (manifest.get("maec") or {}).get("artifact_keys", []))
-        self._reserve_bytes(rec, att, nbytes, keys)
+        nbytes = already + manifest.nbytes + entry.size
+        self._reserve_bytes(rec, att, nbytes, manifest.artifact_keys)
 
     def _reserve_bytes(self, rec: JobRecord, att: Attempt, nbytes: int,
                        keys: tuple[str, ...] = ()) -> None:
@@ -318,11 +336,10 @@ class JobRunner:
                 f"quota ({used} of {quota} bytes in use); delete jobs to free space",
                 bytes=nbytes, used=used, quota=quota)
 
-    def _fetch(self, rec: JobRecord, plan: JobPlan | None, att: Attempt, workdir: Path,
+    def _fetch(self, rec: JobRecord, job: Planned, att: Attempt, workdir: Path,
                hold: Hold) -> dict[str, str]:
         """Every source into the job's input folder, as pinned at submission (a changed
-        one fails the job with ``source_changed``); returns ``{uri: local path}``.
-        ``plan`` None: every source is a checkpoint (an MoE job)."""
+        one fails the job with ``source_changed``); returns ``{uri: local path}``."""
         local: dict[str, str] = {}
         total = len(rec.sources)
         att.progress("fetch", 0, total)
@@ -333,10 +350,13 @@ class JobRunner:
             # Checked again here: a record queued before the rule existed (or written by
             # anything but the API) must not read the service's own storage either.
             source = check_not_service_storage(Source.from_dict(doc), self.settings)
+            gguf = is_pinned_gguf(source)
             path, got, hit = fetch_source(source, self.storage, self.cache,
                                           workdir / "inputs" / str(i),
-                                          corpus=plan is not None and plan.one_file(uri),
-                                          hold=hold)
+                                          corpus=gguf or job.one_file(uri), hold=hold)
+            if gguf:  # merged from its dequantized folder (worker/gguf.py)
+                path = dequantize_input(path, self.cache, hold,
+                                        self.settings.work_dir / "checksums")
             local[uri] = str(path)
             fetched, cached = fetched + got, cached + hit
             att.progress("fetch", i + 1, total)
@@ -344,71 +364,100 @@ class JobRunner:
                  fetched, cached)
         return local
 
-    def _execute(self, rec: JobRecord, att: Attempt, prefix: str, workdir: Path,
-                 hold: Hold) -> Finished:
-        if rec.method == MOE_METHOD:
-            return execute_moe(self, rec, att, prefix, workdir, hold)
-        # The recipe was parsed once from the job record and planned once; the plan is
-        # carried through the stages: fetch, merge (and evaluate), publish.
-        plan = plan_job(parse_recipe(rec.recipe))
-        att.spans = plan.spans
-        local = self._fetch(rec, plan, att, workdir, hold)
-        plan.adapters.check(local)
+    def execute(self, rec: JobRecord, att: Attempt, prefix: str, workdir: Path,
+                hold: Hold) -> Finished:
+        """The attempt's one path, for every kind of job: plan, fetch, produce (the
+        kind's step), then reserve and publish (:meth:`_publish_made`)."""
+        job = kind_of(rec).plan(rec)
+        att.spans = job.spans
+        # A resumable job records each shard in the job's record as it lands, and skips
+        # those it resumes with (its progress starts there: before the fetch).
+        ledger = self._ledger(att, job, prefix)
+        done = att.resume.done if ledger is not None and att.resume is not None else {}
+        local = self._fetch(rec, job, att, workdir, hold)
+        job.check(local)
         workdir.mkdir(parents=True, exist_ok=True)
         out = workdir / "out"
         uploaded = [0]
-        hash_cache = self.settings.work_dir / "checksums"
 
         def upload(key: str, path: Path) -> None:
-            # A sweep's candidate (publish: all), counted against the quota first.
+            # A file beside the output (a sweep's candidate), counted against the quota
+            # first.
             if att.cancel_requested():
                 raise _CancelledHere
             uploaded[0] += path.stat().st_size
             self._reserve_bytes(rec, att, uploaded[0])
             self.storage.put_file(f"{prefix}/{key}", path)
 
-        def published(manifest: dict[str, Any]) -> dict[str, Any]:
-            return plan.published(manifest, local, hash_cache)
-
         # The output's shards go up while the merge goes on; stopped before any clean-up
         # of the prefix (the caller's), so nothing lands after it.
-        uploads = ShardUploads(self.storage, prefix)
-        # The local artifact copies the job reads stay held, like its inputs, until it ends.
-        artifacts = StorageArtifactStore(self.storage, self.settings.work_dir / "artifacts",
-                                         self.settings.artifact_cache_max_bytes,
-                                         on_use=self.store.touch_artifact, hold=hold)
+        uploads = ShardUploads(self.storage, prefix,
+                               on_stored=ledger.landed if ledger is not None else None)
         try:
-            ctx = RunContext(progress=att.progress, cancel=att.cancel_requested,
-                             device=self.settings.device, hash_cache=hash_cache,
-                             artifact_store=artifacts,
-                             artifact_scope=artifact_scope(rec.owner),
-                             names={path: ref for ref, path in plan.local_refs(local).items()},
-                             options=EngineOptions(on_shard=uploads.on_shard,
-                                                   on_shard_open=uploads.on_shard_open))
-            made = produce(plan.localised(local), out, ctx, work_dir=workdir, reporter=att,
-                           upload=upload, published=published)
-            # The manifest clients read: inputs by the recipe's references. Written once,
-            # its entry taken from the bytes written.
-            manifest = published(made.manifest)
-            entry = write_manifest(out, manifest)
-            # Before the manifest can publish anything: a job over its owner's quota
-            # fails here, and the shards it uploaded meanwhile go with its prefix.
-            self._reserve(rec, att, manifest, entry, already=uploaded[0])
-            files = [*made.files, *self._publish(rec, att, out, manifest, entry, uploads)]
+            ctx = self._context(rec, att, uploads, hold)
+            if done:
+                ctx = ctx.but(options=dataclasses.replace(ctx.options, done_shards=done))
+            made = job.produce(Run(local, out, workdir, ctx, att, upload))
+            files = [*made.uploaded,
+                     *self._publish_made(rec, att, out, made, uploads, uploaded[0], done)]
         except BaseException:
             uploads.stop()
             raise
         uploads.close()
         result = JobResult(
-            manifest=manifest,
-            report=plan.named(_summary(made.report, made.stage_seconds), plan.local_refs(local)),
-            files=[FileInfo(**f, url=f"/v1/jobs/{rec.id}/files/{f['path']}") for f in files],
+            manifest=dict(made.manifest.doc), report=made.report,
+            files=[FileInfo(**f.to_json(), url=f"/v1/jobs/{rec.id}/files/{f.path}")
+                   for f in files],
             core_seconds=round(made.core_seconds, 4), **made.result)
-        reused = all(made.reused) if plan.extracts and made.reused else None
-        return Finished(result, prefix, reused)
+        return Finished(result, prefix, made.artifact_reused)
 
-    def _publish(self, rec: JobRecord, att: Attempt, out: Path, manifest: dict[str, Any],
-                 entry: dict[str, Any], uploads: ShardUploads) -> list[dict[str, Any]]:
+    def _context(self, rec: JobRecord, att: Attempt, uploads: ShardUploads,
+                 hold: Hold) -> RunContext:
+        """How the attempt's core run goes: the attempt's progress and cancel, the
+        worker's device and caches, the output's shards uploaded as they are written."""
+        # The local artifact copies the job reads stay held, like its inputs, until it ends.
+        artifacts = StorageArtifactStore(self.storage, self.settings.work_dir / "artifacts",
+                                         self.settings.artifact_cache_max_bytes,
+                                         on_use=self.store.touch_artifact, hold=hold)
+        return RunContext(progress=att.progress, cancel=att.cancel_requested,
+                          device=self.settings.device,
+                          hash_cache=self.settings.work_dir / "checksums",
+                          artifact_store=artifacts, artifact_scope=artifact_scope(rec.owner),
+                          # The run's manifests stay in memory: the one published is
+                          # written once, last, with the inputs named by reference.
+                          manifest_file=False,
+                          options=EngineOptions(on_shard=uploads.on_shard,
+                                                on_shard_open=uploads.on_shard_open))
+
+    def _ledger(self, att: Attempt, job: Planned, prefix: str) -> ShardLedger | None:
+        """The resumable job's shard record, begun (the verified shards it resumes
+        with written first); its progress floor set. None: not resumable."""
+        if not job.resumable:
+            return None
+        start = att.resume if att.resume is not None else Resumed(prefix, {})
+        ledger = ShardLedger(att.job_id, att.attempt, att.write, start, self.storage)
+        ledger.begin()
+        of = (start.note or {}).get("of")
+        if start.done and of:
+            att.floor = job.spans.at("combine", len(start.done), int(of))[1]
+        return ledger
+
+    def _publish_made(self, rec: JobRecord, att: Attempt, out: Path, made: Made,
+                      uploads: ShardUploads, already: int,
+                      stored: Collection[str] = ()) -> list[FileEntry]:
+        """The publish tail of every kind: the manifest written (once, its entry taken
+        from the bytes written), the outputs counted against the quota (``already``:
+        bytes uploaded beside them), then every file not uploaded yet and manifest.json
+        last; the published files' entries."""
+        entry = made.manifest.write(out)
+        # Before the manifest can publish anything: a job over its owner's quota fails
+        # here, and the shards it uploaded meanwhile go with its prefix.
+        self._reserve(rec, att, made.manifest, entry, already)
+        return self._publish(rec, att, out, made.manifest, entry, uploads, stored)
+
+    def _publish(self, rec: JobRecord, att: Attempt, out: Path, manifest: Manifest,
+                 entry: FileEntry, uploads: ShardUploads,
+                 stored: Collection[str] = ()) -> list[FileEntry]:
         """Every file not uploaded yet, then manifest.json last (the commit marker, its
         file ``entry``), once every other file is stored and verified; the files'
         entries."""
@@ -416,24 +465,16 @@ class JobRunner:
                                       attempt=att.attempt)
         if not ok:
             raise LeaseLost(rec.id)
-        files = [dict(f) for f in manifest["files"]]
+        files = list(manifest.files)
         att.progress("publish", 0, len(files) + 1)
-        if not publish(uploads, out, files, out / MANIFEST_NAME,
+        if not publish(uploads, out, files, out / MANIFEST_NAME, stored=stored,
                        cancelled=att.cancel_requested,
                        progress=lambda n, total: att.progress("publish", n, total)):
             raise _CancelledHere
-        files.append(dict(entry))
+        files.append(entry)
         att.progress("publish", len(files), len(files))
         return files
 
 
 class _CancelledHere(Exception):
     """Cancel noticed by the runner itself (fetch or publish), outside the engine."""
-
-
-def _summary(report: dict[str, Any], stage_seconds: dict[str, float]) -> dict[str, Any]:
-    """The job's report: the engine's summary plus stage timings. The per-tensor table
-    stays in the published maec_report.json, keeping job reads small."""
-    out = {k: v for k, v in report.items() if k != "tensors"}
-    out["stage_seconds"] = {k: round(v, 4) for k, v in stage_seconds.items()}
-    return out

@@ -38,7 +38,14 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError, PydanticUndefined
 
 from app.api.bounds import BodyProblem, check_body
-from maec_contract import JobRequest
+from maec_contract import (
+    OTHER_KINDS,
+    JobRequest,
+    JobSubmission,
+    KindRequest,
+    parse_job_request,
+    request_kind,
+)
 from maec_contract.requests import _NAMED as NAMED_FIELDS  # the named form's fields
 from maec_core.service import (
     FINITE_MAX,
@@ -318,7 +325,7 @@ def _normalize(value: Any) -> Any:
         check_body(value)
     except BodyProblem as exc:
         raise PydanticCustomError(exc.kind, "{problem}", {"problem": str(exc)}) from None
-    if not isinstance(value, dict) or _form(value) in (None, "moe-form"):
+    if not isinstance(value, dict) or _form(value) in (None, *_KIND_FORMS.values()):
         return value  # the form's own error says what is wrong (an MoE config: no method)
     out = dict(value)
     holder, key = (out, "method")
@@ -338,8 +345,9 @@ def _normalize(value: Any) -> Any:
 def _form(value: Any) -> str | None:
     if not isinstance(value, dict):
         return "named-form"  # refused there with the type error
-    if value.get("kind") == "moe":
-        return "moe-form"  # before the recipe form: its recipe is an MoE config
+    kind_form = _KIND_FORMS.get(request_kind(value))
+    if kind_form is not None:
+        return kind_form  # before the recipe form: its recipe is that kind's
     if "recipe" in value:
         # The contract's rule: a named-form field set beside a recipe is an error.
         both = any(value.get(f) is not None for f in NAMED_FIELDS)
@@ -347,15 +355,18 @@ def _form(value: Any) -> str | None:
     return "named-form" if "method" in value else None
 
 
-def _moe_job() -> type[BaseModel]:
-    """``{"kind": "moe", "recipe": <mergekit-moe config>}``: the config is checked by
-    ``maec_core.moe.config`` (keys mergekit-moe ignores are warnings there, not errors),
-    so here it is only a bounded object."""
-    return strict_model(JobRequest, "MoeJob", {
-        **dict.fromkeys((*NAMED_FIELDS, "evaluate", "evaluate_inputs", "sweep")),
-        "kind": (_Lit["moe"], Field()),
+# The body forms of the kinds other than a merge, by the ``kind`` that selects them.
+_KIND_FORMS = {m.KIND: f"{m.KIND}-form" for m in OTHER_KINDS}
+
+
+def _kind_job(model: type[KindRequest]) -> type[BaseModel]:
+    """``{"kind": <kind>, "recipe": {...}}`` of a kind other than a merge: the recipe
+    (an MoE build's mergekit-moe config) is checked by the kind's own module at
+    submission (``app.kinds``), so here it is only a bounded object."""
+    return strict_model(model, model.__name__.removesuffix("Request"), {
+        "kind": (_Lit[model.KIND], Field()),
         "recipe": (_A[_D[_A[str, at.MaxLen(FILTER_MAX)], Any], at.MaxLen(DICT_MAX)],
-                   Field(description="a mergekit-moe config (docs/moe.md)")),
+                   Field(description=model.RECIPE_DOC)),
     })
 
 
@@ -369,7 +380,7 @@ def _build() -> Any:
     })
     return _A[
         _U[_A[recipe_job, Tag("recipe-form")], _A[named, Tag("named-form")],
-           _A[_moe_job(), Tag("moe-form")]],
+           *(_A[_kind_job(m), Tag(_KIND_FORMS[m.KIND])] for m in OTHER_KINDS)],
         Discriminator(_form, custom_error_type="invalid_form", custom_error_message=(
             "give exactly one of the two forms: recipe, or method (with ability_donor and "
             "language_base)")),
@@ -385,9 +396,10 @@ else:
     """The body model of POST /v1/jobs (use as a route parameter's type)."""
 
 
-def to_request(body: BaseModel) -> JobRequest:
-    """The validated body as the contract's request (what the submission path takes)."""
-    return JobRequest.model_validate(body.model_dump(by_alias=True, exclude_unset=True))
+def to_request(body: BaseModel) -> JobSubmission:
+    """The validated body as the contract's request of its kind (what the submission
+    path takes)."""
+    return parse_job_request(body.model_dump(by_alias=True, exclude_unset=True))
 
 
 def describe_errors(errors: Sequence[Any]) -> tuple[str, list[str]]:
@@ -419,7 +431,7 @@ def _clean(loc: Sequence[Any]) -> list[Any]:
     out = list(loc[1:]) if loc[:1] == ("body",) or list(loc[:1]) == ["body"] else list(loc)
     if out[:1] == ["named-form"]:
         out = out[2:]  # the form tag, then the method tag
-    elif out[:1] == ["moe-form"]:
+    elif out[:1] and out[0] in _KIND_FORMS.values():
         out = out[1:]
     elif out[:1] == ["recipe-form"]:
         out = out[1:]

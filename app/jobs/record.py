@@ -76,6 +76,9 @@ class JobRecord(Job):
     published_bytes: int = 0
     # Ability artifacts the published outputs were made from (kept while referenced).
     artifact_keys: list[str] = Field(default_factory=list)
+    # A merge's output shards as they landed, and the prefix they lie under: what the
+    # next attempt resumes from (worker/resume.py).
+    shards: dict[str, Any] | None = None
 
     def public(self) -> dict[str, Any]:
         """The Job object of the API contract (maec_contract.Job), bookkeeping left out."""

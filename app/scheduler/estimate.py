@@ -95,7 +95,35 @@ def estimate(recipe: Recipe, plan: MergePlan, sources: Mapping[str, Mapping[str,
     inputs = sum(int(f.get("size", 0)) for s in sources.values() for f in s.get("files", ()))
     publish_all = recipe.sweep is not None and getattr(recipe.sweep, "publish", "") == "all"
     disk = inputs + _output_bytes(recipe, plan) * (count if publish_all else 1)
+    if recipe.output is not None and recipe.output.gguf is not None:
+        disk += gguf_output_bytes(numel)
     return Need(host_memory_bytes=int(host),
+                gpu_memory_bytes=int(min(work, GPU_BUDGET_BYTES)),
+                disk_bytes=int(disk * (1 + DISK_MARGIN)), cost=count)
+
+
+def gguf_output_bytes(numel: int) -> int:
+    """A GGUF copy of the output at its largest (f32): 4 bytes a weight."""
+    return numel * 4
+
+
+def estimate_gguf_job(recipe: Recipe, parameters: Sequence[int],
+                      sources: Mapping[str, Mapping[str, Any]]) -> Need:
+    """A job with GGUF inputs, from their headers alone (the merge plan needs the
+    dequantized folders, which only the worker makes). ``parameters``: each GGUF
+    input's count. Host memory: the worker plus dequantizing the largest GGUF
+    (``maec_core.gguf.dequantize.memory_bytes``: 5 bytes a parameter) or holding the
+    whole model in float32 three times over (two inputs and the result of a
+    whole-tensor merge), whichever is more. Disk: the inputs, each GGUF input
+    dequantized (float32), the output in float32 and a GGUF copy of it."""
+    largest = max(parameters, default=0)
+    inputs = sum(int(f.get("size", 0)) for s in sources.values() for f in s.get("files", ()))
+    work = max(largest * 5, 3 * largest * COMPUTE_ITEMSIZE)
+    if recipe.evaluate or recipe.sweep is not None:
+        work += largest * COMPUTE_ITEMSIZE
+    count = len(candidates(recipe)) if recipe.sweep is not None else 1
+    disk = inputs + sum(parameters) * 4 + largest * 4 * count + gguf_output_bytes(largest)
+    return Need(host_memory_bytes=int(BASE_RSS + work),
                 gpu_memory_bytes=int(min(work, GPU_BUDGET_BYTES)),
                 disk_bytes=int(disk * (1 + DISK_MARGIN)), cost=count)
 

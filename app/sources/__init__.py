@@ -18,6 +18,7 @@ from collections.abc import Mapping
 
 from app.settings import Settings
 from app.sources.base import Source, SourceFile, SourceKind
+from app.sources.gguf import GgufSource, check_gguf_source, gguf_candidate, is_pinned_gguf
 from app.sources.guard import SourceForbidden, check_not_service_storage
 from app.sources.hf import HubSource
 from app.sources.job import JobSource, Published, published, referenced_job
@@ -27,9 +28,23 @@ from app.storage.base import Storage
 from maec_core.service import CorpusError, ModelFolder, SourceError
 
 __all__ = [
-    "Published", "Source", "SourceFile", "SourceForbidden", "SourceKind", "check_corpus",
-    "check_not_service_storage", "inspect_source", "open_source", "parse_source",
-    "pin_source", "published", "referenced_job",
+    "GgufSource",
+    "Published",
+    "Source",
+    "SourceFile",
+    "SourceForbidden",
+    "SourceKind",
+    "check_corpus",
+    "check_gguf",
+    "check_not_service_storage",
+    "gguf_candidate",
+    "inspect_source",
+    "is_pinned_gguf",
+    "open_source",
+    "parse_source",
+    "pin_source",
+    "published",
+    "referenced_job",
 ]
 
 _KINDS: tuple[type[SourceKind], ...] = (S3Source, HubSource, LocalSource, JobSource)
@@ -95,3 +110,12 @@ def check_corpus(source: Source, storage: Storage, max_bytes: int | None = None)
             source=source.uri, size=size, limit=max_bytes,
         )
     return pinned
+
+
+def check_gguf(source: Source, storage: Storage) -> GgufSource | None:
+    """A GGUF ``source`` pinned to its one file with its header checked (None: ``source``
+    is not GGUF; ``app.sources.gguf``)."""
+    candidate = gguf_candidate(source)
+    if candidate is None:
+        return None
+    return check_gguf_source(open_source(candidate, storage))

@@ -121,6 +121,10 @@ class LocalSource(SourceKind):
                 ) -> ModelFolder:
         # Read in place: the tokenizer files stay where the plan can read them.
         path = Path(self.source.path)
+        if path.is_file() and path.suffix.lower() == ".gguf":
+            # Merge recipes take GGUF sources (app.sources.gguf); this reader does not.
+            raise SourceError(f"{self.source.uri} is a GGUF file: GGUF is a source of merge "
+                              "recipes only (docs/gguf.md)", source=self.source.uri)
         if not path.is_dir():
             raise SourceNotFound(f"{self.source.uri}: no such checkpoint folder",
                                  source=self.source.uri)

@@ -148,9 +148,11 @@ def ranged_download(client: S3Client, config: TransferConfig, bucket: str, key: 
         out.close()
 
 
-def transfer_config(concurrency: int, part_bytes: int) -> TransferConfig:
+def transfer_config(concurrency: int, part_bytes: int,
+                    bytes_per_s: int | None = None) -> TransferConfig:
     """Parts of ``part_bytes``, ``concurrency`` GETs in flight; objects under two parts
-    are one GET."""
+    are one GET. ``bytes_per_s``: the parts of one object together read no faster
+    (s3transfer's bandwidth limiter; None: no cap)."""
     return TransferConfig(multipart_threshold=2 * part_bytes, multipart_chunksize=part_bytes,
                           max_concurrency=concurrency, use_threads=True,
-                          preferred_transfer_client="classic")
+                          preferred_transfer_client="classic", max_bandwidth=bytes_per_s)

@@ -90,7 +90,8 @@ class S3Storage:
     def __init__(self, client: S3Client, bucket: str, *, multipart_bytes: int,
                  presigner: S3Client | None = None, fetch_concurrency: int = 8,
                  fetch_part_bytes: int = 16 * 1024 * 1024,
-                 stream_part_bytes: int = 16 * 1024 * 1024) -> None:
+                 stream_part_bytes: int = 16 * 1024 * 1024,
+                 fetch_bytes_per_s: int | None = None) -> None:
         self.client = client
         # Signs URLs for the endpoint clients use (signatures cover the host).
         self.presigner = presigner or client
@@ -102,7 +103,9 @@ class S3Storage:
         self.stream_part_bytes = stream_part_bytes
         self.fetch_concurrency = fetch_concurrency
         self.fetch_part_bytes = fetch_part_bytes
-        self.fetch_transfer = transfer_config(fetch_concurrency, fetch_part_bytes)
+        self.fetch_bytes_per_s = fetch_bytes_per_s
+        self.fetch_transfer = transfer_config(fetch_concurrency, fetch_part_bytes,
+                                              fetch_bytes_per_s)
 
     @classmethod
     def from_settings(cls, s: Settings) -> S3Storage:
@@ -112,7 +115,8 @@ class S3Storage:
         return cls(client, s.s3_bucket, multipart_bytes=s.s3_multipart_bytes,
                    presigner=presigner, fetch_concurrency=s.s3_transfer_concurrency,
                    fetch_part_bytes=s.s3_download_part_bytes,
-                   stream_part_bytes=s.s3_stream_part_bytes)
+                   stream_part_bytes=s.s3_stream_part_bytes,
+                   fetch_bytes_per_s=s.s3_read_bytes_per_s)
 
     @staticmethod
     def _client(s: Settings, endpoint: str | None) -> S3Client:
@@ -134,7 +138,8 @@ class S3Storage:
         return S3Storage(self.client, bucket, multipart_bytes=self.multipart_bytes,
                          presigner=self.presigner, fetch_concurrency=self.fetch_concurrency,
                          fetch_part_bytes=self.fetch_part_bytes,
-                         stream_part_bytes=self.stream_part_bytes)
+                         stream_part_bytes=self.stream_part_bytes,
+                         fetch_bytes_per_s=self.fetch_bytes_per_s)
 
     def prepare(self) -> None:
         try:

@@ -233,6 +233,12 @@ def _base_plus_adapter(root: Path) -> ModelFolder | None:
     return None
 
 
+# Reached only where no GGUF step ran first (the command line and the service dequantize
+# GGUF sources before the merge opens them), so the message says where GGUF is taken.
+_GGUF_HERE = ("{what}: GGUF checkpoints are merged by `maec merge` and by jobs, which "
+              "dequantize them first (docs/gguf.md); this reader takes safetensors folders")
+
+
 def open_model_folder(path: str | Path, *, base: str | Path | ModelFolder | None = None,
                       config_base: bool = False) -> ModelFolder:
     """Validate ``path`` as a safetensors checkpoint folder; read headers, no data.
@@ -252,11 +258,17 @@ def _open_folder(root: Path, base: str | Path | ModelFolder | None, config_base:
                  ) -> ModelFolder:
     """:func:`open_model_folder` of a folder reference."""
     if not root.is_dir():
+        if root.is_file() and root.suffix.lower() == ".gguf":
+            raise CheckpointError(_GGUF_HERE.format(what=f"{root.name} is a GGUF file"),
+                                  path=str(root))
         raise SourceNotFound(f"checkpoint folder not found: {root}", path=str(root))
     if is_adapter_folder(root):
         return _open_adapter(root, base, config_base)
     config_path = root / "config.json"
     if not config_path.is_file():
+        if any(p.suffix.lower() == ".gguf" for p in root.iterdir()):
+            raise CheckpointError(_GGUF_HERE.format(
+                what=f"{root.name} holds a GGUF file and no config.json"), path=str(root))
         raise CheckpointError(f"{root.name}: no config.json", path=str(root))
     if not _inside(root, config_path):
         raise _escapes(root, "config.json", file="config.json")

@@ -13,7 +13,7 @@ import math
 import queue
 import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,6 +111,36 @@ def shard_layout(tensors: list[OutputTensor], shard_size: int) -> list[list[Outp
     return shards
 
 
+def shard_names(n: int) -> list[str]:
+    """The file names of an output of ``n`` shards (HF's naming)."""
+    if n == 1:
+        return ["model.safetensors"]
+    return [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
+
+
+def _index(groups: list[list[OutputTensor]]) -> bytes:
+    names = shard_names(len(groups))
+    index = {
+        "metadata": {"total_size": sum(t.nbytes for g in groups for t in g)},
+        "weight_map": {t.name: name for name, g in zip(names, groups, strict=True)
+                       for t in g},
+    }
+    return (json.dumps(index, indent=2, sort_keys=True) + "\n").encode()
+
+
+def shard_index(tensors: list[OutputTensor], shard_size: int) -> bytes | None:
+    """The bytes of ``model.safetensors.index.json`` for ``tensors`` cut at
+    ``shard_size`` (None for a one-shard output): what the final step of a split merge
+    writes beside its parts' shards, the very bytes an unsplit merge writes."""
+    groups = shard_layout(tensors, shard_size)
+    return _index(groups) if len(groups) > 1 else None
+
+
+def _planned_size(tensors: list[OutputTensor]) -> int:
+    """A shard's file size: its header and its tensors' bytes."""
+    return len(_header(tensors)) + sum(t.nbytes for t in tensors)
+
+
 def tensor_bytes(tensor: torch.Tensor) -> memoryview:
     """A CPU tensor's bytes as a flat memoryview (no copy when already contiguous)."""
     # Flat: len() of a 2-D memoryview would count rows, not bytes.
@@ -135,7 +165,9 @@ class ShardedWriter:
 
     def __init__(self, folder: Path, tensors: list[OutputTensor], shard_size: int, *,
                  parallel_io: bool = False, on_shard: ShardFn | None = None,
-                 on_shard_open: ShardOpenFn | None = None) -> None:
+                 on_shard_open: ShardOpenFn | None = None,
+                 done: Mapping[str, WrittenFile] | None = None,
+                 part: tuple[int, int] | None = None) -> None:
         self.folder = folder
         self.on_shard = on_shard
         self.on_shard_open = on_shard_open
@@ -146,13 +178,22 @@ class ShardedWriter:
                     if parallel_io else None)
         groups = shard_layout(tensors, shard_size)
         n = len(groups)
-        names = (
-            ["model.safetensors"]
-            if n == 1
-            else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
-        )
+        names = shard_names(n)
         self._shards = [_Shard(name, g) for name, g in zip(names, groups, strict=True)]
-        self._order = [(si, t) for si, s in enumerate(self._shards) for t in s.tensors]
+        # Shards a resumed merge already has (published by an earlier run of the same
+        # plan): not written here, listed as given. Only one of exactly the planned size
+        # counts; any other is another plan's file, and is written again.
+        self.done = {s.file_name: done[s.file_name] for s in self._shards
+                     if done is not None and s.file_name in done
+                     and done[s.file_name].size == _planned_size(s.tensors)}
+        # One part of a merge split across workers: only shards ``[lo, hi)`` of the plan
+        # are written here, and no index (the final step writes it: shard_index).
+        self.part = part
+        lo, hi = part if part is not None else (0, n)
+        if not 0 <= lo < hi <= n:
+            raise MaecError(f"writer: part {part} is not a range of the {n} planned shards")
+        self._order = [(si, t) for si, s in enumerate(self._shards) for t in s.tensors
+                       if s.file_name not in self.done and lo <= si < hi]
         self._pos = 0
         self._current: BinaryIO | None = None
         self._current_index = -1
@@ -160,8 +201,17 @@ class ShardedWriter:
         self.files: list[WrittenFile] = []
 
     @property
+    def partial(self) -> bool:
+        """Whether some planned tensors are not to be given (done shards, or a part)."""
+        return bool(self.done) or self.part is not None
+
+    @property
     def total_bytes(self) -> int:
-        return sum(t.nbytes for _, t in self._order)
+        return sum(t.nbytes for s in self._shards for t in s.tensors)
+
+    def expected(self) -> set[str]:
+        """The names of the tensors to be given."""
+        return {t.name for _, t in self._order}
 
     def _open(self, si: int) -> BinaryIO:
         if self._current_index != si:
@@ -175,7 +225,7 @@ class ShardedWriter:
             self._current, self._current_index = f, si
             if self.on_shard_open is not None:
                 self.on_shard_open(self.folder / shard.file_name, shard.file_name,
-                                   len(shard.header) + sum(t.nbytes for t in shard.tensors))
+                                   _planned_size(shard.tensors))
         assert self._current is not None
         return self._current
 
@@ -248,12 +298,10 @@ class ShardedWriter:
             raise MaecError(f"writer closed after {self._pos} of {len(self._order)} tensors")
         self._finish_current()
         self._shutdown_io()
-        if len(self._shards) > 1:
-            index = {
-                "metadata": {"total_size": self.total_bytes},
-                "weight_map": {t.name: s.file_name for s in self._shards for t in s.tensors},
-            }
-            raw = (json.dumps(index, indent=2, sort_keys=True) + "\n").encode()
+        self.files.extend(self.done[s.file_name] for s in self._shards
+                          if s.file_name in self.done)
+        if len(self._shards) > 1 and self.part is None:
+            raw = _index([s.tensors for s in self._shards])
             (self.folder / INDEX_NAME).write_bytes(raw)
             self.files.append(WrittenFile(INDEX_NAME, len(raw), hashlib.sha256(raw).hexdigest()))
         return self.files

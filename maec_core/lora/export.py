@@ -195,9 +195,9 @@ def _adapter_dtype(recipe: Recipe | None) -> torch.dtype:
 
 def publish(staged: StagedOutput, report: dict[str, Any], recipe: Recipe | None,
              merged_manifest: dict[str, Any]) -> dict[str, Any]:
-    """The report, the recipe and, last, the manifest listing them all, with the merge's
-    inputs and the accounting of their tensors (into the merged tensors the adapter
-    approximates)."""
+    """The report and the recipe; returns the manifest listing them all (written by the
+    caller, last), with the merge's inputs and the accounting of their tensors (into the
+    merged tensors the adapter approximates)."""
     inputs: dict[str, Any] = merged_manifest.get("inputs", {})
     extra: dict[str, Any] = {"output_format": "lora"}
     if "accounting" in merged_manifest:
@@ -207,9 +207,7 @@ def publish(staged: StagedOutput, report: dict[str, Any], recipe: Recipe | None,
     if recipe is not None:
         recipe_doc = recipe.model_dump(mode="json", exclude_none=True)
         staged.write_bytes("recipe.yaml", recipe.to_yaml().encode())
-    manifest = build_manifest(staged.files, inputs=inputs, recipe=recipe_doc, extra=extra)
-    write_manifest(staged.folder, manifest)
-    return manifest
+    return build_manifest(staged.files, inputs=inputs, recipe=recipe_doc, extra=extra)
 
 
 def export_merge(recipe: Recipe, out: Path, ctx: RunContext,
@@ -240,6 +238,8 @@ def export_merge(recipe: Recipe, out: Path, ctx: RunContext,
                                    base.config, _adapter_dtype(recipe))
             report["untargeted_changed"] = _untargeted_changes(merged, base, set(names))
             manifest = publish(staged, report, recipe, merged_result.manifest)
+            if ctx.manifest_file:
+                write_manifest(staged.folder, manifest)
             staged.commit()
     finally:
         shutil.rmtree(full, ignore_errors=True)

@@ -82,12 +82,14 @@ class Maec(MergeMethod):
         return Made(files=[d / WEIGHTS_NAME for d in held],
                     state=(held, report_cosines(report)))
 
-    def run_reusing(self, recipe: Recipe, made: Made, out: Path, ctx: RunContext) -> None:
-        """Only the combination, from the group's stored ability vectors and c_t."""
+    def run_reusing(self, recipe: Recipe, made: Made, out: Path, ctx: RunContext
+                    ) -> dict[str, Any]:
+        """Only the combination, from the group's stored ability vectors and c_t; the
+        folder's manifest."""
         from maec_core.maec.pipeline import combine
 
         dirs, cosines = made.state
-        combine(recipe, dirs, out, ctx, cosines=cosines)
+        return combine(recipe, dirs, out, ctx, cosines=cosines).manifest
 
     def own_vocab(self, recipe: Recipe, folders: Mapping[str, ModelFolder]) -> OwnVocab | None:
         """The language base's vocabulary, with the rows its token map says (the map

@@ -404,8 +404,10 @@ class MergeMethod:
         ``store``; None when nothing is there to reuse (the next candidate runs whole)."""
         return None
 
-    def run_reusing(self, recipe: Recipe, made: Made, out: Path, ctx: RunContext) -> None:
-        """Merge ``recipe`` into ``out`` from what an earlier run of its group ``made``."""
+    def run_reusing(self, recipe: Recipe, made: Made, out: Path, ctx: RunContext
+                    ) -> dict[str, Any]:
+        """Merge ``recipe`` into ``out`` from what an earlier run of its group ``made``;
+        the folder's manifest."""
         raise NotImplementedError(f"merge method {self.name!r} reuses nothing")
 
     def extracts(self) -> bool:
@@ -497,3 +499,13 @@ class TensorMethod(MergeMethod):
     def merge(self, call: TensorCall) -> torch.Tensor:
         """The merged tensor for one call (may reuse the call's input tensors)."""
         raise NotImplementedError  # every registered subclass overrides it (checked above)
+
+    def merge_into(self, call: TensorCall, out: torch.Tensor, compute: torch.dtype
+                   ) -> bool | None:
+        """An element-wise method's fast path on the engine's CPU stream: :meth:`merge`
+        of ``call`` in the ``compute`` dtype, written into ``out`` (flat, the output
+        dtype), the same bytes. Unlike :meth:`merge`'s, the call's tensors are flat
+        slices in their stored dtype, read-only. Returns whether every entry of ``out``
+        is finite, or None when it cannot take the call (``out`` untouched; the engine
+        then uses :meth:`merge`). The default takes none."""
+        return None

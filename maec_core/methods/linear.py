@@ -56,3 +56,21 @@ class Linear(TensorMethod):
         if call.params.normalize and float(total) != 0.0:
             result.div_(total)
         return result.to(first.dtype)
+
+    def merge_into(self, call: TensorCall, out: torch.Tensor, compute: torch.dtype
+                   ) -> bool | None:
+        """:meth:`merge` of flat slices in one compiled pass (``maec_core.native``), the
+        same bytes; see the base class."""
+        import torch
+
+        from maec_core.native import linear
+
+        tensors = ([call.base] if call.base is not None else []) + list(call.models)
+        weights = ([1.0] if call.base is not None else []) + [
+            p.weight for p in call.model_params
+        ]
+        # The coefficients and their sum exactly as merge holds them (float32).
+        coefficients = torch.tensor(weights, dtype=torch.float32)
+        total = float(coefficients.sum())
+        divide = call.params.normalize and total != 0.0
+        return linear(tensors, coefficients.tolist(), total if divide else None, compute, out)

@@ -54,6 +54,30 @@ class TaskArithmetic(TensorMethod):
             return base
         return _in_place(call, [p.weight for p in call.model_params])
 
+    def merge_into(self, call: TensorCall, out: torch.Tensor, compute: torch.dtype
+                   ) -> bool | None:
+        """:meth:`merge` of flat slices in their stored dtype, straight into ``out``, in
+        one compiled pass with the same roundings (``maec_core.native``); see the base
+        class."""
+        import torch
+
+        from maec_core.native import TaskArithmeticSteps, task_arithmetic
+
+        base = call.base
+        if base is None or not call.models:
+            return None
+        # The scalars exactly as _in_place holds them.
+        held = torch.tensor([p.weight for p in call.model_params], dtype=compute)
+        divisor = None
+        if call.params.normalize:
+            total = held.sum()
+            divisor = 1.0 if bool(total.abs() < 1e-8) else float(total)
+        lam = None if call.params.lambda_ == 1 else float(call.params.lambda_)
+        if lam is not None and not torch.tensor(lam, dtype=compute).isfinite():
+            return None  # torch's path refuses it (a parameter beyond the dtype's range)
+        steps = TaskArithmeticSteps(compute, held.tolist(), divisor, lam)
+        return task_arithmetic(base, call.models, steps, out)
+
 
 def _in_place(call: TensorCall, weights: list[float]) -> torch.Tensor:
     """The merge in the inputs' own buffers, the engine's streaming path: no stacked

@@ -173,6 +173,10 @@ def build_moe(config: MoeConfig, out: Path, ctx: RunContext | None = None, *,
             hasher.stop()
             raise
         manifest = _finish(staged, config, plan, folders, hasher, accounting)
+        if ctx.manifest_file:
+            # Last: the manifest lists the others.
+            (staged.folder / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2,
+                                                                  sort_keys=True) + "\n")
         staged.commit()
     done = time.monotonic()
     return MergeResult(Path(out), manifest, len(outputs), done - started,
@@ -190,8 +194,8 @@ def _report(config: MoeConfig, plan: MoePlan) -> dict[str, Any]:
 def _finish(staged: StagedOutput, config: MoeConfig, plan: MoePlan,
             folders: dict[str, ModelFolder], hasher: BackgroundHasher,
             accounting: Accounting) -> dict[str, Any]:
-    """The files beside the weights, then the manifest (last: it lists the others);
-    returns the manifest."""
+    """The files beside the weights; returns the manifest listing them (written by the
+    caller, last)."""
     base = folders[config.base_model]
     try:
         staged.copy_side_files(base)
@@ -207,6 +211,4 @@ def _finish(staged: StagedOutput, config: MoeConfig, plan: MoePlan,
     manifest = build_manifest(staged.files, inputs=inputs,
                               recipe=config.model_dump(mode="json", exclude_none=True),
                               extra={"moe": _report(config, plan)}, accounting=accounting)
-    (staged.folder / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2,
-                                                          sort_keys=True) + "\n")
     return manifest

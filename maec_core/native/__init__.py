@@ -1,35 +1,48 @@
-"""Compiled helpers for the CPU's hottest loop, loaded with ctypes when built.
+"""Compiled helpers for the CPU's hottest loops, loaded with ctypes when built.
 
 ``l1rows.c`` computes MAEC's row scores (the L1 norm of each row of θA − θ0) bit for bit
-as torch does, several times faster (see the file's comment for how and why). It is a
-plain shared library, not a Python extension: ``python -m maec_core.native`` (run by
-``make setup`` and the worker image's build) compiles it with the system C compiler next
-to this file, named by the source's digest so that a stale build is never loaded.
+as torch does, several times faster (see the file's comment for how and why).
+``deltas.c`` runs task arithmetic on a streamed slice in one pass, with the roundings of
+torch's step-by-step 16-bit or float32 ops (the engine's element-wise hot path). They
+are one plain shared library, not a Python extension: ``python -m maec_core.native``
+(run by ``make setup`` and the worker image's build) compiles it with the system C
+compiler next to this file, named by the sources' and flags' digest so that a stale
+build is never loaded.
 
 Nothing depends on it: without a compiler, or with ``MAEC_NATIVE=0``, :func:`l1_rows`
-answers None and callers use torch, with identical results.
+and :func:`task_arithmetic` answer None and callers use torch, with identical results.
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 import hashlib
 import os
 import shlex
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
 SOURCE = Path(__file__).with_name("l1rows.c")
+SOURCES = (SOURCE, SOURCE.with_name("deltas.c"))
+# -O2 and no -march: the AVX2 path is chosen at run time, so one build serves any x86-64
+# CPU (the image may be built on another machine than it runs on). No floating-point
+# contraction: torch rounds a multiply before the add that follows it.
+CFLAGS = ("-O2", "-fPIC", "-shared", "-ffp-contract=off")
 # The kernel's dtype codes (the enum in l1rows.c).
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
 def library_path() -> Path:
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+    h = hashlib.sha256(" ".join(CFLAGS).encode())
+    for src in SOURCES:
+        h.update(src.read_bytes())
+    digest = h.hexdigest()[:12]
     return SOURCE.with_name(f"_l1rows-{digest}.so")
 
 
@@ -44,9 +57,7 @@ def build(cc: str | None = None) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=".l1rows-", suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        # -O2 and no -march: the AVX2 path is chosen at run time, so one build serves
-        # any x86-64 CPU (the image may be built on another machine than it runs on).
-        subprocess.run([*compiler, "-O2", "-fPIC", "-shared", "-o", tmp, str(SOURCE), "-lm"],
+        subprocess.run([*compiler, *CFLAGS, "-o", tmp, *map(str, SOURCES), "-lm"],
                        check=True, capture_output=True, text=True)
         os.replace(tmp, target)
     finally:
@@ -71,6 +82,16 @@ def _library() -> tuple[ctypes.CDLL, int] | None:
     lib.maec_l1_rows.restype = ctypes.c_int
     lib.maec_l1_rows.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
                                  ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+    lib.maec_task_arithmetic.restype = ctypes.c_int
+    lib.maec_task_arithmetic.argtypes = [
+        ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_int,
+        ctypes.c_float, ctypes.c_void_p, ctypes.c_int64]
+    lib.maec_linear.restype = ctypes.c_int
+    lib.maec_linear.argtypes = [
+        ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+        ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_int, ctypes.c_void_p,
+        ctypes.c_int64]
     return lib, int(lib.maec_l1_simd())
 
 
@@ -94,3 +115,86 @@ def l1_rows(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
     rc = lib.maec_l1_rows(simd, _DTYPES[x.dtype], x.data_ptr(), y.data_ptr(), rows, width,
                           out.data_ptr())
     return out if rc == 0 else None
+
+
+def _flat_alike(inputs: Sequence[torch.Tensor], out: torch.Tensor, compute: torch.dtype
+                ) -> bool:
+    """Whether the kernels take these: flat contiguous CPU tensors of one length, the
+    inputs of one dtype, every dtype one they know."""
+    return (inputs[0].dtype in _DTYPES and out.dtype in _DTYPES and compute in _DTYPES
+            and all(t.device.type == "cpu" and t.dim() == 1 and t.is_contiguous()
+                    and t.numel() == out.numel() for t in [*inputs, out])
+            and all(t.dtype == inputs[0].dtype for t in inputs))
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskArithmeticSteps:
+    """One task-arithmetic call's compute dtype and scalars, as torch's path holds them:
+    ``weights`` already in the compute dtype; ``divisor`` (None: no normalisation) and
+    ``lam`` (None: no scaling) as the float32 operands of the divide and the multiply."""
+
+    compute: torch.dtype
+    weights: Sequence[float]
+    divisor: float | None
+    lam: float | None
+
+
+def task_arithmetic(base: torch.Tensor, models: Sequence[torch.Tensor],
+                    steps: TaskArithmeticSteps, out: torch.Tensor) -> bool | None:
+    """Task arithmetic of the flat CPU tensors ``base`` and ``models`` (one dtype) into
+    ``out``, computed in ``steps.compute`` (the inputs rounded to it first), rounded to
+    ``out``'s dtype; whether every entry of ``out`` is finite. None when the library
+    cannot take the call (see :func:`l1_rows`; more than 16 models): ``out`` is then
+    untouched and the caller uses torch."""
+    loaded = _library()
+    if loaded is None or not models or not _flat_alike([base, *models], out, steps.compute):
+        return None
+    lib, simd = loaded
+    pointers = (ctypes.c_void_p * len(models))(*[m.data_ptr() for m in models])
+    weights = (ctypes.c_float * len(models))(*steps.weights)
+    # ctypes releases the GIL for the call, so compute workers run it side by side.
+    rc = lib.maec_task_arithmetic(
+        simd, _DTYPES[base.dtype], _DTYPES[steps.compute], _DTYPES[out.dtype], len(models),
+        base.data_ptr(), pointers, weights, int(steps.divisor is not None),
+        steps.divisor or 0.0, int(steps.lam is not None), 1.0 if steps.lam is None else steps.lam,
+        out.data_ptr(), out.numel())
+    return None if rc < 0 else rc == 0
+
+
+def linear(inputs: Sequence[torch.Tensor], weights: Sequence[float], total: float | None,
+           compute: torch.dtype, out: torch.Tensor) -> bool | None:
+    """``Σ w_i x_i`` accumulated in float32 from +0.0 (``weights`` as float32 values),
+    divided by ``total`` unless None, rounded to ``compute`` then to ``out``'s dtype, of
+    flat CPU tensors of one dtype (rounded to ``compute`` first) into ``out``; whether
+    every entry is finite, or None when the library cannot take the call (at most 17
+    inputs), ``out`` untouched."""
+    loaded = _library()
+    fused = _addcmul_fuses()
+    if (loaded is None or fused is None or not inputs
+            or not _flat_alike(inputs, out, compute)):
+        return None
+    lib, simd = loaded
+    pointers = (ctypes.c_void_p * len(inputs))(*[t.data_ptr() for t in inputs])
+    held = (ctypes.c_float * len(inputs))(*weights)
+    rc = lib.maec_linear(simd, _DTYPES[inputs[0].dtype], _DTYPES[compute], _DTYPES[out.dtype],
+                         len(inputs), pointers, held, int(total is not None), total or 0.0,
+                         int(fused), out.data_ptr(), out.numel())
+    return None if rc < 0 else rc == 0
+
+
+@functools.cache
+def _addcmul_fuses() -> bool | None:
+    """Whether torch's float32 ``addcmul_`` rounds ``acc + x·w`` once (a fused multiply-add:
+    its kernels for this CPU were built with contraction) or twice, on long runs (its
+    vector loop) and short ones (its scalar loop) alike; None when the two differ.
+
+    x = 1 + 2⁻⁷ and w = 1 + 2⁻²⁰ multiply to 1 + 2⁻⁷ + 2⁻²⁰ + 2⁻²⁷, whose last term a
+    float32 product drops: added to minus the rounded product, fused gives 2⁻²⁷, unfused 0.
+    """
+    x, w = 1 + 2.0**-7, 1 + 2.0**-20
+    answers = set()
+    for n in (3, 67):
+        acc = torch.full((n,), -(x + 2.0**-20), dtype=torch.float32)
+        acc.addcmul_(torch.full((n,), x, dtype=torch.bfloat16), torch.tensor(w))
+        answers |= {float(v) != 0.0 for v in acc}
+    return answers.pop() if len(answers) == 1 else None

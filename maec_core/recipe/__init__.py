@@ -221,6 +221,8 @@ class OutputFormat(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     format: Literal["model", "lora"] = "model"
+    # Also publish the merged model as one GGUF file of this type (docs/gguf.md).
+    gguf: str | None = None
     rank: int | None = Field(default=None, ge=1, le=65536)
     # Module names as peft matches them (a name, or a name's last dotted parts); None:
     # every 2-D weight inside the transformer blocks.
@@ -232,6 +234,8 @@ class OutputFormat(BaseModel):
             raise ValueError("output format lora needs a rank")
         if self.format == "model" and (self.rank is not None or self.target_modules):
             raise ValueError("output rank and target_modules apply to format lora only")
+        if self.gguf is not None and self.format == "lora":
+            raise ValueError("output gguf applies to format model only")
         return self
 
 

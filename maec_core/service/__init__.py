@@ -11,6 +11,7 @@ is :mod:`maec_core.service.running`.
 from __future__ import annotations
 
 from maec_core.artifact_store import META_NAME, check_key
+from maec_core.checksums import sha256_file
 from maec_core.errors import (
     Cancelled,
     CorpusError,
@@ -18,6 +19,7 @@ from maec_core.errors import (
     EmptySelection,
     EvalSetError,
     EvalSetUnreadable,
+    InvalidGguf,
     MaecError,
     RecipeError,
     SourceChanged,
@@ -28,6 +30,17 @@ from maec_core.errors import (
 from maec_core.eval.lm_eval_tasks import LmEvalConfig, check_lm_eval_sets
 from maec_core.eval.report import EvalReport
 from maec_core.eval.sets import SET_MAX_BYTES, load_set
+from maec_core.gguf.header import (
+    LOSSY_WARNING,
+    GgufHeader,
+    check_readable,
+    find_gguf,
+    is_gguf_name,
+    read_header,
+)
+from maec_core.gguf.header import MAX_HEADER_BYTES as GGUF_MAX_HEADER_BYTES
+from maec_core.gguf.output import add_gguf, gguf_copy
+from maec_core.gguf.writer import check_output, check_type
 from maec_core.io.adapter import ADAPTER_CONFIG
 from maec_core.io.folder import (
     INDEX_FILE,
@@ -41,7 +54,7 @@ from maec_core.io.folder import (
 from maec_core.io.headers import MAX_HEADER_BYTES
 from maec_core.job_plan import JobPlan, Joined, plan_job, published_manifest
 from maec_core.job_progress import StageSpans, candidate_at, job_spans
-from maec_core.manifest import MANIFEST_NAME, write_manifest
+from maec_core.manifest import MANIFEST_NAME, FileEntry, Manifest, write_manifest
 from maec_core.methods import MergeMethod, NamedForm, TensorMethod, all_methods, get_method
 from maec_core.methods.base import FINITE_MAX
 from maec_core.moe.config import MOE_METHOD, MoeConfig, parse_moe_config
@@ -56,7 +69,9 @@ from maec_core.vocab.tokens import keep_tokenizer
 __all__ = [
     "ADAPTER_CONFIG",
     "FINITE_MAX",
+    "GGUF_MAX_HEADER_BYTES",
     "INDEX_FILE",
+    "LOSSY_WARNING",
     "MANIFEST_NAME",
     "MAX_HEADER_BYTES",
     "MAX_JSON_BYTES",
@@ -75,10 +90,14 @@ __all__ = [
     "EvalReport",
     "EvalSetError",
     "EvalSetUnreadable",
+    "FileEntry",
+    "GgufHeader",
+    "InvalidGguf",
     "JobPlan",
     "Joined",
     "LmEvalConfig",
     "MaecError",
+    "Manifest",
     "MergeMethod",
     "MergePlan",
     "ModelEntry",
@@ -97,12 +116,19 @@ __all__ = [
     "StageSpans",
     "TensorMethod",
     "TokenizerError",
+    "add_gguf",
     "all_methods",
     "candidate_at",
     "candidates",
     "check_key",
     "check_lm_eval_sets",
+    "check_output",
+    "check_readable",
+    "check_type",
+    "find_gguf",
     "get_method",
+    "gguf_copy",
+    "is_gguf_name",
     "job_spans",
     "keep_tokenizer",
     "load_set",
@@ -113,6 +139,8 @@ __all__ = [
     "plan_moe",
     "plan_recipe",
     "published_manifest",
+    "read_header",
     "recipe_warnings",
+    "sha256_file",
     "write_manifest",
 ]

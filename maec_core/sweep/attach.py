@@ -2,8 +2,9 @@
 
 A merged folder's ``manifest.json`` lists every file with its size and sha256; evaluation
 adds ``eval_report.json`` (and a sweep ``leaderboard.json`` and ``sweep.png``) and
-rewrites the model card, so each change goes through :func:`amend`, which rewrites the
-manifest's entries last, as the merge wrote it.
+rewrites the model card, so each change goes through :func:`amend`, which updates the
+folder's manifest (given in memory, or read from the folder) and writes it last, as the
+merge wrote it, unless the caller writes it itself (once, after naming the inputs).
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ import hashlib
 import json
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from maec_core.card import evaluation_section, with_evaluation
 from maec_core.eval.report import EvalReport
-from maec_core.manifest import MANIFEST_NAME, write_manifest
+from maec_core.manifest import MANIFEST_NAME, FileEntry, write_manifest
 from maec_core.sweep.board import LEADERBOARD_NAME, Leaderboard
 
 EVAL_REPORT_NAME = "eval_report.json"
@@ -30,24 +32,36 @@ def read_manifest(folder: Path) -> dict[str, Any]:
     return doc
 
 
-def amend(folder: Path, files: Mapping[str, bytes], extra: Mapping[str, Any] | None = None
-          ) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Amended:
+    """A folder after :func:`amend`: its manifest as it now stands, and the entries of
+    the files written (added, or replacing the merge's)."""
+
+    manifest: dict[str, Any]
+    added: tuple[FileEntry, ...]
+
+
+def amend(folder: Path, files: Mapping[str, bytes], extra: Mapping[str, Any] | None = None,
+          *, manifest: Mapping[str, Any] | None = None, write: bool = True) -> Amended:
     """Write ``files`` (name -> bytes) into ``folder`` and update its manifest (entries,
-    total size, ``extra`` keys); returns the new manifest."""
-    manifest = read_manifest(folder)
-    entries = {f["path"]: f for f in manifest["files"]}
+    total size, ``extra`` keys): ``manifest`` when given, else the folder's. With
+    ``write`` False the manifest is only returned (the caller writes it)."""
+    doc = dict(manifest) if manifest is not None else read_manifest(folder)
+    entries = {f["path"]: f for f in doc["files"]}
+    added = []
     for name, data in files.items():
         tmp = folder / f".{name}.partial"
         tmp.write_bytes(data)
         os.chmod(tmp, 0o644)
         os.replace(tmp, folder / name)
-        entries[name] = {"path": name, "size": len(data),
-                         "sha256": hashlib.sha256(data).hexdigest()}
-    manifest["files"] = [entries[k] for k in sorted(entries)]
-    manifest["total_size"] = sum(int(f["size"]) for f in manifest["files"])
-    manifest.update(extra or {})
-    write_manifest(folder, manifest)
-    return manifest
+        added.append(FileEntry(name, len(data), hashlib.sha256(data).hexdigest()))
+        entries[name] = added[-1].to_json()
+    doc["files"] = [entries[k] for k in sorted(entries)]
+    doc["total_size"] = sum(int(f["size"]) for f in doc["files"])
+    doc.update(extra or {})
+    if write:
+        write_manifest(folder, doc)
+    return Amended(doc, tuple(added))
 
 
 def report_bytes(report: EvalReport) -> bytes:
@@ -56,10 +70,12 @@ def report_bytes(report: EvalReport) -> bytes:
 
 
 def attach_evaluation(folder: Path, report: EvalReport, *, label: str,
-                      board: Leaderboard | None = None, plot: bytes | None = None
-                      ) -> dict[str, Any]:
+                      board: Leaderboard | None = None, plot: bytes | None = None,
+                      manifest: Mapping[str, Any] | None = None, write: bool = True
+                      ) -> Amended:
     """Publish ``report`` (and a sweep's board and plot) in ``folder``: the files, the
-    card's evaluation section, and the manifest. ``label`` is this folder's row."""
+    card's evaluation section, and the manifest (``manifest`` and ``write``: see
+    :func:`amend`). ``label`` is this folder's row."""
     files: dict[str, bytes] = {EVAL_REPORT_NAME: report_bytes(report)}
     note = f"This checkpoint is the row `{label}`."
     section = evaluation_section(report.markdown_table(), note=note)
@@ -79,4 +95,4 @@ def attach_evaluation(folder: Path, report: EvalReport, *, label: str,
     if board is not None:
         extra["sweep"] = {"leaderboard": LEADERBOARD_NAME, "winner": board.winner,
                           "candidate": label}
-    return amend(folder, files, extra)
+    return amend(folder, files, extra, manifest=manifest, write=write)

@@ -38,7 +38,7 @@ import math
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -48,6 +48,7 @@ from maec_core.context import RunContext
 from maec_core.errors import Cancelled, NamesDiffer, OutputExists
 from maec_core.eval.report import EvalReport, ModelResult
 from maec_core.eval.sets import LoadedSet, load_sets
+from maec_core.manifest import FileEntry
 from maec_core.methods import get_method
 from maec_core.methods.base import Made
 from maec_core.recipe import Recipe
@@ -81,11 +82,13 @@ class SweepResult:
 
 @dataclass(frozen=True)
 class FolderEvaluation:
-    """A folder's evaluation: the report, and the folder's manifest as it now stands
-    (listing the evaluation files beside the merge's)."""
+    """A folder's evaluation: the report, the folder's manifest as it now stands
+    (listing the evaluation files beside the merge's) and the entries of the files the
+    evaluation wrote."""
 
     report: EvalReport
     manifest: dict[str, Any]
+    added: tuple[FileEntry, ...] = ()
 
 
 @dataclass
@@ -96,6 +99,8 @@ class _Best:
     key: tuple[float, float, int]
     cand: Candidate
     folder: Path | None
+    # The folder's manifest, in memory (None: read from the folder).
+    manifest: dict[str, Any] | None = None
 
 
 @dataclass
@@ -110,11 +115,13 @@ class _State:
 
 
 def evaluate_folder(recipe: Recipe, folder: Path, ctx: RunContext | None = None, *,
-                    label: str = MERGED) -> FolderEvaluation:
+                    label: str = MERGED, manifest: Mapping[str, Any] | None = None
+                    ) -> FolderEvaluation:
     """Score a merged ``folder`` (and with ``evaluate_inputs`` the language base and the
     donors) on the recipe's eval sets, and publish the report in the folder (files, card,
-    manifest). The recipe's eval set paths must be local. Of ``ctx`` the device,
-    progress (as stage ``evaluate``) and cancel apply."""
+    manifest: ``manifest``, the merge's in memory, else the folder's). The recipe's eval
+    set paths must be local. Of ``ctx`` the device, progress (as stage ``evaluate``),
+    cancel and ``manifest_file`` apply."""
     from maec_core.eval.runner import evaluate_loaded
 
     ctx = ctx or RunContext()
@@ -125,7 +132,9 @@ def evaluate_folder(recipe: Recipe, folder: Path, ctx: RunContext | None = None,
         models.update(input_models(recipe))
     report = EvalReport(models=[evaluate_loaded(name, path, sets, scoring)
                                 for name, path in models.items()])
-    return FolderEvaluation(report, attach_evaluation(folder, report, label=label))
+    amended = attach_evaluation(folder, report, label=label, manifest=manifest,
+                                write=ctx.manifest_file)
+    return FolderEvaluation(report, amended.manifest, amended.added)
 
 
 def _eval_progress(progress: ProgressFn | None) -> ProgressFn | None:
@@ -181,11 +190,14 @@ def run_sweep(recipe: Recipe, out: Path, ctx: RunContext | None = None,
     try:
         store = ctx.artifact_store or LocalArtifactStore(tmp / "art")
         sweep = _Sweep(recipe, cands, tmp, ctx.but(artifact_store=store), opts)
-        board, report, folder = sweep.run(opts.announce)
+        board, report, best = sweep.run(opts.announce)
         from maec_core.sweep.plot import plot_png
 
-        manifest = attach_evaluation(folder, report, label=board.winner or "",
-                                     board=board, plot=plot_png(board))
+        assert best.folder is not None
+        folder = best.folder
+        manifest = attach_evaluation(folder, report, label=board.winner or "", board=board,
+                                     plot=plot_png(board), manifest=best.manifest,
+                                     write=ctx.manifest_file).manifest
         folder.rename(out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -237,9 +249,9 @@ class _Sweep:
         if self.ctx.cancelled():
             raise Cancelled("the sweep was cancelled")
 
-    def run(self, announce: AnnounceFn | None) -> tuple[Leaderboard, EvalReport, Path]:
+    def run(self, announce: AnnounceFn | None) -> tuple[Leaderboard, EvalReport, _Best]:
         """Score the references, then each candidate; returns the board, the full
-        report and the winner's folder."""
+        report and the winner (its folder written)."""
         from maec_core.eval.runner import evaluate_loaded
         from maec_core.sweep.memory import SweepMemory
         from maec_core.sweep.scoring import ModelSlot
@@ -264,10 +276,10 @@ class _Sweep:
             report = EvalReport(models=[*inputs, *self.state.results])
             if best.folder is None:
                 best.folder = self.tmp / best.cand.id
-                self._merge(best.cand, best.folder)
+                best.manifest = self._merge(best.cand, best.folder)
         finally:
             self.memory.close()
-        return board, report, best.folder
+        return board, report, best
 
     def _score_candidates(self, sets: list[LoadedSet], slot: ModelSlot,
                           inputs: list[ModelResult], reference: dict[str, float],
@@ -300,6 +312,7 @@ class _Sweep:
         folder = self.tmp / cand.id
         t0 = time.perf_counter()
         puts = self.store.puts
+        manifest: dict[str, Any] | None = None
         if self.in_memory:
             try:
                 self._merge_in_memory(cand, folder, slot)
@@ -312,9 +325,9 @@ class _Sweep:
                 # loaded, as a separate evaluation does (the slot loads them afresh).
                 # The merge stopped before computing anything.
                 self.in_memory = False
-                self._merge(cand, folder)
+                manifest = self._merge(cand, folder)
         else:
-            self._merge(cand, folder)
+            manifest = self._merge(cand, folder)
         written = not self.in_memory
         if written:
             slot.load(folder)
@@ -335,11 +348,13 @@ class _Sweep:
         self.state.rows.append(row)
         if self.keep is not None:
             manifest = attach_evaluation(folder, EvalReport(models=[*inputs, result]),
-                                         label=cand.id)
+                                         label=cand.id, manifest=manifest,
+                                         write=self.ctx.manifest_file).manifest
             self.keep(cand, folder, manifest)
-        self._keep_if_best(cand, row, folder if written else None)
+        self._keep_if_best(cand, row, folder if written else None, manifest)
 
-    def _keep_if_best(self, cand: Candidate, row: Row, folder: Path | None) -> None:
+    def _keep_if_best(self, cand: Candidate, row: Row, folder: Path | None,
+                      manifest: dict[str, Any] | None = None) -> None:
         """Remember ``cand`` (and its ``folder``, if written) when it beats the best so
         far (the ranking's order, :func:`sort_key`); remove the loser's folder."""
         score = sort_key(row, self.spec, cand.index)
@@ -348,7 +363,7 @@ class _Sweep:
                                                                 or score < best.key):
             if best is not None and best.folder is not None:
                 shutil.rmtree(best.folder, ignore_errors=True)
-            self.state.best = _Best(score, cand, folder)
+            self.state.best = _Best(score, cand, folder, manifest)
         elif folder is not None:
             shutil.rmtree(folder, ignore_errors=True)
 
@@ -366,9 +381,10 @@ class _Sweep:
             shutil.rmtree(skeleton, ignore_errors=True)  # read once, as the model was built
 
     def _merge(self, cand: Candidate, folder: Path, sink: SinkFn | None = None,
-               skeleton: Path | None = None) -> None:
+               skeleton: Path | None = None) -> dict[str, Any]:
         """Merge one candidate into ``folder``, or into ``sink`` when given (no weights
-        are written then; the definition files to ``skeleton`` when given)."""
+        are written then; the definition files to ``skeleton`` when given); the
+        folder's manifest."""
         from maec_core.run import run
 
         stored = self.state.groups.get(cand.group) if cand.group is not None else None
@@ -379,16 +395,16 @@ class _Sweep:
                 ctx.options, sink=sink, resident=resident, skeleton=skeleton))
         method = get_method(cand.recipe.merge_method)
         if stored is not None:
-            method.run_reusing(cand.recipe, stored, folder, ctx)
-            return
+            return method.run_reusing(cand.recipe, stored, folder, ctx)
         result = run(cand.recipe, folder, ctx)
         if cand.group is None:
-            return
+            return result.manifest
         made = method.made(result, self.store)
         if made is not None:
             self.state.groups[cand.group] = made
             if self.memory is not None and self.last_of[cand.group] > cand.index:
                 self.memory.hold_group(cand.group, made.files)
+        return result.manifest
 
     def _board(self, winner: str, why: str, reference: dict[str, float]) -> Leaderboard:
         c = self.spec.constraint

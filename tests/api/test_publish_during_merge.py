@@ -121,14 +121,19 @@ class LoseLeaseAtPublish(WorkerJobStore):
         return super().update(job_id, attempt, fields)
 
 
-def test_an_attempt_taken_over_removes_the_shards_it_uploaded(api: Api) -> None:
+def test_an_attempt_taken_over_leaves_the_shards_it_recorded(api: Api) -> None:
+    """The shards it uploaded are recorded as they land, and left for the attempt that
+    took over to resume from (worker/resume.py); nothing else of it stays."""
     jid = str(api.submit(api.named(**SHARDED))["id"])
     storage = Recording(api.settings.storage_dir,
                         api.settings.work_dir / "jobs" / jid / "a1" / "out")
     runner = JobRunner(api.settings, LoseLeaseAtPublish(api.r), storage, worker="test")
     assert runner.run(jid) == "lost"
     assert any(merging for _, _, merging in storage.events), "shards went up mid-merge"
-    assert storage.list(f"jobs/{jid}/") == []
+    rec = api.worker_store().get(jid)
+    assert rec is not None and rec.shards is not None
+    recorded = {f"{rec.shards['prefix']}/{name}" for name in rec.shards["files"]}
+    assert recorded and {o.key for o in storage.list(f"jobs/{jid}/")} == recorded
 
 
 def test_a_one_shard_output_uploads_while_it_is_written(api: Api) -> None:

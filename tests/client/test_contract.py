@@ -33,7 +33,8 @@ def test_the_client_the_api_and_the_store_share_one_declaration():
     assert issubclass(JobRecord, Job)
     assert set(INTERNAL_FIELDS) == {"owner", "sources", "idempotency_key", "lease_until",
                                     "worker", "result_prefix", "attempt_started",
-                                    "published_bytes", "artifact_keys", "cost", "seq"}
+                                    "published_bytes", "artifact_keys", "cost", "seq",
+                                    "shards"}
 
 
 def test_served_job_json_round_trips_byte_for_byte_through_the_contract():

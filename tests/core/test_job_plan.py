@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from maec_core.errors import CheckpointError
-from maec_core.job_plan import plan_job
+from maec_core.job_plan import plan_job, published_manifest
 from maec_core.job_progress import candidate_at, job_spans
 from maec_core.parsing import parse_recipe
 
@@ -110,7 +110,7 @@ def test_the_published_manifest_names_inputs_by_reference(tmp_path: Path) -> Non
     written = {"files": [], "inputs": {"x": {"path": local["s3://m/base"]}},
                "recipe": plan.localised(local).merge_only().model_dump(mode="json",
                                                                         exclude_none=True)}
-    doc = plan.published(written, local)
+    doc = published_manifest(written, plan.inputs, plan.local_refs(local))
     assert str(tmp_path) not in json.dumps(doc)
     assert doc["recipe"]["base_model"] == "s3://m/base"
     assert doc["recipe"]["abilities"][0]["model"] == "local://donor"

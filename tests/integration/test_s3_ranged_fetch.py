@@ -102,3 +102,15 @@ def test_bytes_that_miss_their_digest_are_refused(s3_server: S3Server,
     with pytest.raises(StorageError, match="do not match its sha256"):
         cache.fill(tmp_path / "in", [lying], reader.fetch)
     assert cache.lookup(lying.content_key, lying.size) is None
+
+
+def test_the_read_rate_cap_reaches_every_ranged_fetch(s3_server: S3Server) -> None:
+    """MAEC_S3_READ_BYTES_PER_S goes to the transfer that fetches inputs, of this bucket
+    and of the source buckets alike; unset, nothing is capped."""
+    assert S3Storage.from_settings(_settings(s3_server)).fetch_transfer.max_bandwidth is None
+    capped = _settings(s3_server).model_copy(update={"s3_read_bytes_per_s": 8 * PART})
+    storage = S3Storage.from_settings(capped)
+    other = storage.for_bucket(S3_INPUTS_BUCKET)
+    assert isinstance(other, S3Storage)
+    for s in (storage, other):
+        assert s.fetch_transfer.max_bandwidth == 8 * PART

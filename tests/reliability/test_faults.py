@@ -26,7 +26,7 @@ import pytest
 from app.queue import Enqueuer
 from tests.reliability import helpers as h
 from tests.reliability import results
-from tests.stack import Proc, S3Server, Stack, stack_context, wait_for
+from tests.stack import S3_BUCKET, Proc, S3Server, Stack, stack_context, wait_for
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration, pytest.mark.slow]
 
@@ -38,6 +38,9 @@ ENV = {
     "MAEC_PROGRESS_INTERVAL": "0.05",
     "MAEC_MAX_ACTIVE_JOBS_PER_KEY": "1000",
     "MAEC_SUBMISSIONS_PER_MINUTE": "100000",
+    # stack.wait polls 20 times a second: a wait of several seconds would otherwise
+    # empty the key's request bucket and the next test's submission get a 429.
+    "MAEC_RATE_LIMIT_PER_MINUTE": "100000",
 }
 
 
@@ -362,3 +365,54 @@ def _job_model(job: dict[str, Any]) -> Any:
     from maec_client.models import Job
 
     return Job.model_validate(job)
+
+
+def test_sigkilled_merge_resumes_from_its_published_shards(stack: Stack, s3_server: S3Server,
+                                                           big: dict[str, Path]) -> None:
+    """A worker SIGKILLed mid-merge after some of its shards landed: the next attempt
+    verifies them, makes only the others (one recorded shard is tampered with while no
+    worker runs the job: it is made again, not trusted), and the result is an
+    uninterrupted run's byte for byte, one manifest, nothing stray."""
+    body = slow_job(big, "resumed", shard="5MB")
+    job = stack.submit(body)
+
+    def shards_landed(r: dict[str, Any]) -> bool:
+        return h.combining(r) and len((r.get("shards") or {}).get("files") or {}) >= 3
+
+    rec = h.wait_record(stack, job["id"], shards_landed, 90, "three shards recorded")
+    h.kill_child(stack, rec)
+    recorded = h.record(stack, job["id"])["shards"]
+    prefix, landed = recorded["prefix"], sorted(recorded["files"])
+    tampered = landed[0]
+    c = s3_server.client()
+    key = f"{prefix}/{tampered}"
+    data = bytearray(c.get_object(Bucket=S3_BUCKET, Key=key)["Body"].read())
+    data[-1] ^= 0xFF  # same size, one byte off: only the digest can tell
+    c.put_object(Bucket=S3_BUCKET, Key=key, Body=bytes(data))
+    resumed = h.wait_record(stack, job["id"], lambda r: r.get("attempts") == 2 and bool(
+        (r.get("progress") or {}).get("resumed")), 60, "the second attempt resuming")
+    note = resumed["progress"]["resumed"]
+    assert note["shards"] == len(landed) - 1, note
+    # Progress starts at the resumed part (ties: combine covers 0.05 to 0.95 of the job).
+    assert resumed["progress"]["fraction"] >= 0.05 + 0.9 * note["shards"] / note["of"] - 1e-3
+    done = stack.wait(job["id"], timeout=180)
+    assert done["status"] == "succeeded", done["error"]
+    assert done["attempts"] == 2
+    assert done["progress"]["resumed"] == note  # the finished job (its webhook) says so
+    after = h.record(stack, job["id"])
+    assert after["result_prefix"] == prefix  # the first attempt's shards were kept
+    h.assert_published_once(s3_server, done, after)
+    # The second attempt stored exactly the shards that were not verified.
+    mark = f"job {job['id']} attempt 2: shard "
+    stored = {line.split(mark, 1)[1].split(" ", 1)[0]
+              for line in h.log_text(stack.workers).splitlines() if mark in line}
+    shards = {f["path"] for f in done["result"]["files"] if f["path"].endswith(".safetensors")}
+    assert stored == shards - set(landed[1:]), sorted(stored)
+    # Byte for byte an uninterrupted run's, the redone shard included.
+    whole = stack.wait(stack.submit(body)["id"], timeout=180)
+    assert whole["status"] == "succeeded", whole["error"]
+    want = {f["path"]: f["sha256"] for f in whole["result"]["files"]}
+    assert {f["path"]: f["sha256"] for f in done["result"]["files"]} == want
+    fixed = c.get_object(Bucket=S3_BUCKET, Key=key)["Body"].read()
+    assert hashlib.sha256(fixed).hexdigest() == want[tampered]
+    _finish(stack, s3_server, [job["id"], whole["id"]])

@@ -25,11 +25,11 @@ from app.api.schemas import (
 from app.jobs.api_store import record_json
 from app.jobs.calls import job_storage_prefix
 from app.jobs.record import STATUSES, JobRecord, new_job_id, now_iso
+from app.kinds import submission_of
 from app.scheduler.pools import route
 from app.settings import PRIORITIES, Settings
 from app.sources import Published, published
 from app.storage.base import StorageError
-from app.submission import build_job, check_job_sources, job_references, job_warnings
 from app.webhooks.delivery import accept_callback
 
 log = logging.getLogger("maec.api")
@@ -97,19 +97,18 @@ async def submit(typed: JobBody, auth: Auth) -> Response:
     await svc.limits.submission(owner)
     await _check_quota(auth)
     priority = _priority(body.priority, owner, svc.settings)
-    recipe = build_job(bounded_sizes(body))
+    job = submission_of(bounded_sizes(body))
     if body.callback_url is not None:  # resolves the host: blocking
         await run_in_threadpool(accept_callback, body.callback_url, svc.settings, owner)
-    outputs = await _own_outputs(auth, job_references(recipe))
-    sources, need, notes = await run_in_threadpool(check_job_sources, recipe, svc.settings,
+    outputs = await _own_outputs(auth, job.references())
+    sources, need, notes = await run_in_threadpool(job.check_sources, svc.settings,
                                                    svc.storage, outputs)
     # Refused here (no_capable_worker) rather than sent to a worker to fail.
     pool = route(need, svc.settings.pools)
     record = JobRecord(
-        id=new_job_id(), owner=owner, method=recipe.merge_method,
-        name=body.name or recipe.name,
-        recipe=recipe.model_dump(mode="json", exclude_none=True, by_alias=True),
-        warnings=job_warnings(recipe) + notes, sources=sources, created_at=now_iso(),
+        id=new_job_id(), owner=owner, method=job.method, name=body.name or job.name,
+        recipe=job.record_recipe(), warnings=job.warnings() + notes, sources=sources,
+        created_at=now_iso(),
         idempotency_key=body.idempotency_key,
         callback_url=body.callback_url,
         pinned=bool(body.pinned), priority=priority, pool=pool,

@@ -10,10 +10,7 @@ from urllib.parse import quote
 import yaml
 
 from app.jobs.record import TERMINAL, JobRecord
-from maec_core.service import MOE_METHOD, MaecError, MoeConfig, parse_recipe
-
-BASE_ROLES = frozenset({"base", "language_base"})
-DONOR_ROLES = frozenset({"ability_donor", "model", "slice_source"})
+from app.kinds import record_kind
 
 
 @dataclass
@@ -86,31 +83,8 @@ def human_size(n: int) -> str:
     return f"{size:.1f} TiB"  # pragma: no cover - the loop returns at GiB
 
 
-def _inputs(recipe: dict[str, Any]) -> tuple[list[str], list[str]]:
-    """(bases, donors) the recipe names. A stored recipe this version cannot parse
-    (written by an older one) shows none rather than breaking the list."""
-    try:
-        refs = parse_recipe(recipe).sources()
-    except (MaecError, ValueError):
-        return [], []
-    bases = [r.ref for r in refs if r.role in BASE_ROLES]
-    donors = [r.ref for r in refs if r.role in DONOR_ROLES]
-    return list(dict.fromkeys(bases)), list(dict.fromkeys(donors))
-
-
-def _moe_inputs(config: dict[str, Any]) -> tuple[list[str], list[str]]:
-    """An MoE build's base, and its experts as the donors."""
-    try:
-        parsed = MoeConfig.model_validate(config)
-    except ValueError:
-        return [], []
-    return [parsed.base_model], list(dict.fromkeys(e.source_model
-                                                   for e in parsed.all_experts()))
-
-
 def row(rec: JobRecord) -> Row:
-    bases, donors = (_moe_inputs(rec.recipe) if rec.method == MOE_METHOD
-                     else _inputs(rec.recipe))
+    bases, donors = record_kind(rec).inputs(rec.recipe)
     return Row(id=rec.id, name=rec.name, status=rec.status, method=rec.method,
                bases=bases, donors=donors, created=rec.created_at.replace("T", " "),
                duration=duration(rec))

@@ -1,0 +1,141 @@
+"""``make bench-split``: a merge whose worker is killed part way, finished by another,
+against the same merge uninterrupted, on a local S3 store (SeaweedFS) with each worker's
+read rate capped (``MAEC_S3_READ_BYTES_PER_S``), so one node's bandwidth is modelled on
+one machine.
+
+The family: a base and a fine-tune of it (``--size 3b``: about 2.7B parameters each,
+bf16, 32 layers; ``--size small``: the reliability suite's 24-layer model, seconds),
+uploaded to the store's input bucket and merged (TIES) from there with small output
+shards. Each run is on a fresh stack (two workers, empty caches):
+
+- uninterrupted: submitted and waited for (wall: submission to success);
+- resumed: submitted; once ``--kill-at`` of its planned shards are recorded as
+  published, the child running it is SIGKILLed; the lease (3 s) runs out, another
+  attempt resumes from the published shards (worker/resume.py) and finishes.
+
+Printed: ``RESULT split speedup_2=... speedup_4=... identical=1|0
+resume_wall_vs_uninterrupted=... refetched_bytes_ratio=...``
+
+- ``identical``: every file of the resumed job has the uninterrupted job's sha256;
+- ``resume_wall_vs_uninterrupted``: the resumed job's wall (submission to success, the
+  lease wait included) over the uninterrupted one's;
+- ``refetched_bytes_ratio``: the input bytes the resuming attempt fetched from the store
+  (its worker's log), over the inputs' size;
+- ``speedup_2`` and ``speedup_4`` are ``n/a``: one job runs on one worker (a merge split
+  into parts across workers is not built).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SIZES: dict[str, dict[str, Any]] = {
+    "3b": {"hidden_size": 2560, "intermediate_size": 6912, "num_hidden_layers": 32,
+           "num_attention_heads": 20, "num_key_value_heads": 4, "vocab_size": 32000},
+    "small": {"hidden_size": 256, "intermediate_size": 1024, "num_hidden_layers": 24},
+}
+SHARD = {"3b": "500MB", "small": "5MB"}
+FETCHED = re.compile(r"job (j_[0-9a-f]+): inputs ready \((\d+) bytes fetched")
+
+
+def build(root: Path, size: str) -> list[Path]:
+    import torch
+
+    from tests.factories import make_llama
+
+    dtype = torch.bfloat16 if size == "3b" else torch.float32
+    base = make_llama(root / "base", seed=1, tokenizer=False, dtype=dtype, **SIZES[size])
+    tuned = make_llama(root / "tuned", seed=2, like=base, tokenizer=False, dtype=dtype,
+                       **SIZES[size])
+    return [base, tuned]
+
+
+def body(uris: list[str], shard: str) -> dict[str, Any]:
+    return {"recipe": {
+        "merge_method": "ties", "base_model": uris[0], "out_shard_size": shard,
+        "models": [{"model": uris[1], "parameters": {"weight": 0.5, "density": 0.5}}],
+        "name": "bench-split"}}
+
+
+def _planned(rec: dict[str, Any]) -> int | None:
+    for name in ((rec.get("shards") or {}).get("files") or {}):
+        m = re.search(r"-of-(\d+)\.safetensors$", name)
+        if m:
+            return int(m.group(1))
+    return None
+
+
+def run_once(work: Path, s3: Any, uris: list[str], shard: str, env: dict[str, str],
+             kill_at: float | None) -> tuple[float, dict[str, Any], int]:
+    """(wall seconds, the finished job, input bytes the job's last attempt fetched)."""
+    from tests.reliability import helpers as h
+    from tests.stack import stack_context, wait_for
+
+    with stack_context(work, None, storage="s3", s3=s3, workers=2, env=env) as st:
+        t0 = time.monotonic()
+        job = st.submit(body(uris, shard))
+        if kill_at is not None:
+            def far_enough() -> dict[str, Any] | None:
+                rec = h.record(st, job["id"])
+                n = _planned(rec)
+                got = len((rec.get("shards") or {}).get("files") or {})
+                return rec if n and got >= kill_at * n else None
+
+            rec = wait_for(far_enough, 3600, "the kill point", interval=0.1)
+            h.kill_child(st, rec)
+        done = st.wait(job["id"], timeout=7200)
+        wall = time.monotonic() - t0
+        if done["status"] != "succeeded":
+            raise SystemExit(f"job {done['status']}: {done.get('error')}")
+        fetched = [int(m.group(2)) for m in FETCHED.finditer(h.log_text(st.workers))
+                   if m.group(1) == job["id"]]
+    return wall, done, fetched[-1] if fetched else 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--size", choices=sorted(SIZES), default="3b")
+    ap.add_argument("--read-mb-s", type=float, default=200.0,
+                    help="each worker's S3 read cap, MB/s (MAEC_S3_READ_BYTES_PER_S)")
+    ap.add_argument("--kill-at", type=float, default=0.6,
+                    help="fraction of the planned shards published when the worker dies")
+    args = ap.parse_args()
+    from tests.stack import S3Server
+
+    env = {"MAEC_LEASE_SECONDS": "3", "MAEC_PROGRESS_INTERVAL": "0.2",
+           "MAEC_S3_READ_BYTES_PER_S": str(int(args.read_mb_s * 1e6)),
+           "MAEC_S3_DOWNLOAD_PART_BYTES": str(8 << 20)}
+    with tempfile.TemporaryDirectory(prefix="bench-split-") as tmp:
+        root = Path(tmp)
+        models = build(root / "models", args.size)
+        inputs = sum(p.stat().st_size for m in models for p in m.iterdir() if p.is_file())
+        s3 = S3Server(root / "s3").start()
+        try:
+            uris = [s3.upload_folder(m, f"split/{m.name}") for m in models]
+            whole_s, whole, _ = run_once(root / "whole", s3, uris, SHARD[args.size], env, None)
+            resumed_s, resumed, refetched = run_once(root / "resumed", s3, uris,
+                                                     SHARD[args.size], env, args.kill_at)
+        finally:
+            s3.kill()
+    same = ({f["path"]: f["sha256"] for f in whole["result"]["files"]}
+            == {f["path"]: f["sha256"] for f in resumed["result"]["files"]})
+    print(f"inputs {inputs / 1e9:.2f} GB; uninterrupted {whole_s:.1f} s; resumed "
+          f"{resumed_s:.1f} s (attempts {resumed['attempts']}, "
+          f"{(resumed['progress'].get('resumed') or {})} kept)")
+    print(f"RESULT split speedup_2=n/a speedup_4=n/a identical={int(same)} "
+          f"resume_wall_vs_uninterrupted={resumed_s / whole_s:.3f} "
+          f"refetched_bytes_ratio={refetched / inputs:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,272 @@
+/*
+ * Task arithmetic, θ0 + λ·(Σ w_i (θ_i − θ0)) [/ Σ w_i], on a flat run of elements in one
+ * pass, bit for bit what maec_core.methods.task_arithmetic computes with torch's CPU ops.
+ *
+ * torch runs each step as its own pass over the slice, and in 16 bits each pass also
+ * converts every entry to float32 and back: six to eight passes where one suffices.
+ * Here every entry goes through the same steps in the same order, with the same
+ * roundings, in registers:
+ *
+ * - 16-bit compute: the inputs are rounded to the compute dtype, then each subtract, multiply, divide and
+ *   add is done in float32 and rounded to the 16-bit type, as torch's CPU kernels do (a
+ *   float32 result of two 16-bit operands rounded once is the correctly rounded 16-bit
+ *   one). The weighted deltas are summed in float32 from +0.0 in order and rounded once,
+ *   as torch's sum over the first axis of up to 16 stacked rows does.
+ * - float32 compute: the same steps in float32 with no rounding between them, the sum
+ *   in order from the first delta (the engine's in-place float32 sum).
+ *
+ * The result is rounded to the output dtype (round to nearest even, as torch's casts) and
+ * stored; the return value says whether any stored entry is inf or NaN. The build turns
+ * off floating-point contraction: a fused multiply-add would round once where torch
+ * rounds twice.
+ */
+#include <stdint.h>
+#include <string.h>
+#include <immintrin.h>
+
+enum { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2 };
+/* The most deltas the 16-bit sum handles: torch's multi-row sum groups more. */
+enum { MAX_DELTAS = 16 };
+
+__attribute__((target("avx2,f16c")))
+static inline __m256 ld8(int dt, const void *p, int64_t i) {
+    if (dt == DT_F32) return _mm256_loadu_ps((const float *)p + i);
+    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
+    if (dt == DT_F16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* x rounded to bfloat16 (nearest, ties to even), held in float32; NaN stays NaN.
+ * `any_nan`: x may be a NaN whose low 16 bits are not all zero, which the carry of the
+ * rounding could turn into a finite value; such a NaN becomes a quiet NaN instead. Every
+ * NaN of a merge of bfloat16 inputs has those bits zero (an input's, carried by the
+ * arithmetic, or the default NaN an invalid operation makes), so that case skips it. */
+__attribute__((target("avx2,f16c"), always_inline))
+static inline __m256 round_bf16(__m256 x, int any_nan) {
+    __m256i u = _mm256_castps_si256(x);
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb);
+    r = _mm256_and_si256(r, _mm256_set1_epi32((int)0xffff0000u));
+    if (!any_nan) return _mm256_castsi256_ps(r);
+    __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+    return _mm256_blendv_ps(_mm256_castsi256_ps(r),
+                            _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000)), nan);
+}
+
+__attribute__((target("avx2,f16c")))
+static inline __m256 round_f16(__m256 x) {
+    return _mm256_cvtph_ps(_mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+}
+
+/* x rounded to `dt`; `any_nan` as for round_bf16 (1 unless the inputs are bfloat16). */
+__attribute__((target("avx2,f16c"), always_inline))
+static inline __m256 round_nan(int dt, __m256 x, int any_nan) {
+    if (dt == DT_BF16) return round_bf16(x, any_nan);
+    if (dt == DT_F16) return round_f16(x);
+    return x;
+}
+
+#define round_to(dt, x) round_nan((dt), (x), a->in_dt != DT_BF16)
+
+/* Store 8 values already rounded to `dt` (exact in it). */
+__attribute__((target("avx2,f16c")))
+static inline void st8(int dt, void *p, int64_t i, __m256 x) {
+    if (dt == DT_F32) {
+        _mm256_storeu_ps((float *)p + i, x);
+        return;
+    }
+    __m128i h;
+    if (dt == DT_F16) {
+        h = _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT);
+    } else {
+        __m256i u = _mm256_srli_epi32(_mm256_castps_si256(x), 16);
+        h = _mm_packus_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1));
+    }
+    _mm_storeu_si128((__m128i *)((uint16_t *)p + i), h);
+}
+
+typedef struct {
+    int in_dt, c, out_dt, n;  /* input, compute and output dtypes */
+    const float *w;   /* per delta; 1.0 skips the multiply, as torch's path does */
+    int normalize;
+    float divisor;
+    int scale;
+    float lambda;
+} ta_args;
+
+/* 8 inputs converted to the compute dtype, as torch's copy into it rounds them. */
+__attribute__((target("avx2,f16c"), always_inline))
+static inline __m256 ld(const ta_args *a, const void *p, int64_t i) {
+    __m256 x = ld8(a->in_dt, p, i);
+    return a->c == a->in_dt ? x : round_to(a->c, x);
+}
+
+/* 8 entries from offset i; returns the all-ones lanes of non-finite results. */
+__attribute__((target("avx2,f16c"), always_inline))
+static inline __m256i ta8(const ta_args *a, const void *base, const void *const *models,
+                          void *out, int64_t i) {
+    const int c = a->c;
+    __m256 b = ld(a, base, i);
+    __m256 s = _mm256_setzero_ps();
+    for (int k = 0; k < a->n; k++) {
+        __m256 d = round_to(c, _mm256_sub_ps(ld(a, models[k], i), b));
+        if (a->w[k] != 1.0f) d = round_to(c, _mm256_mul_ps(d, _mm256_set1_ps(a->w[k])));
+        /* 16-bit: the float32 sum from +0.0; float32: from the first delta. */
+        s = (k == 0 && c == DT_F32) ? d : _mm256_add_ps(s, d);
+    }
+    s = round_to(c, s);
+    if (a->normalize) s = round_to(c, _mm256_div_ps(s, _mm256_set1_ps(a->divisor)));
+    if (a->scale) s = round_to(c, _mm256_mul_ps(s, _mm256_set1_ps(a->lambda)));
+    __m256 r = round_to(c, _mm256_add_ps(s, b));
+    if (a->out_dt != c) r = round_to(a->out_dt, r);
+    st8(a->out_dt, out, i, r);
+    __m256i e = _mm256_set1_epi32(0x7f800000);
+    return _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(r), e), e);
+}
+
+__attribute__((target("avx2,f16c"), always_inline))
+static inline int ta_run(const ta_args *a, const void *base, const void *const *models,
+                         void *out, int64_t n) {
+    __m256i bad = _mm256_setzero_si256();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) bad = _mm256_or_si256(bad, ta8(a, base, models, out, i));
+    if (i < n) {
+        /* The last n % 8 entries through padded copies, so they take the same steps. */
+        const int in_size = a->in_dt == DT_F32 ? 4 : 2, out_size = a->out_dt == DT_F32 ? 4 : 2;
+        const int64_t m = n - i;
+        unsigned char pb[32] = {0}, pm[MAX_DELTAS][32], po[32];
+        const void *pms[MAX_DELTAS];
+        memcpy(pb, (const char *)base + i * in_size, (size_t)(m * in_size));
+        for (int k = 0; k < a->n; k++) {
+            memset(pm[k], 0, sizeof pm[k]);
+            memcpy(pm[k], (const char *)models[k] + i * in_size, (size_t)(m * in_size));
+            pms[k] = pm[k];
+        }
+        __m256i e = ta8(a, pb, pms, po, 0);
+        memcpy((char *)out + i * out_size, po, (size_t)(m * out_size));
+        int32_t lanes[8];
+        _mm256_storeu_si256((__m256i *)lanes, e);
+        for (int64_t k = 0; k < m; k++) bad = _mm256_or_si256(bad, _mm256_set1_epi32(lanes[k]));
+    }
+    return !_mm256_testz_si256(bad, bad);
+}
+
+/* The common cases as their own loops, so the compiler drops the dtype branches. */
+#define TA_CASE(IN, C, OUT)                                                         \
+    if (a.in_dt == (IN) && a.c == (C) && a.out_dt == (OUT)) {                       \
+        a.in_dt = (IN); a.c = (C); a.out_dt = (OUT);                                \
+        return ta_run(&a, base, models, out, n);                                    \
+    }
+
+__attribute__((target("avx2,f16c")))
+static int ta_avx2(ta_args a, const void *base, const void *const *models, void *out,
+                   int64_t n) {
+    TA_CASE(DT_BF16, DT_BF16, DT_BF16)
+    TA_CASE(DT_BF16, DT_F32, DT_BF16)
+    TA_CASE(DT_F16, DT_F16, DT_F16)
+    TA_CASE(DT_F16, DT_F32, DT_F16)
+    return ta_run(&a, base, models, out, n);
+}
+
+/*
+ * 1 when an entry of the result is inf or NaN, 0 when all are finite, -1 when this path
+ * cannot take the call (no AVX2/F16C on this CPU, an unknown dtype, too many deltas): the
+ * caller then uses torch.
+ * `simd` is maec_l1_simd()'s answer. `weights` holds n values, already in the compute
+ * dtype; `divisor` and `lambda` are used when `normalize` and `scale` are set.
+ */
+int maec_task_arithmetic(int simd, int in_dt, int c_dt, int out_dt, int n,
+                         const void *base, const void *const *models, const float *weights,
+                         int normalize, float divisor, int scale, float lambda, void *out,
+                         int64_t count) {
+    if (!simd || n < 1 || n > MAX_DELTAS) return -1;
+    if (in_dt < DT_F32 || in_dt > DT_F16 || c_dt < DT_F32 || c_dt > DT_F16
+        || out_dt < DT_F32 || out_dt > DT_F16) return -1;
+    ta_args a = {in_dt, c_dt, out_dt, n, weights, normalize, divisor, scale, lambda};
+    return ta_avx2(a, base, models, out, count);
+}
+
+/*
+ * Linear averaging, (Σ w_i x_i) / total, as maec_core.methods.linear computes it with
+ * torch: the products accumulated in float32 from +0.0 in order, the sum divided by
+ * `total` when `normalize`, rounded to the compute dtype, then to the output dtype. The
+ * inputs are first rounded to the compute dtype. torch's addcmul runs each product and
+ * its add as one fused multiply-add where its build for this CPU does (`fma`; the caller
+ * asks torch once), else as two roundings. Same answers as maec_task_arithmetic.
+ */
+typedef struct {
+    int in_dt, c, out_dt, n;
+    const float *w;
+    int normalize;
+    float total;
+    int fma;  /* whether torch's addcmul fuses the multiply and the add on this machine */
+} lin_args;
+
+__attribute__((target("avx2,f16c,fma"), always_inline))
+static inline __m256i lin8(const lin_args *a, const void *const *xs, void *out, int64_t i) {
+    __m256 s = _mm256_setzero_ps();
+    for (int k = 0; k < a->n; k++) {
+        __m256 x = ld8(a->in_dt, xs[k], i);
+        if (a->c != a->in_dt) x = round_to(a->c, x);
+        __m256 w = _mm256_set1_ps(a->w[k]);
+        s = a->fma ? _mm256_fmadd_ps(x, w, s) : _mm256_add_ps(s, _mm256_mul_ps(x, w));
+    }
+    if (a->normalize) s = _mm256_div_ps(s, _mm256_set1_ps(a->total));
+    __m256 r = round_to(a->c, s);
+    if (a->out_dt != a->c) r = round_to(a->out_dt, r);
+    st8(a->out_dt, out, i, r);
+    __m256i e = _mm256_set1_epi32(0x7f800000);
+    return _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(r), e), e);
+}
+
+__attribute__((target("avx2,f16c,fma"), always_inline))
+static inline int lin_run(const lin_args *a, const void *const *xs, void *out, int64_t n) {
+    __m256i bad = _mm256_setzero_si256();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) bad = _mm256_or_si256(bad, lin8(a, xs, out, i));
+    if (i < n) {
+        const int in_size = a->in_dt == DT_F32 ? 4 : 2, out_size = a->out_dt == DT_F32 ? 4 : 2;
+        const int64_t m = n - i;
+        unsigned char px[MAX_DELTAS + 1][32], po[32];
+        const void *pxs[MAX_DELTAS + 1];
+        for (int k = 0; k < a->n; k++) {
+            memset(px[k], 0, sizeof px[k]);
+            memcpy(px[k], (const char *)xs[k] + i * in_size, (size_t)(m * in_size));
+            pxs[k] = px[k];
+        }
+        __m256i e = lin8(a, pxs, po, 0);
+        memcpy((char *)out + i * out_size, po, (size_t)(m * out_size));
+        int32_t lanes[8];
+        _mm256_storeu_si256((__m256i *)lanes, e);
+        for (int64_t k = 0; k < m; k++) bad = _mm256_or_si256(bad, _mm256_set1_epi32(lanes[k]));
+    }
+    return !_mm256_testz_si256(bad, bad);
+}
+
+#define LIN_CASE(IN, C, OUT)                                                        \
+    if (a.in_dt == (IN) && a.c == (C) && a.out_dt == (OUT)) {                       \
+        a.in_dt = (IN); a.c = (C); a.out_dt = (OUT);                                \
+        return lin_run(&a, xs, out, n);                                             \
+    }
+
+__attribute__((target("avx2,f16c,fma")))
+static int lin_avx2(lin_args a, const void *const *xs, void *out, int64_t n) {
+    LIN_CASE(DT_BF16, DT_BF16, DT_BF16)
+    LIN_CASE(DT_BF16, DT_F32, DT_BF16)
+    LIN_CASE(DT_F16, DT_F16, DT_F16)
+    LIN_CASE(DT_F16, DT_F32, DT_F16)
+    return lin_run(&a, xs, out, n);
+}
+
+/* As maec_task_arithmetic: 1 when a result is inf or NaN, 0 if none, -1 declined. At most
+ * MAX_DELTAS + 1 inputs. */
+int maec_linear(int simd, int in_dt, int c_dt, int out_dt, int n, const void *const *xs,
+                const float *weights, int normalize, float total, int fma, void *out,
+                int64_t count) {
+    if (!simd || n < 1 || n > MAX_DELTAS + 1) return -1;
+    if (fma && !__builtin_cpu_supports("fma")) return -1;
+    if (in_dt < DT_F32 || in_dt > DT_F16 || c_dt < DT_F32 || c_dt > DT_F16
+        || out_dt < DT_F32 || out_dt > DT_F16) return -1;
+    lin_args a = {in_dt, c_dt, out_dt, n, weights, normalize, total, fma ? 1 : 0};
+    return lin_avx2(a, xs, out, count);
+}

@@ -1,0 +1,98 @@
+"""The interface every kind of job implements (the registry: ``worker.kinds``).
+
+A job record asks for one kind of output: a merge (a recipe: merge, evaluate or sweep) or
+an MoE build (a mergekit-moe config). Each kind lives in its own module and answers the
+same two questions: :meth:`JobKind.plan` (from the record: the stage spans, which inputs
+are one file, the checks on the fetched inputs) and :meth:`Planned.produce` (the inputs
+fetched: make the output folder and its manifest, in memory). The runner does the rest
+alike for every kind: fetch, then produce, then reserve and publish, manifest last
+(``worker.runner``). A new kind is a module with a :class:`JobKind` and one line in
+``worker.kinds.KINDS``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from app.jobs.record import JobRecord
+from maec_core.service import FileEntry, Manifest, StageSpans
+from maec_core.service.running import RunContext
+
+# upload(path under the job's prefix, local file): one file into the job's staging
+# prefix, counted against the owner's quota first (a sweep's candidates).
+Upload = Callable[[str, Path], None]
+
+
+class Reporter(Protocol):
+    """The attempt's progress writer (``worker.runner.Attempt``)."""
+
+    def report(self, stage: str, fraction: float, done: int, total: int,
+               **extra: Any) -> None: ...
+
+
+@dataclass(frozen=True)
+class Run:
+    """What the runner gives a kind's produce step.
+
+    ``local`` maps each input reference to its fetched copy; ``out`` is the output folder
+    to make; ``ctx`` says how to run (the job's progress and cancel, the input-digest
+    cache, the artifact store, the device, the output's finished-shard callbacks, which
+    upload the shards as they are written). ``reporter`` writes progress fields of the
+    kind's own (a sweep's candidate); ``upload`` stores a file beside the output.
+    """
+
+    local: Mapping[str, str]
+    out: Path
+    workdir: Path
+    ctx: RunContext
+    reporter: Reporter
+    upload: Upload
+
+
+@dataclass(frozen=True)
+class Made:
+    """What a kind made: the output folder's manifest (as clients read it, not written
+    yet: the runner writes it once, last), the job's report (inputs named by their
+    references), the result fields the job gains (``evaluation``, ``sweep``) and the
+    files already uploaded through :attr:`Run.upload`."""
+
+    manifest: Manifest
+    report: dict[str, Any]
+    core_seconds: float
+    result: dict[str, Any] = field(default_factory=dict)
+    uploaded: tuple[FileEntry, ...] = ()
+    # Whether every ability artifact was reused (None: the job has none).
+    artifact_reused: bool | None = None
+
+
+class Planned(Protocol):
+    """One job of a kind, planned from its record."""
+
+    @property
+    def spans(self) -> StageSpans:
+        """How the job's stages share its progress."""
+
+    @property
+    def resumable(self) -> bool:
+        """Whether a later attempt may keep the output shards this one publishes
+        (``worker.resume``)."""
+
+    def one_file(self, ref: str) -> bool:
+        """Whether input ``ref`` is read as one file (else a checkpoint folder)."""
+
+    def check(self, local: Mapping[str, str]) -> None:
+        """Raise a MaecError when the fetched inputs (``local``) cannot be used."""
+
+    def produce(self, run: Run) -> Made:
+        """Make the output in ``run.out``."""
+
+
+class JobKind(Protocol):
+    """A kind of job: which records it runs, and their plan."""
+
+    def owns(self, rec: JobRecord) -> bool: ...
+
+    def plan(self, rec: JobRecord) -> Planned: ...
