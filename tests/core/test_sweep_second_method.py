@@ -83,9 +83,10 @@ class DeltaScale(MergeMethod):
         held = store.get((result.report or {})["delta"])
         return None if held is None else Made(files=[held / WEIGHTS], state=held)
 
-    def run_reusing(self, recipe: Recipe, made: Made, out: Path, ctx: RunContext) -> None:
+    def run_reusing(self, recipe: Recipe, made: Made, out: Path, ctx: RunContext
+                    ) -> dict[str, Any]:
         self.reused += 1
-        self._combine(recipe, made.state, out, ctx)
+        return self._combine(recipe, made.state, out, ctx).manifest
 
     @staticmethod
     def _key(recipe: Recipe) -> str:
