@@ -94,11 +94,7 @@ def _named_recipe(req: JobRequest) -> Recipe:
     # Checked by the model validator; empty strings are refused later as invalid_source.
     assert req.method is not None and req.ability_donor is not None
     assert req.language_base is not None
-    form = NamedForm(
-        base=req.base, ability_donor=req.ability_donor, language_base=req.language_base,
-        source_control=req.source_control, ability_corpus=req.ability_corpus,
-        parameters=dict(req.parameters or {}),
-    )
+    form = NamedForm.of(req)
     # The method decides where each named checkpoint and parameter goes.
     data = get_method(req.method.strip().lower()).named_form(form)
     data.update({"dtype": req.dtype, "name": req.name})

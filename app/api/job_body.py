@@ -39,6 +39,7 @@ from pydantic_core import PydanticCustomError, PydanticUndefined
 
 from app.api.bounds import BodyProblem, check_body
 from maec_contract import (
+    NAMED_FIELDS,
     OTHER_KINDS,
     JobRequest,
     JobSubmission,
@@ -46,7 +47,6 @@ from maec_contract import (
     parse_job_request,
     request_kind,
 )
-from maec_contract.requests import _NAMED as NAMED_FIELDS  # the named form's fields
 from maec_core.service import (
     FINITE_MAX,
     MergeMethod,

@@ -11,11 +11,19 @@ under ``TYPE_CHECKING``).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
-from pydantic import AfterValidator, AllowInfNan, BaseModel, ConfigDict, ValidationError
+from pydantic import (
+    AfterValidator,
+    AllowInfNan,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+)
 
+from maec_contract import NAMED_FIELDS, NamedFields
 from maec_core.errors import RecipeError
 from maec_core.methods.params import candidate_values
 from maec_core.recipe.inputs import MethodInputs, register_inputs
@@ -88,21 +96,27 @@ class TensorCall:
     num_layers: int
 
 
-@dataclass(frozen=True)
-class NamedForm:
-    """The API's named body: checkpoints by role instead of a recipe.
+class NamedForm(NamedFields):
+    """The API's named body: checkpoints by role instead of a recipe. Its fields are the
+    contract's (:class:`maec_contract.NamedFields`, declared there only), narrowed to
+    what a method reads: the donors and the language base given.
 
     ``parameters`` holds the method's global parameters and, for per-model ones, one
     value for every model or a list with one value per model (donors, then the
     language base).
     """
 
-    base: str | None
-    ability_donor: Sequence[str]
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ability_donor: list[str] = Field(min_length=1, max_length=16)
     language_base: str
-    source_control: str | None = None
-    ability_corpus: str | None = None
-    parameters: Mapping[str, Any] = field(default_factory=dict)
+    parameters: dict[str, Any] = Field(default_factory=dict)
+
+    @classmethod
+    def of(cls, body: NamedFields) -> NamedForm:
+        """The named form a body (a merge request) gives, field for field."""
+        return cls.model_validate(body.model_dump(include=set(NAMED_FIELDS),
+                                                  exclude_none=True))
 
 
 def per_model(value: Any, n: int, key: str) -> list[Any]:

@@ -290,3 +290,19 @@ def test_the_shared_recipe_has_no_methods_fields() -> None:
     owned = owned_keys(inputs_models())
     assert {"language_base", "abilities", "artifact"} <= set(owned)  # MAEC's, found
     assert not set(Recipe.model_fields) & set(owned)
+
+
+def test_the_named_form_is_the_contracts() -> None:
+    # Declared once, in the contract: the request takes those fields, the methods read
+    # the same ones, and a body's named form is taken over field for field.
+    from maec_contract import NAMED_FIELDS, JobRequest
+
+    assert list(NamedForm.model_fields) == list(NAMED_FIELDS)
+    assert [f for f in JobRequest.model_fields if f in NAMED_FIELDS] == list(NAMED_FIELDS)
+    req = JobRequest(method="maec", base="B", ability_donor="A", language_base="L",
+                     source_control="S", ability_corpus="C", parameters={"mu": 2})
+    form = NamedForm.of(req)
+    assert (form.base, form.ability_donor, form.language_base, form.source_control,
+            form.ability_corpus, form.parameters) == ("B", ["A"], "L", "S", "C", {"mu": 2})
+    assert NamedForm.of(JobRequest(method="ties", ability_donor=["A"],
+                                   language_base="L")).parameters == {}
