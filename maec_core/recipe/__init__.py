@@ -327,6 +327,7 @@ class Recipe(BaseModel):
             given = self._inputs if method == self.merge_method else None
             inputs = given if given is not None else model.model_construct(**_defaults(model))
             slot.update(inputs.model_dump(mode=info.mode, exclude_none=info.exclude_none,
+                                          by_alias=bool(info.by_alias),
                                           include=set(_defaults(model)) if given is None
                                           else None))
         slot = {k: v for k, v in slot.items() if k not in data}
