@@ -26,6 +26,8 @@ from maec_contract.jobs import (
     QueueSummary,
     SweepSummary,
     WebhookDelivery,
+    file_url,
+    with_file_urls,
 )
 from maec_contract.requests import (
     NAMED_FIELDS,
@@ -48,5 +50,5 @@ __all__ = [
     "JobResult", "JobStatus", "JobSubmission", "KindRequest", "LeaderboardRow",
     "MoeJobRequest", "NamedFields", "NamedJob", "PoolLoad", "Progress", "QueueCounts",
     "QueuePlace", "QueueSummary", "QueuedJob", "RecipeJob", "SweepSummary",
-    "WebhookDelivery", "parse_job_request", "request_kind",
+    "WebhookDelivery", "file_url", "parse_job_request", "request_kind", "with_file_urls",
 ]

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 from app.jobs.record import JobRecord
 from maec_core.service import (
-    MOE_METHOD,
     JobPlan,
     Manifest,
     MoeConfig,
@@ -61,10 +60,7 @@ class MoeJob:
 
 
 class MoeKind:
-    """Records whose method is ``moe``."""
-
-    def owns(self, rec: JobRecord) -> bool:
-        return rec.method == MOE_METHOD
+    """Records of the ``moe`` kind (method ``moe``, ``app.kinds.moe``)."""
 
     def plan(self, rec: JobRecord) -> MoeJob:
         # Parsed once from the record, checked again (the record is the truth, not the API).
