@@ -96,6 +96,10 @@ class JobRequest(NamedFields, JobSubmission):
                                                    max_length=64)
     evaluate_inputs: bool | None = None
     sweep: dict[str, Any] | None = None
+    # Either form: what is published besides the merged checkpoint, as a recipe's
+    # ``output`` ({gguf: TYPE} adds a GGUF file; docs/gguf.md). In the recipe form it may
+    # also be the recipe's own key (not both).
+    output: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _one_form(self) -> JobRequest:

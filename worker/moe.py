@@ -47,8 +47,11 @@ class MoeJob:
 
     def produce(self, run: Run) -> Made:
         progress = run.ctx.progress
+        # The published config and card name each source by its reference, as a
+        # merge's recipe.yaml does, never by the worker's copy.
         ctx = run.ctx.but(progress=None if progress is None else (
-            lambda _stage, done, total: progress("combine", done, total)))
+            lambda _stage, done, total: progress("combine", done, total)),
+            names={path: ref for ref, path in run.local.items()})
         made = build_moe(self.config.with_sources(run.local), run.out, ctx)
         # Every source of an MoE build is a checkpoint the manifest names.
         manifest = published_manifest(made.manifest, run.local, run.local,
