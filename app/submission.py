@@ -75,13 +75,15 @@ def build_recipe(req: JobRequest) -> Recipe:
     return recipe
 
 
-_EVALUATION_KEYS = ("evaluate", "evaluate_inputs", "sweep")
+# Keys either body form may carry beside the merge; they are the recipe's own keys, so a
+# recipe and a named body spell them the same way.
+_BODY_RECIPE_KEYS = ("evaluate", "evaluate_inputs", "sweep", "output")
 
 
 def _with_evaluation(data: dict[str, Any], req: JobRequest) -> dict[str, Any]:
-    """The body's evaluate / evaluate_inputs / sweep, put into the recipe data (a recipe
-    may carry them itself, but not both)."""
-    for key in _EVALUATION_KEYS:
+    """The body's evaluate / evaluate_inputs / sweep / output, put into the recipe data
+    (a recipe may carry them itself, but not both)."""
+    for key in _BODY_RECIPE_KEYS:
         value = getattr(req, key)
         if value is None:
             continue

@@ -80,9 +80,9 @@ class AsyncClient:
 
     async def submit(self, source: RecipeSource, *, idempotency_key: str | None = None,
                      name: str | None = None, validate: bool = True,
-                     pinned: bool | None = None) -> Job:
+                     pinned: bool | None = None, gguf: str | None = None) -> Job:
         body = submit_body(source, idempotency_key=idempotency_key, name=name,
-                           validate=validate, pinned=pinned)
+                           validate=validate, pinned=pinned, gguf=gguf)
         return parse_job(await self.request("POST", "/v1/jobs", json_body=body))
 
     async def submit_named(self, method: str, *, idempotency_key: str | None = None,

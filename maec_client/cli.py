@@ -47,7 +47,7 @@ from maec_client.errors import (
     WaitTimeout,
 )
 from maec_client.extensions import COMMANDS, registered
-from maec_client.options import DownloadOptions, download_flags
+from maec_client.options import DownloadOptions, SubmitOptions, download_flags, submit_flags
 
 # The HTTP client, its settings and the contract models are imported where a ``jobs``
 # command needs them: ``maec merge`` (the merge library's command under this script)
@@ -276,14 +276,15 @@ def jobs() -> None:
 @click.option("--idempotency-key", help="resubmitting with the same key returns the same job")
 @click.option("--name", help="a label for the job (shown in status and list)")
 @click.option("--no-validate", is_flag=True, help="skip the local recipe check")
-@click.option("--pin", is_flag=True, help="keep the job past the retention period")
+@submit_flags
 @click.option("--wait", "wait_", is_flag=True, help="wait for the job to finish")
 @click.option("--timeout", type=float, help="with --wait: give up after SECONDS (exit 7)")
 @click.option("--no-progress", is_flag=True, help="no progress bar")
 @_connection_options
 @_handles_errors
 def submit(recipe: str, idempotency_key: str | None, name: str | None, no_validate: bool,
-           pin: bool, wait_: bool, timeout: float | None, no_progress: bool) -> None:
+           options: SubmitOptions, wait_: bool, timeout: float | None,
+           no_progress: bool) -> None:
     """Queue RECIPE (a mergekit or MAEC recipe YAML, or a named-checkpoints job; - for stdin).
 
     Prints the job id (or the job as JSON).
@@ -299,7 +300,8 @@ def submit(recipe: str, idempotency_key: str | None, name: str | None, no_valida
             raise ValidationFailed("invalid_recipe", f"recipe file {recipe} does not exist")
     with _client() as client:
         job = client.submit(source, idempotency_key=idempotency_key, name=name,
-                            validate=not no_validate, pinned=True if pin else None)
+                            validate=not no_validate, pinned=options.pinned,
+                            gguf=options.gguf)
         if wait_:
             if not _as_json():
                 click.echo(job.id, err=True)

@@ -43,7 +43,12 @@ from maec_client.models import (
     QueueSummary,
     RecipeJob,
 )
-from maec_client.options import ClientOptions, ConnectionOptions, DownloadOptions
+from maec_client.options import (
+    ClientOptions,
+    ConnectionOptions,
+    DownloadOptions,
+    with_gguf_output,
+)
 from maec_client.retry import RetryPolicy
 from maec_contract import parse_job_request
 
@@ -165,7 +170,7 @@ class Client:
 
     def submit(self, source: RecipeSource, *, idempotency_key: str | None = None,
                name: str | None = None, validate: bool = True,
-               pinned: bool | None = None) -> Job:
+               pinned: bool | None = None, gguf: str | None = None) -> Job:
         """Queue a job from a recipe (file, YAML text, dict, Recipe) or a NamedJob.
 
         Mappings with ``merge_method`` (mergekit or MAEC recipe shape) are sent as
@@ -173,10 +178,11 @@ class Client:
         mapping that already has ``recipe`` is sent as is. ``validate`` checks recipes
         locally first (schema and parameter ranges, no source access) so mistakes fail
         fast with the same ``invalid_recipe`` code the service would use. ``pinned``
-        keeps the job past the service's retention period (see ``pin``).
+        keeps the job past the service's retention period (see ``pin``). ``gguf``
+        (``"q8_0"``, ``"f16"``, ...) also publishes the merged model as one GGUF file.
         """
         body = submit_body(source, idempotency_key=idempotency_key, name=name,
-                           validate=validate, pinned=pinned)
+                           validate=validate, pinned=pinned, gguf=gguf)
         return parse_job(self.request("POST", "/v1/jobs", json_body=body))
 
     def submit_named(self, method: str, *, idempotency_key: str | None = None,
@@ -362,8 +368,9 @@ def _any_request(data: Mapping[str, Any]) -> JobSubmission:
 
 
 def submit_body(source: RecipeSource, *, idempotency_key: str | None, name: str | None,
-                validate: bool, pinned: bool | None = None) -> dict[str, Any]:
-    body = build_body(source, validate=validate)
+                validate: bool, pinned: bool | None = None,
+                gguf: str | None = None) -> dict[str, Any]:
+    body = with_gguf_output(build_body(source, validate=validate), gguf)
     if name is not None:
         body["name"] = name
     if pinned is not None:

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from maec_client.retry import RetryPolicy
 
 MiB = 1 << 20
+C = TypeVar("C", bound=Callable[..., Any])
 # (bytes done, bytes in all) after each chunk written.
 ByteCallback = Callable[[int, int], None]
 
@@ -127,8 +128,47 @@ class DownloadOptions:
         return dataclasses.replace(options or cls(), **fields)
 
 
+@dataclass(frozen=True)
+class SubmitOptions:
+    """What ``maec jobs submit`` asks of a job beyond its recipe, as ``Client.submit``'s
+    keyword arguments of the same names: ``pinned`` keeps it past the retention period;
+    ``gguf`` also publishes the merged model as one GGUF file of that type (the body's
+    ``output: {gguf: TYPE}``, spelt as a recipe spells it; docs/gguf.md)."""
+
+    pinned: bool | None = None
+    gguf: str | None = None
+
+
+def submit_flags(command: C) -> C:
+    """Decorate ``maec jobs submit`` with ``--pin`` and ``--gguf``; the command receives
+    them as one ``options`` argument (a :class:`SubmitOptions`)."""
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        pin, gguf = kwargs.pop("pin"), kwargs.pop("gguf")
+        kwargs["options"] = SubmitOptions(pinned=True if pin else None, gguf=gguf)
+        return command(*args, **kwargs)
+
+    decorated: Any = click.option(
+        "--gguf", metavar="TYPE",
+        help="also publish the merged model as one GGUF file of TYPE (f16, bf16, q8_0, ...)",
+    )(wrapper)
+    decorated = click.option("--pin", is_flag=True,
+                             help="keep the job past the retention period")(decorated)
+    return decorated  # type: ignore[no-any-return]
+
+
+def with_gguf_output(body: dict[str, Any], gguf: str | None) -> dict[str, Any]:
+    """``body`` asking for a GGUF output of type ``gguf`` (unchanged when None): in the
+    recipe's own ``output`` when it has one (the service refuses an output given both
+    in the body and in the recipe), else in the body's."""
+    if gguf is not None:
+        recipe = body.get("recipe")
+        target = recipe if isinstance(recipe, dict) and "output" in recipe else body
+        target["output"] = {**(target.get("output") or {}), "gguf": gguf}
+    return body
+
+
 DOWNLOAD_FLAGS = tuple(f.name for f in dataclasses.fields(DownloadOptions) if f.metadata)
-C = TypeVar("C", bound=Callable[..., Any])
 
 
 def download_flags(*names: str) -> Callable[[C], C]:

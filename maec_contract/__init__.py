@@ -26,6 +26,8 @@ from maec_contract.jobs import (
     QueueSummary,
     SweepSummary,
     WebhookDelivery,
+    file_url,
+    with_file_urls,
 )
 from maec_contract.requests import (
     OTHER_KINDS,
@@ -45,6 +47,6 @@ __all__ = [
     "Evaluation", "FileInfo", "FileList", "Job", "JobPage", "JobRequest", "JobResult",
     "JobStatus", "JobSubmission", "KindRequest", "LeaderboardRow", "MoeJobRequest",
     "NamedJob", "PoolLoad", "Progress", "QueueCounts", "QueuePlace", "QueueSummary",
-    "QueuedJob", "RecipeJob", "SweepSummary", "WebhookDelivery", "parse_job_request",
-    "request_kind",
+    "QueuedJob", "RecipeJob", "SweepSummary", "WebhookDelivery", "file_url", "parse_job_request",
+    "request_kind", "with_file_urls",
 ]

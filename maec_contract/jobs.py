@@ -45,12 +45,31 @@ class ErrorBody(_Answer):
     details: dict[str, Any] = Field(default_factory=dict)
 
 
+def file_url(job_id: str, path: str) -> str:
+    """Where the service serves a job's published file, relative to the service."""
+    return f"/v1/jobs/{job_id}/files/{path}"
+
+
 class FileInfo(_Answer):
     path: str
     size: int
     sha256: str
-    # Relative to the service (``/v1/jobs/{id}/files/{path}``) or absolute.
+    # Relative to the service (:func:`file_url`) or absolute. The service adds it when it
+    # answers (the stored record keeps files without it), so it always sends one.
     url: str = ""
+
+
+def with_file_urls(result: dict[str, Any], job_id: str) -> dict[str, Any]:
+    """A stored result as it is served: each of its ``files`` given its URL
+    (:func:`file_url`), after the entry's other fields. A URL already stored (a record
+    written before the service added them) is kept."""
+    files = result.get("files")
+    if not isinstance(files, list) or not any(
+            isinstance(f, dict) and not f.get("url") for f in files):
+        return result
+    served = [{**f, "url": file_url(job_id, str(f.get("path", "")))}
+              if isinstance(f, dict) and not f.get("url") else f for f in files]
+    return {**result, "files": served}
 
 
 class EvalTable(_Answer):

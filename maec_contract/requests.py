@@ -11,7 +11,7 @@ fails here, not as a silent default.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import (
     BaseModel,
@@ -79,6 +79,10 @@ class JobRequest(JobSubmission):
                                                    max_length=64)
     evaluate_inputs: bool | None = None
     sweep: dict[str, Any] | None = None
+    # Either form: what is published besides the merged checkpoint, as a recipe's
+    # ``output`` ({gguf: TYPE} adds a GGUF file; docs/gguf.md). In the recipe form it may
+    # also be the recipe's own key (not both).
+    output: dict[str, Any] | None = None
 
     @field_validator("ability_donor", mode="before")
     @classmethod
@@ -146,15 +150,22 @@ def request_kind(value: Any) -> str:
     return kind if isinstance(kind, str) and kind else "merge"
 
 
-# The body models of the kinds other than a merge.
+# The body models of the kinds other than a merge: a new kind's model is one entry here
+# (the union below and the API's body schema are made from it).
 OTHER_KINDS: tuple[type[KindRequest], ...] = (MoeJobRequest,)
 # Every kind's body model, by its ``kind``.
-AnyJobRequest = Annotated[
-    Annotated[JobRequest, Tag("merge")] | Annotated[MoeJobRequest, Tag(MoeJobRequest.KIND)],
-    Discriminator(request_kind)]
-_ANY: TypeAdapter[JobRequest | MoeJobRequest] = TypeAdapter(AnyJobRequest)
+if TYPE_CHECKING:
+    AnyJobRequest = JobSubmission
+else:
+    AnyJobRequest = Annotated[
+        # Union[...]: the members are a tuple only known when the module runs.
+        Union[Annotated[JobRequest, Tag("merge")],
+              *(Annotated[m, Tag(m.KIND)] for m in OTHER_KINDS)],
+        Discriminator(request_kind)]
+_ANY: TypeAdapter[JobSubmission] = TypeAdapter(AnyJobRequest)
 
 
-def parse_job_request(data: Any) -> JobRequest | MoeJobRequest:
-    """``data`` validated as the body of its kind (ValidationError when it is none)."""
+def parse_job_request(data: Any) -> JobSubmission:
+    """``data`` validated as the body of its kind (ValidationError when it is none): a
+    :class:`JobRequest` or one of :data:`OTHER_KINDS`."""
     return _ANY.validate_python(data)

@@ -18,13 +18,42 @@ import re
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+if TYPE_CHECKING:
+    from tests.conftest import TinyModels
 
 TEXT = "w1 w7 w3 w9 w4 w12 w30 w2 w8 w11 w5 w19\n\nw20 w3 w17 w25 w2 w33 w9 w1\n"
 A = ["w1 w2 w3", "w4 w5"]
 B = ["w20 w21", "w22 w23 w24"]
+
+
+def job_bodies(m: TinyModels, sets: list[dict[str, str]]) -> dict[str, dict[str, Any]]:
+    """The body of each kind of job, by name: a merge, a MAEC job, an evaluated job (its
+    inputs scored too), a sweep publishing every candidate, and an MoE build."""
+
+    def named(method: str, **kw: object) -> dict[str, object]:
+        return {"method": method, "base": str(m.base), "ability_donor": [str(m.donor)],
+                "language_base": str(m.lang), **kw}
+
+    return {
+        "merge": {"recipe": {"merge_method": "linear", "models": [
+            {"model": str(m.donor), "parameters": {"weight": 0.3}},
+            {"model": str(m.lang), "parameters": {"weight": 0.7}}]}},
+        "maec": named("maec"),
+        "evaluated": named("linear", evaluate=sets, evaluate_inputs=True,
+                           parameters={"weight": 1.0}),
+        "sweep": named("task_arithmetic", evaluate=sets, sweep={
+            "grid": {"weight": [0.0, 1.0]},
+            "objective": {"set": "wiki-sw", "metric": "perplexity"},
+            "publish": "all"}),
+        "moe": {"kind": "moe", "recipe": {
+            "base_model": str(m.base), "gate_mode": "hidden", "dtype": "bfloat16",
+            "experts": [{"source_model": str(m.donor), "positive_prompts": A},
+                        {"source_model": str(m.lang), "positive_prompts": B}]}},
+    }
 
 
 def main(root: Path) -> None:
@@ -62,26 +91,7 @@ def main(root: Path) -> None:
         r.flushdb()
         auth = {"Authorization": f"Bearer {API_KEYS['alice']}"}
 
-        def named(method: str, **kw: object) -> dict[str, object]:
-            return {"method": method, "base": str(m.base), "ability_donor": [str(m.donor)],
-                    "language_base": str(m.lang), **kw}
-
-        jobs: dict[str, dict[str, Any]] = {
-            "merge": {"recipe": {"merge_method": "linear", "models": [
-                {"model": str(m.donor), "parameters": {"weight": 0.3}},
-                {"model": str(m.lang), "parameters": {"weight": 0.7}}]}},
-            "maec": named("maec"),
-            "evaluated": named("linear", evaluate=sets, evaluate_inputs=True,
-                               parameters={"weight": 1.0}),
-            "sweep": named("task_arithmetic", evaluate=sets, sweep={
-                "grid": {"weight": [0.0, 1.0]},
-                "objective": {"set": "wiki-sw", "metric": "perplexity"},
-                "publish": "all"}),
-            "moe": {"kind": "moe", "recipe": {
-                "base_model": str(m.base), "gate_mode": "hidden", "dtype": "bfloat16",
-                "experts": [{"source_model": str(m.donor), "positive_prompts": A},
-                            {"source_model": str(m.lang), "positive_prompts": B}]}},
-        }
+        jobs = job_bodies(m, sets)
         with TestClient(create_app(settings), raise_server_exceptions=False) as client:
             runner = JobRunner(settings, WorkerJobStore(r),
                                LocalStorage(settings.storage_dir), worker="digests")
@@ -117,9 +127,9 @@ def main(root: Path) -> None:
         server.stop()
 
 
-# What differs from run to run in published files today: the job id and temporary folder
-# names inside worker paths (an MoE job's moe_config.yaml, an eval report's model_dir),
-# and an eval report's wall-clock seconds.
+# What would differ from run to run if a published file held it: a job id, a sweep's
+# temporary folder (none does: tests/api/test_published_paths.py), and an eval report's
+# wall-clock seconds.
 _VARYING = [(re.compile(rb"j_[0-9a-f]{24}"), b"j_ID"),
             (re.compile(rb"\.out\.sweep-[a-z0-9_]+"), b".out.sweep-TMP")]
 

@@ -52,7 +52,8 @@ from urllib.parse import parse_qs, unquote, urlencode, urlsplit
 import pytest
 
 # Stored with git-lfs on the real Hub (its default .gitattributes): served through the CDN.
-LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".model", ".h5", ".msgpack")
+LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".model", ".h5", ".msgpack",
+                ".gguf")
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 
 

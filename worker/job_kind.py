@@ -6,8 +6,20 @@ same two questions: :meth:`JobKind.plan` (from the record: the stage spans, whic
 are one file, the checks on the fetched inputs) and :meth:`Planned.produce` (the inputs
 fetched: make the output folder and its manifest, in memory). The runner does the rest
 alike for every kind: fetch, then produce, then reserve and publish, manifest last
-(``worker.runner``). A new kind is a module with a :class:`JobKind` and one line in
-``worker.kinds.KINDS``.
+(``worker.runner``).
+
+A new kind (an eval-only job, say), named by the contract's ``kind``, touches:
+
+- ``maec_contract.requests``: its body model (a ``KindRequest`` with its ``KIND``) and
+  one entry in ``OTHER_KINDS`` (the request union and the API's body schema are made
+  from it), since the contract publishes every body and imports nothing of ours;
+- its module in ``app.kinds`` (which records it owns, what it reads at submission) and
+  one entry in ``app.kinds.KINDS``;
+- its module here (a :class:`JobKind`: the record's plan and its produce step) and one
+  entry in ``worker.kinds.KINDS`` under the same name.
+
+Nothing else: submission, routing, the runner's fetch, reserve and publish, the job's
+file URLs and the UI are the same for every kind.
 """
 
 from __future__ import annotations
@@ -91,8 +103,7 @@ class Planned(Protocol):
 
 
 class JobKind(Protocol):
-    """A kind of job: which records it runs, and their plan."""
-
-    def owns(self, rec: JobRecord) -> bool: ...
+    """A kind of job: the plan of a record of its kind (which records are of its kind
+    is the API's registry's to say, ``app.kinds``)."""
 
     def plan(self, rec: JobRecord) -> Planned: ...

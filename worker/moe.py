@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 from app.jobs.record import JobRecord
 from maec_core.service import (
-    MOE_METHOD,
     JobPlan,
     Manifest,
     MoeConfig,
@@ -48,8 +47,11 @@ class MoeJob:
 
     def produce(self, run: Run) -> Made:
         progress = run.ctx.progress
+        # The published config and card name each source by its reference, as a
+        # merge's recipe.yaml does, never by the worker's copy.
         ctx = run.ctx.but(progress=None if progress is None else (
-            lambda _stage, done, total: progress("combine", done, total)))
+            lambda _stage, done, total: progress("combine", done, total)),
+            names={path: ref for ref, path in run.local.items()})
         made = build_moe(self.config.with_sources(run.local), run.out, ctx)
         # Every source of an MoE build is a checkpoint the manifest names.
         manifest = published_manifest(made.manifest, run.local, run.local,
@@ -61,10 +63,7 @@ class MoeJob:
 
 
 class MoeKind:
-    """Records whose method is ``moe``."""
-
-    def owns(self, rec: JobRecord) -> bool:
-        return rec.method == MOE_METHOD
+    """Records of the ``moe`` kind (method ``moe``, ``app.kinds.moe``)."""
 
     def plan(self, rec: JobRecord) -> MoeJob:
         # Parsed once from the record, checked again (the record is the truth, not the API).

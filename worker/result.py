@@ -28,6 +28,15 @@ class Finished:
     def fields(self) -> dict[str, Any]:
         """The job record's fields this success sets."""
         n = len(self.result.files)
-        return {"result": self.result.model_dump(mode="json"), "result_prefix": self.prefix,
+        return {"result": stored_result(self.result), "result_prefix": self.prefix,
                 "artifact_reused": self.artifact_reused,
                 "progress": {"fraction": 1.0, "done": n, "total": n}}
+
+
+def stored_result(result: JobResult) -> dict[str, Any]:
+    """``result`` as the job record keeps it: files without their URLs, which the API
+    adds when it answers (``maec_contract.with_file_urls``), so the record does not
+    depend on the route it is served under."""
+    doc = result.model_dump(mode="json")
+    doc["files"] = [{k: v for k, v in f.items() if k != "url" or v} for f in doc["files"]]
+    return doc

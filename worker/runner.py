@@ -406,8 +406,7 @@ class JobRunner:
         uploads.close()
         result = JobResult(
             manifest=dict(made.manifest.doc), report=made.report,
-            files=[FileInfo(**f.to_json(), url=f"/v1/jobs/{rec.id}/files/{f.path}")
-                   for f in files],
+            files=[FileInfo(**f.to_json()) for f in files],
             core_seconds=round(made.core_seconds, 4), **made.result)
         return Finished(result, prefix, made.artifact_reused)
 

@@ -110,9 +110,6 @@ class Naming:
 class MergeKind:
     """Every record another kind does not own: its recipe is a merge recipe."""
 
-    def owns(self, rec: JobRecord) -> bool:
-        return True
-
     def plan(self, rec: JobRecord) -> MergeJob:
         # The recipe is parsed once from the job record and planned once; the plan is
         # carried through the stages: fetch, merge (and evaluate), publish.

@@ -8,6 +8,7 @@ scripts of :mod:`app.jobs.calls`, shared with the worker.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -40,6 +41,7 @@ from app.jobs.record import (
     now_iso,
     text,
 )
+from maec_contract import with_file_urls
 from maec_core.service import MaecError
 
 T = TypeVar("T")
@@ -60,6 +62,8 @@ Bodies = list[bytes]
 # Upper bound on records examined for one filtered page, so a rare status cannot turn a
 # list request into a scan of every job the key ever ran.
 MAX_SCAN = 1000
+# Served results kept (:func:`served_result`): a few hundred polled jobs' worth.
+SERVED_RESULTS = 512
 
 
 class UnreadableJob(MaecError):
@@ -70,7 +74,26 @@ class UnreadableJob(MaecError):
     code = "job_unreadable"
 
 
-def _assemble(raw: Mapping[bytes, bytes]) -> bytes:
+@functools.lru_cache(maxsize=SERVED_RESULTS)
+def served_result(stored: bytes, job_id: str) -> bytes:
+    """A stored ``result`` as the API serves it: its files given their URLs
+    (``maec_contract.with_file_urls``). A result never changes once stored, and clients
+    poll it, so each is parsed once and its served form kept (a small LRU). Text that
+    does not parse is passed on as it is: :func:`public_json` judges it."""
+    try:
+        doc = json.loads(stored)
+    except (ValueError, RecursionError):
+        return stored
+    if not isinstance(doc, dict):
+        return stored
+    served = with_file_urls(doc, job_id)
+    return stored if served is doc else json.dumps(served, separators=(",", ":")).encode()
+
+
+def _assemble(raw: Mapping[bytes, bytes], job_id: str) -> bytes:
+    result = raw.get(b"result")
+    if result is not None and result != b"null":
+        raw = {**raw, b"result": served_result(result, job_id)}
     parts = [b'"' + name + b'":' + raw.get(name, _DEFAULTS[name]) for name in PUBLIC_FIELDS]
     return b"{" + b",".join(parts) + b"}"
 
@@ -83,7 +106,7 @@ def public_json(raw: Mapping[bytes, bytes], job_id: str) -> bytes:
     outside the Basic Multilingual Plane (escaped as a pair) or a lone surrogate. Only
     then is the body parsed and re-encoded strictly; the common body passes unparsed.
     Raises UnreadableJob when the text is not strict JSON."""
-    body = _assemble(raw)
+    body = _assemble(raw, job_id)
     if body.isascii() and b"\\ud" not in body:
         return body
     try:
@@ -135,7 +158,7 @@ def degraded_raw(raw: Mapping[bytes, bytes], job_id: str) -> dict[bytes, bytes]:
 
 def degraded_json(raw: Mapping[bytes, bytes], job_id: str) -> bytes:
     """The public Job of :func:`degraded_raw`: what the list shows for such a record."""
-    return _assemble(degraded_raw(raw, job_id))
+    return _assemble(degraded_raw(raw, job_id), job_id)
 
 
 def record_json(record: JobRecord) -> bytes:

@@ -17,7 +17,7 @@ from pydantic_core import PydanticSerializationError
 
 from maec_contract import STATUSES as STATUSES  # re-exported: the store and API use it
 from maec_contract import TERMINAL as TERMINAL
-from maec_contract import Job
+from maec_contract import Job, with_file_urls
 from maec_contract import JobStatus as Status
 from maec_core.service import MaecError
 
@@ -81,8 +81,12 @@ class JobRecord(Job):
     shards: dict[str, Any] | None = None
 
     def public(self) -> dict[str, Any]:
-        """The Job object of the API contract (maec_contract.Job), bookkeeping left out."""
-        return self.model_dump(mode="json", exclude=set(INTERNAL_FIELDS))
+        """The Job object of the API contract (maec_contract.Job), bookkeeping left out,
+        as the API answers it: its files with their URLs."""
+        doc = self.model_dump(mode="json", exclude=set(INTERNAL_FIELDS))
+        if isinstance(doc.get("result"), dict):
+            doc["result"] = with_file_urls(doc["result"], self.id)
+        return doc
 
 
 # The contract decides what callers see; every other record field is bookkeeping, never

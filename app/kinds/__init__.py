@@ -1,7 +1,8 @@
 """Kinds of job as the API takes them: each turns its kind's request body into a
 ``Submission`` (what the job makes, checked before anything is queued), resolved by
 the body's ``kind`` (the contract's discriminator). The worker's side of each kind is
-``worker.kinds``. A new kind is its own module here and one entry in ``KINDS``.
+``worker.kinds``, keyed by the same names. A new kind is its own module here and one
+entry in ``KINDS`` (what else it touches: ``worker.job_kind``).
 """
 
 from __future__ import annotations
@@ -62,14 +63,23 @@ class Kind(Protocol):
         """``req`` (this kind's request model) as a submission."""
 
 
-# By the request's ``kind``; a record's kind is the first that owns its method (a merge
-# owns every other, so it comes last).
+# By the request's ``kind`` (the contract's name, which ``worker.kinds`` keys the same
+# way). A kind registered later (a test's) is one more entry.
 KINDS: dict[str, Kind] = {"moe": MOE, "merge": MERGE}
+# The kind of a body that names none (a merge): it owns every record no other kind owns.
+DEFAULT: str = request_kind({})
+
+
+def kind_name(rec: JobRecord) -> str:
+    """The name of a job record's kind: the kind that owns its method, else the
+    default's. Decided here only; the worker runs the record by this name."""
+    return next((name for name, k in KINDS.items()
+                 if name != DEFAULT and k.owns(rec.method)), DEFAULT)
 
 
 def record_kind(rec: JobRecord) -> Kind:
     """The kind of a job record."""
-    return next(k for k in KINDS.values() if k.owns(rec.method))
+    return KINDS[kind_name(rec)]
 
 
 def submission_of(req: JobSubmission) -> Submission:

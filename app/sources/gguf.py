@@ -8,8 +8,9 @@ cannot dequantize is refused there with ``unsupported_gguf``; a truncated or mal
 file with ``invalid_gguf``. The source is pinned to its one file, which the worker
 fetches through its input cache like any other.
 
-Hub sources name a repository, not a file, so a GGUF file on the hub is not a source
-(the error says so).
+A GGUF file on the hub is named by a file reference pinned to a commit
+(``hf://owner/name@<sha>/<path>.gguf``, ``app.sources.hf``): its header is read by ranged
+GETs at that commit, its file fetched and checked against the listing's digest.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from app.sources.base import Source, SourceFile, SourceKind
+from app.sources.hf import read_hub_range
 from app.storage.base import Storage, StorageError
 from maec_core.service import (
     GGUF_MAX_HEADER_BYTES as MAX_HEADER_BYTES,
@@ -60,9 +62,9 @@ def gguf_candidate(source: Source) -> Source | None:
     as ambiguous)."""
     name = (source.path or source.prefix or source.uri).rstrip("/")
     if is_gguf_name(name):
-        if source.kind == "hf":
-            raise SourceError(f"{source.uri}: a hub source names a repository; GGUF "
-                              "files are read from local paths, s3:// and job: sources",
+        if source.kind == "hf" and not source.path:
+            raise SourceError(f"{source.uri}: a hub source names a repository; name a "
+                              "GGUF file in it as hf://owner/name@<sha>/<file>.gguf",
                               source=source.uri)
         return source
     if source.kind != "local":
@@ -78,6 +80,8 @@ def _read_prefix(source: Source, storage: Storage, file: SourceFile, n: int) -> 
     if source.kind == "local":
         with open(file.location, "rb") as f:  # its identity was pinned: the worker rechecks
             return f.read(n)
+    if source.kind == "hf":
+        return read_hub_range(source, file, 0, n - 1)
     bucket = storage.for_bucket(source.bucket) if source.kind == "s3" else storage
     return bucket.get_range(file.location, 0, n - 1)
 

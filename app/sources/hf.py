@@ -1,4 +1,5 @@
-"""Hub sources (``hf://owner/name@<sha>``), used only when ``MAEC_HUB_ENABLED``.
+"""Hub sources (``hf://owner/name@<sha>``, and ``hf://owner/name@<sha>/<path>.gguf`` for
+one GGUF file of a repo: ``app.sources.gguf``), used only when ``MAEC_HUB_ENABLED``.
 
 Both sides look at the same files of the repo, always at the pinned commit: its top-level
 ``*.safetensors`` and the small files a checkpoint folder may contribute
@@ -42,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Iterable, Iterator
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import ClassVar
@@ -72,6 +74,7 @@ from maec_core.service import (
     ModelFolder,
     SourceError,
     SourceNotFound,
+    is_gguf_name,
 )
 
 # Read whole at submission (the plan needs their content); side files are only sniffed.
@@ -85,7 +88,8 @@ SNIFF_BYTES = 64
 _NOT_FOUND_CODES = ("RepoNotFound", "RevisionNotFound", "EntryNotFound")
 _TIMEOUT = 30.0
 _CHUNK = 1 << 20
-_HF = re.compile(r"^hf://(?P<repo>[A-Za-z0-9][\w.\-]*/[\w.\-]+)(?:@(?P<rev>[^@]*))?$")
+_HF = re.compile(r"^hf://(?P<repo>[A-Za-z0-9][\w.\-]*/[\w.\-]+)"
+                 r"(?:@(?P<rev>[^@/]*))?(?:/(?P<file>[^@]+))?$")
 _REV = re.compile(r"^[0-9a-f]{40}$")
 
 
@@ -136,16 +140,18 @@ def _client_errors() -> tuple[type[Exception], ...]:
     return tuple(errors)
 
 
-def _listing(source: Source) -> dict[str, SourceFile]:
-    """The files at the top level of the repo at the pinned commit, by name."""
+def _listing(source: Source, folder: str | None = None) -> dict[str, SourceFile]:
+    """The files at the top level of the repo (or of its ``folder``) at the pinned
+    commit, by path in the repo."""
     from huggingface_hub import HfApi
     from huggingface_hub.hf_api import RepoFile
 
     try:
-        return {e.path: SourceFile(e.path, int(e.size),
+        return {e.path: SourceFile(e.path.rsplit("/", 1)[-1], int(e.size),
                                    _content_key(e.blob_id, e.lfs.sha256 if e.lfs else None),
                                    e.path, e.blob_id)
-                for e in HfApi().list_repo_tree(source.repo, revision=source.revision)
+                for e in HfApi().list_repo_tree(source.repo, path_in_repo=folder,
+                                                revision=source.revision)
                 if isinstance(e, RepoFile)}
     except _client_errors() as exc:  # HfHubHTTPError and friends are OSErrors
         raise _hub_error(source, exc) from None
@@ -256,6 +262,27 @@ def hub_view(source: Source, into: Path, *, tokenizer: bool = False) -> Path:
     return folder
 
 
+def hub_file(source: Source) -> SourceFile:
+    """The one file a file reference (``hf://owner/name@<sha>/<path>``) names, with its
+    size and content key from the listing of its folder at the pinned commit."""
+    folder = source.path.rpartition("/")[0] or None
+    found = _listing(source, folder).get(source.path)
+    if found is None:
+        raise SourceNotFound(f"{source.uri}: no file {source.path} at this commit",
+                             source=source.uri, file=source.path)
+    return found
+
+
+def read_hub_range(source: Source, file: SourceFile, first: int, last: int) -> bytes:
+    """Bytes ``first..last`` (inclusive) of ``file`` at the pinned commit (a GGUF header
+    is read this way at submission, as an ``s3://`` one is)."""
+    reader = _Reader(source)
+    try:
+        return reader.get(file.location, first, last, cap=last - first + 1)
+    finally:
+        reader.close()
+
+
 def hub_files(source: Source) -> list[SourceFile]:
     """The checkpoint files of the pinned commit (``wanted_files``), with their identities."""
     listing = _listing(source)
@@ -264,6 +291,18 @@ def hub_files(source: Source) -> list[SourceFile]:
         raise SourceNotFound(f"{source.uri}: no safetensors weights at this commit",
                              source=source.uri)
     return wanted
+
+
+def _file_in_repo(text: str, file: str | None) -> str:
+    """The path in the repo a file reference names ("" for a repository reference):
+    a ``.gguf`` file, the one kind of hub source that is a single file."""
+    if file is None:
+        return ""
+    parts = file.split("/")
+    if any(p in ("", ".", "..") for p in parts) or not is_gguf_name(parts[-1]):
+        raise SourceError(f"{text}: a hub file reference names one .gguf file in the "
+                          "repository (hf://owner/name@<sha>/<path>.gguf)", source=text)
+    return file
 
 
 class HubSource(SourceKind):
@@ -279,7 +318,8 @@ class HubSource(SourceKind):
             )
         m = _HF.match(text)
         if m is None:
-            raise SourceError(f"{text}: expected hf://owner/name@<revision>", source=text)
+            raise SourceError(f"{text}: expected hf://owner/name@<revision> (or "
+                              "hf://owner/name@<revision>/<file>.gguf)", source=text)
         rev = m.group("rev") or ""
         if not _REV.match(rev):
             raise SourceError(
@@ -287,7 +327,8 @@ class HubSource(SourceKind):
                 "(hf://owner/name@<sha>); branches and tags can move",
                 source=text,
             )
-        return Source("hf", text, repo=m.group("repo"), revision=rev)
+        return Source("hf", text, repo=m.group("repo"), revision=rev,
+                      path=_file_in_repo(text, m.group("file")))
 
     def headers(self, tokenizer: bool = False, base: ModelFolder | None = None
                 ) -> ModelFolder:
@@ -297,9 +338,17 @@ class HubSource(SourceKind):
     def pin(self, *, single: bool = False) -> Source:
         # The 40-hex revision already pins every byte (each file is checked against its
         # digest at that commit): nothing to record, no extra listing at submission.
+        # A file reference is pinned to its file all the same: a job record's one pinned
+        # .gguf file is what tells the worker to dequantize it.
+        if self.source.path:
+            return replace(self.source, files=(hub_file(self.source),))
         return self.source
 
     def checkpoint_files(self) -> list[SourceFile]:
+        if self.source.path:
+            raise SourceError(f"{self.source.uri}: a hub file reference names a GGUF "
+                              "file; name the repository for a checkpoint folder",
+                              source=self.source.uri)
         return hub_files(self.source)
 
     def corpus_file(self) -> SourceFile:

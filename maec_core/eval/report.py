@@ -76,7 +76,9 @@ class SetResult(BaseModel):
 
 class ModelResult(BaseModel):
     label: str
-    model_dir: str
+    # The folder scored; in a job's published report an input's reference, and None for
+    # the job's own outputs (sweep.attach.published_report).
+    model_dir: str | None
     device: str
     dtype: str
     seconds: float

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -172,7 +173,8 @@ def build_moe(config: MoeConfig, out: Path, ctx: RunContext | None = None, *,
             writer.abort()
             hasher.stop()
             raise
-        manifest = _finish(staged, config, plan, folders, hasher, accounting)
+        manifest = _finish(staged, config, plan, folders, hasher, accounting,
+                           names=ctx.names)
         if ctx.manifest_file:
             # Last: the manifest lists the others.
             (staged.folder / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2,
@@ -193,9 +195,10 @@ def _report(config: MoeConfig, plan: MoePlan) -> dict[str, Any]:
 
 def _finish(staged: StagedOutput, config: MoeConfig, plan: MoePlan,
             folders: dict[str, ModelFolder], hasher: BackgroundHasher,
-            accounting: Accounting) -> dict[str, Any]:
+            accounting: Accounting, names: Mapping[str, str]) -> dict[str, Any]:
     """The files beside the weights; returns the manifest listing them (written by the
-    caller, last)."""
+    caller, last). The config and the card name each source as ``names`` says (a job's
+    local copies by their references: ``RunContext.names``)."""
     base = folders[config.base_model]
     try:
         staged.copy_side_files(base)
@@ -203,8 +206,9 @@ def _finish(staged: StagedOutput, config: MoeConfig, plan: MoePlan,
     except BaseException:
         hasher.stop()
         raise
-    staged.write_bytes(CONFIG_NAME, config.to_yaml().encode())
-    staged.write_bytes("README.md", _card(config, plan).encode())
+    shown = config.with_sources(names)
+    staged.write_bytes(CONFIG_NAME, shown.to_yaml().encode())
+    staged.write_bytes("README.md", _card(shown, plan).encode())
     digests = hasher.result()
     inputs = {ref: {"path": str(f.root), "files": digests.get(ref, {})}
               for ref, f in folders.items()}

@@ -20,6 +20,7 @@ from typing import Any
 from maec_core.card import evaluation_section, with_evaluation
 from maec_core.eval.report import EvalReport
 from maec_core.manifest import MANIFEST_NAME, FileEntry, write_manifest
+from maec_core.naming import renamed
 from maec_core.sweep.board import LEADERBOARD_NAME, Leaderboard
 
 EVAL_REPORT_NAME = "eval_report.json"
@@ -69,13 +70,30 @@ def report_bytes(report: EvalReport) -> bytes:
             + "\n").encode()
 
 
+def published_report(report: EvalReport, names: Mapping[str, str]) -> EvalReport:
+    """``report`` as a job publishes it (``names``: local copy -> reference, a job's
+    ``RunContext.names``; empty: a local run, whose paths are the user's own): each input
+    and eval set named by its reference, and a model that is no input (the merged
+    folder, a sweep's candidates, made in the worker's temporary folders) by no path."""
+    if not names:
+        return report
+    doc = renamed(report.model_dump(mode="json"), names)
+    refs = set(names.values())
+    for model in doc["models"]:
+        if model["model_dir"] not in refs:
+            model["model_dir"] = None
+    return EvalReport.model_validate(doc)
+
+
 def attach_evaluation(folder: Path, report: EvalReport, *, label: str,
                       board: Leaderboard | None = None, plot: bytes | None = None,
-                      manifest: Mapping[str, Any] | None = None, write: bool = True
-                      ) -> Amended:
+                      manifest: Mapping[str, Any] | None = None, write: bool = True,
+                      names: Mapping[str, str] | None = None) -> Amended:
     """Publish ``report`` (and a sweep's board and plot) in ``folder``: the files, the
     card's evaluation section, and the manifest (``manifest`` and ``write``: see
-    :func:`amend`). ``label`` is this folder's row."""
+    :func:`amend`). ``label`` is this folder's row; ``names``: see
+    :func:`published_report`."""
+    report = published_report(report, names or {})
     files: dict[str, bytes] = {EVAL_REPORT_NAME: report_bytes(report)}
     note = f"This checkpoint is the row `{label}`."
     section = evaluation_section(report.markdown_table(), note=note)

@@ -133,7 +133,7 @@ def evaluate_folder(recipe: Recipe, folder: Path, ctx: RunContext | None = None,
     report = EvalReport(models=[evaluate_loaded(name, path, sets, scoring)
                                 for name, path in models.items()])
     amended = attach_evaluation(folder, report, label=label, manifest=manifest,
-                                write=ctx.manifest_file)
+                                write=ctx.manifest_file, names=ctx.names)
     return FolderEvaluation(report, amended.manifest, amended.added)
 
 
@@ -197,7 +197,7 @@ def run_sweep(recipe: Recipe, out: Path, ctx: RunContext | None = None,
         folder = best.folder
         manifest = attach_evaluation(folder, report, label=board.winner or "", board=board,
                                      plot=plot_png(board), manifest=best.manifest,
-                                     write=ctx.manifest_file).manifest
+                                     write=ctx.manifest_file, names=ctx.names).manifest
         folder.rename(out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -349,7 +349,8 @@ class _Sweep:
         if self.keep is not None:
             manifest = attach_evaluation(folder, EvalReport(models=[*inputs, result]),
                                          label=cand.id, manifest=manifest,
-                                         write=self.ctx.manifest_file).manifest
+                                         write=self.ctx.manifest_file,
+                                         names=self.ctx.names).manifest
             self.keep(cand, folder, manifest)
         self._keep_if_best(cand, row, folder if written else None, manifest)
 

@@ -24,6 +24,7 @@ EXPECTED = {
     errors.UnsupportedAdapter: 422, errors.SweepError: 422, errors.NoFeasibleCandidate: 422,
     errors.UnsupportedMoe: 422, errors.TensorUnaccounted: 400,
     errors.LmEvalTaskUnknown: 422, errors.LmEvalFailed: 400,
+    errors.InvalidGguf: 422, errors.UnsupportedGguf: 422, errors.UnsupportedGgufOutput: 422,
 }
 
 

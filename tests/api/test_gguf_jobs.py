@@ -110,3 +110,25 @@ def test_a_pool_refuses_a_gguf_it_cannot_dequantize(api_factory: object) -> None
                         headers=api.auth())
     assert r.status_code == 422 and r.json()["code"] == "no_capable_worker", r.text
     assert r.json()["details"]["need"]["host_memory_bytes"] > 6 * (1 << 30)
+
+
+def test_a_named_job_asks_for_a_gguf_output_in_its_body(api: Api) -> None:
+    extra = api.root / "extra"
+    base = tiny_hf(extra / "base", seed=0)
+    donor = tiny_hf(extra / "donor", seed=1, like=base)
+    lang = tiny_hf(extra / "lang", seed=2, like=base)
+    named = {"method": "task_arithmetic", "base": str(base), "ability_donor": [str(donor)],
+             "language_base": str(lang), "dtype": "float32"}
+    # The same typed refusal as a recipe's output, before anything is queued.
+    bad = api.client.post("/v1/jobs", json={**named, "output": {"gguf": "q4_k_m"}},
+                          headers=api.auth())
+    assert bad.status_code == 422 and bad.json()["code"] == "unsupported_gguf_output"
+    both = api.client.post("/v1/jobs", json={"recipe": _recipe(base, str(donor), gguf="f16"),
+                                             "output": {"gguf": "q8_0"}}, headers=api.auth())
+    assert both.status_code == 422 and both.json()["code"] == "invalid_recipe"
+    jid = str(api.submit({**named, "output": {"gguf": "q8_0"}})["id"])
+    urls, manifest = api.run_published(jid)
+    entry = next(f for f in manifest["files"] if f["path"] == "model-q8_0.gguf")
+    assert manifest["gguf"]["file"] == "model-q8_0.gguf"
+    body = api.client.get(urls["model-q8_0.gguf"], headers=api.auth()).content
+    assert hashlib.sha256(body).hexdigest() == entry["sha256"]

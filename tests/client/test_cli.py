@@ -233,3 +233,17 @@ def test_submit_pin_flag_sends_pinned(run, fake, tmp_path):
     assert json.loads(fake.requests[-1].content)["pinned"] is True
     assert run("submit", str(recipe), "--api-key", "k1").exit_code == 0
     assert "pinned" not in json.loads(fake.requests[-1].content)
+
+
+def test_submit_gguf_flag_asks_for_a_gguf_output(run, fake, tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(MERGEKIT_YAML)
+    assert run("submit", str(recipe), "--gguf", "q8_0", "--api-key", "k1").exit_code == 0
+    body = json.loads(fake.requests[-1].content)
+    assert body["output"] == {"gguf": "q8_0"} and "output" not in body["recipe"]
+    # A recipe with an output of its own gets the type there (one output, not two).
+    recipe.write_text(MERGEKIT_YAML + "output:\n  format: model\n")
+    assert run("submit", str(recipe), "--gguf", "f16", "--api-key", "k1").exit_code == 0
+    body = json.loads(fake.requests[-1].content)
+    assert body["recipe"]["output"] == {"format": "model", "gguf": "f16"}
+    assert "output" not in body

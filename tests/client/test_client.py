@@ -284,3 +284,12 @@ def test_delete_pin_unpin_and_submit_pinned(client, fake, clock):
     c.delete(job.id, missing_ok=True)
     assert fake.requests[-1].method == "DELETE"
     assert fake.requests[-1].url.path == f"/v1/jobs/{job.id}"
+
+
+def test_submit_gguf_asks_for_a_gguf_output_in_either_form(client, fake):
+    client.submit_named("task_arithmetic", ability_donor="s3://m/d", language_base="s3://m/l",
+                        output={"gguf": "q8_0"})
+    client.submit({"method": "task_arithmetic", "ability_donor": ["s3://m/d"],
+                   "language_base": "s3://m/l"}, gguf="bf16")
+    first, second = posted(fake)
+    assert first["output"] == {"gguf": "q8_0"} and second["output"] == {"gguf": "bf16"}

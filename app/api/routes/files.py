@@ -21,7 +21,7 @@ from app.api.routes.jobs import check_id, not_found
 from app.api.schemas import PROBLEMS
 from app.jobs.record import JobRecord
 from app.storage.base import StorageError
-from maec_contract import FileList
+from maec_contract import FileList, with_file_urls
 
 router = APIRouter(prefix="/v1/jobs", tags=["files"], responses=PROBLEMS)
 # At most 19 digits a number (every file size fits in that): a longer one does not match,
@@ -138,7 +138,8 @@ async def list_files(job_id: str, auth: Auth) -> FileList:
     """What the job published (path, size, sha256, download URL), from its manifest;
     empty until it has succeeded. Another key's job is a 404, as for the job itself."""
     rec = await owned_job(auth, job_id)
-    files = (rec.result or {}).get("files", []) if rec.status == "succeeded" else []
+    served = with_file_urls(rec.result or {}, job_id) if rec.status == "succeeded" else {}
+    files = served.get("files", [])
     return FileList(job_id=job_id, status=rec.status, files=files)
 
 
