@@ -6,8 +6,10 @@ report progress, honour cancellation); ``run_method`` drives it for the register
 methods, and the MAEC pipeline reuses it for combination. ``maec_core.run`` chooses
 between the two.
 
-Two paths share it. Methods that need a whole tensor (TIES, DARE, SLERP) get one tensor
-at a time, the next one read on a thread meanwhile. Element-wise methods (linear, task
+Two paths share it. Methods that need a whole tensor (TIES, DARE) get one tensor at a
+time, the next one read on a thread meanwhile; a method whose per-tensor reductions can
+run over slices (SLERP's norms and dot) streams 16-bit compute after passes that reduce
+them (``_reduced``). Element-wise methods (linear, task
 arithmetic, layer swapping) stream slices instead: a reader thread fills recycled
 buffers, the calling thread converts each slice to the compute dtype (float32, or a
 16-bit one: the same loop, see ``stream_merge``), computes and casts it into a recycled
@@ -68,6 +70,7 @@ from maec_core.io.writer import (
 )
 from maec_core.manifest import build_manifest, write_manifest
 from maec_core.methods import TensorCall, TensorMethod, get_method
+from maec_core.methods.base import FirstPass
 from maec_core.methods.params import layer_index
 from maec_core.naming import renamed
 from maec_core.plan import MergePlan, PlannedTensor, build_plan, recipe_vocab, rows_of
@@ -76,6 +79,7 @@ from maec_core.recipe.chat_template import resolve_chat_template, with_chat_temp
 from maec_core.runtime import (
     EngineOptions,
     MergeResult,
+    ThreadControl,
     best_device,
     compute_dtype_for,
     torch_dtype,
@@ -85,8 +89,8 @@ from maec_core.slices import prepare_slices
 from maec_core.vocab.build import is_vocab_tensor
 from maec_core.vocab.rows import RowAligner
 
-__all__ = ["ComputeFn", "FusedFn", "MergeWork", "OffsetComputeFn", "PatchFn", "run_method",
-           "stream_merge"]
+__all__ = ["ComputeFn", "FusedFn", "MergeWork", "OffsetComputeFn", "PatchFn", "Reduction",
+           "run_method", "stream_merge"]
 
 # A compiled slice kernel: (tensor, its stored-dtype input slices, the output slice, the
 # compute dtype) -> whether the output is finite, or None when it cannot take them.
@@ -303,6 +307,19 @@ def _input_hasher(plan: MergePlan, hash_inputs: Mapping[str, Sequence[Path]] | N
 
 
 @dataclasses.dataclass(frozen=True)
+class Reduction:
+    """A method's per-tensor reduction, for streaming 16-bit compute on the CPU.
+
+    ``start(t, compute)`` gives the tensor's first pass (None: ``t`` goes whole to the
+    work's ``compute``); after it has seen every slice of ``t``, its ``finish()`` is the
+    state ``compute(t, inputs, state)`` merges each slice with (None: whole as well).
+    """
+
+    start: Callable[[PlannedTensor, torch.dtype], FirstPass | None]
+    compute: Callable[[PlannedTensor, list[torch.Tensor], Any], torch.Tensor]
+
+
+@dataclasses.dataclass(frozen=True)
 class MergeWork:
     """What the engine computes for each planned tensor, and how it may split the work.
 
@@ -331,6 +348,10 @@ class MergeWork:
     a unit straight from the stored bytes into the output, the bytes ``compute`` would
     give, or declines (None) and ``compute`` runs.
 
+    ``reduction`` (not with ``elementwise``): a merge that needs a reduction over each
+    whole tensor first streams 16-bit compute on the CPU in two passes, the reduction's
+    over slices, then the slices' merges (``_reduced``); otherwise whole tensors.
+
     ``feeds(t)`` names the plan's model keys whose tensor goes into ``t`` (default:
     those ``read(t)`` loads); for the manifest's accounting, when a tensor reaches the
     output by another way than being read here (MAEC's base, through the ability
@@ -347,6 +368,7 @@ class MergeWork:
     whole: Callable[[PlannedTensor], bool] | None = None
     patch_at: PatchFn | None = None
     fused: FusedFn | None = None
+    reduction: Reduction | None = None
     feeds: Callable[[PlannedTensor], Sequence[str]] | None = None
     added: Collection[str] = ()
 
@@ -518,6 +540,9 @@ def _write_tensors(sink: TensorSink, background: bool, loop: _Loop) -> list[Writ
     )
     steps = [work.read(t) for t in plan.tensors]
     cuda = loop.device.type == "cuda"
+    cdtype = torch_dtype(loop.options.compute_dtype or "float32")
+    if work.reduction is not None and not cuda and cdtype.itemsize == 2:
+        work = _reduced(work, work.reduction, plan, steps, loop.options, cdtype)
     try:
         for lo, hi, alone in _runs(plan, work.streams, work.whole):
             run = LoopRun(dataclasses.replace(plan, tensors=plan.tensors[lo:hi]),
@@ -536,6 +561,72 @@ def _write_tensors(sink: TensorSink, background: bool, loop: _Loop) -> list[Writ
     except BaseException:
         writer.abort()
         raise
+
+
+def _reduced(work: MergeWork, reduction: Reduction, plan: MergePlan,
+             steps: list[list[TensorInfo]], options: EngineOptions, cdtype: torch.dtype
+             ) -> MergeWork:
+    """``work`` streaming slices after a first pass over every tensor that takes one:
+    the passes read each input in units, so memory stays at a few units (and the
+    reductions' small states), never a tensor. A tensor without a pass, or whose pass
+    declines, goes whole."""
+    states: dict[str, Any] = {}
+    passes: dict[int, FirstPass] = {}
+    todo = [i for i, t in enumerate(plan.tensors)
+            if not (work.whole is not None and work.whole(t))]
+    with torch_threads() as threads:
+        while todo:
+            todo = _pass_round(todo, plan, steps, options, cdtype, reduction,
+                               (passes, states, threads))
+    whole = work.whole
+
+    def alone(t: PlannedTensor) -> bool:
+        return t.name not in states or (whole is not None and whole(t))
+
+    def compute_at(t: PlannedTensor, inputs: list[torch.Tensor], _offset: int
+                   ) -> torch.Tensor:
+        return reduction.compute(t, inputs, states[t.name])
+
+    return dataclasses.replace(work, compute_at=compute_at, whole=alone)
+
+
+def _pass_round(todo: list[int], plan: MergePlan, steps: list[list[TensorInfo]],
+                options: EngineOptions, cdtype: torch.dtype, reduction: Reduction,
+                open_passes: tuple[dict[int, FirstPass], dict[str, Any], ThreadControl]
+                ) -> list[int]:
+    """One read of the ``todo`` tensors' inputs through their passes (``open_passes``:
+    by tensor index, started on the first round; the states of those done, by name;
+    torch's threads); the tensors whose pass asks for another round."""
+    passes, states, threads = open_passes
+    again = []
+    with UnitReader([steps[i] for i in todo], UNIT_CPU, resident=options.resident) as units:
+        for u in units:
+            index = todo[u.step]
+            planned = plan.tensors[index]
+            # torch's own thread count, as mergekit runs: a reduction of over 32K entries
+            # is split over the threads, so its bits depend on their number (with one
+            # thread, SLERP's 1M-4M-entry tensors came out with other bits than mergekit's).
+            threads.use(threads.saved)
+            try:
+                if u.first and index not in passes:
+                    started = reduction.start(planned, cdtype)
+                    if started is not None:
+                        passes[index] = started
+                first = passes.get(index)
+                if first is None:
+                    continue
+                first.add(u.tensors[0], u.tensors[1:])
+                if u.last:
+                    state = first.finish()
+                    if first.again():
+                        again.append(index)
+                    else:
+                        del passes[index]
+                        if state is not None:
+                            states[planned.name] = state
+            finally:
+                u.release()
+    return again
 
 
 def _resumed(loop: _Loop, expected: set[str]) -> _Loop:
@@ -707,34 +798,36 @@ def run_method(recipe: Recipe, out_dir: Path, ctx: RunContext | None = None) -> 
 
     aligner = RowAligner(vocab) if rows_of(vocab) is not None and vocab else None
 
+    def call_of(t: PlannedTensor, inputs: Sequence[torch.Tensor], state: Any = None
+                ) -> TensorCall:
+        model_params, params = params_for(t.name)  # no inputs: a call without tensors
+        return TensorCall(name=t.name, base=inputs[0] if base_key and inputs else None,
+                          models=inputs[1:] if base_key else inputs,
+                          model_params=model_params, params=params,
+                          layer=layer_index(t.name), num_layers=num_layers, reduced=state)
+
     def compute(t: PlannedTensor, inputs: list[torch.Tensor]) -> torch.Tensor:
-        model_params, params = params_for(t.name)
         if aligner is not None and is_vocab_tensor(t.name):
             aligner.align(keys, inputs)  # in place: the originals are let go one by one
-        call = TensorCall(
-            name=t.name,
-            base=inputs[0] if base_key else None,
-            models=inputs[1:] if base_key else inputs,
-            model_params=model_params,
-            params=params,
-            layer=layer_index(t.name),
-            num_layers=num_layers,
-        )
-        return fn(call)
+        return fn(call_of(t, inputs))
 
     def fused(t: PlannedTensor, inputs: list[torch.Tensor], out: torch.Tensor,
               cdtype: torch.dtype) -> bool | None:
-        model_params, params = params_for(t.name)
-        call = TensorCall(name=t.name, base=inputs[0] if base_key else None,
-                          models=inputs[1:] if base_key else inputs,
-                          model_params=model_params, params=params,
-                          layer=layer_index(t.name), num_layers=num_layers)
-        return spec.merge_into(call, out, cdtype)
+        return spec.merge_into(call_of(t, inputs), out, cdtype)
+
+    def start(t: PlannedTensor, cdtype: torch.dtype) -> FirstPass | None:
+        return spec.first_pass(call_of(t, []), cdtype)  # it is given the slices
+
+    def reduced(t: PlannedTensor, inputs: list[torch.Tensor], state: Any) -> torch.Tensor:
+        return fn(call_of(t, inputs, state))
 
     overrides = type(spec).merge_into is not TensorMethod.merge_into
+    reduces = type(spec).first_pass is not TensorMethod.first_pass
     work = MergeWork(compute, read, elementwise=spec.elementwise,
                      compute_threads=COMPUTE_THREADS,
                      fused=fused if overrides and spec.elementwise else None,
+                     reduction=(Reduction(start, reduced)
+                                if reduces and not spec.elementwise and base_key else None),
                      whole=None if aligner is None else lambda t: is_vocab_tensor(t.name))
     output = OutputSpec(Path(out_dir), recipe, out_dtype,
                         vocab.copy_from if vocab else reference, list(named.values()),

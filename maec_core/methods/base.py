@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Protocol
 
 from pydantic import AfterValidator, AllowInfNan, BaseModel, ConfigDict, ValidationError
 
@@ -85,6 +85,24 @@ class TensorCall:
     params: Any
     layer: int | None
     num_layers: int
+    # What the method's first pass over the whole tensor found (``first_pass``), on the
+    # streamed 16-bit path; None: the inputs are whole tensors.
+    reduced: Any = None
+
+
+class FirstPass(Protocol):
+    """A per-tensor reduction run over flat slices before the element-wise pass."""
+
+    def add(self, base: torch.Tensor | None, models: Sequence[torch.Tensor]) -> None:
+        """Take the next flat slices (stored dtype, read-only), in order."""
+
+    def finish(self) -> Any:
+        """The call's ``reduced`` for the slices' merges; None: merge the tensor whole
+        (unless :meth:`again`)."""
+
+    def again(self) -> bool:
+        """After :meth:`finish`: whether to take every slice once more (a reduction that
+        needs the previous one's result)."""
 
 
 @dataclass(frozen=True)
@@ -496,4 +514,12 @@ class TensorMethod(MergeMethod):
         slices in their stored dtype, read-only. Returns whether every entry of ``out``
         is finite, or None when it cannot take the call (``out`` untouched; the engine
         then uses :meth:`merge`). The default takes none."""
+        return None
+
+    def first_pass(self, call: TensorCall, compute: torch.dtype) -> FirstPass | None:
+        """For a method with a per-tensor reduction, on the engine's CPU stream in a
+        16-bit ``compute`` dtype: the reduction as a pass over flat slices, whose result
+        the slices' :meth:`merge` calls then get as ``call.reduced`` (the same bytes as a
+        whole-tensor merge). ``call`` holds no tensors. None (the default): whole tensors.
+        """
         return None

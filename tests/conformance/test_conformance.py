@@ -116,11 +116,13 @@ def test_union_over_an_extended_language_base_matches_mergekit_by_token(
         assert torch.equal(got, ref[name][rows] if vocab else ref[name]), name
 
 
-# 16-bit recipes of every method the engine streams in slices (element-wise ones).
+# 16-bit recipes of every method the engine streams in slices.
 STREAMED_16BIT = ("basic_task_arithmetic", "task_arithmetic_bf16", "task_arithmetic_fp16",
                   "basic_linear", "linear_fp16", "method_nearswap_bf16",
                   "method_nearswap_fp16", "method_ram_bf16", "method_ram_fp16",
-                  "passthrough_scale_bf16", "passthrough_scale_fp16")
+                  "passthrough_scale_bf16", "passthrough_scale_fp16",
+                  # Reductions (norms, a dot) in passes over slices, then element-wise.
+                  "basic_slerp", "method_slerp_bf16", "method_slerp_fp16")
 # Slices and units that cut every tensor at odd places (the tiny models' tensors hold
 # 2,048 entries or fewer, less than one real slice).
 ODD_CHUNK, ODD_UNIT = 77, 300
