@@ -67,9 +67,7 @@ def build_recipe(req: JobRequest) -> Recipe:
         recipe = parse_recipe(data)
     else:
         recipe = _named_recipe(req)
-    if recipe.artifact is not None:
-        raise RecipeError("recipe.artifact is not accepted by the service: ability vectors "
-                          "are cached and reused automatically by content", key="artifact")
+    get_method(recipe.merge_method).check_service(recipe)
     if recipe.sweep is not None:
         candidates(recipe)  # every candidate checked as a recipe, before queueing
     return recipe
@@ -98,11 +96,7 @@ def _named_recipe(req: JobRequest) -> Recipe:
     # Checked by the model validator; empty strings are refused later as invalid_source.
     assert req.method is not None and req.ability_donor is not None
     assert req.language_base is not None
-    form = NamedForm(
-        base=req.base, ability_donor=req.ability_donor, language_base=req.language_base,
-        source_control=req.source_control, ability_corpus=req.ability_corpus,
-        parameters=dict(req.parameters or {}),
-    )
+    form = NamedForm.of(req)
     # The method decides where each named checkpoint and parameter goes.
     data = get_method(req.method.strip().lower()).named_form(form)
     data.update({"dtype": req.dtype, "name": req.name})

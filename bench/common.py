@@ -36,8 +36,10 @@ import json, resource, subprocess, sys, time
 t0 = time.perf_counter()
 proc = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 wall = time.perf_counter() - t0
-rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
-print(json.dumps({"wall": wall, "rss": rss, "rc": proc.returncode,
+usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+rss = usage.ru_maxrss * 1024
+print(json.dumps({"wall": wall, "rss": rss, "cpu": usage.ru_utime + usage.ru_stime,
+                  "rc": proc.returncode,
                   "err": proc.stderr.decode(errors="replace")[-2000:]}))
 """
 
@@ -46,6 +48,9 @@ print(json.dumps({"wall": wall, "rss": rss, "rc": proc.returncode,
 class Measured:
     wall: float
     rss: int
+    # User plus system CPU seconds of the command and its children: on a shared machine
+    # steadier than wall time (another session's load stretches wall time, not these).
+    cpu: float = 0.0
 
 
 def measure(cmd: Sequence[str], env: dict[str, str] | None = None) -> Measured:
@@ -57,7 +62,7 @@ def measure(cmd: Sequence[str], env: dict[str, str] | None = None) -> Measured:
     doc = json.loads(out.stdout)
     if doc["rc"] != 0:
         raise RuntimeError(f"{cmd[0]} failed ({doc['rc']}):\n{doc['err']}")
-    return Measured(doc["wall"], doc["rss"])
+    return Measured(doc["wall"], doc["rss"], doc.get("cpu", 0.0))
 
 
 def median(xs: Sequence[float]) -> float:
@@ -123,7 +128,9 @@ def print_medians(results: Mapping[str, Sequence[Measured]]) -> dict[str, tuple[
     med = {k: (median([m.wall for m in v]), median([m.rss for m in v]))
            for k, v in results.items()}
     for k, (w, r) in med.items():
-        print(f"median {k:{width}s}    wall {w:6.2f} s  rss {r / 1e9:5.2f} GB")
+        cpu = median([m.cpu for m in results[k]])
+        print(f"median {k:{width}s}    wall {w:6.2f} s  rss {r / 1e9:5.2f} GB  "
+              f"cpu {cpu:6.2f} s")
     return med
 
 
@@ -140,7 +147,7 @@ def interleaved(names: Sequence[str], runs: int,
             m = run(name)
             results[name].append(m)
             print(f"run {i + 1} {name:{width}s}   wall {m.wall:6.2f} s  "
-                  f"rss {m.rss / 1e9:5.2f} GB", flush=True)
+                  f"rss {m.rss / 1e9:5.2f} GB  cpu {m.cpu:6.2f} s", flush=True)
     return results
 
 

@@ -13,7 +13,10 @@ bfloat16`` (``maec`` and ``mergekit``): both compute in float32 and write bfloat
 most published recipes ask, and write the same bytes. Ours streams both: the bf16 run
 takes the 16-bit path, the float32 run the float32 one.
 
-    .venv/bin/python -m bench.engine [--runs 3] [--small | --shape 7b]
+    .venv/bin/python -m bench.engine [--runs 3] [--small | --shape 7b] [--layers N]
+
+``--layers N`` keeps the shape's widths and cuts its depth to ``N`` layers (a family of
+its own under bench/cache): a check of the 7B harness without 41 GB of inputs.
 
 Ends with exactly one line: each recipe's ratios against mergekit on the same recipe
 (``_bf16``: the bfloat16 one), each of our runs against the I/O floor, and our bf16 run
@@ -26,6 +29,7 @@ rss_ratio_bf16_vs_fp32=… wall_ratio_bf16_vs_floor=…
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shutil
 import subprocess
 import time
@@ -64,20 +68,29 @@ def family_parser(doc: str | None) -> argparse.ArgumentParser:
     ap = model_bench_parser(doc)
     ap.add_argument("--shape", choices=sorted(FAMILIES), default="0.85b",
                     help="the checkpoints' shape (--small is --shape small)")
+    ap.add_argument("--layers", type=int, default=None,
+                    help="the shape with this many layers instead (a harness check)")
     return ap
 
 
 def family(args: argparse.Namespace) -> tuple[LlamaShape, str]:
-    return FAMILIES["small" if args.small else args.shape]
+    shape, tag = FAMILIES["small" if args.small else args.shape]
+    layers = getattr(args, "layers", None)
+    if layers is not None and layers != shape.layers:
+        if layers < 1:
+            raise SystemExit("--layers must be at least 1")
+        shape, tag = dataclasses.replace(shape, layers=layers), f"{tag}-{layers}l"
+    return shape, tag
 
 
 def ensure_models(shape: LlamaShape, tag: str) -> list[Path]:
     root = CACHE / tag
     folders = [root / "base", root / "donor1", root / "donor2"]
     if not all((f / "config.json").is_file() for f in folders):
-        # The family, one output and room to spare: refused up front rather than
-        # failing on a full disk half-way through building.
-        need = (len(folders) + 2) * shape.params() * 2
+        # The family and one output (each run's output and the floor's file are
+        # removed before the next run), plus 5%: refused up front rather than failing on
+        # a full disk half-way through building or merging.
+        need = int((len(folders) + 1) * shape.params() * 2 * 1.05)
         free = shutil.disk_usage(CACHE if CACHE.exists() else CACHE.parent).free
         if free < need:
             raise SystemExit(f"{tag}: building and merging needs about {need / 1e9:.0f} GB "
@@ -143,7 +156,7 @@ def main() -> None:
     for name in ["floor", *(k for k in commands if k != "floor")]:
         warm = run(name)
         print(f"warm-up {name:{width}s}   wall {warm.wall:6.2f} s  "
-              f"rss {warm.rss / 1e9:5.2f} GB", flush=True)
+              f"rss {warm.rss / 1e9:5.2f} GB  cpu {warm.cpu:6.2f} s", flush=True)
 
     results = interleaved(list(commands), args.runs, run)
 

@@ -30,12 +30,14 @@ from maec_contract.jobs import (
     with_file_urls,
 )
 from maec_contract.requests import (
+    NAMED_FIELDS,
     OTHER_KINDS,
     AnyJobRequest,
     JobRequest,
     JobSubmission,
     KindRequest,
     MoeJobRequest,
+    NamedFields,
     NamedJob,
     RecipeJob,
     parse_job_request,
@@ -43,10 +45,10 @@ from maec_contract.requests import (
 )
 
 __all__ = [
-    "OTHER_KINDS", "STATUSES", "TERMINAL", "AnyJobRequest", "ErrorBody", "EvalTable",
-    "Evaluation", "FileInfo", "FileList", "Job", "JobPage", "JobRequest", "JobResult",
-    "JobStatus", "JobSubmission", "KindRequest", "LeaderboardRow", "MoeJobRequest",
-    "NamedJob", "PoolLoad", "Progress", "QueueCounts", "QueuePlace", "QueueSummary",
-    "QueuedJob", "RecipeJob", "SweepSummary", "WebhookDelivery", "file_url", "parse_job_request",
-    "request_kind", "with_file_urls",
+    "NAMED_FIELDS", "OTHER_KINDS", "STATUSES", "TERMINAL", "AnyJobRequest", "ErrorBody",
+    "EvalTable", "Evaluation", "FileInfo", "FileList", "Job", "JobPage", "JobRequest",
+    "JobResult", "JobStatus", "JobSubmission", "KindRequest", "LeaderboardRow",
+    "MoeJobRequest", "NamedFields", "NamedJob", "PoolLoad", "Progress", "QueueCounts",
+    "QueuePlace", "QueueSummary", "QueuedJob", "RecipeJob", "SweepSummary",
+    "WebhookDelivery", "file_url", "parse_job_request", "request_kind", "with_file_urls",
 ]

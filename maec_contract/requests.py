@@ -24,9 +24,6 @@ from pydantic import (
     model_validator,
 )
 
-_NAMED = ("method", "base", "ability_donor", "language_base", "source_control",
-          "ability_corpus", "parameters", "dtype", "shard_size")
-
 
 class JobSubmission(BaseModel):
     """What every kind of job's body may say besides what the job makes."""
@@ -54,10 +51,13 @@ class JobSubmission(BaseModel):
         return self.model_dump(mode="json", exclude_none=True)
 
 
-class JobRequest(JobSubmission):
-    """A merge job's body: exactly one of the named form (``method``) or ``recipe``."""
+class NamedFields(BaseModel):
+    """The named form's fields, declared here only: a merge body takes them
+    (:class:`JobRequest`), a recipe body leaves them out (:data:`NAMED_FIELDS`), the
+    service's schema drops them from its recipe form, and the merge methods read them
+    (``maec_core.methods.NamedForm`` narrows this model)."""
 
-    checked_locally: ClassVar[bool] = True
+    model_config = ConfigDict(extra="forbid")
 
     method: str | None = Field(default=None, max_length=64)
     base: str | None = None
@@ -68,6 +68,23 @@ class JobRequest(JobSubmission):
     parameters: dict[str, Any] | None = None
     dtype: Literal["float32", "float16", "bfloat16"] | None = None
     shard_size: str | int | None = None
+
+    @field_validator("ability_donor", mode="before")
+    @classmethod
+    def _one_donor(cls, v: Any) -> Any:
+        return [v] if isinstance(v, str) else v
+
+
+NAMED_FIELDS: tuple[str, ...] = tuple(NamedFields.model_fields)
+
+
+# NamedFields first: the body's fields keep their order (the submission's, the named
+# form's, then the merge's own).
+class JobRequest(NamedFields, JobSubmission):
+    """A merge job's body: exactly one of the named form (``method``) or ``recipe``."""
+
+    checked_locally: ClassVar[bool] = True
+
     recipe: dict[str, Any] | None = None
     # The job's kind: a merge (also when left out).
     kind: Literal["merge"] | None = None
@@ -84,14 +101,9 @@ class JobRequest(JobSubmission):
     # also be the recipe's own key (not both).
     output: dict[str, Any] | None = None
 
-    @field_validator("ability_donor", mode="before")
-    @classmethod
-    def _one_donor(cls, v: Any) -> Any:
-        return [v] if isinstance(v, str) else v
-
     @model_validator(mode="after")
     def _one_form(self) -> JobRequest:
-        named = [f for f in _NAMED if getattr(self, f) is not None]
+        named = [f for f in NAMED_FIELDS if getattr(self, f) is not None]
         if self.recipe is not None:
             if named:
                 raise ValueError(f"give either recipe or the named form, not both ({named})")

@@ -142,7 +142,7 @@ def plan_job(recipe: Recipe) -> JobPlan:
     parts = {j.ref: (j.base, j.adapter) for j in joined}
     checkpoints = tuple(dict.fromkeys(p for ref in named for p in parts.get(ref, (ref,))))
     # The method's own stages say whether it extracts before it combines.
-    extracts = "extract" in get_method(recipe.merge_method).stages
+    extracts = get_method(recipe.merge_method).extracts()
     return JobPlan(
         recipe=recipe, checkpoints=checkpoints,
         corpora=tuple(sorted({s.ref for s in refs if s.kind == "corpus"})),

@@ -39,6 +39,7 @@ from pydantic_core import PydanticCustomError, PydanticUndefined
 
 from app.api.bounds import BodyProblem, check_body
 from maec_contract import (
+    NAMED_FIELDS,
     OTHER_KINDS,
     JobRequest,
     JobSubmission,
@@ -46,7 +47,6 @@ from maec_contract import (
     parse_job_request,
     request_kind,
 )
-from maec_contract.requests import _NAMED as NAMED_FIELDS  # the named form's fields
 from maec_core.service import (
     FINITE_MAX,
     MergeMethod,
@@ -294,7 +294,11 @@ def _method_models(method: MergeMethod) -> tuple[type[BaseModel], type[BaseModel
         "sources": (_items(source, 1), Field()),
         "parameters": (params, Field(default_factory=params)),
     })
+    # The method's own top-level keys (its inputs model), beside the shared recipe's.
+    inputs = method.inputs.model_fields if method.inputs is not None else {}
     recipe = strict_model(Recipe, f"{c}Recipe", {
+        **{k: _field(info, strict_type(info.annotation, info.metadata),
+                     required=info.is_required()) for k, info in inputs.items()},
         "merge_method": (_Lit[method.name], Field()),
         "models": (_items(entry), Field(default_factory=list)),
         "slices": (_U[_items(piece, 1), None], Field(default=None)),

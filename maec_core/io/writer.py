@@ -7,6 +7,8 @@ are appended as they are produced, hashed on the way. Memory: one tensor at a ti
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import hashlib
 import json
 import math
@@ -28,6 +30,33 @@ from maec_core.io.reader import SAFETENSORS_NAMES
 INDEX_NAME = "model.safetensors.index.json"
 # Below this, handing a write to the helper thread costs more than it overlaps.
 PARALLEL_MIN_BYTES = 1 << 20
+# fallocate(2)'s flag that reserves blocks without changing the file's size.
+_FALLOC_FL_KEEP_SIZE = 1
+
+
+@functools.cache
+def _fallocate() -> Callable[[int, int, int, int], int] | None:
+    """libc's ``fallocate`` (Linux), or None where there is none."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).fallocate
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def reserve(fd: int, size: int) -> bool:
+    """Reserve ``size`` bytes of disk for the file ``fd`` without changing its size.
+
+    On ext4 a file grown by plain appends has its blocks allocated at writeback, a little
+    at a time, and the appending process pays for it: writing a 1.7 GB shard measured 3-4x
+    the CPU time of the same writes into reserved blocks. The size is kept, so a shard is
+    still only ever appended to (a follower reads every byte below its size as final).
+    False where the system or filesystem cannot (the writes then allocate as they go).
+    """
+    fn = _fallocate()
+    return fn is not None and size > 0 and fn(fd, _FALLOC_FL_KEEP_SIZE, 0, size) == 0
 
 
 @dataclass(frozen=True)
@@ -219,6 +248,7 @@ class ShardedWriter:
             shard = self._shards[si]
             shard.header = _header(shard.tensors)
             f = open(self.folder / shard.file_name, "wb")  # noqa: SIM115 - closed in _finish_current
+            reserve(f.fileno(), _planned_size(shard.tensors))
             f.write(shard.header)
             shard.sha.update(shard.header)
             shard.size = len(shard.header)

@@ -16,7 +16,7 @@ from typing import Any
 from maec_core.checksums import sha256_file
 from maec_core.errors import CorpusError
 from maec_core.io.folder import TOKENIZER_FILES, ModelFolder, open_model_folder
-from maec_core.maec.params import MaecParams, maec_params
+from maec_core.maec.params import MaecParams, maec_inputs, maec_params
 from maec_core.plan import DTYPE_NAMES
 from maec_core.recipe import Recipe
 
@@ -101,7 +101,7 @@ def artifact_key(recipe: Recipe, ability_index: int, *, hash_cache: Path | None 
     on the same files costs nothing) and the canonical extraction parameters.
     """
     params = maec_params(recipe)
-    ab = recipe.abilities[ability_index]
+    ab = maec_inputs(recipe).abilities[ability_index]
     assert recipe.base_model is not None
     base = open_model_folder(recipe.base_model)
     ability = open_model_folder(ab.model, base=recipe.base_model)

@@ -15,7 +15,10 @@ from maec_core.maec.params import (
     EXTRACTION_FIELDS,
     GRADIENT_FIELDS,
     AbilityParams,
+    MaecInputs,
     MaecParams,
+    language_base_of,
+    maec_inputs,
     maec_params,
     validate_maec_recipe,
 )
@@ -43,7 +46,7 @@ class Maec(MergeMethod):
     min_models = 0
     max_models = 0
     float32_only = True
-    stages = ("extract", "combine")
+    inputs = MaecInputs
     entries = "abilities"
     entry_knobs = frozenset({"mu"})
 
@@ -93,34 +96,37 @@ class Maec(MergeMethod):
         itself is rebuilt where the combination runs)."""
         from maec_core.maec.vocab import maec_token_map
 
-        assert recipe.base_model is not None and recipe.language_base is not None
+        assert recipe.base_model is not None
         donors = [folders[s.ref] for s in recipe.sources()
                   if s.role in ("ability_donor", "ability_control")]
         tmap = maec_token_map(recipe, folders[recipe.base_model],
-                              folders[recipe.language_base], donors)
+                              folders[language_base_of(recipe)], donors)
         return OwnVocab(tmap.lang_rows if tmap else None)
 
     def entry_count(self, recipe: Recipe) -> int:
-        return len(recipe.abilities)
+        return len(maec_inputs(recipe).abilities)
 
     def with_entry_value(self, recipe: Recipe, key: str, index: int | None,
                          value: float) -> Recipe:
+        own = maec_inputs(recipe)
         abilities = [a.model_copy(update={key: float(value)}) if index in (None, i) else a
-                     for i, a in enumerate(recipe.abilities)]
-        return recipe.model_copy(update={"abilities": abilities})
+                     for i, a in enumerate(own.abilities)]
+        return recipe.with_inputs(own.model_copy(update={"abilities": abilities}))
 
     def language_model(self, recipe: Recipe) -> str | None:
-        return recipe.language_base
+        return maec_inputs(recipe).language_base
 
     def donors(self, recipe: Recipe) -> list[str]:
-        return [a.model for a in recipe.abilities] or super().donors(recipe)
+        return [a.model for a in maec_inputs(recipe).abilities] or super().donors(recipe)
 
     def held_input(self, recipe: Recipe) -> str | None:
         """The language base: every candidate's combination reads it whole."""
-        return recipe.language_base
+        return maec_inputs(recipe).language_base
 
     def refuse_own_inputs(self, recipe: Recipe, method: str) -> None:
-        if recipe.language_base is not None or recipe.abilities or recipe.artifact:
+        # Another method's recipe keeps these keys as unknown ones (given with their
+        # defaults, the recipe drops them): refused here, by name.
+        if set(recipe.model_extra or {}) & set(MaecInputs.model_fields):
             raise RecipeError(
                 "language_base, abilities and artifact are MAEC fields; "
                 f"merge_method '{method}' takes models",
@@ -130,6 +136,12 @@ class Maec(MergeMethod):
         if form.source_control is not None or form.ability_corpus is not None:
             raise RecipeError("source_control and ability_corpus are MAEC inputs; "
                               f"method '{method}' does not use them")
+
+    def check_service(self, recipe: Recipe) -> None:
+        if maec_inputs(recipe).artifact is not None:
+            raise RecipeError("recipe.artifact is not accepted by the service: ability "
+                              "vectors are cached and reused automatically by content",
+                              key="artifact")
 
     def commands(self) -> list[click.Command]:
         """``maec extract``, ``maec combine`` and ``maec extract-lora``."""

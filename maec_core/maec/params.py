@@ -8,15 +8,16 @@ The API imports this module before anything is queued, so it must not import tor
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from fractions import Fraction
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
 
 import regex
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from maec_core.errors import CorpusError, EmptySelection, RecipeError
 from maec_core.methods.base import Finite
+from maec_core.recipe.inputs import MethodInputs, SourceRef
 from maec_core.recipe.values import Condition
 
 if TYPE_CHECKING:
@@ -45,6 +46,66 @@ PATTERNS_MAX = 32
 SEARCH_TIMEOUT_S = 0.05
 Pattern = Annotated[str, Field(max_length=PATTERN_MAX_CHARS)]
 Patterns = Pattern | Annotated[list[Pattern], Field(max_length=PATTERNS_MAX)]
+
+
+class AbilityEntry(BaseModel):
+    """One ability for MAEC: the donor θA, optional control θS, weight μ, optional corpus."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    control: str | None = None
+    mu: float = 1.0
+    corpus: str | None = None
+    name: str | None = None
+
+
+class MaecInputs(MethodInputs):
+    """MAEC's own top-level recipe keys: the target-language model θL, the abilities,
+    and a stored ability vector to combine instead of extracting (``artifact``, local
+    runs only)."""
+
+    language_base: str | None = None
+    abilities: list[AbilityEntry] = Field(default_factory=list)
+    artifact: str | None = None
+
+    def sources(self) -> list[SourceRef]:
+        out = [] if self.language_base is None else [SourceRef("language_base",
+                                                               self.language_base)]
+        for i, a in enumerate(self.abilities):
+            out.append(SourceRef("ability_donor", a.model, i))
+            if a.control is not None:
+                out.append(SourceRef("ability_control", a.control, i))
+            if a.corpus is not None:
+                out.append(SourceRef("ability_corpus", a.corpus, i, corpus=True))
+        return out
+
+    def with_sources(self, mapping: Mapping[str, str]) -> Self:
+        def sub(ref: str | None) -> str | None:
+            return mapping.get(ref, ref) if ref is not None else None
+
+        return self.model_copy(update={
+            "language_base": sub(self.language_base),
+            "abilities": [a.model_copy(update={"model": mapping.get(a.model, a.model),
+                                               "control": sub(a.control),
+                                               "corpus": sub(a.corpus)})
+                          for a in self.abilities]})
+
+    def builds_on(self) -> str | None:
+        return self.language_base
+
+
+def maec_inputs(recipe: Recipe) -> MaecInputs:
+    """The MAEC keys of ``recipe`` (empty ones for a recipe of another method)."""
+    inputs = recipe.method_inputs
+    return inputs if isinstance(inputs, MaecInputs) else MaecInputs()
+
+
+def language_base_of(recipe: Recipe) -> str:
+    """The language base θL of a checked MAEC recipe."""
+    lang = maec_inputs(recipe).language_base
+    assert lang is not None, "a checked MAEC recipe names its language base"
+    return lang
 
 
 class MaecParams(BaseModel):
@@ -210,20 +271,21 @@ def maec_params(recipe: Recipe) -> MaecParams:
 
 def validate_maec_recipe(recipe: Recipe) -> MaecParams:
     """Check a ``merge_method: maec`` recipe without touching any file."""
+    own = maec_inputs(recipe)
     if not recipe.base_model:
         raise RecipeError("MAEC needs base_model (θ0, the common pretrained ancestor)")
-    if not recipe.language_base:
+    if not own.language_base:
         raise RecipeError("MAEC needs language_base (θL, the target-language model)")
     if recipe.models:
         raise RecipeError(
             "MAEC takes abilities (each with model, optional control, mu, corpus), "
             "not models"
         )
-    if not recipe.abilities:
+    if not own.abilities:
         raise RecipeError("MAEC needs at least one entry in abilities (an ability donor θA)")
     params = maec_params(recipe)
     names: set[str] = set()
-    for i, ab in enumerate(recipe.abilities):
+    for i, ab in enumerate(own.abilities):
         if not math.isfinite(ab.mu):
             raise RecipeError(f"abilities[{i}].mu must be a finite number", ability=i)
         name = ab.name or f"ability{i}"
@@ -236,7 +298,7 @@ def validate_maec_recipe(recipe: Recipe) -> MaecParams:
                 f"({name}) has no corpus (JSONL with {{\"text\": ...}} or plain text)",
                 ability=i,
             )
-    if recipe.artifact is not None and len(recipe.abilities) != 1:
+    if own.artifact is not None and len(own.abilities) != 1:
         raise RecipeError("artifact names one ability vector; the recipe has "
-                          f"{len(recipe.abilities)} abilities")
+                          f"{len(own.abilities)} abilities")
     return params

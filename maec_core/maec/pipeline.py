@@ -47,7 +47,12 @@ from maec_core.maec.keys import (
     key_document,
     key_of,
 )
-from maec_core.maec.params import MaecParams, validate_maec_recipe
+from maec_core.maec.params import (
+    MaecParams,
+    language_base_of,
+    maec_inputs,
+    validate_maec_recipe,
+)
 from maec_core.maec.vocab import maec_token_map
 from maec_core.plan import MergePlan, build_plan
 from maec_core.recipe import Recipe
@@ -68,7 +73,7 @@ def _params(recipe: Recipe) -> MaecParams:
 
 
 def _ability_folders(recipe: Recipe, i: int) -> tuple[ModelFolder, ModelFolder | None]:
-    ab = recipe.abilities[i]
+    ab = maec_inputs(recipe).abilities[i]
     # A LoRA adapter donor (or control) applies to θ0, the recipe's base model.
     base = recipe.base_model
     return (open_model_folder(ab.model, base=base),
@@ -100,17 +105,17 @@ def extract(recipe: Recipe, ability_index: int, artifact_dir: str | Path,
     """Extract ability ``ability_index`` of ``recipe`` into the folder ``artifact_dir``."""
     ctx = ctx or RunContext()
     params = _params(recipe)
-    if not 0 <= ability_index < len(recipe.abilities):
+    if not 0 <= ability_index < len(maec_inputs(recipe).abilities):
         raise CheckpointError(
             f"ability index {ability_index} is out of range: the recipe has "
-            f"{len(recipe.abilities)} abilities"
+            f"{len(maec_inputs(recipe).abilities)} abilities"
         )
     assert recipe.base_model is not None
     base = open_model_folder(recipe.base_model)
     plan_tensors = build_plan({BASE: base}, BASE).tensors
     total = _passes(params) * len(included_tensors(params, plan_tensors))
     ability, control = _ability_folders(recipe, ability_index)
-    corpus = recipe.abilities[ability_index].corpus
+    corpus = maec_inputs(recipe).abilities[ability_index].corpus
     doc = key_document(params, base, ability, control, corpus, ctx.hash_cache,
                        ctx.artifact_scope)
     return extract_ability(params, doc, AbilityInputs(base, ability, control, corpus),
@@ -143,10 +148,10 @@ def combine(
     combination of the same checkpoints) spares computing c_t again: a sweep over μ or
     the selection parameters computes them once."""
     params = _params(recipe)
-    if len(artifact_dirs) != len(recipe.abilities):
+    if len(artifact_dirs) != len(maec_inputs(recipe).abilities):
         raise CheckpointError(
             f"combine needs one artifact per ability: the recipe has "
-            f"{len(recipe.abilities)}, got {len(artifact_dirs)}"
+            f"{len(maec_inputs(recipe).abilities)}, got {len(artifact_dirs)}"
         )
     found = _Found([Path(d) for d in artifact_dirs], [True] * len(artifact_dirs))
     return _combine(recipe, params, found, Path(out_dir), ctx or RunContext(), cosines)
@@ -162,13 +167,14 @@ def run_maec(recipe: Recipe, out_dir: str | Path, ctx: RunContext | None = None
     ctx = ctx or RunContext()
     started = time.perf_counter()
     params = _params(recipe)
-    assert recipe.base_model is not None and recipe.language_base is not None
+    assert recipe.base_model is not None
     out = Path(out_dir)
     if out.exists() and not ctx.overwrite:
         # Before minutes of extraction, not after.
         raise OutputExists(f"output folder {out} already exists", path=str(out))
-    if recipe.artifact is not None:
-        return _combine(recipe, params, _Found([Path(recipe.artifact)], [True]), out, ctx)
+    stored = maec_inputs(recipe).artifact
+    if stored is not None:
+        return _combine(recipe, params, _Found([Path(stored)], [True]), out, ctx)
     tmp: Path | None = None
     try:
         dirs, reused, tmp, cosines = _abilities(recipe, params, out, ctx)
@@ -186,10 +192,12 @@ def _abilities(recipe: Recipe, params: MaecParams, out: Path, ctx: RunContext
     whether each was reused; and the c_t the extractions computed on the way (artifact
     key -> tensor -> c_t)."""
     store, hash_cache = ctx.artifact_store, ctx.hash_cache
-    assert recipe.base_model is not None and recipe.language_base is not None
+    assert recipe.base_model is not None
     base = open_model_folder(recipe.base_model)
-    folders = {BASE: base, LANG: open_model_folder(recipe.language_base, base=recipe.base_model)}
-    abilities = [_ability_folders(recipe, i) for i in range(len(recipe.abilities))]
+    lang = open_model_folder(language_base_of(recipe), base=recipe.base_model)
+    folders = {BASE: base, LANG: lang}
+    entries = maec_inputs(recipe).abilities
+    abilities = [_ability_folders(recipe, i) for i in range(len(entries))]
     for i, (ability, control) in enumerate(abilities):
         folders[f"abilities[{i}].model"] = ability
         if control is not None:
@@ -199,7 +207,7 @@ def _abilities(recipe: Recipe, params: MaecParams, out: Path, ctx: RunContext
     tmap = maec_token_map(recipe, base, folders[LANG],
                           [f for ab in abilities for f in ab if f is not None])
     plan = build_plan(folders, LANG, tmap.lang_rows if tmap else None)
-    docs = [key_document(params, base, ability, control, recipe.abilities[i].corpus,
+    docs = [key_document(params, base, ability, control, entries[i].corpus,
                          hash_cache, ctx.artifact_scope)
             for i, (ability, control) in enumerate(abilities)]
     keys = [key_of(doc) for doc in docs]
@@ -224,7 +232,7 @@ def _abilities(recipe: Recipe, params: MaecParams, out: Path, ctx: RunContext
             hit = found[i] or made.get(keys[i])
             if hit is None:
                 assert tmp is not None
-                inputs = AbilityInputs(base, ability, control, recipe.abilities[i].corpus,
+                inputs = AbilityInputs(base, ability, control, entries[i].corpus,
                                        language)
                 # A fresh folder in the scratch one: nothing there to overwrite.
                 result = extract_ability(params, docs[i], inputs, tmp / keys[i],
@@ -253,9 +261,9 @@ def _combine(
     t0 = time.perf_counter()
     started = found.started if found.started is not None else t0
     reused, extract_seconds, progress = found.reused, found.extract_seconds, ctx.progress
-    assert recipe.base_model is not None and recipe.language_base is not None
+    assert recipe.base_model is not None
     base = open_model_folder(recipe.base_model)
-    lang = open_model_folder(recipe.language_base, base=recipe.base_model)
+    lang = open_model_folder(language_base_of(recipe), base=recipe.base_model)
     tmap = maec_token_map(recipe, base, lang, [])
     plan = build_plan({BASE: base, LANG: lang}, LANG, tmap.lang_rows if tmap else None)
     # Artifacts are in θ0's coordinates (its vocabulary rows): checked against θ0's shapes.
@@ -275,7 +283,8 @@ def _combine(
     report = build_report(recipe, params, plan, artifacts, selection)
     if tmap is not None:
         report["vocabulary"] = tmap.report()
-    mus = [ab.mu for ab in recipe.abilities]
+    entries = maec_inputs(recipe).abilities
+    mus = [ab.mu for ab in entries]
 
     def merge_progress(stage: str, done: int, _total: int) -> None:
         if progress is not None:
@@ -288,11 +297,11 @@ def _combine(
     t1 = time.perf_counter()
     output = OutputSpec(
         out_dir, recorded, recipe.dtype or plan.input_dtype, LANG,
-        [recipe.language_base, recipe.base_model, *[ab.model for ab in recipe.abilities]],
+        [language_base_of(recipe), recipe.base_model, *[ab.model for ab in entries]],
         extra_json={REPORT_NAME: report}, card_summary=card_summary(report),
         manifest_extra={"maec": {"artifact_keys": report["artifact_keys"]}})
     combination = Combination(artifacts, selection, mus, LANG, remap,
-                              [ab.control is not None for ab in recipe.abilities])
+                              [ab.control is not None for ab in entries])
     result = merge(plan, combination, output,
                    ctx.but(progress=merge_progress))
     now = time.perf_counter()
@@ -349,7 +358,7 @@ def build_report(recipe: Recipe, params: MaecParams, plan: MergePlan,
             tensors.append({"name": t.name, "shape": list(t.shape), "abilities": per})
     abilities = []
     changed: set[str] = set()
-    for k, (ab, art) in enumerate(zip(recipe.abilities, artifacts, strict=True)):
+    for k, (ab, art) in enumerate(zip(maec_inputs(recipe).abilities, artifacts, strict=True)):
         kept = selection.kept[k]
         if ab.mu != 0.0:
             changed |= kept

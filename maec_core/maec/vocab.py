@@ -14,6 +14,7 @@ from typing import Any
 
 from maec_core.errors import IncompatibleCheckpoints, RecipeError, TokenizerError
 from maec_core.io.folder import ModelFolder
+from maec_core.maec.params import maec_inputs
 from maec_core.recipe import Recipe
 from maec_core.vocab.build import VocabSpec, embedding_rows, union_vocab
 from maec_core.vocab.tokens import Vocab, read_vocab
@@ -51,10 +52,10 @@ def maec_token_map(
     spec = VocabSpec.of(recipe)
     if spec is None:
         return None
-    if spec.source not in ("union", recipe.language_base):
+    if spec.source not in ("union", maec_inputs(recipe).language_base):
         raise RecipeError(
             "MAEC keeps the language base's vocabulary: set tokenizer_source to the "
-            f"language base ({recipe.language_base})", key="tokenizer_source")
+            f"language base ({maec_inputs(recipe).language_base})", key="tokenizer_source")
     if spec.tokens or spec.pad_to_multiple_of:
         raise RecipeError("tokenizer.tokens and pad_to_multiple_of do not apply to MAEC: "
                           "θL's rows are kept for its own tokens", key="tokenizer")
@@ -67,7 +68,7 @@ def maec_token_map(
                 field="vocab_size")
     vb, vl = _vocab(base, "base_model"), _vocab(lang, "language_base")
     if spec.source == "union":
-        _check_union(vb, vl, rows_b, rows_l, recipe.language_base, donors)
+        _check_union(vb, vl, rows_b, rows_l, maec_inputs(recipe).language_base, donors)
     by_row = {i: t for t, i in vb.ids.items() if i < rows_b}
     to_lang = [-1] * rows_b
     for r, tok in by_row.items():

@@ -11,13 +11,22 @@ under ``TYPE_CHECKING``).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Protocol
 
-from pydantic import AfterValidator, AllowInfNan, BaseModel, ConfigDict, ValidationError
+from pydantic import (
+    AfterValidator,
+    AllowInfNan,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+)
 
+from maec_contract import NAMED_FIELDS, NamedFields
 from maec_core.errors import RecipeError
 from maec_core.methods.params import candidate_values
+from maec_core.recipe.inputs import MethodInputs, register_inputs
 from maec_core.recipe.values import condition_warnings
 
 if TYPE_CHECKING:
@@ -105,21 +114,27 @@ class FirstPass(Protocol):
         needs the previous one's result)."""
 
 
-@dataclass(frozen=True)
-class NamedForm:
-    """The API's named body: checkpoints by role instead of a recipe.
+class NamedForm(NamedFields):
+    """The API's named body: checkpoints by role instead of a recipe. Its fields are the
+    contract's (:class:`maec_contract.NamedFields`, declared there only), narrowed to
+    what a method reads: the donors and the language base given.
 
     ``parameters`` holds the method's global parameters and, for per-model ones, one
     value for every model or a list with one value per model (donors, then the
     language base).
     """
 
-    base: str | None
-    ability_donor: Sequence[str]
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ability_donor: list[str] = Field(min_length=1, max_length=16)
     language_base: str
-    source_control: str | None = None
-    ability_corpus: str | None = None
-    parameters: Mapping[str, Any] = field(default_factory=dict)
+    parameters: dict[str, Any] = Field(default_factory=dict)
+
+    @classmethod
+    def of(cls, body: NamedFields) -> NamedForm:
+        """The named form a body (a merge request) gives, field for field."""
+        return cls.model_validate(body.model_dump(include=set(NAMED_FIELDS),
+                                                  exclude_none=True))
 
 
 def per_model(value: Any, n: int, key: str) -> list[Any]:
@@ -217,10 +232,9 @@ class MergeMethod:
     # Models besides base_model the recipe must list (max None: no upper bound).
     min_models: ClassVar[int] = 1
     max_models: ClassVar[int | None] = None
-    # The stages a run reports progress under, in order (the engine's one pass is
-    # ``merge``); a method with an ``extract`` stage extracts once per donor and
-    # parameters (what a sweep's candidates share is the method's ``reuse_key``).
-    stages: ClassVar[tuple[str, ...]] = ("merge",)
+    # The method's own top-level recipe keys (MAEC's ``language_base``, ``abilities``),
+    # as a model of their own; None: the method reads none (the shared recipe has none).
+    inputs: ClassVar[type[MethodInputs] | None] = None
     # The recipe key of the method's own list of entries (MAEC: ``abilities``) and the
     # keys of an entry a sweep may vary, in every entry (``mu``) or one
     # (``abilities[i].mu``): see entry_count and with_entry_value.
@@ -236,6 +250,8 @@ class MergeMethod:
             raise TypeError(f"merge method {cls.name!r} is defined twice "
                             f"({type(_REGISTRY[cls.name]).__module__} and {cls.__module__})")
         _REGISTRY[cls.name] = cls()
+        if cls.inputs is not None:
+            register_inputs(cls.name, cls.inputs)
 
     @classmethod
     def _check_complete(cls) -> None:
@@ -425,6 +441,16 @@ class MergeMethod:
         """Merge ``recipe`` into ``out`` from what an earlier run of its group ``made``;
         the folder's manifest."""
         raise NotImplementedError(f"merge method {self.name!r} reuses nothing")
+
+    def extracts(self) -> bool:
+        """Whether a run makes something before it merges that a later run may merge
+        from (a stage of its own, progress reported under ``extract``): derived from
+        the reuse hooks, true for a method that runs from what another run made."""
+        return type(self).run_reusing is not MergeMethod.run_reusing
+
+    def check_service(self, recipe: Recipe) -> None:
+        """Refuse (RecipeError) what ``recipe`` may say on a local run but not in a job
+        of the service (nothing by default)."""
 
     def entry_count(self, recipe: Recipe) -> int:
         """How many of its own entries (:attr:`entries`) ``recipe`` gives."""

@@ -17,6 +17,7 @@ from typing import TypeVar, overload
 
 from maec_core.errors import RecipeError
 from maec_core.methods.base import _REGISTRY, MergeMethod
+from maec_core.recipe.inputs import use_discovery
 
 M = TypeVar("M", bound=MergeMethod)
 
@@ -36,6 +37,11 @@ def _discover() -> None:
         for module in _method_modules():
             importlib.import_module(module)
         _loaded = True
+
+
+# A recipe finds its method's inputs model (registered when the method is defined)
+# only once every method is: the recipe model asks this registry first.
+use_discovery(_discover)
 
 
 def _method_modules() -> list[str]:

@@ -1,4 +1,4 @@
-"""Recipes: mergekit's YAML shape for the shared methods, plus MAEC's own fields.
+"""Recipes: mergekit's YAML shape, and a method's own top-level keys through its inputs model.
 
 This package is the recipe model and nothing that runs it: its parts (parameter values,
 the ``sweep:`` block, the chat template) sit here together, below every module that
@@ -9,6 +9,10 @@ Unknown keys inside a recipe's blocks are errors that name the key. An unknown t
 key is accepted, as mergekit 0.1.5 accepts it (it ignores it), and reported as a warning
 (:meth:`Recipe.recipe_warnings`): model-card recipes carry misspelled keys that mergekit
 never read, and refusing them would refuse merges mergekit runs.
+
+No method's inputs are fields here: a method that reads top-level keys of its own
+declares them (:mod:`maec_core.recipe.inputs`), and the recipe of that method takes them
+through that model, checked as strictly as its own fields.
 """
 
 from __future__ import annotations
@@ -19,11 +23,23 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from maec_core.errors import EvalSetError, MaecError, RecipeError, SweepError
 from maec_core.eval.sets import MAX_SETS, EvalSetSpec
 from maec_core.recipe.chat_template import check_chat_template
+from maec_core.recipe.inputs import MethodInputs, SourceRef, SourceRole, inputs_models, owned_keys
 from maec_core.recipe.sweep import SweepSpec
 from maec_core.recipe.values import ParamValue
 
@@ -198,18 +214,6 @@ class TokenizerSpec(BaseModel):
     pad_to_multiple_of: int | None = Field(default=None, ge=1)
 
 
-class AbilityEntry(BaseModel):
-    """One ability for MAEC: the donor θA, optional control θS, weight μ, optional corpus."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    model: str
-    control: str | None = None
-    mu: float = 1.0
-    corpus: str | None = None
-    name: str | None = None
-
-
 class OutputFormat(BaseModel):
     """What a merge publishes: the merged checkpoint (``model``), or a PEFT LoRA adapter
     of rank ``rank`` approximating the merge's change to its base (``lora``)."""
@@ -235,30 +239,7 @@ class OutputFormat(BaseModel):
         return self
 
 
-SourceRole = Literal["base", "language_base", "model", "slice_source", "ability_donor",
-                     "ability_control", "ability_corpus", "tokenizer"]
-
-
-@dataclass(frozen=True)
-class SourceRef:
-    """One reference to a checkpoint or corpus in a recipe, and the place it sits.
-
-    ``index`` is the entry's position in ``models``, ``slices`` or ``abilities`` (None for
-    the top-level fields); ``slot`` is a slice source's position in its slice. ``kind``: a
-    checkpoint to read, a corpus file, or the tokenizer (one of the recipe's checkpoints,
-    or a tokenizer donor: :attr:`Recipe.tokenizer_donor`).
-    """
-
-    role: SourceRole
-    ref: str
-    index: int | None = None
-    slot: int | None = None
-
-    @property
-    def kind(self) -> Literal["checkpoint", "corpus", "tokenizer"]:
-        if self.role == "ability_corpus":
-            return "corpus"
-        return "tokenizer" if self.role == "tokenizer" else "checkpoint"
+__all__ = ["MethodInputs", "SourceRef", "SourceRole"]
 
 
 class Recipe(BaseModel):
@@ -289,10 +270,6 @@ class Recipe(BaseModel):
     # mergekit's: a built-in template's name, literal Jinja, or "auto" (the template
     # most inputs carry); written beside the output's tokenizer.
     chat_template: str | None = Field(default=None, max_length=1 << 20)
-    # MAEC only (merge_method: maec).
-    language_base: str | None = None
-    abilities: list[AbilityEntry] = Field(default_factory=list)
-    artifact: str | None = None
     output: OutputFormat | None = None
     # Evaluation and sweeps: what the job does with the merged model (the merge itself
     # ignores them). Eval set paths are sources, like the checkpoints'.
@@ -300,6 +277,9 @@ class Recipe(BaseModel):
                                                 max_length=MAX_SETS)
     evaluate_inputs: bool | None = None
     sweep: SweepSpec | None = None
+    # The recipe's method's own top-level keys, checked by its inputs model (None: the
+    # method declares none).
+    _inputs: MethodInputs | None = PrivateAttr(default=None)
 
     @field_validator("merge_method")
     @classmethod
@@ -312,6 +292,59 @@ class Recipe(BaseModel):
         if v is not None:
             check_chat_template(v)
         return v
+
+    @model_validator(mode="after")
+    def _method_inputs(self) -> Recipe:
+        # First of the checks on the whole recipe: the others may ask the inputs (the
+        # LoRA export's base). A key another method owns, given with that method's
+        # default, is what recipe.yaml spells out (see _ordered): dropped, as the
+        # recipe had it when those keys were its fields; given otherwise, it stays an
+        # unknown key for its owner to refuse (MergeMethod.refuse_own_inputs).
+        models = inputs_models()
+        extra = self.__pydantic_extra__ if self.__pydantic_extra__ is not None else {}
+        own = models.get(self.merge_method)
+        if own is not None:
+            self._inputs = own.model_validate({k: extra.pop(k) for k in list(extra)
+                                               if k in own.model_fields})
+        others = {m: model for m, model in models.items() if m != self.merge_method}
+        for key, method in owned_keys(others).items():
+            if key in extra and extra[key] == _defaults(others[method]).get(key):
+                del extra[key]
+        return self
+
+    @model_serializer(mode="wrap")
+    def _ordered(self, handler: SerializerFunctionWrapHandler,
+                 info: SerializationInfo) -> dict[str, Any]:
+        """The fields in their order, with every method's own keys where they sat when
+        they were fields of the recipe (before ``output``): the recipe's method's
+        values, the other methods' defaults. recipe.yaml and the recorded recipe keep
+        the bytes they had."""
+        data: dict[str, Any] = handler(self)
+        fields = list(type(self).model_fields)
+        head = fields[:fields.index("output")]
+        slot: dict[str, Any] = {}
+        for method, model in inputs_models().items():
+            given = self._inputs if method == self.merge_method else None
+            inputs = given if given is not None else model.model_construct(**_defaults(model))
+            slot.update(inputs.model_dump(mode=info.mode, exclude_none=info.exclude_none,
+                                          by_alias=bool(info.by_alias),
+                                          include=set(_defaults(model)) if given is None
+                                          else None))
+        slot = {k: v for k, v in slot.items() if k not in data}
+        return ({k: v for k, v in data.items() if k in head} | slot
+                | {k: v for k, v in data.items() if k not in head})
+
+    @property
+    def method_inputs(self) -> MethodInputs | None:
+        """The recipe's method's own top-level keys, as its inputs model checked them
+        (None: the method declares none)."""
+        return self._inputs
+
+    def with_inputs(self, inputs: MethodInputs) -> Recipe:
+        """A copy with the method's own keys replaced by ``inputs`` (its inputs model)."""
+        copy = self.model_copy()
+        copy._inputs = inputs
+        return copy
 
     @model_validator(mode="after")
     def _one_shape(self) -> Recipe:
@@ -428,7 +461,8 @@ class Recipe(BaseModel):
         """The checkpoint a LoRA export's adapter applies to: the language base of a
         method built on one (validation refuses a language_base to any other), else the
         base model."""
-        return self.language_base if self.language_base is not None else self.base_model
+        built_on = self._inputs.builds_on() if self._inputs is not None else None
+        return built_on if built_on is not None else self.base_model
 
     @property
     def vocab_source(self) -> str | None:
@@ -474,20 +508,15 @@ class Recipe(BaseModel):
         these, the worker fetches them and rewrites them with :meth:`with_sources`.
         ``tokenizer_source: base`` and ``union`` are keywords, not references.
         """
+        own = self._inputs.sources() if self._inputs is not None else []
         out: list[SourceRef] = []
         if self.base_model is not None:
             out.append(SourceRef("base", self.base_model))
-        if self.language_base is not None:
-            out.append(SourceRef("language_base", self.language_base))
+        out += [s for s in own if s.index is None]
         out += [SourceRef("model", m.model, i) for i, m in enumerate(self.models)]
         for i, laid in enumerate(self.laid_slices()):
             out += [SourceRef("slice_source", m, i, j) for j, (m, _) in enumerate(laid.sources)]
-        for i, a in enumerate(self.abilities):
-            out.append(SourceRef("ability_donor", a.model, i))
-            if a.control is not None:
-                out.append(SourceRef("ability_control", a.control, i))
-            if a.corpus is not None:
-                out.append(SourceRef("ability_corpus", a.corpus, i))
+        out += [s for s in own if s.index is not None]
         out += [SourceRef("tokenizer", ref) for ref in self._tokenizer_refs()]
         return out
 
@@ -500,9 +529,8 @@ class Recipe(BaseModel):
         def sub_source(ref: str | None) -> str | None:
             return ref if ref in ("base", "union") else sub(ref)
 
-        return self.model_copy(update={
+        copy = self.model_copy(update={
             "base_model": sub(self.base_model),
-            "language_base": sub(self.language_base),
             "tokenizer_source": sub_source(self.tokenizer_source),
             "tokenizer": None if self.tokenizer is None else _sub_tokenizer(self.tokenizer,
                                                                              mapping),
@@ -518,17 +546,20 @@ class Recipe(BaseModel):
                         m.model_copy(update={"model": mapping.get(m.model, m.model)})
                         for m in mod.models]})
                 for name, mod in self.modules.items()},
-            "abilities": [
-                a.model_copy(update={"model": mapping.get(a.model, a.model),
-                                     "control": sub(a.control), "corpus": sub(a.corpus)})
-                for a in self.abilities
-            ],
         })
+        return copy if self._inputs is None else copy.with_inputs(
+            self._inputs.with_sources(mapping))
 
     def to_yaml(self) -> str:
         """The recipe as YAML with every field spelled out (for recipe.yaml outputs)."""
         data = self.model_dump(mode="json", exclude_none=True)
         return yaml.safe_dump(data, sort_keys=False)
+
+
+def _defaults(model: type[MethodInputs]) -> dict[str, Any]:
+    """The keys of ``model`` that have a default, with it."""
+    return {k: f.get_default(call_default_factory=True)
+            for k, f in model.model_fields.items() if not f.is_required()}
 
 
 def _sub_slice(sl: Slice, mapping: Mapping[str, str]) -> Slice:

@@ -32,7 +32,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 MAX_KNOBS = 8
 MAX_VALUES = 32
 MAX_CANDIDATES = 64
-KNOB_PATTERN = r"^(?:(?:models|abilities)\[\d{1,3}\]\.)?[A-Za-z_][A-Za-z0-9_]{0,63}$"
+# ``models[i].`` or a method's own list of entries (which lists exist, and which keys of
+# their entries a sweep may vary, the methods say: maec_core.sweep.grid asks them).
+KNOB_PATTERN = r"^(?:[a-z_]{1,32}\[\d{1,3}\]\.)?[A-Za-z_][A-Za-z0-9_]{0,63}$"
 _KNOB = re.compile(KNOB_PATTERN)
 
 # Our own sets' metrics, or an lm_eval set's lm-eval metric name ("acc_norm",

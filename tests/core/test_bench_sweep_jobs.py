@@ -42,7 +42,9 @@ def test_each_candidate_is_a_plain_evaluated_job(data: dict[str, Any]) -> None:
         recipe = build_recipe(JobRequest.model_validate(body))
         assert recipe.sweep is None
         assert [e.name for e in recipe.evaluate or []] == ["text-sw", "qa-sw"]
-        seen.append((recipe.parameters["key_ratio"], recipe.abilities[0].mu))
+        assert recipe.method_inputs is not None
+        seen.append((recipe.parameters["key_ratio"],
+                     recipe.method_inputs.model_dump()["abilities"][0]["mu"]))
     # Grid order, the last knob fastest.
     assert seen == [(k, m) for k in GRID["key_ratio"] for m in GRID["mu"]]
 

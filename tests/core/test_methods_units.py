@@ -143,8 +143,10 @@ def test_named_form_of_layer_swap_and_maec() -> None:
     data = _named("maec", donors=["A1", "A2"], source_control="S", ability_corpus="C",
                   parameters={"mu": [0.5, 2], "key_ratio": 0.1})
     recipe = parse_recipe(data)
-    assert recipe.language_base == "L" and recipe.parameters == {"key_ratio": 0.1}
-    assert [(a.model, a.control, a.corpus, a.mu) for a in recipe.abilities] == [
+    assert recipe.method_inputs is not None and recipe.parameters == {"key_ratio": 0.1}
+    own = recipe.method_inputs.model_dump()
+    assert own["language_base"] == "L"
+    assert [(a["model"], a["control"], a["corpus"], a["mu"]) for a in own["abilities"]] == [
         ("A1", "S", "C", 0.5), ("A2", "S", "C", 2.0)]
     with pytest.raises(RecipeError, match="mu"):
         parse_recipe(_named("maec", parameters={"mu": "lots"}))
@@ -185,7 +187,8 @@ def test_recipe_sources_and_with_sources() -> None:
     local = {s.ref: f"/cache/{i}" for i, s in enumerate(maec.sources())}
     moved = maec.with_sources(local)
     assert [s.ref for s in moved.sources()] == [local[s.ref] for s in maec.sources()]
-    assert moved.abilities[1].control is None and moved.parameters == maec.parameters
+    assert moved.method_inputs is not None and moved.parameters == maec.parameters
+    assert moved.method_inputs.model_dump()["abilities"][1]["control"] is None
     assert maec.base_model == "s3://b"  # the original is unchanged
 
     slerp = parse_recipe({"merge_method": "slerp", "base_model": "b",
@@ -230,3 +233,76 @@ def test_a_method_says_what_sweep_candidates_share(
     cands = candidates(recipe)
     assert [c.group for c in cands] == [(("strength", 1.0),)] * 2 + [(("strength", 2.0),)] * 2
     assert extraction_groups(cands) == 2
+
+
+def test_a_method_owns_its_top_level_keys(
+    scratch_registry: dict[str, MergeMethod], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The shared recipe has no method's fields: a method's inputs model claims its keys,
+    # checks them as strictly as the recipe's own, and says where their references sit.
+    from maec_core.recipe import inputs as inputs_mod
+    from maec_core.recipe.inputs import MethodInputs, SourceRef
+
+    monkeypatch.setattr(inputs_mod, "_INPUTS", dict(inputs_mod._INPUTS))
+
+    class Guides(MethodInputs):
+        guide: str | None = None
+
+        def sources(self) -> list[SourceRef]:
+            return [] if self.guide is None else [SourceRef("guide", self.guide)]
+
+        def with_sources(self, mapping: Any) -> Guides:
+            return self.model_copy(update={"guide": mapping.get(self.guide, self.guide)})
+
+    class Guided(TensorMethod):
+        name = "guided_for_test"
+        paper = "none"
+        inputs = Guides
+
+        def merge(self, call: TensorCall) -> Any:
+            return call.models[0]
+
+    recipe = parse_recipe({"merge_method": "guided_for_test", "base_model": "b",
+                           "guide": "g", "models": [{"model": "a"}]})
+    assert [(s.role, s.ref) for s in recipe.sources()] == [
+        ("base", "b"), ("guide", "g"), ("model", "a")]
+    assert recipe.with_sources({"g": "/x/g"}).to_yaml().count("guide: /x/g") == 1
+    assert not any(w.startswith("guide") for w in recipe.recipe_warnings())
+    with pytest.raises(RecipeError, match="invalid recipe: guide: Input should be"):
+        parse_recipe({"merge_method": "guided_for_test", "base_model": "b",
+                      "guide": {"x": 1}, "models": [{"model": "a"}]})
+    # Another method's recipe: the key stays an unknown one (warned about); given with
+    # its owner's default, as every recipe.yaml spells it out, it is dropped.
+    plain = {"merge_method": "linear", "models": [{"model": "a"}]}
+    linear = parse_recipe({**plain, "guide": "g"})
+    assert linear.method_inputs is None and linear.model_extra == {"guide": "g"}
+    assert any(w.startswith("guide ignored") for w in linear.recipe_warnings())
+    defaulted = parse_recipe({**plain, "guide": None})
+    assert defaulted.model_extra == {}
+    assert defaulted.to_yaml() == parse_recipe(plain).to_yaml()
+    assert "guide" not in parse_recipe(plain).to_yaml()  # exclude_none: a None default
+
+
+def test_the_shared_recipe_has_no_methods_fields() -> None:
+    from maec_core.recipe import Recipe
+    from maec_core.recipe.inputs import inputs_models, owned_keys
+
+    owned = owned_keys(inputs_models())
+    assert {"language_base", "abilities", "artifact"} <= set(owned)  # MAEC's, found
+    assert not set(Recipe.model_fields) & set(owned)
+
+
+def test_the_named_form_is_the_contracts() -> None:
+    # Declared once, in the contract: the request takes those fields, the methods read
+    # the same ones, and a body's named form is taken over field for field.
+    from maec_contract import NAMED_FIELDS, JobRequest
+
+    assert list(NamedForm.model_fields) == list(NAMED_FIELDS)
+    assert [f for f in JobRequest.model_fields if f in NAMED_FIELDS] == list(NAMED_FIELDS)
+    req = JobRequest(method="maec", base="B", ability_donor="A", language_base="L",
+                     source_control="S", ability_corpus="C", parameters={"mu": 2})
+    form = NamedForm.of(req)
+    assert (form.base, form.ability_donor, form.language_base, form.source_control,
+            form.ability_corpus, form.parameters) == ("B", ["A"], "L", "S", "C", {"mu": 2})
+    assert NamedForm.of(JobRequest(method="ties", ability_donor=["A"],
+                                   language_base="L")).parameters == {}
