@@ -53,6 +53,7 @@ from maec_client.retry import RetryPolicy
 from maec_contract import parse_job_request
 
 # A Recipe model of the merge library is a BaseModel too.
+M = TypeVar("M", bound=BaseModel)
 RecipeSource = NamedJob | BaseModel | Mapping[str, Any] | str | Path
 ProgressCallback = Callable[[Job], None]
 RequestT = TypeVar("RequestT", bound=JobSubmission)
@@ -311,28 +312,26 @@ def parse_json(resp: httpx.Response) -> Any:
                           {}, resp.status_code) from None
 
 
-def parse_job(resp: httpx.Response) -> Job:
+def parse_answer(resp: httpx.Response, model: type[M], what: str) -> M:
+    """The answer's JSON as ``model``; an answer of another shape is the server's fault
+    (``invalid_response``), not the caller's."""
     try:
-        return Job.model_validate(parse_json(resp))
+        return model.model_validate(parse_json(resp))
     except ValidationError as exc:
-        raise ServerError("invalid_response", f"answer is not a Job: {exc}", {},
+        raise ServerError("invalid_response", f"answer is not {what}: {exc}", {},
                           resp.status_code) from None
 
 
+def parse_job(resp: httpx.Response) -> Job:
+    return parse_answer(resp, Job, "a Job")
+
+
 def parse_page(resp: httpx.Response) -> JobPage:
-    try:
-        return JobPage.model_validate(parse_json(resp))
-    except ValidationError as exc:
-        raise ServerError("invalid_response", f"answer is not a job page: {exc}",
-                          {}, resp.status_code) from None
+    return parse_answer(resp, JobPage, "a job page")
 
 
 def parse_queue(resp: httpx.Response) -> QueueSummary:
-    try:
-        return QueueSummary.model_validate(parse_json(resp))
-    except ValidationError as exc:
-        raise ServerError("invalid_response", f"answer is not a queue summary: {exc}",
-                          {}, resp.status_code) from None
+    return parse_answer(resp, QueueSummary, "a queue summary")
 
 
 def list_params(status: str | None, limit: int, cursor: str | None) -> dict[str, Any]:
