@@ -101,22 +101,32 @@ static inline __m256 ld(const ta_args *a, const void *p, int64_t i) {
     return a->c == a->in_dt ? x : round_to(a->c, x);
 }
 
+/* A call's per-delta and per-call constants, hoisted out of the element loop into locals:
+ * read through the caller's pointers, the compiler would reload them after every store
+ * to `out` (which, as far as it knows, may alias them). */
+typedef struct {
+    const void *m[MAX_DELTAS];
+    __m256 w[MAX_DELTAS];
+    int mul[MAX_DELTAS];  /* 0 where the weight is 1.0: torch's path skips that multiply */
+    __m256 divisor, lambda;
+} ta_consts;
+
 /* 8 entries from offset i; returns the all-ones lanes of non-finite results. */
 __attribute__((target("avx2,f16c"), always_inline))
-static inline __m256i ta8(const ta_args *a, const void *base, const void *const *models,
-                          void *out, int64_t i) {
+static inline __m256i ta8(const ta_args *a, const ta_consts *q, const void *base, void *out,
+                          int64_t i) {
     const int c = a->c;
     __m256 b = ld(a, base, i);
     __m256 s = _mm256_setzero_ps();
     for (int k = 0; k < a->n; k++) {
-        __m256 d = round_to(c, _mm256_sub_ps(ld(a, models[k], i), b));
-        if (a->w[k] != 1.0f) d = round_to(c, _mm256_mul_ps(d, _mm256_set1_ps(a->w[k])));
+        __m256 d = round_to(c, _mm256_sub_ps(ld(a, q->m[k], i), b));
+        if (q->mul[k]) d = round_to(c, _mm256_mul_ps(d, q->w[k]));
         /* 16-bit: the float32 sum from +0.0; float32: from the first delta. */
         s = (k == 0 && c == DT_F32) ? d : _mm256_add_ps(s, d);
     }
     s = round_to(c, s);
-    if (a->normalize) s = round_to(c, _mm256_div_ps(s, _mm256_set1_ps(a->divisor)));
-    if (a->scale) s = round_to(c, _mm256_mul_ps(s, _mm256_set1_ps(a->lambda)));
+    if (a->normalize) s = round_to(c, _mm256_div_ps(s, q->divisor));
+    if (a->scale) s = round_to(c, _mm256_mul_ps(s, q->lambda));
     __m256 r = round_to(c, _mm256_add_ps(s, b));
     if (a->out_dt != c) r = round_to(a->out_dt, r);
     st8(a->out_dt, out, i, r);
@@ -127,22 +137,29 @@ static inline __m256i ta8(const ta_args *a, const void *base, const void *const 
 __attribute__((target("avx2,f16c"), always_inline))
 static inline int ta_run(const ta_args *a, const void *base, const void *const *models,
                          void *out, int64_t n) {
+    ta_consts q;
+    for (int k = 0; k < a->n; k++) {
+        q.m[k] = models[k];
+        q.w[k] = _mm256_set1_ps(a->w[k]);
+        q.mul[k] = a->w[k] != 1.0f;
+    }
+    q.divisor = _mm256_set1_ps(a->divisor);
+    q.lambda = _mm256_set1_ps(a->lambda);
     __m256i bad = _mm256_setzero_si256();
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8) bad = _mm256_or_si256(bad, ta8(a, base, models, out, i));
+    for (; i + 8 <= n; i += 8) bad = _mm256_or_si256(bad, ta8(a, &q, base, out, i));
     if (i < n) {
         /* The last n % 8 entries through padded copies, so they take the same steps. */
         const int in_size = a->in_dt == DT_F32 ? 4 : 2, out_size = a->out_dt == DT_F32 ? 4 : 2;
         const int64_t m = n - i;
         unsigned char pb[32] = {0}, pm[MAX_DELTAS][32], po[32];
-        const void *pms[MAX_DELTAS];
         memcpy(pb, (const char *)base + i * in_size, (size_t)(m * in_size));
         for (int k = 0; k < a->n; k++) {
             memset(pm[k], 0, sizeof pm[k]);
             memcpy(pm[k], (const char *)models[k] + i * in_size, (size_t)(m * in_size));
-            pms[k] = pm[k];
+            q.m[k] = pm[k];
         }
-        __m256i e = ta8(a, pb, pms, po, 0);
+        __m256i e = ta8(a, &q, pb, po, 0);
         memcpy((char *)out + i * out_size, po, (size_t)(m * out_size));
         int32_t lanes[8];
         _mm256_storeu_si256((__m256i *)lanes, e);
