@@ -104,23 +104,19 @@ typedef struct {
     __m256 divisor, lambda;
 } ta_consts;
 
-/* 16 entries from offset i as two vectors of 8, converted to float32. bfloat16 takes one
- * unpack per vector (its bits are float32's upper half) instead of a widen and a shift;
- * the vectors then hold entries 0-3 and 8-11, and 4-7 and 12-15, an order st16 undoes.
- * Element-wise steps do not care. */
+/* Half j of 16 entries from offset i, converted to float32. bfloat16 takes one unpack
+ * (its bits are float32's upper half) instead of a widen and a shift; its halves then
+ * hold entries 0-3 and 8-11, and 4-7 and 12-15, an order st16 undoes. Element-wise
+ * steps do not care. */
 __attribute__((target("avx2,f16c"), always_inline))
-static inline void ld16(int dt, const void *p, int64_t i, __m256 v[2]) {
-    if (dt != DT_BF16) {
-        v[0] = ld8(dt, p, i);
-        v[1] = ld8(dt, p, i + 8);
-        return;
-    }
+static inline __m256 ld_half(int dt, const void *p, int64_t i, int j) {
+    if (dt != DT_BF16) return ld8(dt, p, i + 8 * j);
     __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i));
-    v[0] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(_mm256_setzero_si256(), h));
-    v[1] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(_mm256_setzero_si256(), h));
+    return _mm256_castsi256_ps(j ? _mm256_unpackhi_epi16(_mm256_setzero_si256(), h)
+                                 : _mm256_unpacklo_epi16(_mm256_setzero_si256(), h));
 }
 
-/* Store 16 values rounded to `dt` (see round_out), in ld16's order for `in_dt`. From
+/* Store 16 values rounded to `dt` (see round_out), in ld_half's order for `in_dt`. From
  * bfloat16 to bfloat16 that order costs nothing: one shift per vector and one pack,
  * whose per-lane order is the unpacks'. */
 __attribute__((target("avx2,f16c"), always_inline))
@@ -150,17 +146,16 @@ static inline __m256 round_out(int dt, __m256 x, int any_nan) {
         _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb));
 }
 
-/* 16 inputs converted to the compute dtype, as torch's copy into it rounds them. */
+/* Half j of 16 inputs converted to the compute dtype, as torch's copy into it rounds
+ * them. */
 __attribute__((target("avx2,f16c"), always_inline))
-static inline void ld(const ta_args *a, const void *p, int64_t i, __m256 v[2]) {
-    ld16(a->in_dt, p, i, v);
-    if (a->c == a->in_dt) return;
-    v[0] = round_to(a->c, v[0]);
-    v[1] = round_to(a->c, v[1]);
+static inline __m256 ld(const ta_args *a, const void *p, int64_t i, int j) {
+    __m256 x = ld_half(a->in_dt, p, i, j);
+    return a->c == a->in_dt ? x : round_to(a->c, x);
 }
 
 /* All-ones when one of the first m stored entries at p is inf or NaN (the tail's test,
- * on what was stored: ld16's order puts the padded lanes among the vectors' lanes). */
+ * on what was stored: ld_half's order puts the padded lanes among the vectors' lanes). */
 __attribute__((target("avx2,f16c")))
 static inline __m256i tail_bad(int dt, const void *p, int64_t m) {
     int bad = 0;
@@ -179,34 +174,29 @@ static inline __m256i tail_bad(int dt, const void *p, int64_t m) {
     return _mm256_set1_epi32(bad ? -1 : 0);
 }
 
-/* 16 entries from offset i (two independent chains of 8, which also gives the core more
- * to overlap); returns the all-ones lanes of non-finite results. */
+/* 16 entries from offset i, one half after the other (a chain of 8 at a time keeps the
+ * registers for the constants); returns the all-ones lanes of non-finite results. */
 __attribute__((target("avx2,f16c"), always_inline))
 static inline __m256i ta16(const ta_args *a, const ta_consts *q, const void *base, void *out,
                            int64_t i) {
     const int c = a->c;
-    __m256 b[2], s[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-    ld(a, base, i, b);
-    for (int k = 0; k < a->n; k++) {
-        __m256 x[2];
-        ld(a, q->m[k], i, x);
-        for (int j = 0; j < 2; j++) {
-            __m256 d = round_to(c, _mm256_sub_ps(x[j], b[j]));
-            if (q->mul[k]) d = round_to(c, _mm256_mul_ps(d, q->w[k]));
-            /* 16-bit: the float32 sum from +0.0; float32: from the first delta. */
-            s[j] = (k == 0 && c == DT_F32) ? d : _mm256_add_ps(s[j], d);
-        }
-    }
     __m256i bad = _mm256_setzero_si256(), e = _mm256_set1_epi32(0x7f800000);
     __m256 r[2];
     for (int j = 0; j < 2; j++) {
-        __m256 t = round_to(c, s[j]);
-        if (a->normalize) t = round_to(c, _mm256_div_ps(t, q->divisor));
-        if (a->scale) t = round_to(c, _mm256_mul_ps(t, q->lambda));
-        t = _mm256_add_ps(t, b[j]);
+        __m256 b = ld(a, base, i, j), s = _mm256_setzero_ps();
+        for (int k = 0; k < a->n; k++) {
+            __m256 d = round_to(c, _mm256_sub_ps(ld(a, q->m[k], i, j), b));
+            if (q->mul[k]) d = round_to(c, _mm256_mul_ps(d, q->w[k]));
+            /* 16-bit: the float32 sum from +0.0; float32: from the first delta. */
+            s = (k == 0 && c == DT_F32) ? d : _mm256_add_ps(s, d);
+        }
+        s = round_to(c, s);
+        if (a->normalize) s = round_to(c, _mm256_div_ps(s, q->divisor));
+        if (a->scale) s = round_to(c, _mm256_mul_ps(s, q->lambda));
+        s = _mm256_add_ps(s, b);
         /* Rounded to the compute dtype, then to the output's (once when they agree). */
-        if (a->out_dt != c) t = round_to(c, t);
-        r[j] = round_out(a->out_dt, t, a->in_dt != DT_BF16);
+        if (a->out_dt != c) s = round_to(c, s);
+        r[j] = round_out(a->out_dt, s, a->in_dt != DT_BF16);
         bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(
             _mm256_and_si256(_mm256_castps_si256(r[j]), e), e));
     }
