@@ -54,8 +54,9 @@ class RunContext:
     artifact_scope: str = ""
     options: EngineOptions = field(default_factory=EngineOptions)
     # Local input path -> the reference the output records it by (recipe.yaml, the model
-    # card, extra documents): a job's worker sets it so that nothing it publishes names
-    # the worker's own paths. Empty: paths are recorded as given.
+    # card, extra documents, the manifest's recipe and accounting, the returned report):
+    # a job's worker sets it, once, so that nothing it publishes names the worker's own
+    # paths and nothing needs renaming afterwards. Empty: paths are recorded as given.
     names: Mapping[str, str] = field(default_factory=dict)
     manifest_file: bool = True
 

@@ -433,7 +433,7 @@ def stream_merge(plan: MergePlan, work: MergeWork, output: OutputSpec, ctx: RunC
     else:
         finish = functools.partial(_finish_folder, define=define, plan=plan,
                                    output=_recorded(output, ctx.names),
-                                   accounting=accounting)
+                                   accounting=accounting, names=ctx.names)
         manifest = _to_folder(write, outputs, output, ctx,
                               _input_hasher(plan, output.hash_inputs, ctx.hash_cache), finish)
     seconds = time.perf_counter() - started
@@ -700,6 +700,7 @@ def _finish_folder(
     plan: MergePlan,
     output: OutputSpec,
     accounting: Accounting | None = None,
+    names: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Write the model's definition files (``define``: :func:`_write_definition`), the
     recipe, card and extra documents; returns the manifest listing them (written by the
@@ -719,7 +720,7 @@ def _finish_folder(
     }
     manifest = build_manifest(
         staged.files, inputs=inputs_doc, recipe=recipe_dump,
-        extra=dict(output.manifest_extra or {}), accounting=accounting,
+        extra=dict(output.manifest_extra or {}), accounting=accounting, names=names,
     )
     return manifest
 

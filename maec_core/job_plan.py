@@ -4,9 +4,9 @@ what it evaluates and which adapter checks its inputs get (torch-free).
 The worker builds one :class:`JobPlan` per attempt and carries it through its stages:
 fetch (:attr:`JobPlan.inputs`, each a folder or one file), merge (the recipe pointing at
 the fetched copies, :meth:`JobPlan.localised`, once :attr:`JobPlan.adapters` passed),
-evaluate, and publish, where :func:`published_manifest` names the inputs in the manifest
-by the recipe's own references (:meth:`JobPlan.local_refs`) and their digests, never by
-where the worker put them.
+evaluate, and publish. The run is given each local copy's reference once
+(:meth:`JobPlan.names`, as ``RunContext.names``) and returns its manifest and report
+already named by reference; :func:`published_manifest` adds each input's digests.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from maec_core.errors import CheckpointError
 from maec_core.io.folder import is_adapter_folder
 from maec_core.job_progress import StageSpans, job_spans
 from maec_core.methods import get_method
-from maec_core.naming import renamed
 from maec_core.recipe import Recipe
 from maec_core.sweep.inputs import eval_sources, with_eval_sources
 
@@ -127,11 +126,11 @@ class JobPlan:
         refs = self.local_refs(local)
         return with_eval_sources(self.recipe.with_sources(refs), refs)
 
-    @staticmethod
-    def named(doc: Any, local: Mapping[str, str]) -> Any:
-        """``doc`` (JSON: a recorded recipe, a report) naming each input by its reference
-        where it names the local copy ``local`` maps the reference to."""
-        return renamed(doc, {path: ref for ref, path in local.items()})
+    def names(self, local: Mapping[str, str]) -> dict[str, str]:
+        """Each local copy (and joined ``base+adapter`` pair of copies) -> the reference it
+        stands for: what the run records and returns instead of the copy
+        (``RunContext.names``)."""
+        return {path: ref for ref, path in self.local_refs(local).items()}
 
 
 def plan_job(recipe: Recipe) -> JobPlan:
@@ -156,17 +155,12 @@ def plan_job(recipe: Recipe) -> JobPlan:
 def published_manifest(manifest: Mapping[str, Any], refs: Iterable[str],
                        local: Mapping[str, str], hash_cache: Path | None = None
                        ) -> dict[str, Any]:
-    """``manifest`` as clients see it: ``inputs`` names each of ``refs`` by its reference
-    with every file's sha256, and the recorded recipe (or config) names references, not
-    the local copies ``local`` maps them to. Any kind of job (a merge, an MoE build)."""
+    """``manifest`` (a run's, already naming its inputs by reference: ``RunContext.names``)
+    as clients see it: ``inputs`` names each of ``refs`` by its reference with every file's
+    sha256, read from the local copy ``local`` maps it to. Any kind of job (a merge, an
+    MoE build)."""
     inputs = {ref: {"files": input_digests(Path(local[ref]), hash_cache)} for ref in refs}
-    doc = {**manifest, "inputs": inputs,
-           "recipe": JobPlan.named(manifest.get("recipe", {}), local)}
-    if "accounting" in manifest:
-        # Keyed by the merge's inputs, the local copies: named by reference instead.
-        by_path = {path: ref for ref, path in local.items()}
-        doc["accounting"] = {by_path.get(k, k): v for k, v in manifest["accounting"].items()}
-    return doc
+    return {**manifest, "inputs": inputs}
 
 
 def input_digests(path: Path, hash_cache: Path | None = None) -> dict[str, str]:

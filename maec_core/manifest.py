@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from maec_core import __version__
+from maec_core.naming import renamed
 
 if TYPE_CHECKING:
     from maec_core.accounting import Accounting
@@ -95,7 +96,13 @@ def build_manifest(
     recipe: dict[str, Any],
     extra: dict[str, Any] | None = None,
     accounting: Accounting | None = None,
+    names: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
+    """The manifest of ``files``. ``names`` (local input path -> reference, a job's
+    ``RunContext.names``) names the inputs by reference in the recorded recipe and in the
+    accounting's keys: the one place a manifest is assembled names them, so a caller
+    never renames one afterwards. ``inputs`` is the caller's own."""
+    names = names or {}
     doc: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
         "files": [
@@ -104,11 +111,11 @@ def build_manifest(
         ],
         "total_size": sum(f.size for f in files),
         "inputs": inputs,
-        "recipe": recipe,
+        "recipe": renamed(recipe, names),
         "versions": library_versions(),
     }
     if accounting is not None:
-        doc["accounting"] = accounting.to_json()
+        doc["accounting"] = {names.get(k, k): v for k, v in accounting.to_json().items()}
     if extra:
         doc.update(extra)
     return doc

@@ -17,6 +17,7 @@ from maec_core.engine import run_method
 from maec_core.errors import MaecError
 from maec_core.lora.export import export_merge
 from maec_core.methods import TensorMethod, get_method
+from maec_core.naming import renamed
 from maec_core.recipe import Recipe
 from maec_core.runtime import MergeResult
 
@@ -33,6 +34,13 @@ def run(recipe: Recipe, out: Path, ctx: RunContext | None = None) -> MergeResult
     instead of the merged checkpoint (``maec_core.lora.export``).
     """
     ctx = ctx or RunContext()
+    result = _run(recipe, Path(out), ctx)
+    # What the run returns names its inputs as its manifest does (``ctx.names``): the
+    # report too, so that no caller renames anything afterwards.
+    return dataclasses.replace(result, report=renamed(result.report, ctx.names))
+
+
+def _run(recipe: Recipe, out: Path, ctx: RunContext) -> MergeResult:
     if recipe.output is not None and recipe.output.format == "lora":
         if ctx.options.sink is not None:
             raise MaecError("output format lora publishes an adapter, not the merged "

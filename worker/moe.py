@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 from app.jobs.record import JobRecord
 from maec_core.service import (
-    JobPlan,
     Manifest,
     MoeConfig,
     StageSpans,
@@ -47,8 +46,8 @@ class MoeJob:
 
     def produce(self, run: Run) -> Made:
         progress = run.ctx.progress
-        # The published config and card name each source by its reference, as a
-        # merge's recipe.yaml does, never by the worker's copy.
+        # The published config, card, manifest and report name each source by its
+        # reference, as a merge's do, never by the worker's copy: given to the run once.
         ctx = run.ctx.but(progress=None if progress is None else (
             lambda _stage, done, total: progress("combine", done, total)),
             names={path: ref for ref, path in run.local.items()})
@@ -58,8 +57,7 @@ class MoeJob:
                                       run.ctx.hash_cache)
         report = {**(made.report or {}),
                   "stage_seconds": {k: round(v, 4) for k, v in made.stage_seconds.items()}}
-        return Made(Manifest.of(manifest), JobPlan.named(report, run.local),
-                    made.seconds)
+        return Made(Manifest.of(manifest), report, made.seconds)
 
 
 class MoeKind:

@@ -36,8 +36,8 @@ from worker.resume import resumable
 
 @dataclass
 class Produced:
-    """What the merge (and its evaluation, or the sweep) made, inputs still named by
-    their local copies."""
+    """What the merge (and its evaluation, or the sweep) made, inputs named by reference
+    (the run was given ``RunContext.names``)."""
 
     manifest: Mapping[str, Any]
     report: dict[str, Any]
@@ -75,12 +75,10 @@ class MergeJob:
         check_before_merge(self.plan.localised(local))
 
     def produce(self, run: Run) -> Made:
-        # Each input's reference and its local copy, decided once: the run records
-        # references where it would record a copy (recipe.yaml, card), and every
-        # manifest and the report are named from the same map.
-        refs = self.plan.local_refs(run.local)
-        named = Naming(self.plan.inputs, refs, run.ctx.hash_cache)
-        ctx = run.ctx.but(names={path: ref for ref, path in refs.items()})
+        # Each local copy's reference, given to the run once: it records references where
+        # it would record a copy (recipe.yaml, card, every manifest, the report).
+        named = Naming(self.plan.inputs, run.local, run.ctx.hash_cache)
+        ctx = run.ctx.but(names=self.plan.names(run.local))
         made = produce(self.plan.localised(run.local), run.out, ctx, named, run)
         reused = all(made.reused) if self.plan.extracts and made.reused else None
         # A GGUF input's provenance and the GGUF copy the recipe asks for (worker.gguf)
@@ -88,22 +86,23 @@ class MergeJob:
         manifest = Manifest.of(with_gguf_output(run.out, named.manifest(made.manifest).doc,
                                                 self.plan.recipe, run.local))
         return Made(manifest,
-                    JobPlan.named(_summary(made.report, made.stage_seconds), refs),
+                    _summary(made.report, made.stage_seconds),
                     made.core_seconds, made.result, tuple(made.files), reused)
 
 
 @dataclass(frozen=True)
 class Naming:
-    """How a job's folders are published: inputs by the recipe's references (``refs``:
-    reference -> local copy), with every input file's sha256."""
+    """How a job's folders are published: each input by its reference with every file's
+    sha256, read from its local copy (``local``: reference -> local copy)."""
 
     inputs: tuple[str, ...]
-    refs: Mapping[str, str]
+    local: Mapping[str, str]
     hash_cache: Path | None
 
     def manifest(self, manifest: Mapping[str, Any]) -> Manifest:
-        """A folder's manifest (written from the local copies) as clients see it."""
-        return Manifest.of(published_manifest(manifest, self.inputs, self.refs,
+        """A folder's manifest (as the run returned it, named by reference) as clients
+        see it."""
+        return Manifest.of(published_manifest(manifest, self.inputs, self.local,
                                               self.hash_cache))
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -194,7 +194,8 @@ def _adapter_dtype(recipe: Recipe | None) -> torch.dtype:
 
 
 def publish(staged: StagedOutput, report: dict[str, Any], recipe: Recipe | None,
-             merged_manifest: dict[str, Any]) -> dict[str, Any]:
+             merged_manifest: dict[str, Any], names: Mapping[str, str] | None = None
+             ) -> dict[str, Any]:
     """The report and the recipe; returns the manifest listing them all (written by the
     caller, last), with the merge's inputs and the accounting of their tensors (into the
     merged tensors the adapter approximates)."""
@@ -207,7 +208,8 @@ def publish(staged: StagedOutput, report: dict[str, Any], recipe: Recipe | None,
     if recipe is not None:
         recipe_doc = recipe.model_dump(mode="json", exclude_none=True)
         staged.write_bytes("recipe.yaml", recipe.to_yaml().encode())
-    return build_manifest(staged.files, inputs=inputs, recipe=recipe_doc, extra=extra)
+    return build_manifest(staged.files, inputs=inputs, recipe=recipe_doc, extra=extra,
+                          names=names)
 
 
 def export_merge(recipe: Recipe, out: Path, ctx: RunContext,
@@ -237,7 +239,7 @@ def export_merge(recipe: Recipe, out: Path, ctx: RunContext,
             report = write_adapter(staged, factors, spec.rank, recipe.lora_base,
                                    base.config, _adapter_dtype(recipe))
             report["untargeted_changed"] = _untargeted_changes(merged, base, set(names))
-            manifest = publish(staged, report, recipe, merged_result.manifest)
+            manifest = publish(staged, report, recipe, merged_result.manifest, ctx.names)
             if ctx.manifest_file:
                 write_manifest(staged.folder, manifest)
             staged.commit()

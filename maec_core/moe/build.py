@@ -34,6 +34,7 @@ from maec_core.moe.gates import gate_vectors
 from maec_core.moe.hf_config import output_config_json
 from maec_core.moe.layout import MoeTensor, Piece
 from maec_core.moe.plan import MoePlan, moe_accounting, plan_moe
+from maec_core.naming import renamed
 from maec_core.runtime import MergeResult, torch_dtype
 
 __all__ = ["build_moe", "open_sources"]
@@ -183,7 +184,7 @@ def build_moe(config: MoeConfig, out: Path, ctx: RunContext | None = None, *,
     done = time.monotonic()
     return MergeResult(Path(out), manifest, len(outputs), done - started,
                        {"gates": gated - started, "write": done - gated},
-                       _report(config, plan))
+                       renamed(_report(config, plan), ctx.names))
 
 
 def _report(config: MoeConfig, plan: MoePlan) -> dict[str, Any]:
@@ -214,5 +215,6 @@ def _finish(staged: StagedOutput, config: MoeConfig, plan: MoePlan,
               for ref, f in folders.items()}
     manifest = build_manifest(staged.files, inputs=inputs,
                               recipe=config.model_dump(mode="json", exclude_none=True),
-                              extra={"moe": _report(config, plan)}, accounting=accounting)
+                              extra={"moe": _report(config, plan)}, accounting=accounting,
+                              names=names)
     return manifest

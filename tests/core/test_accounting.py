@@ -272,15 +272,24 @@ def test_moe_routes_each_experts_mlp_into_the_fused_tensors(zoo: dict[str, Path]
 
 
 def test_a_published_manifest_names_accounted_inputs_by_reference(tmp_path: Path) -> None:
+    from maec_core.accounting import Accounting, InputAccount
     from maec_core.job_plan import published_manifest
+    from maec_core.manifest import build_manifest
 
     copy = tmp_path / "copy"
     copy.mkdir()
     (copy / "model.safetensors").write_bytes(b"x")
-    made = {"files": [], "recipe": {}, "inputs": {str(copy): {}},
-            "accounting": {str(copy): {"tensors": 1}, "language_base": {"tensors": 2}}}
+
+    def account(n: int) -> InputAccount:
+        return InputAccount(n, n, 0, 0, 0, {}, {}, {}, {})
+
+    acc = Accounting({str(copy): account(1), "language_base": account(2)})
+    # The run is given each local copy's reference and names its manifest by it.
+    made = build_manifest([], inputs={str(copy): {}}, recipe={}, accounting=acc,
+                          names={str(copy): "s3://m/a"})
     doc = published_manifest(made, ["s3://m/a"], {"s3://m/a": str(copy)})
-    assert doc["accounting"] == {"s3://m/a": {"tensors": 1}, "language_base": {"tensors": 2}}
+    assert {k: v["tensors"] for k, v in doc["accounting"].items()} == {
+        "s3://m/a": 1, "language_base": 2}
     assert str(tmp_path) not in json.dumps(doc)
 
 

@@ -14,6 +14,7 @@ import pytest
 from maec_core.errors import CheckpointError
 from maec_core.job_plan import plan_job, published_manifest
 from maec_core.job_progress import candidate_at, job_spans
+from maec_core.manifest import build_manifest
 from maec_core.parsing import parse_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -107,10 +108,12 @@ def test_the_published_manifest_names_inputs_by_reference(tmp_path: Path) -> Non
             (where / "config.json").write_text(ref)
             (where / "sub" / "w.safetensors").write_bytes(ref.encode())
             local[ref] = str(where)
-    written = {"files": [], "inputs": {"x": {"path": local["s3://m/base"]}},
-               "recipe": plan.localised(local).merge_only().model_dump(mode="json",
-                                                                        exclude_none=True)}
-    doc = published_manifest(written, plan.inputs, plan.local_refs(local))
+    # The run records each local copy by the reference the plan names it by.
+    names = plan.names(local)
+    localised = plan.localised(local).merge_only().model_dump(mode="json", exclude_none=True)
+    written = build_manifest([], inputs={"x": {"path": local["s3://m/base"]}},
+                             recipe=localised, names=names)
+    doc = published_manifest(written, plan.inputs, local)
     assert str(tmp_path) not in json.dumps(doc)
     assert doc["recipe"]["base_model"] == "s3://m/base"
     assert doc["recipe"]["abilities"][0]["model"] == "local://donor"
