@@ -174,34 +174,60 @@ static inline __m256i tail_bad(int dt, const void *p, int64_t m) {
     return _mm256_set1_epi32(bad ? -1 : 0);
 }
 
-/* 16 entries from offset i, one half after the other (a chain of 8 at a time keeps the
- * registers for the constants); returns the all-ones lanes of non-finite results. */
+/* Delta k's term, x − b weighted, in the compute dtype; added to the sum s. */
+__attribute__((target("avx2,f16c"), always_inline))
+static inline __m256 ta_add(const ta_args *a, const ta_consts *q, int k, __m256 x, __m256 b,
+                            __m256 s) {
+    const int c = a->c;
+    __m256 d = round_to(c, _mm256_sub_ps(x, b));
+    if (q->mul[k]) d = round_to(c, _mm256_mul_ps(d, q->w[k]));
+    /* 16-bit: the float32 sum from +0.0; float32: from the first delta. */
+    return (k == 0 && c == DT_F32) ? d : _mm256_add_ps(s, d);
+}
+
+/* The sum's last steps: rounded, divided, scaled, added to the base, rounded to the
+ * output dtype (see round_out). */
+__attribute__((target("avx2,f16c"), always_inline))
+static inline __m256 ta_end(const ta_args *a, const ta_consts *q, __m256 s, __m256 b) {
+    const int c = a->c;
+    s = round_to(c, s);
+    if (a->normalize) s = round_to(c, _mm256_div_ps(s, q->divisor));
+    if (a->scale) s = round_to(c, _mm256_mul_ps(s, q->lambda));
+    s = _mm256_add_ps(s, b);
+    /* Rounded to the compute dtype, then to the output's (once when they agree). */
+    if (a->out_dt != c) s = round_to(c, s);
+    return round_out(a->out_dt, s, a->in_dt != DT_BF16);
+}
+
+/* 16 entries from offset i; returns the all-ones lanes of non-finite results. 16-bit
+ * compute runs one half after the other: its roundings' constants fill the registers
+ * that a second chain would need. float32 compute, with few steps, runs both halves
+ * side by side, each input loaded once. */
 __attribute__((target("avx2,f16c"), always_inline))
 static inline __m256i ta16(const ta_args *a, const ta_consts *q, const void *base, void *out,
                            int64_t i) {
-    const int c = a->c;
-    __m256i bad = _mm256_setzero_si256(), e = _mm256_set1_epi32(0x7f800000);
     __m256 r[2];
-    for (int j = 0; j < 2; j++) {
-        __m256 b = ld(a, base, i, j), s = _mm256_setzero_ps();
+    if (a->c == DT_F32) {
+        __m256 b0 = ld(a, base, i, 0), b1 = ld(a, base, i, 1);
+        __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
         for (int k = 0; k < a->n; k++) {
-            __m256 d = round_to(c, _mm256_sub_ps(ld(a, q->m[k], i, j), b));
-            if (q->mul[k]) d = round_to(c, _mm256_mul_ps(d, q->w[k]));
-            /* 16-bit: the float32 sum from +0.0; float32: from the first delta. */
-            s = (k == 0 && c == DT_F32) ? d : _mm256_add_ps(s, d);
+            s0 = ta_add(a, q, k, ld(a, q->m[k], i, 0), b0, s0);
+            s1 = ta_add(a, q, k, ld(a, q->m[k], i, 1), b1, s1);
         }
-        s = round_to(c, s);
-        if (a->normalize) s = round_to(c, _mm256_div_ps(s, q->divisor));
-        if (a->scale) s = round_to(c, _mm256_mul_ps(s, q->lambda));
-        s = _mm256_add_ps(s, b);
-        /* Rounded to the compute dtype, then to the output's (once when they agree). */
-        if (a->out_dt != c) s = round_to(c, s);
-        r[j] = round_out(a->out_dt, s, a->in_dt != DT_BF16);
-        bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(
-            _mm256_and_si256(_mm256_castps_si256(r[j]), e), e));
+        r[0] = ta_end(a, q, s0, b0);
+        r[1] = ta_end(a, q, s1, b1);
+    } else {
+        for (int j = 0; j < 2; j++) {
+            __m256 b = ld(a, base, i, j), s = _mm256_setzero_ps();
+            for (int k = 0; k < a->n; k++) s = ta_add(a, q, k, ld(a, q->m[k], i, j), b, s);
+            r[j] = ta_end(a, q, s, b);
+        }
     }
     st16(a->in_dt, a->out_dt, out, i, r);
-    return bad;
+    __m256i e = _mm256_set1_epi32(0x7f800000);
+    return _mm256_or_si256(
+        _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(r[0]), e), e),
+        _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(r[1]), e), e));
 }
 
 __attribute__((target("avx2,f16c"), always_inline))
