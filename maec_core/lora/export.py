@@ -36,6 +36,7 @@ from maec_core.io.output import StagedOutput
 from maec_core.io.reader import TensorReader
 from maec_core.io.writer import WrittenFile
 from maec_core.manifest import build_manifest, write_manifest
+from maec_core.naming import renamed
 from maec_core.recipe import OutputFormat, Recipe
 from maec_core.runtime import MergeResult, best_device
 
@@ -206,6 +207,10 @@ def publish(staged: StagedOutput, report: dict[str, Any], recipe: Recipe | None,
     staged.write_json(REPORT_NAME, report)
     recipe_doc: dict[str, Any] = {}
     if recipe is not None:
+        # Recorded with the run's references, not the local copies it read (a job's
+        # are the worker's own paths).
+        recipe = Recipe.model_validate(renamed(
+            recipe.model_dump(mode="json", exclude_none=True), names or {}))
         recipe_doc = recipe.model_dump(mode="json", exclude_none=True)
         staged.write_bytes("recipe.yaml", recipe.to_yaml().encode())
     return build_manifest(staged.files, inputs=inputs, recipe=recipe_doc, extra=extra,
@@ -236,7 +241,8 @@ def export_merge(recipe: Recipe, out: Path, ctx: RunContext,
         with StagedOutput(out, overwrite=overwrite) as staged:
             factors = factor_all(_merge_deltas(merged, base, names), len(names), spec.rank,
                                   ctx)
-            report = write_adapter(staged, factors, spec.rank, recipe.lora_base,
+            lora_base = (ctx.names or {}).get(recipe.lora_base, recipe.lora_base)
+            report = write_adapter(staged, factors, spec.rank, lora_base,
                                    base.config, _adapter_dtype(recipe))
             report["untargeted_changed"] = _untargeted_changes(merged, base, set(names))
             manifest = publish(staged, report, recipe, merged_result.manifest, ctx.names)

@@ -37,6 +37,11 @@ def test_a_lora_output_job_publishes_an_adapter(api: Api) -> None:
     assert "model.safetensors" not in files
     config = json.loads(api.client.get(files["adapter_config.json"], headers=api.auth()).content)
     assert config["peft_type"] == "LORA" and config["r"] == 4
+    # The adapter and its recipe name the base as submitted, never the worker's copy.
+    assert config["base_model_name_or_path"] == str(api.models.base)
+    recipe = api.client.get(files["recipe.yaml"], headers=api.auth()).text
+    assert str(api.models.base) in recipe
+    assert str(api.settings.work_dir) not in recipe + json.dumps(config)
     summary = job["result"]["report"]["lora"]
     assert summary["rank"] == 4 and summary["modules"] > 0
     assert 0.0 < summary["retained_energy_min"] <= 1.0
