@@ -9,13 +9,12 @@ new owner's state.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import shutil
 import socket
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -435,10 +434,8 @@ class JobRunner:
         uploads = ShardUploads(self.storage, prefix,
                                on_stored=ledger.landed if ledger is not None else None)
         try:
-            ctx = self._context(rec, att, uploads, hold)
-            if done:
-                ctx = ctx.but(options=dataclasses.replace(ctx.options, done_shards=done))
-            made = job.produce(Run(local, out, workdir, ctx, att, upload))
+            made = job.produce(Run(local, out, workdir,
+                                   self._context(rec, att, uploads, hold, done), att, upload))
             files = [*made.uploaded,
                      *self._publish_made(rec, att, out, made, uploads, uploaded[0], done)]
         except BaseException:
@@ -451,10 +448,11 @@ class JobRunner:
             core_seconds=round(made.core_seconds, 4), **made.result)
         return Finished(result, prefix, made.artifact_reused)
 
-    def _context(self, rec: JobRecord, att: Attempt, uploads: ShardUploads,
-                 hold: Hold) -> RunContext:
+    def _context(self, rec: JobRecord, att: Attempt, uploads: ShardUploads, hold: Hold,
+                 done: Mapping[str, WrittenFile]) -> RunContext:
         """How the attempt's core run goes: the attempt's progress and cancel, the
-        worker's device and caches, the output's shards uploaded as they are written."""
+        worker's device and caches, the output's shards uploaded as they are written
+        (``done``: those already published, which the engine skips)."""
         # The local artifact copies the job reads stay held, like its inputs, until it ends.
         artifacts = StorageArtifactStore(self.storage, self.settings.work_dir / "artifacts",
                                          self.settings.artifact_cache_max_bytes,
@@ -467,7 +465,8 @@ class JobRunner:
                           # written once, last, with the inputs named by reference.
                           manifest_file=False,
                           options=EngineOptions(on_shard=uploads.on_shard,
-                                                on_shard_open=uploads.on_shard_open))
+                                                on_shard_open=uploads.on_shard_open,
+                                                done_shards=done or None))
 
     def _ledger(self, att: Attempt, job: Planned, prefix: str) -> ShardLedger | None:
         """The resumable job's shard record, begun (the verified shards it resumes
