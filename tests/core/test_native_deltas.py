@@ -66,7 +66,8 @@ def _torch_and_kernel(xs: list[torch.Tensor], weights: list[float], params: Task
 def test_kernel_gives_the_torch_steps_bytes(stored: torch.dtype, compute: torch.dtype,
                                             out_dtype: torch.dtype) -> None:
     g = torch.Generator().manual_seed(7)
-    cases = itertools.product([1, 2, 3, 16], [False, True], [1.0, 0.7, -1.3], [False, True])
+    cases = itertools.product([1, 2, 3, 4, 5, 16], [False, True], [1.0, 0.7, -1.3],
+                              [False, True])
     for i, (models, normalize, lam, ones) in enumerate(cases):
         weights = ([1.0] * models if ones
                    else (torch.rand(models, generator=g) * 2 - 0.5).tolist())
@@ -158,6 +159,25 @@ def test_non_finite_results_are_reported() -> None:
     assert method.merge_into(call, out, F32) is False
     call = TensorCall("t", base, [big], [ModelParams()], TaskArithmeticParams(), None, 1)
     assert method.merge_into(call, out, F16) is True
+
+
+@pytest.mark.parametrize("at", [0, 5, 16, 31, 40, 63])
+@pytest.mark.parametrize("value", [3e38, -3e38, float("nan")])
+def test_a_non_finite_entry_anywhere_is_reported(at: int, value: float) -> None:
+    """bfloat16 end to end tests what it stores once per 16 packed entries: an inf or NaN
+    result at any position of the blocks (or of the tail) fails the call, of either
+    sign; the same inputs without it pass."""
+    method = get_method("task_arithmetic")
+    base, a, b = (torch.full((64,), 0.25, dtype=BF16) for _ in range(3))
+    call = TensorCall("t", base, [a, b], [ModelParams(weight=0.5)] * 2,
+                      TaskArithmeticParams(), None, 1)
+    out = torch.empty(64, dtype=BF16)
+    assert method.merge_into(call, out, BF16) is True
+    # 3e38 − (−3e38) overflows float32 (a NaN stays one).
+    a[at], b[at], base[at] = value, value, -value
+    assert method.merge_into(call, out, BF16) is False
+    assert not bool(torch.isfinite(out[at]))
+    assert bool(torch.isfinite(torch.cat([out[:at], out[at + 1:]])).all())
 
 
 @pytest.mark.parametrize(("stored", "pattern"), [(F32, 0x7FFFFFFF), (F32, -1), (F16, 0x7FFF),
