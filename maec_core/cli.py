@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
@@ -24,6 +27,24 @@ def _warn(recipe: Recipe) -> None:
 
     for line in recipe_warnings(recipe):
         click.echo(f"warning: {line}", err=True)
+
+
+@contextlib.contextmanager
+def _imports_frozen() -> Iterator[None]:
+    """Import the engine with the cyclic garbage collector off, then leave what was
+    built out of every later collection (``gc.freeze``): torch and the engine build
+    hundreds of thousands of objects that live as long as the process, and while they
+    are imported they set off some 400 collections that free nothing, about 0.35 s of
+    the merge's single-threaded start (re-enabled without the freeze, the first
+    collection would walk them all). Reference counting frees the rest as before."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        if enabled:
+            gc.enable()
 
 
 @click.group()
@@ -48,8 +69,9 @@ def merge(recipe: Path, out_dir: Path, flags: RunFlags, mergekit: MergekitFlags,
     reason (docs/compatibility.md lists each). A model may be a GGUF file (or a folder
     holding one): it is dequantized first, into the cache folder.
     """
-    from maec_core.artifact_store import LocalArtifactStore
-    from maec_core.run import run
+    with _imports_frozen():
+        from maec_core.artifact_store import LocalArtifactStore
+        from maec_core.run import run
 
     refused = mergekit.refusals()
     if refused:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 import yaml
 from click.testing import CliRunner
 
-from maec_core.cli import main
+from maec_core.cli import _imports_frozen, main
 from tests.core.conftest import leftovers
 
 
@@ -86,3 +87,22 @@ def test_bad_checkpoint_reports_its_code(zoo: dict[str, Path], tmp_path: Path) -
     result = CliRunner().invoke(main, ["merge", str(recipe), str(out)])
     assert result.exit_code == 2 and "pickle_refused" in result.stderr
     assert leftovers(out) == []
+
+
+def test_what_the_engine_import_builds_is_left_out_of_later_collections() -> None:
+    """The collector is off while the engine is imported, what was built is frozen, and
+    the collector is left as it was found (on, or off)."""
+    frozen = gc.get_freeze_count()
+    try:
+        with _imports_frozen():
+            assert not gc.isenabled()
+            kept = [[i] for i in range(1000)]
+        assert gc.isenabled()
+        assert gc.get_freeze_count() >= frozen + len(kept)
+        gc.disable()
+        with _imports_frozen():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+        gc.unfreeze()
