@@ -48,6 +48,7 @@ from maec_core.service.running import (
 )
 from worker.drain import draining
 from worker.job_kind import Planned
+from worker.partial import PartialInputs, make_shards, shard_index
 from worker.publish import ShardUploads
 from worker.resume import FIELD, Landed, Resumed, ShardLedger, verified
 from worker.runner import Attempt, JobRunner, LeaseLost, SplitDone
@@ -134,7 +135,7 @@ def _drive(runner: JobRunner, rec: JobRecord, att: Attempt, job: MergeJob,
         if index >= 0:
             try:
                 run_claimed_part(runner, rec, job, index, attempt, local,
-                                 workdir / f"p{index}")
+                                 workdir / f"p{index}", inputs=att.inputs)
             except LeaseLost:
                 if att.lost:  # the job itself was taken over
                     raise
@@ -234,10 +235,12 @@ class PartAttempt(Attempt):
 
 def run_claimed_part(runner: JobRunner, rec: JobRecord, job: MergeJob, index: int,
                      attempt: int, local: dict[str, str] | None, workdir: Path,
-                     hold: Hold | None = None) -> dict[str, str]:
+                     hold: Hold | None = None, inputs: PartialInputs | None = None
+                     ) -> tuple[dict[str, str], PartialInputs | None]:
     """Run part ``index`` (claimed as ``attempt``): make its shards, publish each as it
     is made, record it, and mark the part done; returns the inputs (fetched here when
-    ``local`` is None)."""
+    ``local`` is None) and, when they are held in part, what is held (``inputs``: the
+    part fetches the byte ranges its shards read into it)."""
     store = runner.store.parts()
     state = store.get(rec.id)
     if state is None:
@@ -251,8 +254,9 @@ def run_claimed_part(runner: JobRunner, rec: JobRecord, job: MergeJob, index: in
     try:
         if local is None:
             assert hold is not None
-            local = runner.fetch_inputs(rec, job, att, workdir, hold)
-        _make_part(runner, job, att, state.prefix, part, local, workdir)
+            local = runner.fetch_inputs(rec, job, att, workdir, hold, part=True)
+            inputs = att.inputs
+        _make_part(runner, job, att, state.prefix, part, local, workdir, inputs)
     except Cancelled:
         # Its uploads are stopped: the coordinator may clean the prefix now.
         store.update(rec.id, index, attempt, {}, state="stopped")
@@ -263,11 +267,11 @@ def run_claimed_part(runner: JobRunner, rec: JobRecord, job: MergeJob, index: in
     if not store.finish(rec.id, index, attempt):
         raise LeaseLost(rec.id)
     log.info("job %s: part %d done", rec.id, index)
-    return local
+    return local, inputs
 
 
 def _make_part(runner: JobRunner, job: MergeJob, att: Attempt, prefix: str, part: Part,
-               local: dict[str, str], workdir: Path) -> None:
+               local: dict[str, str], workdir: Path, inputs: PartialInputs | None) -> None:
     landed = {name: Landed(WrittenFile(name, int(s["size"]), str(s["sha256"])),
                            str(s["etag"]) if s.get("etag") else None)
               for name, s in part.shards.items()}
@@ -283,9 +287,20 @@ def _make_part(runner: JobRunner, job: MergeJob, att: Attempt, prefix: str, part
                                            on_shard_open=uploads.on_shard_open,
                                            done_shards={n: s.file for n, s in good.items()}
                                            or None, part=(part.lo, part.hi)))
+    recipe = job.plan.localised(local).merge_only()
     try:
         workdir.mkdir(parents=True, exist_ok=True)
-        run(job.plan.localised(local).merge_only(), workdir / "out", ctx)
+        if inputs is None:
+            run(recipe, workdir / "out", ctx)
+        else:
+            # Only the byte ranges this part's shards read (those not published already),
+            # fetched group by group as the merge goes.
+            before = inputs.fetched
+            make_shards(recipe, sorted({*range(part.lo, part.hi)}
+                                       - {shard_index(n) for n in good}),
+                        inputs, workdir / "out", ctx, ctx.options.done_shards or {})
+            log.info("job %s: part %d fetched %d bytes of its inputs in part", att.job_id,
+                     part.index, inputs.fetched - before)
         if not uploads.wait(att.cancel_requested, lambda _n: None):
             raise Cancelled("the job was cancelled")
     except BaseException:
@@ -305,6 +320,7 @@ def help_parts(runner: JobRunner, job_id: str) -> str:
     job = MergeJob(plan_job(parse_recipe(rec.recipe)))
     workdir = runner.settings.work_dir / "jobs" / job_id / f"h{time.time_ns()}"
     local: dict[str, str] | None = None
+    inputs: PartialInputs | None = None
     ran = 0
     try:
         with runner.cache.hold() as hold:
@@ -315,8 +331,9 @@ def help_parts(runner: JobRunner, job_id: str) -> str:
                 if index < 0:
                     return f"ran {ran} parts"
                 try:
-                    local = run_claimed_part(runner, rec, job, index, attempt,
-                                             local, workdir / f"p{index}", hold)
+                    local, inputs = run_claimed_part(runner, rec, job, index, attempt,
+                                                     local, workdir / f"p{index}", hold,
+                                                     inputs)
                     ran += 1
                 except LeaseLost:
                     log.warning("job %s: part %d taken over", job_id, index)

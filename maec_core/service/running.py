@@ -11,18 +11,22 @@ from maec_core.io.writer import WrittenFile
 from maec_core.moe.build import build_moe
 from maec_core.run import run
 from maec_core.runtime import EngineOptions
+from maec_core.shard_reads import InputSpan, shard_reads
 from maec_core.sweep.runner import SweepOptions, evaluate_folder, run_sweep
 
 __all__ = [
            "GGUF_INFO_FILE",
            "EngineOptions",
+           "InputSpan",
            "RunContext",
            "SweepOptions",
            "WrittenFile",
            "build_moe",
-           "check_gguf_output", "dequantize_gguf",
+           "check_gguf_output",
+           "dequantize_gguf",
            "evaluate_folder",
            "planned_shard_count",
            "run",
            "run_sweep",
+           "shard_reads",
 ]
