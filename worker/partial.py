@@ -199,7 +199,8 @@ def fetches_in_part(rec: JobRecord, job: Planned, settings: Settings, storage: S
                                                                  list[SourceFile]]] | None:
     """The job's sources (reference, reader, pinned files) when it is to fetch in part
     (see the module docstring): ``split`` (it may be split: its pinned inputs' size is
-    above the pool's split size) or ``resuming``. None: whole files, as usual."""
+    above the pool's split size) or ``resuming`` (a resumed attempt, or a part of a split
+    merge). None: whole files, as usual."""
     if not isinstance(job, MergeJob) or not job.resumable or not rec.sources:
         return None
     sources = []

@@ -411,7 +411,7 @@ class JobRunner:
         fetches in part (``worker.partial``: a job that may be split, a ``part`` of
         one, or one ``resuming``), its ranges fetched later (``att.inputs``)."""
         sources = fetches_in_part(rec, job, self.settings, self.storage,
-                                  split=part or self.split is not None, resuming=resuming)
+                                  split=self.split is not None, resuming=resuming or part)
         if sources is None:
             return self._fetch(rec, job, att, workdir, hold)
         att.progress("fetch", 0, 1)

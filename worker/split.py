@@ -20,8 +20,13 @@ shard plan (``planned_shard_count``) is cut into ``split_parts`` contiguous grou
   card and the other files, and the manifest is published last, fenced by the job's
   attempt, so it is written once. The result is the unsplit merge's byte for byte.
 
-Every part fetches the inputs whole (through the worker's cache); fetching only the
-byte ranges a part's tensors need is not done here.
+A part fetches of the inputs only what its shards read (worker/partial.py): each weight
+file's header, then the byte ranges of the input tensors its shards read (the engine's
+own shard plan names them), group by group while the merge runs, into partial entries
+of the worker's cache; the engine refuses to read any byte not fetched. The final step
+reads no tensor: its manifest names the inputs' digests the store gives. Where a digest
+is not known without a whole copy (an S3 object without a whole-object SHA-256), or the
+merge's reads are not named by shard, the inputs are fetched whole, as before.
 """
 
 from __future__ import annotations
