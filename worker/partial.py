@@ -29,7 +29,7 @@ import os
 import re
 import struct
 from collections.abc import Callable, Collection, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -85,6 +85,8 @@ class PartialInputs:
     cached: int = 0
     # Inode of a partial entry's data file -> its sidecar.
     _sidecars: dict[tuple[int, int], Path] = field(default_factory=dict)
+    _digests: ThreadPoolExecutor | None = None
+    _pending: Future[dict[str, dict[str, str]]] | None = None
 
     def headers(self, uri: str, reader: SourceKind, files: list[SourceFile],
                 dest: Path) -> None:
@@ -152,9 +154,24 @@ class PartialInputs:
             return True  # fetched whole
         return covers(read_sidecar(sidecar), start, end)
 
+    def start_digests(self) -> None:
+        """Begin finding the weight files' digests on a thread (a local folder's are
+        hashed where they lie: a read as long as the files), so that they are ready
+        when the manifest is written; :meth:`digests` waits for them."""
+        if self._digests is None:
+            self._digests = ThreadPoolExecutor(max_workers=1,
+                                               thread_name_prefix="maec-digests")
+            self._pending = self._digests.submit(self._find_digests)
+            self._digests.shutdown(wait=False)
+
     def digests(self) -> dict[str, dict[str, str]]:
         """Each reference's weight files' sha256 (file name -> hex), known without
         hashing the partial copies (the published manifest's input digests)."""
+        self.start_digests()
+        assert self._pending is not None
+        return self._pending.result()
+
+    def _find_digests(self) -> dict[str, dict[str, str]]:
         out: dict[str, dict[str, str]] = {}
         for w in self.weights:
             out.setdefault(w.uri, {})[w.file.name] = w.reader.digest(w.file)

@@ -416,6 +416,8 @@ class JobRunner:
             return self._fetch(rec, job, att, workdir, hold)
         att.progress("fetch", 0, 1)
         att.inputs = fetch_headers(sources, self.cache, workdir, hold)
+        if not part:  # this attempt publishes the manifest, which names them
+            att.inputs.start_digests()
         att.progress("fetch", 1, 1)
         log.info("job %s: input headers ready (%d bytes fetched, %d from cache)", rec.id,
                  att.inputs.fetched, att.inputs.cached)
