@@ -240,6 +240,9 @@ def fetch_headers(sources: list[tuple[str, SourceKind, list[SourceFile]]],
     """Every source's small files and weight headers (:meth:`PartialInputs.headers`),
     each into ``workdir/inputs/<i>`` as a whole fetch lays them out."""
     inputs = PartialInputs(cache, hold)
+    # Room made as a whole fetch makes it: the partial entries count at their full size.
+    cache.evict(keep_free=sum(f.size for _uri, _r, files in sources for f in files
+                              if cache.lookup(f.content_key, f.size) is None))
     for i, (uri, reader, files) in enumerate(sources):
         reader.check_unchanged(files)  # a cache hit does not excuse a changed source
         inputs.headers(uri, reader, files, workdir / "inputs" / str(i))
