@@ -316,9 +316,9 @@ def run_claimed_part(runner: JobRunner, rec: JobRecord, job: MergeJob, index: in
             assert hold is not None
             local = runner.fetch_inputs(rec, job, att, workdir, hold)
         if state.last_phase:
-            _make_part(runner, rec, job, att, state, part, local, workdir, hold)
+            _make_part(runner, rec, job, att, state, local, workdir, hold)
         else:
-            result = _phase_part(runner, rec, job, att, state, part, local, hold)
+            result = _phase_part(runner, rec, job, att, state, local, hold)
     except Cancelled:
         # Its uploads are stopped: the coordinator may clean the prefix now.
         store.update(rec.id, index, attempt, {}, state="stopped")
@@ -335,9 +335,10 @@ def run_claimed_part(runner: JobRunner, rec: JobRecord, job: MergeJob, index: in
     return local
 
 
-def _phase_part(runner: JobRunner, rec: JobRecord, job: MergeJob, att: Attempt,
-                state: Parts, part: Part, local: dict[str, str], hold: Hold | None) -> str:
+def _phase_part(runner: JobRunner, rec: JobRecord, job: MergeJob, att: PartAttempt,
+                state: Parts, local: dict[str, str], hold: Hold | None) -> str:
     """A phase before the last of one part (the merge runs in phases): its result."""
+    part = state.parts[att.index]
     phases = phased(job.plan.localised(local).merge_only())
     if phases is None:
         raise PartFailed("the split merge has phases its method does not run")
@@ -345,10 +346,11 @@ def _phase_part(runner: JobRunner, rec: JobRecord, job: MergeJob, att: Attempt,
                            _context(runner, rec, att, hold))
 
 
-def _make_part(runner: JobRunner, rec: JobRecord, job: MergeJob, att: Attempt,
-               state: Parts, part: Part, local: dict[str, str], workdir: Path,
-               hold: Hold | None) -> None:
-    prefix = state.prefix
+def _make_part(runner: JobRunner, rec: JobRecord, job: MergeJob, att: PartAttempt,
+               state: Parts, local: dict[str, str], workdir: Path, hold: Hold | None) -> None:
+    """The last phase of one part: its shards made, each published and recorded as it
+    is made."""
+    prefix, part = state.prefix, state.parts[att.index]
     landed = {name: Landed(WrittenFile(name, int(s["size"]), str(s["sha256"])),
                            str(s["etag"]) if s.get("etag") else None)
               for name, s in part.shards.items()}
