@@ -6,6 +6,7 @@ job store, and no phase runs twice to completion."""
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import threading
@@ -16,11 +17,10 @@ import pytest
 
 from app.artifacts import PREFIX as ARTIFACTS
 from app.jobs.keys import job_key
-from app.jobs.parts import parts_key
-from maec_core.service.running import PhasedMerge, RunContext
+from app.jobs.parts import PartStore, parts_key
+from maec_core.service.running import PhasedMerge, RunContext, phased
 from tests.api.conftest import Api
 from tests.api.test_resume import WorkerDied
-from worker import split
 from worker.runner import JobRunner
 from worker.split import coordinate, help_parts
 
@@ -107,13 +107,12 @@ class Counted:
 
 
 def _count(monkeypatch: pytest.MonkeyPatch, counted: Counted) -> None:
-    real = split.phased
-
-    def phased(recipe: Any) -> PhasedMerge | None:
-        p = real(recipe)
+    """The split merge's phases (as worker.split asks for them) counted."""
+    def counting(recipe: Any) -> PhasedMerge | None:
+        p = phased(recipe)
         return None if p is None else counted.wrap(p)
 
-    monkeypatch.setattr(split, "phased", phased)
+    monkeypatch.setattr("worker.split.phased", counting)
 
 
 def test_split_maec_job_publishes_the_unsplit_files_and_report(
@@ -202,3 +201,34 @@ def test_a_coordinator_lost_between_phases_is_followed_by_one_that_keeps_the_sco
     # The record of the ability vector made before the parts was kept too: the report
     # still says this job extracted it.
     assert _outcome(api, jid) == _whole(api)
+
+
+def test_a_phase_begins_once_when_every_part_is_done_with_attempts_of_its_own(
+        api_factory: Callable[..., Api]) -> None:
+    store = PartStore(api_factory().r)
+    assert store.create("j", "jobs/j/a1", [(0, 1), (1, 2)], phases=2, before="found")
+
+    def claim(now: float) -> tuple[int, int]:
+        return store.claim("j", worker="w", lease_s=60.0, now=now, max_attempts=2)
+
+    assert claim(0) == (0, 1)
+    assert claim(0) == (1, 1)
+    c = 1 / 3  # its 17 significant digits survive the store (Redis's codec keeps 14)
+    assert store.finish("j", 0, 1, json.dumps({"c": c}))
+    assert store.advance("j", 0, "decided") == -1  # part 1 is not done
+    assert store.finish("j", 1, 1, "{}")
+    state = store.get("j")
+    assert state is not None and state.phase_done and not state.done
+    assert json.loads(state.parts[0].result or "")["c"] == c
+    assert state.records == ["found"] and state.fraction == 0.5
+    assert store.advance("j", 0, "decided") == 1
+    assert store.advance("j", 0, "decided again") == 0  # begun once
+    state = store.get("j")
+    assert state is not None and state.phase == 1 and state.last_phase and not state.done
+    assert state.records == ["found", "decided"]
+    assert [(p.state, p.result) for p in state.parts] == [("pending", None)] * 2
+    assert not store.update("j", 0, 1, {"fraction": 0.5})  # the last phase's holder only
+    # Attempt numbers go on; the phase has max_attempts of its own.
+    assert claim(0) == (0, 2)
+    assert claim(100) == (0, 3)
+    assert claim(200) == (-2, 0)
