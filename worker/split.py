@@ -1,9 +1,10 @@
 """One big merge split across a pool's workers: parts by shard groups, then a final step.
 
-A plain merge (a tensor method's or MAEC's, not a sweep, an evaluation or an MoE) whose
-inputs total more than the pool's ``split_above_bytes`` runs as parts: its fixed output
-shard plan (``planned_shard_count``) is cut into ``split_parts`` contiguous groups
-(:func:`app.jobs.parts.part_ranges`), kept in the job store (:mod:`app.jobs.parts`).
+A plain merge (a tensor method's, or one its method splits in phases; not a sweep, an
+evaluation or an MoE) whose inputs total more than the pool's ``split_above_bytes`` runs
+as parts: its fixed output shard plan (``planned_shard_count``) is cut into
+``split_parts`` contiguous groups (:func:`app.jobs.parts.part_ranges`), kept in the job
+store (:mod:`app.jobs.parts`).
 
 - The job's own attempt, claimed as any job's (fair share, cancel, drain, pin and
   leases as for a whole job), is the coordinator (:func:`coordinate`): it creates the
@@ -15,15 +16,16 @@ shard plan (``planned_shard_count``) is cut into ``split_parts`` contiguous grou
   entry as it lands; a part whose worker is lost is claimed again once its lease runs
   out (by a helper or the coordinator) and, like a resumed job, verifies and skips the
   shards already recorded (``EngineOptions.done_shards``).
-- A merge whose method decides something over the whole model (``phased``: MAEC's
-  tensor selection) runs in phases. The coordinator runs the method's step before the
-  parts once (MAEC: the ability vectors found in the artifact store, or extracted
-  there) and keeps its record beside the parts; every part then runs each earlier
-  phase (MAEC: c_t of its shards' tensors) and keeps its small result in its entry;
-  once all are done, the coordinator alone decides from the results (MAEC: the
-  selection), records the decision and begins the next phase (asking the pool for
-  helpers again). A phase is begun once, by whoever records its decision first; the
-  last phase makes the shards with every record given (``EngineOptions.phase_records``).
+- A merge whose method decides something over the whole model (``phased``: which
+  tensors to change, say, from a statistic of every tensor) runs in phases. The
+  coordinator runs the method's step before the parts once (what every part then
+  reads: found in a store, or made there) and keeps its record beside the parts; every
+  part then runs each earlier phase (a statistic of its shards' tensors) and keeps its
+  small result in its entry; once all are done, the coordinator alone decides from the
+  results, records the decision and begins the next phase (asking the pool for helpers
+  again). A phase is begun once, by whoever records its decision first; the last phase
+  makes the shards with every record given (``EngineOptions.phase_records``). The
+  method says what each step does (``PhasedMerge``); nothing here knows which method.
 - Once every part is done, the coordinator's attempt goes on as a resumed merge with
   every shard done (and the records): the engine reads and computes nothing, writes
   the index, the model card and the other files, and the manifest is published last,
