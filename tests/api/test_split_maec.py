@@ -21,6 +21,7 @@ from app.jobs.parts import PartStore, parts_key
 from maec_core.service.running import PhasedMerge, RunContext, phased
 from tests.api.conftest import Api
 from tests.api.test_resume import WorkerDied
+from tests.factories import make_extended
 from worker.runner import JobRunner
 from worker.split import coordinate, help_parts
 
@@ -49,10 +50,11 @@ def _outcome(api: Api, jid: str) -> tuple[dict[str, str], dict[str, Any], bool]:
             job["artifact_reused"])
 
 
-def _whole(api: Api) -> tuple[dict[str, str], dict[str, Any], bool]:
+def _whole(api: Api, body: dict[str, object] | None = None
+           ) -> tuple[dict[str, str], dict[str, Any], bool]:
     """The same merge run unsplit, extracting its ability vector afresh."""
     shutil.rmtree(api.settings.storage_dir / ARTIFACTS, ignore_errors=True)
-    jid = str(api.submit(_body(api))["id"])
+    jid = str(api.submit(body or _body(api))["id"])
     settings = api.settings.model_copy(update={"split_above_bytes": 0})
     assert JobRunner(settings, api.worker_store(), api.storage()).run(jid) == "succeeded"
     return _outcome(api, jid)
@@ -152,6 +154,29 @@ def test_split_maec_job_publishes_the_unsplit_files_and_report(
     assert split_outcome[1]["abilities"][0]["tensors_dropped"]
     assert split_outcome == _whole(api)
     assert not api.r.exists(parts_key(jid))
+
+
+def test_split_maec_job_over_an_extended_vocabulary_publishes_the_unsplit_files(
+        api_factory: Callable[..., Api], caplog: pytest.LogCaptureFixture) -> None:
+    """θL with tokens θ0 lacks: the key rows of the embedding and LM head move to θL's
+    rows in every part's c_t and in its combination, as in the unsplit merge."""
+    api = api_factory(split_above_bytes=1, split_parts=2)
+    m = api.models
+    lang = make_extended(api.root / "extra" / "lang", 3, like=m.base, words=["x0", "x1"],
+                         added=["<lang>"])
+    body: dict[str, object] = {"recipe": {
+        "merge_method": "maec", "base_model": str(m.base), "language_base": str(lang),
+        "abilities": [{"model": str(m.donor)}], "tokenizer_source": str(lang),
+        "out_shard_size": "20KB",
+        "parameters": {**PARAMS, "include": ["embed_tokens", "lm_head", r"\.layers\."]}}}
+    jid = str(api.submit(body)["id"])
+    caplog.set_level(logging.INFO, logger="maec.worker")
+    assert JobRunner(api.settings, api.worker_store(), api.storage(),
+                     split=coordinate).run(jid) == "succeeded"
+    assert f"job {jid}: split into 2 parts" in caplog.text
+    split_outcome = _outcome(api, jid)
+    assert split_outcome[1]["vocabulary"]["tokens_added"] > 0
+    assert split_outcome == _whole(api, body)
 
 
 def test_a_scoring_part_whose_worker_dies_is_scored_again(
