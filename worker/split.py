@@ -242,7 +242,8 @@ def _error(part: Part) -> str:
 
 
 def _report(store: PartStore, job_id: str, att: Attempt, stop: threading.Event) -> None:
-    """The job's progress: the fraction of the parts done, over the merge stage."""
+    """The job's progress: the fraction of the parts done (over its phases), over the
+    merge stage."""
     period = max(0.2, att.settings.progress_interval)
     while not stop.wait(period):
         try:
@@ -252,8 +253,11 @@ def _report(store: PartStore, job_id: str, att: Attempt, stop: threading.Event) 
             done = sum(p.state == "done" for p in state.parts)
             stage, fraction = att.spans.at("merge", 0, 1)
             end = att.spans.at("merge", 1, 1)[1]
+            parts: dict[str, int] = {"done": done, "of": len(state.parts)}
+            if state.phases > 1:  # the parts' count starts again with each phase
+                parts.update(phase=state.phase + 1, phases=state.phases)
             att.report(stage, fraction + (end - fraction) * state.fraction, done,
-                       len(state.parts), parts={"done": done, "of": len(state.parts)})
+                       len(state.parts), parts=parts)
         except Exception as exc:  # a Redis blip or a lost lease: the next tick says so
             log.debug("job %s: split progress not written: %s", job_id, exc)
 

@@ -20,7 +20,7 @@ from app.jobs.keys import job_key
 from app.jobs.parts import PartStore, parts_key
 from maec_core.service.running import PhasedMerge, RunContext, phased
 from tests.api.conftest import Api
-from tests.api.test_resume import WorkerDied
+from tests.api.test_resume import Shards, WorkerDied
 from tests.factories import make_extended
 from worker.runner import JobRunner
 from worker.split import coordinate, help_parts
@@ -202,6 +202,34 @@ def test_a_scoring_part_whose_worker_dies_is_scored_again(
     # Four scoring runs began; each part's completed once, and the selection once.
     assert counted.calls["run_part"] == 4
     assert sorted(counted.parts) == [(0, 2), (2, 4), (4, 6)] and counted.decided == 1
+    assert _outcome(api, jid) == _whole(api)
+
+
+def test_a_combining_part_whose_worker_dies_keeps_its_recorded_shard(
+        api_factory: Callable[..., Api], caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="maec.worker")
+    api = api_factory(split_above_bytes=1, split_parts=2, lease_seconds=2)
+    jid = str(api.submit(_body(api))["id"])
+    # The helper's worker dies after one shard of the part it combines has landed.
+    dying = Shards(api.settings.storage_dir, die_at=1)
+    died: list[bool] = []
+
+    def send_part(job: str) -> None:
+        try:
+            help_parts(JobRunner(api.settings, api.worker_store(), dying, worker="dies"),
+                       job)
+        except WorkerDied:
+            died.append(True)
+
+    second = Shards(api.settings.storage_dir)
+    coordinator = JobRunner(api.settings, api.worker_store(), second,
+                            worker="coordinator", send_part=send_part, split=coordinate)
+    assert coordinator.run(jid) == "succeeded"
+    assert died == [True] and len(dying.stored) == 1
+    assert dying.stored[0] not in second.stored  # verified and kept, not made again
+    for i in range(2):  # each phase of each part completed once
+        assert caplog.text.count(f"job {jid}: part {i} done with its phase 0") == 1
+        assert caplog.text.count(f"job {jid}: part {i} done\n") == 1
     assert _outcome(api, jid) == _whole(api)
 
 
