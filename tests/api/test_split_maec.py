@@ -256,6 +256,27 @@ def test_a_coordinator_lost_between_phases_is_followed_by_one_that_keeps_the_sco
     assert _outcome(api, jid) == _whole(api)
 
 
+def test_cancel_while_parts_score_leaves_nothing(api_factory: Callable[..., Api],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    api = api_factory(split_above_bytes=1, split_parts=2)
+    jid = str(api.submit(_body(api))["id"])
+
+    def cancel_in_first(step: str, n: int) -> bool:
+        if step == "run_part" and n == 1:
+            r = api.client.post(f"/v1/jobs/{jid}/cancel", headers=api.auth())
+            assert r.status_code in (200, 202), r.text
+        return False
+
+    counted = Counted(die=cancel_in_first)
+    _count(monkeypatch, counted)
+    coordinator = JobRunner(api.settings, api.worker_store(), api.storage(),
+                            worker="coordinator", split=coordinate)
+    assert coordinator.run(jid) == "cancelled"
+    assert counted.parts == [] and counted.decided == 0  # stopped in its first part
+    assert not api.r.exists(parts_key(jid))
+    assert not list((api.settings.storage_dir / "jobs" / jid).rglob("*.safetensors"))
+
+
 def test_a_phase_begins_once_when_every_part_is_done_with_attempts_of_its_own(
         api_factory: Callable[..., Api]) -> None:
     store = PartStore(api_factory().r)
