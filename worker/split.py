@@ -238,7 +238,7 @@ def _release(store: PartStore, job_id: str, index: int, attempt: int,
 def _error(part: Part) -> str:
     if part.error:
         return str(part.error.get("message") or part.error.get("code"))
-    return f"it ran out of its attempts ({part.attempt})"
+    return f"it ran out of its attempts ({part.attempt - part.base})"
 
 
 def _report(store: PartStore, job_id: str, att: Attempt, stop: threading.Event) -> None:

@@ -144,6 +144,8 @@ class Part:
     error: dict[str, Any] | None = None
     # What the part's run of a phase before the last one gave (a method's own text).
     result: str | None = None
+    # The attempt number the part's current phase began after (its tries: the rest).
+    base: int = 0
 
 
 @dataclass(frozen=True)
@@ -219,7 +221,8 @@ class PartStore:
                               int(e["attempt"]), float(e.get("fraction") or 0.0),
                               shards if isinstance(shards, dict) else {},
                               e.get("error") if isinstance(e.get("error"), dict) else None,
-                              e["result"] if isinstance(e.get("result"), str) else None))
+                              e["result"] if isinstance(e.get("result"), str) else None,
+                              int(e.get("base") or 0)))
         phase = int(doc.get("phase", 0))
         return Parts(doc.get("prefix", ""), parts, phase, int(doc.get("phases", 1)),
                      [doc.get(f"r{k}", "") for k in range(phase + 1)])

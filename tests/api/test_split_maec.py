@@ -306,3 +306,6 @@ def test_a_phase_begins_once_when_every_part_is_done_with_attempts_of_its_own(
     assert claim(0) == (0, 2)
     assert claim(100) == (0, 3)
     assert claim(200) == (-2, 0)
+    state = store.get("j")
+    assert state is not None and state.parts[0].state == "failed"
+    assert state.parts[0].attempt - state.parts[0].base == 2  # its phase's tries
