@@ -40,7 +40,14 @@ from app.settings import Settings
 from app.sources import Source, SourceFile, SourceKind, check_not_service_storage, open_source
 from app.sources.base import is_checkpoint_file
 from app.storage.base import Storage
-from maec_core.service import MAX_HEADER_BYTES, CorruptCheckpoint, NotSplittable, Recipe
+from maec_core.service import (
+    MAX_HEADER_BYTES,
+    CorruptCheckpoint,
+    NotSplittable,
+    Recipe,
+    TensorMethod,
+    get_method,
+)
 from maec_core.service.running import (
     RunContext,
     WrittenFile,
@@ -219,6 +226,11 @@ def fetches_in_part(rec: JobRecord, job: Planned, settings: Settings, storage: S
     above the pool's split size) or ``resuming`` (a resumed attempt, or a part of a split
     merge). None: whole files, as usual."""
     if not isinstance(job, MergeJob) or not job.resumable or not rec.sources:
+        return None
+    recipe = job.plan.recipe
+    # A plain tensor method's merge: its reads are named by shard. A method that splits
+    # in phases (MAEC) reads every tensor in its earlier phases: its inputs come whole.
+    if not isinstance(get_method(recipe.merge_method), TensorMethod) or recipe.layered:
         return None
     sources = []
     for uri, doc in sorted(rec.sources.items()):
