@@ -185,8 +185,8 @@ def _drive(runner: JobRunner, rec: JobRecord, att: Attempt, job: MergeJob,
         index, attempt = _claim(runner, store, rec.id)
         if index >= 0:
             try:
-                run_claimed_part(runner, rec, job, index, attempt, local,
-                                 workdir / f"p{index}", inputs=att.inputs)
+                run_claimed_part(runner, rec, job, index, attempt, workdir / f"p{index}",
+                                 HeldInputs(local, partial=att.inputs))
             except LeaseLost:
                 if att.lost:  # the job itself was taken over
                     raise
@@ -306,14 +306,23 @@ class PartAttempt(Attempt):
             raise LeaseLost(self.job_id)
 
 
+@dataclass
+class HeldInputs:
+    """What one worker holds of a split job's inputs, kept from one part it runs to the
+    next: the local paths (None until the first part fetches them), the cache hold
+    keeping them, and, when they are held in part, the byte ranges held (each part
+    fetches the ranges its shards read into it)."""
+
+    local: dict[str, str] | None = None
+    hold: Hold | None = None
+    partial: PartialInputs | None = None
+
+
 def run_claimed_part(runner: JobRunner, rec: JobRecord, job: MergeJob, index: int,
-                     attempt: int, local: dict[str, str] | None, workdir: Path,
-                     hold: Hold | None = None, inputs: PartialInputs | None = None
-                     ) -> tuple[dict[str, str], PartialInputs | None]:
+                     attempt: int, workdir: Path, held: HeldInputs) -> None:
     """Run part ``index`` (claimed as ``attempt``): make its shards, publish each as it
-    is made, record it, and mark the part done; returns the inputs (fetched here when
-    ``local`` is None) and, when they are held in part, what is held (``inputs``: the
-    part fetches the byte ranges its shards read into it)."""
+    is made, record it, and mark the part done; ``held`` is filled here (the inputs
+    fetched) when it holds none yet."""
     store = runner.store.parts()
     state = store.get(rec.id)
     if state is None:
@@ -326,14 +335,14 @@ def run_claimed_part(runner: JobRunner, rec: JobRecord, job: MergeJob, index: in
              part.hi - 1, attempt, runner.worker)
     result: str | None = None
     try:
-        if local is None:
-            assert hold is not None
-            local = runner.fetch_inputs(rec, job, att, workdir, hold, part=True)
-            inputs = att.inputs
+        if held.local is None:
+            assert held.hold is not None
+            held.local = runner.fetch_inputs(rec, job, att, workdir, held.hold, part=True)
+            held.partial = att.inputs
         if state.last_phase:
-            _make_part(runner, rec, job, att, state, local, workdir, hold, inputs)
+            _make_part(runner, rec, job, att, state, workdir, held)
         else:
-            result = _phase_part(runner, rec, job, att, state, local, hold)
+            result = _phase_part(runner, rec, job, att, state, held.local, held.hold)
     except Cancelled:
         # Its uploads are stopped: the coordinator may clean the prefix now.
         store.update(rec.id, index, attempt, {}, state="stopped")
@@ -347,7 +356,6 @@ def run_claimed_part(runner: JobRunner, rec: JobRecord, job: MergeJob, index: in
         log.info("job %s: part %d done", rec.id, index)
     else:
         log.info("job %s: part %d done with its phase %d", rec.id, index, state.phase)
-    return local, inputs
 
 
 def _phase_part(runner: JobRunner, rec: JobRecord, job: MergeJob, att: PartAttempt,
@@ -362,8 +370,7 @@ def _phase_part(runner: JobRunner, rec: JobRecord, job: MergeJob, att: PartAttem
 
 
 def _make_part(runner: JobRunner, rec: JobRecord, job: MergeJob, att: PartAttempt,
-               state: Parts, local: dict[str, str], workdir: Path, hold: Hold | None,
-               inputs: PartialInputs | None = None) -> None:
+               state: Parts, workdir: Path, held: HeldInputs) -> None:
     """The last phase of one part: its shards made, each published and recorded as it
     is made."""
     prefix, part = state.prefix, state.parts[att.index]
@@ -375,11 +382,13 @@ def _make_part(runner: JobRunner, rec: JobRecord, job: MergeJob, att: PartAttemp
                          runner.storage)
     ledger.begin()
     uploads = ShardUploads(runner.storage, prefix, on_stored=ledger.landed)
-    ctx = _context(runner, rec, att, hold, EngineOptions(
+    assert held.local is not None
+    inputs = held.partial
+    ctx = _context(runner, rec, att, held.hold, EngineOptions(
         on_shard=uploads.on_shard, on_shard_open=uploads.on_shard_open,
         done_shards={n: s.file for n, s in good.items()} or None, part=(part.lo, part.hi),
         phase_records=_records(state)))
-    recipe = job.plan.localised(local).merge_only()
+    recipe = job.plan.localised(held.local).merge_only()
     try:
         workdir.mkdir(parents=True, exist_ok=True)
         if inputs is None:
@@ -411,11 +420,10 @@ def help_parts(runner: JobRunner, job_id: str) -> str:
         return "ended"
     job = MergeJob(plan_job(parse_recipe(rec.recipe)))
     workdir = runner.settings.work_dir / "jobs" / job_id / f"h{time.time_ns()}"
-    local: dict[str, str] | None = None
-    inputs: PartialInputs | None = None
     ran = 0
     try:
         with runner.cache.hold() as hold:
+            held = HeldInputs(hold=hold)
             while True:
                 if draining():  # the parts left go to the other workers
                     return f"ran {ran} parts, draining"
@@ -423,9 +431,8 @@ def help_parts(runner: JobRunner, job_id: str) -> str:
                 if index < 0:
                     return f"ran {ran} parts"
                 try:
-                    local, inputs = run_claimed_part(runner, rec, job, index, attempt,
-                                                     local, workdir / f"p{index}", hold,
-                                                     inputs)
+                    run_claimed_part(runner, rec, job, index, attempt,
+                                     workdir / f"p{index}", held)
                     ran += 1
                 except LeaseLost:
                     log.warning("job %s: part %d taken over", job_id, index)
