@@ -157,10 +157,12 @@ class Settings(BaseSettings):
     """The size of each ranged GET of an input; smaller objects are one GET."""
     s3_read_bytes_per_s: int | None = Field(default=None, ge=1024 * 1024)
     """Caps how fast a worker reads an input object from S3, in bytes per second (its
-    ranged GETs together; unset: no cap). Objects under two download parts are one GET
-    and are not capped. Models one node's network bandwidth on a machine whose local
-    store is faster than a real one's network (a benchmark of how a merge scales with
-    workers); in production the network is the cap."""
+    ranged GETs together; unset: no cap). A whole object's parallel GETs share one cap;
+    single GETs (objects under two download parts, the byte ranges a part of a split
+    merge reads) share another; a job fetches through one of them at a time. Models
+    one node's network bandwidth on a machine whose local store is faster than a real
+    one's network (a benchmark of how a merge scales with workers); in production the
+    network is the cap."""
 
     local_roots: list[Path] = Field(default_factory=list)
     """JSON list of allow-listed local checkpoint roots (absolute paths); `make run` adds
@@ -197,9 +199,9 @@ class Settings(BaseSettings):
     lease_seconds: int = Field(default=60, ge=2)
     """A running job whose lease is older than this is re-queued by live workers."""
     split_above_bytes: int = Field(default=0, ge=0)
-    """A plain merge whose inputs total more bytes than this runs as parts on several
-    workers of the pool, each part a contiguous group of output shards (0: never split).
-    Set alike on every worker of a pool."""
+    """A plain merge (a tensor method's or MAEC's) whose inputs total more bytes than this
+    runs as parts on several workers of the pool, each part a contiguous group of output
+    shards (0: never split). Set alike on every worker of a pool."""
     split_parts: int = Field(default=2, ge=2, le=64)
     """How many parts a split merge is cut into (at most its output shard count): about
     the number of workers the pool gives one merge."""

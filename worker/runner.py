@@ -31,16 +31,32 @@ from app.settings import Settings
 from app.sources import Source, check_not_service_storage, is_pinned_gguf
 from app.storage.base import Storage, StorageError
 from maec_contract import FileInfo, JobResult
-from maec_core.service import MANIFEST_NAME, Cancelled, FileEntry, MaecError, Manifest, StageSpans
+from maec_core.service import (
+    MANIFEST_NAME,
+    Cancelled,
+    FileEntry,
+    MaecError,
+    Manifest,
+    NotSplittable,
+    StageSpans,
+)
 from maec_core.service.running import EngineOptions, RunContext, WrittenFile
 from worker.gguf import dequantize_input
 from worker.inputs import InputCache, fetch_source
 from worker.job_kind import Made, Planned, Run
 from worker.kinds import kind_of
 from worker.measure import measured
+from worker.partial import (
+    PartialInputs,
+    fetch_headers,
+    fetches_in_part,
+    make_shards,
+    shards_left,
+)
 from worker.publish import ShardUploads, publish
 from worker.result import Finished
 from worker.resume import Resumed, ShardLedger, adopt, in_use
+from worker.stages import MergeJob
 
 log = logging.getLogger("maec.worker")
 
@@ -83,6 +99,9 @@ class Attempt:
     # (the resumed part's; worker.resume).
     resume: Resumed | None = None
     floor: float = 0.0
+    # The inputs as held in part, when this attempt fetches only what it reads
+    # (worker.partial); None: whole files.
+    inputs: PartialInputs | None = None
 
     def write(self, fields: dict[str, Any]) -> None:
         with self._lock:
@@ -157,8 +176,9 @@ class Outcome:
 ENDED_BY_CLAIM = frozenset({"cancelled", "exhausted", "time_limit"})
 
 
-# A split merge's parts all done: the prefix their shards lie under, and those shards.
-SplitDone = tuple[str, dict[str, WrittenFile]]
+# A split merge's parts all done: the prefix their shards lie under, those shards, and
+# the records its phases decided (EngineOptions.phase_records; none: split by shards).
+SplitDone = tuple[str, dict[str, WrittenFile], tuple[str, ...]]
 # worker.split.coordinate: (runner, record, attempt, planned job, inputs, prefix, workdir).
 SplitFn = Callable[["JobRunner", JobRecord, Attempt, Planned, dict[str, str], str, Path],
                    SplitDone | None]
@@ -386,9 +406,50 @@ class JobRunner:
         return local
 
     def fetch_inputs(self, rec: JobRecord, job: Planned, att: Attempt, workdir: Path,
-                     hold: Hold) -> dict[str, str]:
-        """The job's inputs fetched (a split job's part fetches them too)."""
-        return self._fetch(rec, job, att, workdir, hold)
+                     hold: Hold, *, resuming: bool = False, part: bool = False
+                     ) -> dict[str, str]:
+        """The job's inputs: whole files, or only their headers when the attempt
+        fetches in part (``worker.partial``: a job that may be split, a ``part`` of
+        one, or one ``resuming``), its ranges fetched later (``att.inputs``)."""
+        sources = fetches_in_part(rec, job, self.settings, self.storage,
+                                  split=self.split is not None, resuming=resuming or part)
+        if sources is None:
+            return self._fetch(rec, job, att, workdir, hold)
+        att.progress("fetch", 0, 1)
+        att.inputs = fetch_headers(sources, self.cache, workdir, hold)
+        if not part:  # this attempt publishes the manifest, which names them
+            att.inputs.start_digests()
+        att.progress("fetch", 1, 1)
+        log.info("job %s: input headers ready (%d bytes fetched, %d from cache)", rec.id,
+                 att.inputs.fetched, att.inputs.cached)
+        return att.inputs.local
+
+    def _make_left(self, rec: JobRecord, job: Planned, att: Attempt, local: dict[str, str],
+                   done: Mapping[str, WrittenFile], uploads: ShardUploads,
+                   workdir: Path) -> dict[str, WrittenFile]:
+        """An attempt holding its inputs in part that runs the merge itself (a resumed
+        one): the shards not ``done`` made and uploaded (``uploads``), their inputs'
+        byte ranges fetched as the merge goes (``worker.partial.make_shards``); all the
+        shards then done. A merge whose reads are not named by shard fetches its weight
+        files whole and leaves its shards to the merge."""
+        inputs = att.inputs
+        if inputs is None or not isinstance(job, MergeJob):
+            return dict(done)
+        recipe = job.plan.localised(local).merge_only()
+        try:
+            left = shards_left(recipe, done)
+            ctx = RunContext(progress=att.progress, cancel=att.cancel_requested,
+                             device=self.settings.device,
+                             hash_cache=self.settings.work_dir / "checksums",
+                             options=EngineOptions(on_shard=uploads.on_shard,
+                                                   on_shard_open=uploads.on_shard_open))
+            made = make_shards(recipe, left, inputs, workdir / "parts", ctx, done)
+        except NotSplittable:
+            inputs.complete()
+            made = {}
+        log.info("job %s: inputs ready (%d bytes fetched, %d from cache; in part: %d "
+                 "shards were done)", rec.id, inputs.fetched, inputs.cached, len(done))
+        return {**done, **made}
 
     def _split(self, rec: JobRecord, att: Attempt, job: Planned, local: dict[str, str],
                prefix: str, workdir: Path) -> SplitDone | None:
@@ -408,13 +469,14 @@ class JobRunner:
         # those it resumes with (its progress starts there: before the fetch).
         ledger = self._ledger(att, job, prefix)
         done = att.resume.done if ledger is not None and att.resume is not None else {}
-        local = self._fetch(rec, job, att, workdir, hold)
+        local = self.fetch_inputs(rec, job, att, workdir, hold, resuming=bool(done))
         job.check(local)
         # --- split: a big merge's parts run on the pool's workers first (worker.split);
         # this attempt then goes on as a resumed merge with every shard done ---
         split = self._split(rec, att, job, local, prefix, workdir)
+        records: tuple[str, ...] = ()
         if split is not None:
-            ledger, (prefix, done) = None, split
+            ledger, (prefix, done, records) = None, split
         # --- end split ---
         workdir.mkdir(parents=True, exist_ok=True)
         out = workdir / "out"
@@ -434,8 +496,12 @@ class JobRunner:
         uploads = ShardUploads(self.storage, prefix,
                                on_stored=ledger.landed if ledger is not None else None)
         try:
+            if split is None and att.inputs is not None:
+                done = self._make_left(rec, job, att, local, done, uploads, workdir)
             made = job.produce(Run(local, out, workdir,
-                                   self._context(rec, att, uploads, hold, done), att, upload))
+                                   self._context(rec, att, uploads, hold, done, records),
+                                   att, upload,
+                                   att.inputs.digests() if att.inputs is not None else {}))
             files = [*made.uploaded,
                      *self._publish_made(rec, att, out, made, uploads, uploaded[0], done)]
         except BaseException:
@@ -448,25 +514,34 @@ class JobRunner:
             core_seconds=round(made.core_seconds, 4), **made.result)
         return Finished(result, prefix, made.artifact_reused)
 
+    def artifacts(self, hold: Hold | None) -> StorageArtifactStore:
+        """The worker's artifact store; the local artifact copies a job reads stay held
+        by ``hold``, like its inputs, until it ends."""
+        return StorageArtifactStore(self.storage, self.settings.work_dir / "artifacts",
+                                    self.settings.artifact_cache_max_bytes,
+                                    on_use=self.store.touch_artifact, hold=hold)
+
     def _context(self, rec: JobRecord, att: Attempt, uploads: ShardUploads, hold: Hold,
-                 done: Mapping[str, WrittenFile]) -> RunContext:
+                 done: Mapping[str, WrittenFile], records: tuple[str, ...] = ()
+                 ) -> RunContext:
         """How the attempt's core run goes: the attempt's progress and cancel, the
         worker's device and caches, the output's shards uploaded as they are written
-        (``done``: those already published, which the engine skips)."""
-        # The local artifact copies the job reads stay held, like its inputs, until it ends.
-        artifacts = StorageArtifactStore(self.storage, self.settings.work_dir / "artifacts",
-                                         self.settings.artifact_cache_max_bytes,
-                                         on_use=self.store.touch_artifact, hold=hold)
+        (``done``: those already published, which the engine skips; ``records``: what
+        a split merge's phases decided)."""
         return RunContext(progress=att.progress, cancel=att.cancel_requested,
                           device=self.settings.device,
                           hash_cache=self.settings.work_dir / "checksums",
-                          artifact_store=artifacts, artifact_scope=artifact_scope(rec.owner),
+                          artifact_store=self.artifacts(hold),
+                          artifact_scope=artifact_scope(rec.owner),
                           # The run's manifests stay in memory: the one published is
                           # written once, last, with the inputs named by reference.
                           manifest_file=False,
                           options=EngineOptions(on_shard=uploads.on_shard,
                                                 on_shard_open=uploads.on_shard_open,
-                                                done_shards=done or None))
+                                                done_shards=done or None,
+                                                phase_records=records,
+                                                present=att.inputs.present
+                                                if att.inputs is not None else None))
 
     def _ledger(self, att: Attempt, job: Planned, prefix: str) -> ShardLedger | None:
         """The resumable job's shard record, begun (the verified shards it resumes
