@@ -79,6 +79,10 @@ _UPDATE = """
 local raw = redis.call('HGET', KEYS[1], 'p' .. ARGV[1])
 if not raw then return -1 end
 local e = cjson.decode(raw)
+-- Already so for this attempt: a call retried after a dropped reply.
+if e.attempt == tonumber(ARGV[2]) and ARGV[3] ~= '' and e.state == ARGV[3] then
+  return 1
+end
 if e.attempt ~= tonumber(ARGV[2]) or e.state ~= 'running' then return -1 end
 for k, v in pairs(cjson.decode(ARGV[4])) do e[k] = v end
 if ARGV[3] ~= '' then e.state = ARGV[3] end

@@ -5,6 +5,8 @@ completion, and the split result is the unsplit merge's byte for byte."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -96,3 +98,67 @@ def test_cancel_while_parts_run_leaves_nothing(stack: Stack, s3_server: S3Server
     assert not parts(stack, job["id"])
     lost, dup = h.audit(stack, s3_server, [job["id"]], h.worker_logs(stack))
     assert (lost, dup) == (0, 0)
+
+
+# The faulted jobs below keep this name, so every file they publish (the card included)
+# is the uninterrupted run's byte for byte.
+REDIS_JOB = "split-redis"
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(stack: Stack, big: dict[str, Path]) -> dict[str, str]:
+    """path -> sha256 of the same split merge run with no fault."""
+    done = stack.wait(stack.submit(slow_job(big, REDIS_JOB, shard="5MB"))["id"],
+                      timeout=120)
+    assert done["status"] == "succeeded", done["error"]
+    return {f["path"]: f["sha256"] for f in done["result"]["files"]}
+
+
+def _states(stack: Stack, job_id: str) -> list[str]:
+    return [p["state"] for p in parts(stack, job_id)]
+
+
+def _check_after_restart(stack: Stack, s3_server: S3Server, job_id: str,
+                         expected: dict[str, str]) -> None:
+    done = stack.wait(job_id, timeout=120)
+    assert done["status"] == "succeeded", done["error"]
+    assert done["attempts"] == 1  # nothing was taken over: the restart lost no lease
+    assert {f["path"]: f["sha256"] for f in done["result"]["files"]} == expected
+    _done_once(stack, job_id)
+    h.assert_published_once(s3_server, done, h.record(stack, job_id))
+    assert not parts(stack, job_id)
+    lost, dup = h.audit(stack, s3_server, [job_id], h.worker_logs(stack))
+    assert (lost, dup) == (0, 0), f"lost={lost} duplicate runs={dup}"
+
+
+def test_redis_restarted_while_parts_run(stack: Stack, s3_server: S3Server,
+                                         big: dict[str, Path],
+                                         uninterrupted: dict[str, str]) -> None:
+    """Redis stopped and started again (its AOF, deploy/redis.conf, as the stack runs
+    it) once a part is done and another still runs: every worker rides through the
+    outage, the parts' state survives it, and the job ends as the uninterrupted run."""
+    job = stack.submit(slow_job(big, REDIS_JOB, shard="5MB"))
+    wait_for(lambda: sorted(_states(stack, job["id"])) == ["done", "running"], 90,
+             "one part done, the other running")
+    stack.restart_redis()
+    _check_after_restart(stack, s3_server, job["id"], uninterrupted)
+
+
+def test_redis_restarted_between_the_last_part_and_the_final_step(
+        stack: Stack, s3_server: S3Server, big: dict[str, Path],
+        uninterrupted: dict[str, str]) -> None:
+    """The coordinator is paused (SIGSTOP) as the last part is marked done, before it
+    writes the index, card and manifest; Redis restarts meanwhile. Resumed, it finds
+    every part done and publishes once."""
+    job = stack.submit(slow_job(big, REDIS_JOB, shard="5MB"))
+    wait_for(lambda: "done" in _states(stack, job["id"]), 90, "a part done")
+    rec = h.record(stack, job["id"])
+    pid = wait_for(lambda: _states(stack, job["id"]) == ["done", "done"]
+                   and h.kill_child(stack, rec, signal.SIGSTOP), 60, "every part done",
+                   interval=0.01)
+    try:
+        assert h.record(stack, job["id"])["status"] == "running"
+        stack.restart_redis()
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    _check_after_restart(stack, s3_server, job["id"], uninterrupted)
