@@ -32,6 +32,7 @@ from app.jobs.keys import (
     status_key,
     usage_key,
 )
+from app.jobs.parts import parts_key
 from app.jobs.record import JobRecord, encode, now_iso, storable_fields, text
 from app.jobs.scripts import Arg, Script
 from maec_core.service import MaecError
@@ -145,6 +146,7 @@ def take(pools: list[str], *, worker: str, pool: str, lease_s: float, max_attemp
         "max_attempts": max_attempts, "now_iso": json.dumps(now_iso()),
         "now_ms": _now_ms(now), "exhausted_error": json.dumps(_exhausted(max_attempts)),
         "job_prefix": job_key(""), "pool_json": json.dumps(pool), "hold_ms": HOLD_MS,
+        "parts_prefix": parts_key(""),
     })
 
     def parse(reply: list[Any]) -> Taken:
