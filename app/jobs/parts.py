@@ -10,7 +10,8 @@ shards}``. Each change is one Lua script, so two workers can never both hold a p
 - :meth:`PartStore.update` (lease renewal, progress, a shard that landed) and
   :meth:`PartStore.finish` take effect only for the attempt that holds the part, so a
   worker whose part was taken over records nothing and cannot mark it done: a part is
-  done once, by its current holder.
+  done once, by its current holder. A part's fraction only grows (a part claimed again
+  starts its count over), so the job's progress, made from it, never goes back.
 
 The job's own attempt (the coordinator, ``worker.split``) creates the parts, runs parts
 itself and, once every part is done, writes the index, card and manifest: that final
@@ -84,7 +85,11 @@ if e.attempt == tonumber(ARGV[2]) and ARGV[3] ~= '' and e.state == ARGV[3] then
   return 1
 end
 if e.attempt ~= tonumber(ARGV[2]) or e.state ~= 'running' then return -1 end
-for k, v in pairs(cjson.decode(ARGV[4])) do e[k] = v end
+for k, v in pairs(cjson.decode(ARGV[4])) do
+  -- A part claimed again counts its progress from its start; what the parts have done
+  -- (and the job's progress, made from it) never goes back.
+  if k ~= 'fraction' or v > (tonumber(e.fraction) or 0) then e[k] = v end
+end
 if ARGV[3] ~= '' then e.state = ARGV[3] end
 redis.call('HSET', KEYS[1], 'p' .. ARGV[1], cjson.encode(e))
 return 1

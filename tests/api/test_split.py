@@ -5,16 +5,20 @@ runs out and resumes from the shards it recorded; a cancel stops every part."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import pytest
+import redis
 
 from app.jobs.keys import job_key
 from app.jobs.parts import part_ranges, parts_key
+from app.jobs.worker_store import WorkerJobStore
 from app.storage.base import Digest, StorageError, WaitFn
 from app.storage.local import LocalStorage
 from tests.api.conftest import Api
@@ -190,3 +194,91 @@ def test_a_lost_coordinator_is_followed_by_one_that_keeps_the_parts(
     files = _files(api, jid)
     assert dying.stored[0] not in second.stored  # its part's recorded shard was kept
     assert files == _whole(api)
+
+
+class Watched(WorkerJobStore):
+    """The job store, noting every progress fraction written to a record, in order."""
+
+    def __init__(self, client: redis.Redis, seen: list[float], lock: threading.Lock
+                 ) -> None:
+        super().__init__(client)
+        self.seen = seen
+        self.lock = lock
+
+    def update(self, job_id: str, attempt: int, fields: dict[str, Any]) -> int:
+        with self.lock:  # in the order Redis applied them
+            flag = super().update(job_id, attempt, fields)
+            if "progress" in fields:
+                self.seen.append(float(fields["progress"]["fraction"]))
+        return flag
+
+
+class Slow(Shards):
+    """Shards that take a while to store, so the job's progress is read between them."""
+
+    def put_verified(self, key: str, f: BinaryIO, size: int, sha256: Digest, *,
+                     wait_for: WaitFn | None = None) -> None:
+        time.sleep(0.1)
+        super().put_verified(key, f, size, sha256, wait_for=wait_for)
+
+
+def test_a_split_jobs_progress_only_grows_to_one_and_its_webhook_is_handed_on_once(
+        api_factory: Callable[..., Api]) -> None:
+    """As for a whole job: the progress a reader sees never goes back, even when a part
+    whose worker died is run again from its start, and ends at 1.0; the finished job is
+    handed to the webhook once (by its own attempt, never by a helper)."""
+    api = api_factory(split_above_bytes=1, split_parts=2, lease_seconds=2,
+                      progress_interval=0.0, webhook_allowed_hosts=["127.0.0.1"],
+                      webhook_secrets={"alice": "whsec-0123456789abcdef"})
+    jid = str(api.submit(api.named(callback_url="http://127.0.0.1/hook", **BODY))["id"])
+    seen: list[float] = []
+    lock = threading.Lock()
+    ended: list[str] = []
+
+    def runner(name: str, storage: Shards, **kw: Any) -> JobRunner:
+        return JobRunner(api.settings, Watched(api.r, seen, lock), storage, worker=name,
+                         on_finished=ended.append, **kw)
+
+    died: list[bool] = []
+
+    def send_part(job: str) -> None:
+        # The helper's worker dies after its part's first shard landed.
+        try:
+            help_parts(runner("dies", Slow(api.settings.storage_dir, die_at=1)), job)
+        except WorkerDied:
+            died.append(True)
+
+    helpers: list[threading.Thread] = []
+
+    def start_helper(job: str) -> None:
+        helpers.append(threading.Thread(target=send_part, args=(job,)))
+        helpers[-1].start()
+
+    coordinator = runner("coordinator", Slow(api.settings.storage_dir),
+                         send_part=start_helper, split=coordinate)
+    assert coordinator.run(jid) == "succeeded"
+    for t in helpers:
+        t.join(30)
+    assert died == [True] and ended == [jid]
+    assert seen[-1] == 1.0 and len(set(seen)) > 5, seen
+    assert all(a <= b for a, b in itertools.pairwise(seen)), seen
+    job = api.client.get(f"/v1/jobs/{jid}", headers=api.auth()).json()
+    assert job["progress"]["fraction"] == 1.0 and job["attempts"] == 1
+
+
+def test_a_parts_progress_never_goes_back_when_it_is_claimed_again(api: Api) -> None:
+    parts = api.worker_store().parts()
+    parts.create("j", "jobs/j/a1", [(0, 2), (2, 4)])
+    i, first = parts.claim("j", worker="w1", lease_s=30, now=time.time(), max_attempts=3)
+    assert parts.update("j", i, first, {"fraction": 0.6})
+    # w1 died: its lease ran out and w2 runs the part again, counting from its start.
+    i2, second = parts.claim("j", worker="w2", lease_s=30, now=time.time() + 60,
+                             max_attempts=3)
+    assert (i2, second) == (i, 2)
+    assert parts.update("j", i, second, {"fraction": 0.1})
+    state = parts.get("j")
+    assert state is not None and state.fraction == pytest.approx(0.3)
+    assert parts.update("j", i, second, {"fraction": 0.8})
+    assert parts.get("j").fraction == pytest.approx(0.4)  # type: ignore[union-attr]
+    assert parts.finish("j", i, second) and parts.finish("j", i, second)  # retried: kept
+    assert not parts.finish("j", i, first)  # the old holder records nothing
