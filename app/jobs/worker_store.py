@@ -60,10 +60,13 @@ class WorkerJobStore:
         self._scripts = {s.name: client.register_script(s.lua) for s in scripts.ALL}
 
     @classmethod
-    def from_url(cls, url: str) -> WorkerJobStore:
+    def from_url(cls, url: str, *, outage_retry: bool = True) -> WorkerJobStore:
         """A store whose calls wait out a Redis restart (``OUTAGE_RETRY``) instead of
         failing the work in hand: the job store persists (AOF), so once it is back every
-        lease, part and record is as it was."""
+        lease, part and record is as it was. ``outage_retry`` False: redis-py's few quick
+        retries only, for a call that must not hold up what follows (a shutdown)."""
+        if not outage_retry:
+            return cls(redis.Redis.from_url(url, health_check_interval=30))
         return cls(redis.Redis.from_url(url, health_check_interval=30, retry=OUTAGE_RETRY))
 
     def close(self) -> None:

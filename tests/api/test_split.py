@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import itertools
 import logging
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -23,6 +25,8 @@ from app.storage.base import Digest, StorageError, WaitFn
 from app.storage.local import LocalStorage
 from tests.api.conftest import Api
 from tests.api.test_resume import Shards, WorkerDied
+from tests.stack import ROOT
+from worker import split
 from worker.runner import JobRunner
 from worker.split import coordinate, help_parts
 
@@ -282,3 +286,75 @@ def test_a_parts_progress_never_goes_back_when_it_is_claimed_again(api: Api) -> 
     assert parts.get("j").fraction == pytest.approx(0.4)  # type: ignore[union-attr]
     assert parts.finish("j", i, second) and parts.finish("j", i, second)  # retried: kept
     assert not parts.finish("j", i, first)  # the old holder records nothing
+
+
+class DrainAt(LocalStorage):
+    """Local storage that starts the worker's drain as the first shard is stored."""
+
+    def __init__(self, root: Path, drain: threading.Event) -> None:
+        super().__init__(root)
+        self.drain = drain
+
+    def put_verified(self, key: str, f: BinaryIO, size: int, sha256: Digest, *,
+                     wait_for: WaitFn | None = None) -> None:
+        if key.endswith(".safetensors"):
+            self.drain.set()
+        super().put_verified(key, f, size, sha256, wait_for=wait_for)
+
+
+def test_a_draining_helper_finishes_its_part_and_takes_no_other(
+        api_factory: Callable[..., Api], monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The helper's worker starts draining (SIGTERM) while it runs a part: that part is
+    finished and marked done there, no other part is taken, and the job's own attempt
+    runs the parts left."""
+    caplog.set_level(logging.INFO, logger="maec.worker")
+    drain = threading.Event()
+    monkeypatch.setattr(split, "draining", drain.is_set)
+    api = api_factory(split_above_bytes=1, split_parts=3)
+    jid = str(api.submit(api.named(**BODY))["id"])
+    ran: list[str] = []
+
+    def send_part(job: str) -> None:
+        if not ran:  # the first helper; the second's message waits on the drained worker
+            ran.append(help_parts(JobRunner(api.settings, api.worker_store(),
+                                            DrainAt(api.settings.storage_dir, drain),
+                                            worker="drained"), job))
+
+    coordinator = JobRunner(api.settings, api.worker_store(), api.storage(),
+                            worker="coordinator", send_part=send_part, split=coordinate)
+    assert coordinator.run(jid) == "succeeded"
+    assert ran == ["ran 1 parts, draining"]
+    done = [line for line in caplog.text.splitlines() if f"job {jid}: part " in line
+            and line.endswith(" done")]
+    assert len(done) == 3
+    assert _files(api, jid) == _whole(api)
+
+
+def test_a_drain_reaches_the_pool_children_forked_before_it() -> None:
+    """Celery's shutdown signal sets the drain in the worker's main process; a split
+    job's helper asks in its pool child, forked earlier. Run in a fresh interpreter, so
+    this process's flag is left alone."""
+    script = """
+import multiprocessing, sys, time
+from worker import drain
+
+def child():
+    deadline = time.monotonic() + 20
+    while not drain.draining():
+        if time.monotonic() > deadline:
+            sys.exit(1)
+        time.sleep(0.01)
+    sys.exit(0)
+
+p = multiprocessing.get_context("fork").Process(target=child)
+p.start()
+time.sleep(0.2)
+assert p.is_alive()
+drain._draining.set()
+p.join(25)
+sys.exit(p.exitcode)
+"""
+    got = subprocess.run([sys.executable, "-c", script], cwd=ROOT, timeout=60,
+                         capture_output=True, text=True)
+    assert got.returncode == 0, got.stderr
