@@ -263,7 +263,7 @@ def remove(record: JobRecord, *, expire_before: float | None = None
         {"job": job_key(record.id), "owner": owner_key(owner),
          "idem": idem_key(owner, record.idempotency_key or ""), "usage": usage_key(owner),
          "unreferenced": UNREFERENCED_KEY, "orphans": ORPHANS_KEY,
-         "requeue": requeue_key(record.id)},
+         "requeue": requeue_key(record.id), "parts": parts_key(record.id)},
         {"id": record.id, "mode": "delete" if expire_before is None else "expire",
          "cutoff_ms": 0 if expire_before is None else _now_ms(expire_before),
          "refs_prefix": REFS_PREFIX, "prefix": job_storage_prefix(record.id),

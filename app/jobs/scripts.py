@@ -507,13 +507,14 @@ return {'ok', used + delta}
 """)
 
 # Delete a finished job's record and every index entry (owner list, status set,
-# idempotency key, requeue marker), give its bytes back to the owner's quota, drop its
-# artifact references and queue its storage ``prefix`` for deletion (the orphans set, which
-# the workers retry while the store is down). ``mode`` 'expire' spares a pinned job and one
+# idempotency key, requeue marker, a split job's parts if its end left them), give its
+# bytes back to the owner's quota, drop its artifact references and queue its storage
+# ``prefix`` for deletion (the orphans set, which the workers retry while the store is
+# down). ``mode`` 'expire' spares a pinned job and one
 # that ended after ``cutoff_ms``. Returns {outcome, bytes released}; outcome is removed,
 # missing, active (queued or running: cancel it first), pinned or kept.
 REMOVE = Script("remove", ("job", "owner", "idem", "usage", "unreferenced", "orphans",
-                           "requeue"),
+                           "requeue", "parts"),
                 ("id", "mode", "cutoff_ms", "refs_prefix", "prefix", "now_ms"),
                 _RELEASE_REFS + """
 local raw = redis.call('HGET', K.job, 'status')
@@ -533,7 +534,7 @@ end
 if redis.call('GET', K.idem) == A.id then redis.call('DEL', K.idem) end
 redis.call('ZREM', K.owner, A.id)
 redis.call('ZREM', SETS[st], A.id)
-redis.call('DEL', K.job, K.requeue)
+redis.call('DEL', K.job, K.requeue, K.parts)
 redis.call('SADD', K.orphans, A.prefix)
 return {'removed', bytes}
 """, moves=True)

@@ -18,7 +18,7 @@ from typing import Any, BinaryIO
 import pytest
 import redis
 
-from app.jobs.keys import job_key
+from app.jobs.keys import job_key, usage_key
 from app.jobs.parts import part_ranges, parts_key
 from app.jobs.worker_store import WorkerJobStore
 from app.storage.base import Digest, StorageError, WaitFn
@@ -358,3 +358,31 @@ sys.exit(p.exitcode)
     got = subprocess.run([sys.executable, "-c", script], cwd=ROOT, timeout=60,
                          capture_output=True, text=True)
     assert got.returncode == 0, got.stderr
+
+
+def test_a_split_jobs_result_is_kept_pinned_and_removed_like_a_whole_jobs(
+        api_factory: Callable[..., Api]) -> None:
+    """Pin, expiry, delete and the storage quota see a split job as a whole one: its
+    files under the job's prefix, its bytes counted once; removing it removes its files
+    and its parts' state (left behind when its end could not remove it)."""
+    api = api_factory(split_above_bytes=1, split_parts=2)
+    jobs = {}
+    for pinned in (True, False):
+        jid = str(api.submit(api.named(pinned=pinned, **BODY))["id"])
+        assert JobRunner(api.settings, api.worker_store(), api.storage(),
+                         split=coordinate).run(jid) == "succeeded"
+        jobs[pinned] = api.client.get(f"/v1/jobs/{jid}", headers=api.auth()).json()
+    kept, gone = jobs[True]["id"], jobs[False]["id"]
+    size = {p: sum(f["size"] for f in j["result"]["files"]) for p, j in jobs.items()}
+    assert int(api.r.get(usage_key("alice")) or 0) == size[True] + size[False]
+    for jid in (kept, gone):  # as an end whose clean-up Redis refused leaves them
+        api.worker_store().parts().create(jid, f"jobs/{jid}/a1", [(0, 1), (1, 2)])
+    store, storage = api.worker_store(), api.storage()
+    assert store.expire_jobs(storage, older_than_s=0) == [gone]
+    outputs = Path(api.settings.storage_dir) / "jobs"
+    assert not (outputs / gone).exists() and not api.r.exists(parts_key(gone))
+    assert (outputs / kept).is_dir() and api.r.exists(parts_key(kept))
+    assert int(api.r.get(usage_key("alice")) or 0) == size[True]
+    assert api.client.delete(f"/v1/jobs/{kept}", headers=api.auth()).status_code == 204
+    assert not (outputs / kept).exists() and not api.r.exists(parts_key(kept))
+    assert api.r.get(usage_key("alice")) is None
