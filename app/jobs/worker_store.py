@@ -49,9 +49,11 @@ _PAGE = 200
 # Each call retried on a dropped or refused connection for about 15 s (backoff from
 # 50 ms, doubling, at most 1 s): a Redis restart or failover takes seconds, and failing
 # a merge (or a split job's part) for it would turn a restart into re-runs. An outage
-# longer than that fails the call as before; leases then decide who goes on.
+# longer than that fails the call as before; leases then decide who goes on. OSError:
+# redis-py retries a refused connect only on the errors named here, and it raises the
+# socket's own error (ConnectionRefusedError) there, not its ConnectionError.
 OUTAGE_RETRY = Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=20,
-                     supported_errors=(redis.ConnectionError, redis.TimeoutError))
+                     supported_errors=(redis.ConnectionError, redis.TimeoutError, OSError))
 
 
 class WorkerJobStore:

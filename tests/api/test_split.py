@@ -25,7 +25,7 @@ from app.storage.base import Digest, StorageError, WaitFn
 from app.storage.local import LocalStorage
 from tests.api.conftest import Api
 from tests.api.test_resume import Shards, WorkerDied
-from tests.stack import ROOT
+from tests.stack import ROOT, RedisServer
 from worker import split
 from worker.runner import JobRunner
 from worker.split import coordinate, help_parts
@@ -386,3 +386,27 @@ def test_a_split_jobs_result_is_kept_pinned_and_removed_like_a_whole_jobs(
     assert api.client.delete(f"/v1/jobs/{kept}", headers=api.auth()).status_code == 204
     assert not (outputs / kept).exists() and not api.r.exists(parts_key(kept))
     assert api.r.get(usage_key("alice")) is None
+
+
+def test_the_workers_store_waits_out_a_redis_restart(tmp_path: Path) -> None:
+    """A worker's calls (a part's claim, its lease, the job's cancel flag) made while
+    Redis restarts wait for it rather than fail the part; what was written before is
+    there after (AOF, as deploy/redis.conf runs it)."""
+    server = RedisServer(tmp_path / "redis").start()
+    try:
+        store = WorkerJobStore.from_url(server.url)
+        parts = store.parts()
+        parts.create("j", "jobs/j/a1", [(0, 1), (1, 2)])
+        server.stop()
+        back = threading.Timer(1.0, server.start)
+        back.start()
+        try:
+            # Sent while the server is down: refused, retried, answered once it is up.
+            claimed = parts.claim("j", worker="w", lease_s=30, now=time.time(),
+                                  max_attempts=3)
+        finally:
+            back.join()
+        assert claimed == (0, 1)
+        store.close()
+    finally:
+        server.stop()

@@ -162,3 +162,44 @@ def test_redis_restarted_between_the_last_part_and_the_final_step(
     finally:
         os.kill(pid, signal.SIGCONT)
     _check_after_restart(stack, s3_server, job["id"], uninterrupted)
+
+
+def test_sigterm_drains_the_workers_running_parts(stack: Stack, s3_server: S3Server,
+                                                  big: dict[str, Path],
+                                                  uninterrupted: dict[str, str]) -> None:
+    """SIGTERM to the main process of both workers while each runs a part (one the job's
+    own attempt, one a helper): each finishes its part where it runs (no part taken
+    over), the job publishes once, and both workers exit."""
+    job = stack.submit(slow_job(big, REDIS_JOB, shard="5MB"))
+
+    def both_running() -> list[dict[str, Any]] | None:
+        ps = parts(stack, job["id"])
+        return ps if len(ps) == 2 and all(p["state"] == "running" and p.get("shards")
+                                          for p in ps) else None
+
+    owners = {p["owner"] for p in wait_for(both_running, 90, "both parts running")}
+    assert len(owners) == 2
+    drained = [w for w in stack.workers if w.alive()]
+    try:
+        for w in drained:
+            os.kill(w.pid, signal.SIGTERM)  # the main process only, as Kubernetes sends it
+        done = stack.wait(job["id"], timeout=120)
+        assert done["status"] == "succeeded", done["error"]
+        assert done["attempts"] == 1
+        assert {f["path"]: f["sha256"] for f in done["result"]["files"]} == uninterrupted
+        _done_once(stack, job["id"])
+        text = h.log_text(stack.workers)
+        assert f"job {job['id']}: part 0 (" in text and f"job {job['id']}: part 1 (" in text
+        for i in range(2):  # each part ran once, as attempt 1: nobody took one over
+            assert text.count(f"job {job['id']}: part {i} (") == 1, i
+        wait_for(lambda: not any(w.alive() for w in drained), 60, "the drained workers")
+        assert all("draining" in w.tail(50000) for w in drained)
+        h.assert_published_once(s3_server, done, h.record(stack, job["id"]))
+        lost, dup = h.audit(stack, s3_server, [job["id"]], h.worker_logs(stack))
+        assert (lost, dup) == (0, 0)
+    finally:
+        for w in drained:
+            w.stop()
+        started = [stack.start_worker(wait=False) for _ in drained]
+        for w in started:
+            stack.wait_worker(w)
