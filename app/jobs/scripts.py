@@ -510,9 +510,9 @@ return {'ok', used + delta}
 # idempotency key, requeue marker, a split job's parts if its end left them), give its
 # bytes back to the owner's quota, drop its artifact references and queue its storage
 # ``prefix`` for deletion (the orphans set, which the workers retry while the store is
-# down). ``mode`` 'expire' spares a pinned job and one
-# that ended after ``cutoff_ms``. Returns {outcome, bytes released}; outcome is removed,
-# missing, active (queued or running: cancel it first), pinned or kept.
+# down). ``mode`` 'expire' spares a pinned job and one that ended after ``cutoff_ms``.
+# Returns {outcome, bytes released}; outcome is removed, missing, active (queued or
+# running: cancel it first), pinned or kept.
 REMOVE = Script("remove", ("job", "owner", "idem", "usage", "unreferenced", "orphans",
                            "requeue", "parts"),
                 ("id", "mode", "cutoff_ms", "refs_prefix", "prefix", "now_ms"),
