@@ -194,6 +194,5 @@ def test_sigterm_drains_the_workers_running_parts(stack: Stack, s3_server: S3Ser
     finally:
         for w in drained:
             w.stop()
-        started = [stack.start_worker(wait=False) for _ in drained]
-        for w in started:
-            stack.wait_worker(w)
+        for _ in drained:  # for whatever runs next on this stack; ready in seconds
+            stack.start_worker(wait=False)
