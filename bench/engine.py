@@ -14,9 +14,12 @@ most published recipes ask, and write the same bytes. Ours streams both: the bf1
 takes the 16-bit path, the float32 run the float32 one.
 
     .venv/bin/python -m bench.engine [--runs 3] [--small | --shape 7b] [--layers N]
+                                     [--no-mergekit]
 
 ``--layers N`` keeps the shape's widths and cuts its depth to ``N`` layers (a family of
 its own under bench/cache): a check of the 7B harness without 41 GB of inputs.
+``--no-mergekit`` times ours and the floor only (at 7B each mergekit run takes minutes
+and the goals are against the floor); the ratios to mergekit then print ``n/a``.
 
 Ends with exactly one line: each recipe's ratios against mergekit on the same recipe
 (``_bf16``: the bfloat16 one), each of our runs against the I/O floor, and our bf16 run
@@ -116,7 +119,10 @@ def ensure_native() -> None:
 
 
 def main() -> None:
-    args = family_parser(__doc__).parse_args()
+    ap = family_parser(__doc__)
+    ap.add_argument("--no-mergekit", action="store_true",
+                    help="time ours and the floor only (the ratios to mergekit print n/a)")
+    args = ap.parse_args()
     ensure_native()
     shape, tag = family(args)
     folders = ensure_models(shape, tag)
@@ -146,6 +152,9 @@ def main() -> None:
         "floor": io_floor_cmd(folders, work / "floor.bin", out_bytes),
     }
 
+    if args.no_mergekit:
+        # At 7B each mergekit run takes minutes; the goals there are against the floor.
+        del commands["mergekit"], commands["mergekit-bf16"]
     run = measured_runs(commands, env, [out, work / "floor.bin"])
 
     # Warm-up, not counted: every command once, floor first so the inputs are in the page
@@ -161,19 +170,18 @@ def main() -> None:
     results = interleaved(list(commands), args.runs, run)
 
     med = print_medians(results)
-    wall_mk = med["maec"][0] / med["mergekit"][0]
-    rss_mk = med["maec"][1] / med["mergekit"][1]
-    wall_floor = med["maec"][0] / med["floor"][0]
-    wall_bf16 = med["maec-bf16"][0] / med["mergekit-bf16"][0]
-    rss_bf16 = med["maec-bf16"][1] / med["mergekit-bf16"][1]
-    wall_floor_bf16 = med["maec-bf16"][0] / med["floor"][0]
-    wall_16_32 = med["maec-bf16"][0] / med["maec"][0]
-    rss_16_32 = med["maec-bf16"][1] / med["maec"][1]
-    print(f"RESULT engine wall_ratio_vs_mergekit={wall_mk:.3f} "
-          f"rss_ratio_vs_mergekit={rss_mk:.3f} wall_ratio_vs_floor={wall_floor:.3f} "
-          f"wall_ratio_vs_mergekit_bf16={wall_bf16:.3f} rss_ratio_vs_mergekit_bf16={rss_bf16:.3f} "
-          f"wall_ratio_bf16_vs_fp32={wall_16_32:.3f} rss_ratio_bf16_vs_fp32={rss_16_32:.3f} "
-          f"wall_ratio_bf16_vs_floor={wall_floor_bf16:.3f}")
+
+    def ratio(ours: str, peer: str, which: int) -> str:
+        return f"{med[ours][which] / med[peer][which]:.3f}" if peer in med else "n/a"
+
+    print(f"RESULT engine wall_ratio_vs_mergekit={ratio('maec', 'mergekit', 0)} "
+          f"rss_ratio_vs_mergekit={ratio('maec', 'mergekit', 1)} "
+          f"wall_ratio_vs_floor={ratio('maec', 'floor', 0)} "
+          f"wall_ratio_vs_mergekit_bf16={ratio('maec-bf16', 'mergekit-bf16', 0)} "
+          f"rss_ratio_vs_mergekit_bf16={ratio('maec-bf16', 'mergekit-bf16', 1)} "
+          f"wall_ratio_bf16_vs_fp32={ratio('maec-bf16', 'maec', 0)} "
+          f"rss_ratio_bf16_vs_fp32={ratio('maec-bf16', 'maec', 1)} "
+          f"wall_ratio_bf16_vs_floor={ratio('maec-bf16', 'floor', 0)}")
 
 
 if __name__ == "__main__":
