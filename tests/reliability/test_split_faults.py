@@ -147,9 +147,10 @@ def test_redis_restarted_while_parts_run(stack: Stack, s3_server: S3Server,
 def test_redis_restarted_between_the_last_part_and_the_final_step(
         stack: Stack, s3_server: S3Server, big: dict[str, Path],
         uninterrupted: dict[str, str]) -> None:
-    """The coordinator is paused (SIGSTOP) as the last part is marked done, before it
-    writes the index, card and manifest; Redis restarts meanwhile. Resumed, it finds
-    every part done and publishes once."""
+    """The coordinator is paused (SIGSTOP) as the last part is marked done (seen within
+    20 ms; the coordinator looks every 0.2 s, so it is paused before its final step or
+    at its very start, the job still running); Redis restarts meanwhile. Resumed, it
+    finds every part done, writes the index, card and manifest, and publishes once."""
     job = stack.submit(slow_job(big, REDIS_JOB, shard="5MB"))
     wait_for(lambda: "done" in _states(stack, job["id"]), 90, "a part done")
     rec = h.record(stack, job["id"])
