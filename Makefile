@@ -75,7 +75,7 @@ BENCH_FLEET_ARGS ?=
 # A merge whose worker is SIGKILLed at 60% of its shards, resumed by another, against the
 # same merge uninterrupted: 2.7B-parameter bf16 models on a local S3 store with each
 # worker's read rate capped (docs/reliability.md). BENCH_SPLIT_ARGS="--size small": a
-# minute.
+# minute; "--method maec": the same for a MAEC merge (split in phases).
 bench-split: setup
 	$(PY) -m bench.split $(BENCH_SPLIT_ARGS)
 

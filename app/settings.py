@@ -197,9 +197,9 @@ class Settings(BaseSettings):
     lease_seconds: int = Field(default=60, ge=2)
     """A running job whose lease is older than this is re-queued by live workers."""
     split_above_bytes: int = Field(default=0, ge=0)
-    """A plain merge whose inputs total more bytes than this runs as parts on several
-    workers of the pool, each part a contiguous group of output shards (0: never split).
-    Set alike on every worker of a pool."""
+    """A plain merge (a tensor method's or MAEC's) whose inputs total more bytes than this
+    runs as parts on several workers of the pool, each part a contiguous group of output
+    shards (0: never split). Set alike on every worker of a pool."""
     split_parts: int = Field(default=2, ge=2, le=64)
     """How many parts a split merge is cut into (at most its output shard count): about
     the number of workers the pool gives one merge."""

@@ -6,7 +6,10 @@ one machine.
 The family: a base and a fine-tune of it (``--size 3b``: about 2.7B parameters each,
 bf16, 32 layers; ``--size small``: the reliability suite's 24-layer model, seconds),
 uploaded to the store's input bucket and merged (TIES) from there with small output
-shards. Each run is on a fresh stack (two workers, empty caches):
+shards. ``--method maec``: a second fine-tune as the language base, merged by MAEC
+(``rank_scope: global``, ``selection: ratio``); its ability vector is extracted by the
+first run and reused by the others (the store is shared), so the first run (the whole
+one) is run twice and the second is timed. Each run is on a fresh stack (two workers, empty caches):
 
 - uninterrupted: submitted and waited for (wall: submission to success);
 - resumed: submitted; once ``--kill-at`` of its planned shards are recorded as
@@ -51,19 +54,26 @@ SHARD = {"3b": "500MB", "small": "5MB"}
 FETCHED = re.compile(r"job (j_[0-9a-f]+): inputs ready \((\d+) bytes fetched")
 
 
-def build(root: Path, size: str) -> list[Path]:
+def build(root: Path, size: str, method: str = "ties") -> list[Path]:
     import torch
 
     from tests.factories import make_llama
 
     dtype = torch.bfloat16 if size == "3b" else torch.float32
     base = make_llama(root / "base", seed=1, tokenizer=False, dtype=dtype, **SIZES[size])
-    tuned = make_llama(root / "tuned", seed=2, like=base, tokenizer=False, dtype=dtype,
-                       **SIZES[size])
-    return [base, tuned]
+    tuned = [make_llama(root / f"tuned{seed}", seed=seed, like=base, tokenizer=False,
+                        dtype=dtype, **SIZES[size])
+             for seed in ((2, 3) if method == "maec" else (2,))]
+    return [base, *tuned]
 
 
-def body(uris: list[str], shard: str) -> dict[str, Any]:
+def body(uris: list[str], shard: str, method: str = "ties") -> dict[str, Any]:
+    if method == "maec":
+        return {"recipe": {
+            "merge_method": "maec", "base_model": uris[0], "language_base": uris[2],
+            "abilities": [{"model": uris[1]}], "out_shard_size": shard,
+            "parameters": {"rank_scope": "global", "selection": "ratio"},
+            "name": "bench-split"}}
     return {"recipe": {
         "merge_method": "ties", "base_model": uris[0], "out_shard_size": shard,
         "models": [{"model": uris[1], "parameters": {"weight": 0.5, "density": 0.5}}],
@@ -79,14 +89,15 @@ def _planned(rec: dict[str, Any]) -> int | None:
 
 
 def run_once(work: Path, s3: Any, uris: list[str], shard: str, env: dict[str, str],
-             kill_at: float | None, workers: int = 2) -> tuple[float, dict[str, Any], int]:
+             kill_at: float | None, workers: int = 2, method: str = "ties"
+             ) -> tuple[float, dict[str, Any], int]:
     """(wall seconds, the finished job, input bytes the job's last attempt fetched)."""
     from tests.reliability import helpers as h
     from tests.stack import stack_context, wait_for
 
     with stack_context(work, None, storage="s3", s3=s3, workers=workers, env=env) as st:
         t0 = time.monotonic()
-        job = st.submit(body(uris, shard))
+        job = st.submit(body(uris, shard, method))
         if kill_at is not None:
             def far_enough() -> dict[str, Any] | None:
                 rec = h.record(st, job["id"])
@@ -118,7 +129,9 @@ def main() -> int:
                     help="fraction of the planned shards published when the worker dies")
     ap.add_argument("--four", action="store_true",
                     help="also split into 4 parts on 4 workers (a machine with the cores)")
+    ap.add_argument("--method", choices=("ties", "maec"), default="ties")
     args = ap.parse_args()
+    method = args.method
     from tests.stack import S3Server
 
     env = {"MAEC_LEASE_SECONDS": "3", "MAEC_PROGRESS_INTERVAL": "0.2",
@@ -127,22 +140,26 @@ def main() -> int:
     split_same = True
     with tempfile.TemporaryDirectory(prefix="bench-split-") as tmp:
         root = Path(tmp)
-        models = build(root / "models", args.size)
+        models = build(root / "models", args.size, method)
         inputs = sum(p.stat().st_size for m in models for p in m.iterdir() if p.is_file())
         s3 = S3Server(root / "s3").start()
         try:
             uris = [s3.upload_folder(m, f"split/{m.name}") for m in models]
+            if method == "maec":  # the ability vector extracted, for every run to reuse
+                run_once(root / "extract", s3, uris, SHARD[args.size], env, None, workers=1,
+                         method=method)
             whole_s, whole, _ = run_once(root / "whole", s3, uris, SHARD[args.size], env, None,
-                                         workers=1)
+                                         workers=1, method=method)
             split_s: dict[int, float] = {}
             for n in (2, 4) if args.four else (2,):
                 split_env = {**env, "MAEC_SPLIT_ABOVE_BYTES": "1", "MAEC_SPLIT_PARTS": str(n)}
                 split_s[n], split, _ = run_once(root / f"split{n}", s3, uris, SHARD[args.size],
-                                                split_env, None, workers=n)
+                                                split_env, None, workers=n, method=method)
                 same_split = _files(split) == _files(whole)
                 split_same = split_same and same_split if n != 2 else same_split
             resumed_s, resumed, refetched = run_once(root / "resumed", s3, uris,
-                                                     SHARD[args.size], env, args.kill_at)
+                                                     SHARD[args.size], env, args.kill_at,
+                                                     method=method)
         finally:
             s3.kill()
     same = _files(whole) == _files(resumed) and split_same

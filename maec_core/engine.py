@@ -759,11 +759,16 @@ def _run_slices(recipe: Recipe, spec: TensorMethod, out_dir: Path, ctx: RunConte
 def planned_shard_count(recipe: Recipe) -> int | None:
     """How many output shards a merge of ``recipe`` (its inputs local) makes, from the
     inputs' headers alone: what splitting it into parts by shard groups needs to know.
-    None where the plan is not a plain tensor method's (slices, MAEC, MoE, a LoRA
-    export): such a merge is not split."""
+    None where the plan is not a plain tensor method's (slices, MoE, a LoRA export) nor
+    one a method splits in phases (MAEC: :meth:`MergeMethod.phased`): such a merge is
+    not split."""
     spec = get_method(recipe.merge_method)
-    if (not isinstance(spec, TensorMethod) or recipe.layered
-            or (recipe.output is not None and recipe.output.format == "lora")):
+    if recipe.output is not None and recipe.output.format == "lora":
+        return None
+    if not isinstance(spec, TensorMethod):
+        phased = spec.phased(recipe)
+        return phased.shard_count() if phased is not None else None
+    if recipe.layered:
         return None
     # The same planning steps as run_method: the same tensors, dtype and shard size.
     base_key, others = _model_keys(recipe, spec.separate_base(recipe))

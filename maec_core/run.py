@@ -17,11 +17,12 @@ from maec_core.engine import run_method
 from maec_core.errors import MaecError
 from maec_core.lora.export import export_merge
 from maec_core.methods import TensorMethod, get_method
+from maec_core.methods.base import PhasedMerge
 from maec_core.naming import renamed
 from maec_core.recipe import Recipe
 from maec_core.runtime import MergeResult
 
-__all__ = ["run"]
+__all__ = ["phased", "run"]
 
 
 def run(recipe: Recipe, out: Path, ctx: RunContext | None = None) -> MergeResult:
@@ -60,3 +61,12 @@ def _merge(recipe: Recipe, out: Path, ctx: RunContext) -> MergeResult:
     if isinstance(method, TensorMethod):
         return run_method(recipe, Path(out), ctx)
     return method.run(recipe, Path(out), ctx)
+
+
+def phased(recipe: Recipe) -> PhasedMerge | None:
+    """How a merge of ``recipe`` (its inputs local) runs split into parts in phases, when
+    its method decides something over the whole model (MAEC); None: it splits by shards
+    alone (a tensor method) or not at all."""
+    if recipe.output is not None and recipe.output.format == "lora":
+        return None
+    return get_method(recipe.merge_method).phased(recipe)

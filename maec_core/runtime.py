@@ -103,6 +103,12 @@ class EngineOptions:
     other files and its manifest describe this part only. The parts' shards together
     are the unsplit merge's, byte for byte.
 
+    ``phase_records`` (a split merge whose method decides something over the whole model,
+    :meth:`maec_core.methods.base.MergeMethod.phased`): what was decided once, before
+    and between the parts' phases (MAEC: the ability vectors and the tensor selection);
+    the merge uses them instead of deciding again, so every part, and the final step
+    that writes the index, card and report, merges as the unsplit run would.
+
     ``gpu_budget_bytes``: the GPU memory the merge is planned to fit in. The arithmetic,
     for inputs of ``k`` models, compute itemsize ``c`` (4 for float32) and stored
     itemsize ``s`` (2 for bf16):
@@ -132,6 +138,7 @@ class EngineOptions:
     skeleton: Path | None = None
     done_shards: Mapping[str, WrittenFile] | None = None
     part: tuple[int, int] | None = None
+    phase_records: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.skeleton is not None and self.sink is None:

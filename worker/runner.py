@@ -157,8 +157,9 @@ class Outcome:
 ENDED_BY_CLAIM = frozenset({"cancelled", "exhausted", "time_limit"})
 
 
-# A split merge's parts all done: the prefix their shards lie under, and those shards.
-SplitDone = tuple[str, dict[str, WrittenFile]]
+# A split merge's parts all done: the prefix their shards lie under, those shards, and
+# the records its phases decided (EngineOptions.phase_records; none: split by shards).
+SplitDone = tuple[str, dict[str, WrittenFile], tuple[str, ...]]
 # worker.split.coordinate: (runner, record, attempt, planned job, inputs, prefix, workdir).
 SplitFn = Callable[["JobRunner", JobRecord, Attempt, Planned, dict[str, str], str, Path],
                    SplitDone | None]
@@ -413,8 +414,9 @@ class JobRunner:
         # --- split: a big merge's parts run on the pool's workers first (worker.split);
         # this attempt then goes on as a resumed merge with every shard done ---
         split = self._split(rec, att, job, local, prefix, workdir)
+        records: tuple[str, ...] = ()
         if split is not None:
-            ledger, (prefix, done) = None, split
+            ledger, (prefix, done, records) = None, split
         # --- end split ---
         workdir.mkdir(parents=True, exist_ok=True)
         out = workdir / "out"
@@ -435,7 +437,8 @@ class JobRunner:
                                on_stored=ledger.landed if ledger is not None else None)
         try:
             made = job.produce(Run(local, out, workdir,
-                                   self._context(rec, att, uploads, hold, done), att, upload))
+                                   self._context(rec, att, uploads, hold, done, records),
+                                   att, upload))
             files = [*made.uploaded,
                      *self._publish_made(rec, att, out, made, uploads, uploaded[0], done)]
         except BaseException:
@@ -448,25 +451,32 @@ class JobRunner:
             core_seconds=round(made.core_seconds, 4), **made.result)
         return Finished(result, prefix, made.artifact_reused)
 
+    def artifacts(self, hold: Hold | None) -> StorageArtifactStore:
+        """The worker's artifact store; the local artifact copies a job reads stay held
+        by ``hold``, like its inputs, until it ends."""
+        return StorageArtifactStore(self.storage, self.settings.work_dir / "artifacts",
+                                    self.settings.artifact_cache_max_bytes,
+                                    on_use=self.store.touch_artifact, hold=hold)
+
     def _context(self, rec: JobRecord, att: Attempt, uploads: ShardUploads, hold: Hold,
-                 done: Mapping[str, WrittenFile]) -> RunContext:
+                 done: Mapping[str, WrittenFile], records: tuple[str, ...] = ()
+                 ) -> RunContext:
         """How the attempt's core run goes: the attempt's progress and cancel, the
         worker's device and caches, the output's shards uploaded as they are written
-        (``done``: those already published, which the engine skips)."""
-        # The local artifact copies the job reads stay held, like its inputs, until it ends.
-        artifacts = StorageArtifactStore(self.storage, self.settings.work_dir / "artifacts",
-                                         self.settings.artifact_cache_max_bytes,
-                                         on_use=self.store.touch_artifact, hold=hold)
+        (``done``: those already published, which the engine skips; ``records``: what
+        a split merge's phases decided)."""
         return RunContext(progress=att.progress, cancel=att.cancel_requested,
                           device=self.settings.device,
                           hash_cache=self.settings.work_dir / "checksums",
-                          artifact_store=artifacts, artifact_scope=artifact_scope(rec.owner),
+                          artifact_store=self.artifacts(hold),
+                          artifact_scope=artifact_scope(rec.owner),
                           # The run's manifests stay in memory: the one published is
                           # written once, last, with the inputs named by reference.
                           manifest_file=False,
                           options=EngineOptions(on_shard=uploads.on_shard,
                                                 on_shard_open=uploads.on_shard_open,
-                                                done_shards=done or None))
+                                                done_shards=done or None,
+                                                phase_records=records))
 
     def _ledger(self, att: Attempt, job: Planned, prefix: str) -> ShardLedger | None:
         """The resumable job's shard record, begun (the verified shards it resumes

@@ -1,9 +1,10 @@
 """One big merge split across a pool's workers: parts by shard groups, then a final step.
 
-A plain merge (a tensor method's, not a sweep, an evaluation, MAEC or an MoE) whose
-inputs total more than the pool's ``split_above_bytes`` runs as parts: its fixed output
-shard plan (``planned_shard_count``) is cut into ``split_parts`` contiguous groups
-(:func:`app.jobs.parts.part_ranges`), kept in the job store (:mod:`app.jobs.parts`).
+A plain merge (a tensor method's, or one its method splits in phases; not a sweep, an
+evaluation or an MoE) whose inputs total more than the pool's ``split_above_bytes`` runs
+as parts: its fixed output shard plan (``planned_shard_count``) is cut into
+``split_parts`` contiguous groups (:func:`app.jobs.parts.part_ranges`), kept in the job
+store (:mod:`app.jobs.parts`).
 
 - The job's own attempt, claimed as any job's (fair share, cancel, drain, pin and
   leases as for a whole job), is the coordinator (:func:`coordinate`): it creates the
@@ -15,10 +16,21 @@ shard plan (``planned_shard_count``) is cut into ``split_parts`` contiguous grou
   entry as it lands; a part whose worker is lost is claimed again once its lease runs
   out (by a helper or the coordinator) and, like a resumed job, verifies and skips the
   shards already recorded (``EngineOptions.done_shards``).
+- A merge whose method decides something over the whole model (``phased``: which
+  tensors to change, say, from a statistic of every tensor) runs in phases. The
+  coordinator runs the method's step before the parts once (what every part then
+  reads: found in a store, or made there) and keeps its record beside the parts; every
+  part then runs each earlier phase (a statistic of its shards' tensors) and keeps its
+  small result in its entry; once all are done, the coordinator alone decides from the
+  results, records the decision and begins the next phase (asking the pool for helpers
+  again). A phase is begun once, by whoever records its decision first; the last phase
+  makes the shards with every record given (``EngineOptions.phase_records``). The
+  method says what each step does (``PhasedMerge``); nothing here knows which method.
 - Once every part is done, the coordinator's attempt goes on as a resumed merge with
-  every shard done: the engine reads and computes nothing, writes the index, the model
-  card and the other files, and the manifest is published last, fenced by the job's
-  attempt, so it is written once. The result is the unsplit merge's byte for byte.
+  every shard done (and the records): the engine reads and computes nothing, writes
+  the index, the model card and the other files, and the manifest is published last,
+  fenced by the job's attempt, so it is written once. The result is the unsplit
+  merge's byte for byte.
 
 Every part fetches the inputs whole (through the worker's cache); fetching only the
 byte ranges a part's tensors need is not done here.
@@ -34,15 +46,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from app.artifacts import artifact_scope
 from app.disk_cache import Hold
-from app.jobs.parts import Part, PartStore, part_ranges
+from app.jobs.parts import Part, Parts, PartStore, part_ranges
 from app.jobs.record import JobRecord
 from app.storage.base import StorageError
 from maec_core.service import Cancelled, MaecError, parse_recipe, plan_job
 from maec_core.service.running import (
     EngineOptions,
+    PhasedMerge,
     RunContext,
     WrittenFile,
+    phased,
     planned_shard_count,
     run,
 )
@@ -92,26 +107,31 @@ def shard_count(runner: JobRunner, job: Planned, local: dict[str, str]) -> int |
 def coordinate(runner: JobRunner, rec: JobRecord, att: Attempt, job: Planned,
                local: dict[str, str], prefix: str, workdir: Path) -> SplitDone | None:
     """Run ``rec``'s merge as parts when it is to be split (None: run it whole); the
-    prefix the parts' shards lie under, and those shards (the final step's done ones)."""
+    prefix the parts' shards lie under, those shards (the final step's done ones) and
+    the records of its phases (none for a merge split by shards alone)."""
     n = shard_count(runner, job, local)
     if n is None or not isinstance(job, MergeJob):
         return None
     store = runner.store.parts()
-    ranges = part_ranges(n, runner.settings.split_parts)
-    store.create(rec.id, prefix, ranges)
+    phases = phased(job.plan.localised(local).merge_only())
+    if store.get(rec.id) is None:
+        # A later coordinator attempt goes on with the parts (and the record) it finds.
+        before = "" if phases is None else phases.before(
+            workdir / "before", _context(runner, rec, att, None))
+        store.create(rec.id, prefix, part_ranges(n, runner.settings.split_parts),
+                     phases=1 + (len(phases.phases) if phases is not None else 0),
+                     before=before)
     state = store.get(rec.id)
     assert state is not None
     log.info("job %s: split into %d parts of %d shards under %s", rec.id,
              len(state.parts), n, state.prefix)
-    if runner.send_part is not None:
-        for _ in range(len(state.parts) - 1):
-            runner.send_part(rec.id)
+    _ask_helpers(runner, rec.id, state)
     stop = threading.Event()
     reporter = threading.Thread(target=_report, args=(store, rec.id, att, stop),
                                 name="maec-split-progress", daemon=True)
     reporter.start()
     try:
-        _drive(runner, rec, att, job, local, store, workdir)
+        _drive(runner, rec, att, job, local, store, workdir, phases)
     except (Cancelled, PartFailed):
         _wait_stopped(store, rec.id, runner.settings.lease_seconds)
         raise
@@ -121,12 +141,38 @@ def coordinate(runner: JobRunner, rec: JobRecord, att: Attempt, job: Planned,
     final = store.get(rec.id)
     assert final is not None
     return final.prefix, {name: WrittenFile(name, int(s["size"]), str(s["sha256"]))
-                          for p in final.parts for name, s in p.shards.items()}
+                          for p in final.parts for name, s in p.shards.items()}, _records(final)
+
+
+def _records(state: Parts) -> tuple[str, ...]:
+    """What the last phase is given: every record, when the merge runs in phases."""
+    return tuple(state.records) if state.phases > 1 else ()
+
+
+def _ask_helpers(runner: JobRunner, job_id: str, state: Parts) -> None:
+    if runner.send_part is not None:
+        for _ in range(len(state.parts) - 1):
+            runner.send_part(job_id)
+
+
+def _context(runner: JobRunner, rec: JobRecord, att: Attempt, hold: Hold | None,
+             options: EngineOptions | None = None) -> RunContext:
+    """How a part (or the step before the parts) runs: the attempt's progress and
+    cancel, the worker's device, digest cache and artifact store (the job owner's
+    scope, as for the job run whole)."""
+    return RunContext(progress=att.progress, cancel=att.cancel_requested,
+                      device=runner.settings.device,
+                      hash_cache=runner.settings.work_dir / "checksums",
+                      artifact_store=runner.artifacts(hold),
+                      artifact_scope=artifact_scope(rec.owner),
+                      options=options or EngineOptions())
 
 
 def _drive(runner: JobRunner, rec: JobRecord, att: Attempt, job: MergeJob,
-           local: dict[str, str], store: PartStore, workdir: Path) -> None:
-    """Claim and run parts until every part is done (the helpers run the others)."""
+           local: dict[str, str], store: PartStore, workdir: Path,
+           phases: PhasedMerge | None) -> None:
+    """Claim and run parts until every part is done (the helpers run the others),
+    deciding between phases."""
     while True:
         if att.cancel_requested():
             raise Cancelled("the job was cancelled")
@@ -152,7 +198,25 @@ def _drive(runner: JobRunner, rec: JobRecord, att: Attempt, job: MergeJob,
                              f"{_error(failed[0])}")
         if state.done:
             return
+        if state.phase_done:
+            assert phases is not None
+            _advance(runner, rec, att, store, state, phases)
+            continue
         time.sleep(POLL_S)
+
+
+def _advance(runner: JobRunner, rec: JobRecord, att: Attempt, store: PartStore,
+             state: Parts, phases: PhasedMerge) -> None:
+    """Every part done with a phase before the last: decide from their results, once,
+    and begin the next phase."""
+    record = phases.decide(state.phase, [p.result or "" for p in state.parts],
+                           state.records, _context(runner, rec, att, None))
+    if store.advance(rec.id, state.phase, record) == 1:
+        log.info("job %s: phase %s decided, parts begin the next", rec.id,
+                 phases.phases[state.phase])
+        ahead = store.get(rec.id)
+        if ahead is not None:
+            _ask_helpers(runner, rec.id, ahead)
 
 
 def _claim(runner: JobRunner, store: PartStore, job_id: str) -> tuple[int, int]:
@@ -174,11 +238,12 @@ def _release(store: PartStore, job_id: str, index: int, attempt: int,
 def _error(part: Part) -> str:
     if part.error:
         return str(part.error.get("message") or part.error.get("code"))
-    return f"it ran out of its attempts ({part.attempt})"
+    return f"it ran out of its attempts ({part.attempt - part.base})"
 
 
 def _report(store: PartStore, job_id: str, att: Attempt, stop: threading.Event) -> None:
-    """The job's progress: the fraction of the parts done, over the merge stage."""
+    """The job's progress: the fraction of the parts done (over its phases), over the
+    merge stage."""
     period = max(0.2, att.settings.progress_interval)
     while not stop.wait(period):
         try:
@@ -188,8 +253,11 @@ def _report(store: PartStore, job_id: str, att: Attempt, stop: threading.Event) 
             done = sum(p.state == "done" for p in state.parts)
             stage, fraction = att.spans.at("merge", 0, 1)
             end = att.spans.at("merge", 1, 1)[1]
+            parts: dict[str, int] = {"done": done, "of": len(state.parts)}
+            if state.phases > 1:  # the parts' count starts again with each phase
+                parts.update(phase=state.phase + 1, phases=state.phases)
             att.report(stage, fraction + (end - fraction) * state.fraction, done,
-                       len(state.parts), parts={"done": done, "of": len(state.parts)})
+                       len(state.parts), parts=parts)
         except Exception as exc:  # a Redis blip or a lost lease: the next tick says so
             log.debug("job %s: split progress not written: %s", job_id, exc)
 
@@ -248,11 +316,15 @@ def run_claimed_part(runner: JobRunner, rec: JobRecord, job: MergeJob, index: in
     att.start_lease()
     log.info("job %s: part %d (shards %d-%d) attempt %d on %s", rec.id, index, part.lo,
              part.hi - 1, attempt, runner.worker)
+    result: str | None = None
     try:
         if local is None:
             assert hold is not None
             local = runner.fetch_inputs(rec, job, att, workdir, hold)
-        _make_part(runner, job, att, state.prefix, part, local, workdir)
+        if state.last_phase:
+            _make_part(runner, rec, job, att, state, local, workdir, hold)
+        else:
+            result = _phase_part(runner, rec, job, att, state, local, hold)
     except Cancelled:
         # Its uploads are stopped: the coordinator may clean the prefix now.
         store.update(rec.id, index, attempt, {}, state="stopped")
@@ -260,14 +332,31 @@ def run_claimed_part(runner: JobRunner, rec: JobRecord, job: MergeJob, index: in
     finally:
         att.stop_lease()
         shutil.rmtree(workdir / "out", ignore_errors=True)
-    if not store.finish(rec.id, index, attempt):
+    if not store.finish(rec.id, index, attempt, result):
         raise LeaseLost(rec.id)
-    log.info("job %s: part %d done", rec.id, index)
+    if state.last_phase:
+        log.info("job %s: part %d done", rec.id, index)
+    else:
+        log.info("job %s: part %d done with its phase %d", rec.id, index, state.phase)
     return local
 
 
-def _make_part(runner: JobRunner, job: MergeJob, att: Attempt, prefix: str, part: Part,
-               local: dict[str, str], workdir: Path) -> None:
+def _phase_part(runner: JobRunner, rec: JobRecord, job: MergeJob, att: PartAttempt,
+                state: Parts, local: dict[str, str], hold: Hold | None) -> str:
+    """A phase before the last of one part (the merge runs in phases): its result."""
+    part = state.parts[att.index]
+    phases = phased(job.plan.localised(local).merge_only())
+    if phases is None:
+        raise PartFailed("the split merge has phases its method does not run")
+    return phases.run_part(state.phase, (part.lo, part.hi), state.records,
+                           _context(runner, rec, att, hold))
+
+
+def _make_part(runner: JobRunner, rec: JobRecord, job: MergeJob, att: PartAttempt,
+               state: Parts, local: dict[str, str], workdir: Path, hold: Hold | None) -> None:
+    """The last phase of one part: its shards made, each published and recorded as it
+    is made."""
+    prefix, part = state.prefix, state.parts[att.index]
     landed = {name: Landed(WrittenFile(name, int(s["size"]), str(s["sha256"])),
                            str(s["etag"]) if s.get("etag") else None)
               for name, s in part.shards.items()}
@@ -276,13 +365,10 @@ def _make_part(runner: JobRunner, job: MergeJob, att: Attempt, prefix: str, part
                          runner.storage)
     ledger.begin()
     uploads = ShardUploads(runner.storage, prefix, on_stored=ledger.landed)
-    hash_cache = runner.settings.work_dir / "checksums"
-    ctx = RunContext(progress=att.progress, cancel=att.cancel_requested,
-                     device=runner.settings.device, hash_cache=hash_cache,
-                     options=EngineOptions(on_shard=uploads.on_shard,
-                                           on_shard_open=uploads.on_shard_open,
-                                           done_shards={n: s.file for n, s in good.items()}
-                                           or None, part=(part.lo, part.hi)))
+    ctx = _context(runner, rec, att, hold, EngineOptions(
+        on_shard=uploads.on_shard, on_shard_open=uploads.on_shard_open,
+        done_shards={n: s.file for n, s in good.items()} or None, part=(part.lo, part.hi),
+        phase_records=_records(state)))
     try:
         workdir.mkdir(parents=True, exist_ok=True)
         run(job.plan.localised(local).merge_only(), workdir / "out", ctx)

@@ -263,15 +263,15 @@ local load = nil
 -- The workers running a split job's parts beside its own (app.jobs.parts): each part
 -- running under a live lease on another worker than the job's holds one more worker.
 local function helpers(id, coordinator)
+  local key = A.parts_prefix .. id
   local owners, n = {}, 0
-  for _, raw in ipairs(redis.call('HVALS', A.parts_prefix .. id)) do
-    if string.sub(raw, 1, 1) == '{' then
-      local e = cjson.decode(raw)
-      if e.state == 'running' and tonumber(e.lease_until) >= tonumber(A.now_s)
-         and e.owner ~= coordinator and not owners[e.owner] then
-        owners[e.owner] = true
-        n = n + 1
-      end
+  for i = 0, (tonumber(redis.call('HGET', key, 'n') or '0') or 0) - 1 do
+    local raw = redis.call('HGET', key, 'p' .. i)
+    local e = raw and cjson.decode(raw)
+    if e and e.state == 'running' and tonumber(e.lease_until) >= tonumber(A.now_s)
+       and e.owner ~= coordinator and not owners[e.owner] then
+      owners[e.owner] = true
+      n = n + 1
     end
   end
   return n

@@ -15,7 +15,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -23,7 +23,7 @@ import torch
 from maec_core.accounting import TIED_LM_HEAD
 from maec_core.context import OutputSpec, RunContext
 from maec_core.engine import MergeWork, stream_merge
-from maec_core.errors import Cancelled
+from maec_core.errors import ArtifactMismatch, Cancelled
 from maec_core.io.folder import ModelFolder
 from maec_core.io.headers import TensorInfo
 from maec_core.maec.artifact import Artifact
@@ -117,25 +117,63 @@ def select(
     remap: RowRemap | None = None,
     known: Mapping[str, Mapping[str, float]] | None = None,
 ) -> Selection:
-    """c_t of every tensor each artifact carries, and the tensors kept by the selection
-    parameters. ``keys``: the plan's (base, language base) model keys. ``known``
-    (artifact key -> tensor -> c_t, from an earlier combination of the same inputs)
-    spares reading the key rows again: c_t depends on the artifact and the two
+    """c_t of every tensor each artifact carries (:func:`measure`), and the tensors kept
+    by the selection parameters (:func:`decide`)."""
+    return decide(params, measure(plan, artifacts, ctx, keys=keys, step=step, remap=remap,
+                                  known=known))
+
+
+def decide(params: MaecParams, cosines: list[dict[str, float]]) -> Selection:
+    """The tensors kept, per ability, from the c_t of every tensor it carries: the
+    selection rule, applied once to all of them (a split merge's parts measure c_t;
+    the rule runs here, on the whole model's)."""
+    return Selection(cosines, [select_tensors(cs, mode=params.selection,
+                                              ratio=params.selection_ratio,
+                                              threshold=params.selection_threshold)
+                               for cs in cosines])
+
+
+def check_decided(selection: Selection, artifacts: list[Artifact]) -> None:
+    """A selection made elsewhere (a split merge's) has the c_t of exactly the tensors
+    each artifact carries: what :func:`select` would have measured."""
+    if len(selection.cosines) != len(artifacts) or any(
+            set(cs) != set(art.tensors) for cs, art in zip(selection.cosines, artifacts,
+                                                           strict=False)):
+        raise ArtifactMismatch("the recorded tensor selection does not cover the tensors "
+                               "the ability vectors carry")
+
+
+def measure(
+    plan: MergePlan,
+    artifacts: list[Artifact],
+    ctx: RunContext,
+    *,
+    keys: tuple[str, str],
+    step: StepFn | None = None,
+    remap: RowRemap | None = None,
+    known: Mapping[str, Mapping[str, float]] | None = None,
+    only: Collection[str] | None = None,
+) -> list[dict[str, float]]:
+    """Per artifact, c_t of every tensor it carries (of those in ``only``, when given:
+    one part's tensors). ``keys``: the plan's (base, language base) model keys.
+    ``known`` (artifact key -> tensor -> c_t, from an earlier combination of the same
+    inputs) spares reading the key rows again: c_t depends on the artifact and the two
     checkpoints only, not on μ or the selection parameters. Key rows of the files
     ``ctx.options.resident`` holds are taken from memory; ``ctx.cancel`` is honoured
     between tensors (not ``ctx.progress``: ``step(done, total)`` reports)."""
     base_key, language_key = keys
     by_name = {t.name: t for t in plan.tensors}
-    total = sum(len(a.tensors) for a in artifacts)
+    total = sum(len([n for n in a.tensors if only is None or n in only]) for a in artifacts)
     done = 0
     cosines: list[dict[str, float]] = []
-    kept: list[set[str]] = []
     cosine_of = Cosine()
     with RowReader(ctx.options.resident) as io, cpu_single_thread(torch.device("cpu")):
         for art in artifacts:
             cs: dict[str, float] = {}
             given = (known or {}).get(art.key)
             for name in art.tensors:
+                if only is not None and name not in only:
+                    continue
                 if given is not None and name in given:
                     cs[name] = given[name]
                     continue
@@ -154,9 +192,7 @@ def select(
                 if step is not None:
                     step(done, total)
             cosines.append(cs)
-            kept.append(select_tensors(cs, mode=params.selection, ratio=params.selection_ratio,
-                                       threshold=params.selection_threshold))
-    return Selection(cosines, kept)
+    return cosines
 
 
 @dataclass(frozen=True)

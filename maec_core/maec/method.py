@@ -22,7 +22,15 @@ from maec_core.maec.params import (
     maec_params,
     validate_maec_recipe,
 )
-from maec_core.methods.base import Made, MergeMethod, NamedForm, OwnVocab, ReuseKey, per_model
+from maec_core.methods.base import (
+    Made,
+    MergeMethod,
+    NamedForm,
+    OwnVocab,
+    PhasedMerge,
+    ReuseKey,
+    per_model,
+)
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -60,6 +68,14 @@ class Maec(MergeMethod):
         from maec_core.maec.pipeline import run_maec
 
         return run_maec(recipe, out, ctx)
+
+    def phased(self, recipe: Recipe) -> PhasedMerge | None:
+        """Split into parts: the ability vectors found or extracted once, c_t measured
+        in parts, the selection made once, then combined in parts
+        (``maec_core.maec.phases``; imported when asked, as it needs torch)."""
+        from maec_core.maec.phases import MaecPhases
+
+        return MaecPhases(recipe)
 
     def reuse_key(self, recipe: Recipe) -> ReuseKey | None:
         """The extraction parameters as given (defaults left to the artifact key): equal

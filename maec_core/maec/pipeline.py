@@ -30,10 +30,18 @@ from typing import Any
 
 from maec_core.artifact_store import ArtifactStore, LocalArtifactStore
 from maec_core.context import OutputSpec, RunContext
-from maec_core.errors import CheckpointError, OutputExists
+from maec_core.errors import ArtifactMismatch, CheckpointError, MaecError, OutputExists
 from maec_core.io.folder import ModelFolder, open_model_folder
 from maec_core.maec.artifact import Artifact, check_compatible, load_artifact
-from maec_core.maec.combine import Combination, RowRemap, Selection, fmt_cos, merge, select
+from maec_core.maec.combine import (
+    Combination,
+    RowRemap,
+    Selection,
+    check_decided,
+    fmt_cos,
+    merge,
+    select,
+)
 from maec_core.maec.extract import (
     AbilityInputs,
     ExtractResult,
@@ -53,7 +61,8 @@ from maec_core.maec.params import (
     maec_inputs,
     validate_maec_recipe,
 )
-from maec_core.maec.vocab import maec_token_map
+from maec_core.maec.records import Found, load_selection
+from maec_core.maec.vocab import TokenMap, maec_token_map
 from maec_core.plan import MergePlan, build_plan
 from maec_core.recipe import Recipe
 from maec_core.runtime import MergeResult, ProgressFn
@@ -175,9 +184,16 @@ def run_maec(recipe: Recipe, out_dir: str | Path, ctx: RunContext | None = None
     stored = maec_inputs(recipe).artifact
     if stored is not None:
         return _combine(recipe, params, _Found([Path(stored)], [True]), out, ctx)
+    if ctx.options.phase_records:
+        # One part (or the final step) of a split merge: the ability vectors and the
+        # selection were decided before it, once (maec_core.maec.phases).
+        before, selection = from_records(ctx.options.phase_records)
+        dirs = stored_artifacts(before.keys, ctx)
+        return _combine(recipe, params, _Found(dirs, before.reused, before.extract_seconds),
+                        out, ctx, decided=selection)
     tmp: Path | None = None
     try:
-        dirs, reused, tmp, cosines = _abilities(recipe, params, out, ctx)
+        dirs, reused, tmp, cosines, _ = _abilities(recipe, params, out, ctx)
         found = _Found(dirs, reused, time.perf_counter() - started, started)
         return _combine(recipe, params, found, out, ctx, cosines)
     finally:
@@ -186,11 +202,12 @@ def run_maec(recipe: Recipe, out_dir: str | Path, ctx: RunContext | None = None
 
 
 def _abilities(recipe: Recipe, params: MaecParams, out: Path, ctx: RunContext
-               ) -> tuple[list[Path], list[bool], Path | None, dict[str, dict[str, float]]]:
+               ) -> tuple[list[Path], list[bool], Path | None, dict[str, dict[str, float]],
+                          list[str]]:
     """Each ability's artifact folder, reused from ``ctx.artifact_store`` or extracted
     now (into a temporary folder beside ``out``, returned for the caller to remove);
-    whether each was reused; and the c_t the extractions computed on the way (artifact
-    key -> tensor -> c_t)."""
+    whether each was reused; the c_t the extractions computed on the way (artifact
+    key -> tensor -> c_t); and each ability's artifact key."""
     store, hash_cache = ctx.artifact_store, ctx.hash_cache
     assert recipe.base_model is not None
     base = open_model_folder(recipe.base_model)
@@ -247,7 +264,82 @@ def _abilities(recipe: Recipe, params: MaecParams, out: Path, ctx: RunContext
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return dirs, [f is not None for f in found], tmp, cosines
+    return dirs, [f is not None for f in found], tmp, cosines, keys
+
+
+def find_or_extract(recipe: Recipe, workdir: Path, ctx: RunContext) -> Found:
+    """Every ability's artifact in ``ctx.artifact_store``: reused, or extracted now (in
+    a scratch folder under ``workdir``, removed after) and put there; what was found."""
+    if ctx.artifact_store is None:
+        raise MaecError("a MAEC merge split into parts keeps its ability vectors in an "
+                        "artifact store, and none was given")
+    started = time.perf_counter()
+    params = _params(recipe)
+    workdir.mkdir(parents=True, exist_ok=True)
+    tmp: Path | None = None
+    try:
+        _, reused, tmp, _, keys = _abilities(recipe, params, workdir / "out", ctx)
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return Found(keys, reused, time.perf_counter() - started)
+
+
+def stored_artifacts(keys: Sequence[str], ctx: RunContext) -> list[Path]:
+    """The folders of the stored artifacts ``keys`` (a split merge's: extracted or found
+    before its parts)."""
+    store = ctx.artifact_store
+    dirs = [store.get(k) if store is not None else None for k in keys]
+    missing = [k for k, d in zip(keys, dirs, strict=True) if d is None]
+    if missing:
+        raise ArtifactMismatch(f"the ability vector {missing[0][:16]} this split merge "
+                               "found before its parts is gone from the artifact store")
+    return [d for d in dirs if d is not None]
+
+
+def from_records(records: Sequence[str]) -> tuple[Found, Selection]:
+    """A split merge's records: the ability vectors found, and the selection made."""
+    if len(records) != 2:
+        raise ArtifactMismatch(f"a split MAEC merge has 2 records before it combines, "
+                               f"got {len(records)}")
+    return Found.load(records[0]), load_selection(records[1])
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    """What a combination reads: the output's plan (θ0 and θL), the checked artifacts
+    and the token map between θ0's and θL's vocabularies (None: the same)."""
+
+    plan: MergePlan
+    artifacts: list[Artifact]
+    tmap: TokenMap | None
+
+    @property
+    def remap(self) -> RowRemap | None:
+        return RowRemap(self.tmap) if self.tmap else None
+
+
+def _output_plan(recipe: Recipe) -> MergePlan:
+    """The combination's plan: θ0 and θL, the output's tensors θL's (from headers)."""
+    return _planned(recipe)[0]
+
+
+def _planned(recipe: Recipe) -> tuple[MergePlan, TokenMap | None, ModelFolder]:
+    assert recipe.base_model is not None
+    base = open_model_folder(recipe.base_model)
+    lang = open_model_folder(language_base_of(recipe), base=recipe.base_model)
+    tmap = maec_token_map(recipe, base, lang, [])
+    plan = build_plan({BASE: base, LANG: lang}, LANG, tmap.lang_rows if tmap else None)
+    return plan, tmap, base
+
+
+def _inputs(recipe: Recipe, params: MaecParams, found: _Found, hash_cache: Path | None
+            ) -> _Inputs:
+    plan, tmap, base = _planned(recipe)
+    # Artifacts are in θ0's coordinates (its vocabulary rows): checked against θ0's shapes.
+    artifacts = _checked_artifacts(params, base, build_plan({BASE: base}, BASE) if tmap
+                                   else plan, found.dirs, found.reused, hash_cache)
+    return _Inputs(plan, artifacts, tmap)
 
 
 def _combine(
@@ -257,28 +349,29 @@ def _combine(
     out_dir: Path,
     ctx: RunContext,
     cosines: Mapping[str, Mapping[str, float]] | None = None,
+    decided: Selection | None = None,
 ) -> MergeResult:
+    """Combination; ``decided``: the selection made already (a split merge's, from the
+    c_t its parts measured), applied as given."""
     t0 = time.perf_counter()
     started = found.started if found.started is not None else t0
     reused, extract_seconds, progress = found.reused, found.extract_seconds, ctx.progress
     assert recipe.base_model is not None
-    base = open_model_folder(recipe.base_model)
-    lang = open_model_folder(language_base_of(recipe), base=recipe.base_model)
-    tmap = maec_token_map(recipe, base, lang, [])
-    plan = build_plan({BASE: base, LANG: lang}, LANG, tmap.lang_rows if tmap else None)
-    # Artifacts are in θ0's coordinates (its vocabulary rows): checked against θ0's shapes.
-    artifacts = _checked_artifacts(params, base, build_plan({BASE: base}, BASE) if tmap
-                                   else plan, found.dirs, reused, ctx.hash_cache)
-    n_sel = sum(len(a.tensors) for a in artifacts)
+    inputs = _inputs(recipe, params, found, ctx.hash_cache)
+    plan, artifacts, tmap, remap = inputs.plan, inputs.artifacts, inputs.tmap, inputs.remap
+    n_sel = 0 if decided is not None else sum(len(a.tensors) for a in artifacts)
     total = n_sel + len(plan.tensors)
 
     def sel_step(done: int, _total: int) -> None:
         if progress is not None:
             progress("combine", done, total)
 
-    remap = RowRemap(tmap) if tmap else None
-    selection = select(params, plan, artifacts, ctx, keys=(BASE, LANG), step=sel_step,
-                       remap=remap, known=cosines)
+    if decided is not None:
+        check_decided(decided, artifacts)
+        selection = decided
+    else:
+        selection = select(params, plan, artifacts, ctx, keys=(BASE, LANG), step=sel_step,
+                           remap=remap, known=cosines)
     select_seconds = time.perf_counter() - t0
     report = build_report(recipe, params, plan, artifacts, selection)
     if tmap is not None:

@@ -203,6 +203,41 @@ class Made:
     state: Any
 
 
+class PhasedMerge(Protocol):
+    """How a merge of one recipe runs split into parts (contiguous groups of its output
+    shards) when its method decides something over the whole model, which no part sees
+    alone (MAEC: the tensors kept, from the c_t of all of them).
+
+    The caller (the service's split merge) runs :meth:`before` once, then for each of
+    :attr:`phases` every part's :meth:`run_part` and, once all are done, :meth:`decide`
+    once; each gives a small text (a record, or a part's result) the caller keeps and
+    hands back. Last, each part merges its shards (``EngineOptions.part``) with every
+    record given (``EngineOptions.phase_records``), as does the final step that writes
+    the index and the other files: the result is the unsplit merge's byte for byte.
+    Every step is a function of the recipe, the inputs and the records: one redone
+    (its worker lost) gives the same text.
+    """
+
+    # The phases before the one that makes the shards.
+    phases: tuple[str, ...]
+
+    def shard_count(self) -> int:
+        """The output's planned shard count, from the inputs' headers."""
+
+    def before(self, workdir: Path, ctx: RunContext) -> str:
+        """What runs once before the parts (``workdir``: scratch space); records[0]."""
+
+    def run_part(self, phase: int, part: tuple[int, int], records: Sequence[str],
+                 ctx: RunContext) -> str:
+        """Phase ``phase`` of the part making shards ``part[0]`` to ``part[1] - 1``,
+        given the records so far; the part's result."""
+
+    def decide(self, phase: int, results: Sequence[str], records: Sequence[str],
+               ctx: RunContext) -> str:
+        """From every part's result of phase ``phase`` (in part order): the record the
+        next phase is given."""
+
+
 _REGISTRY: dict[str, MergeMethod] = {}
 
 
@@ -441,6 +476,12 @@ class MergeMethod:
         """Merge ``recipe`` into ``out`` from what an earlier run of its group ``made``;
         the folder's manifest."""
         raise NotImplementedError(f"merge method {self.name!r} reuses nothing")
+
+    def phased(self, recipe: Recipe) -> PhasedMerge | None:
+        """How a merge of ``recipe`` runs split into parts when the method decides
+        something over the whole model; None (the default): a tensor method's merge
+        splits by shards alone, and a method with a pipeline of its own is not split."""
+        return None
 
     def extracts(self) -> bool:
         """Whether a run makes something before it merges that a later run may merge

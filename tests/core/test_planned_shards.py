@@ -25,3 +25,16 @@ def test_planned_shard_count_is_the_merges(zoo: dict[str, Path], tmp_path: Path,
     run(recipe, tmp_path / "out")
     made = len(list((tmp_path / "out").glob("model*.safetensors")))
     assert planned_shard_count(recipe) == made
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", None])
+def test_planned_shard_count_of_a_maec_merge_is_the_combinations(
+        zoo: dict[str, Path], tmp_path: Path, dtype: str | None) -> None:
+    """MAEC splits in phases (its selection is made once): its count is its output's."""
+    recipe = parse_recipe({
+        "merge_method": "maec", "base_model": str(zoo["base"]),
+        "language_base": str(zoo["b"]), "abilities": [{"model": str(zoo["a"])}],
+        "out_shard_size": "20KB", **({"dtype": dtype} if dtype else {})})
+    run(recipe, tmp_path / "out")
+    made = len(list((tmp_path / "out").glob("model*.safetensors")))
+    assert made > 1 and planned_shard_count(recipe) == made
