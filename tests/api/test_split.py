@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-import subprocess
+import multiprocessing
 import sys
 import threading
 import time
@@ -25,8 +25,8 @@ from app.storage.base import Digest, StorageError, WaitFn
 from app.storage.local import LocalStorage
 from tests.api.conftest import Api
 from tests.api.test_resume import Shards, WorkerDied
-from tests.stack import ROOT, RedisServer
-from worker import split
+from tests.stack import RedisServer
+from worker import drain, split
 from worker.runner import JobRunner
 from worker.split import coordinate, help_parts
 
@@ -331,15 +331,7 @@ def test_a_draining_helper_finishes_its_part_and_takes_no_other(
     assert _files(api, jid) == _whole(api)
 
 
-def test_a_drain_reaches_the_pool_children_forked_before_it() -> None:
-    """Celery's shutdown signal sets the drain in the worker's main process; a split
-    job's helper asks in its pool child, forked earlier. Run in a fresh interpreter, so
-    this process's flag is left alone."""
-    script = """
-import multiprocessing, sys, time
-from worker import drain
-
-def child():
+def _wait_for_drain() -> None:
     deadline = time.monotonic() + 20
     while not drain.draining():
         if time.monotonic() > deadline:
@@ -347,17 +339,22 @@ def child():
         time.sleep(0.01)
     sys.exit(0)
 
-p = multiprocessing.get_context("fork").Process(target=child)
-p.start()
-time.sleep(0.2)
-assert p.is_alive()
-drain._draining.set()
-p.join(25)
-sys.exit(p.exitcode)
-"""
-    got = subprocess.run([sys.executable, "-c", script], cwd=ROOT, timeout=60,
-                         capture_output=True, text=True)
-    assert got.returncode == 0, got.stderr
+
+def test_a_drain_reaches_the_pool_children_forked_before_it() -> None:
+    """Celery's shutdown signal sets the drain in the worker's main process; a split
+    job's helper asks in its pool child, forked before that."""
+    child = multiprocessing.get_context("fork").Process(target=_wait_for_drain)
+    child.start()
+    try:
+        time.sleep(0.2)
+        assert child.is_alive()
+        drain._draining.set()  # what the shutdown signal's handler does first
+        child.join(25)
+        assert child.exitcode == 0
+    finally:
+        drain._draining.clear()  # this test process is no draining worker
+        if child.is_alive():
+            child.kill()
 
 
 def test_a_split_jobs_result_is_kept_pinned_and_removed_like_a_whole_jobs(
