@@ -33,7 +33,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from app.storage.base import StorageError
@@ -207,6 +207,18 @@ class DiskCache:
             else:
                 os.close(fd)
             return entry, hit
+
+    @contextlib.contextmanager
+    def changing(self, name: str) -> Iterator[None]:
+        """An exclusive lock for changing entry ``name`` in place (a partial entry that
+        gains byte ranges: ``worker.inputs.InputCache``), waited for: such a change is
+        short, and two processes wanting the same bytes fetch them once. Separate from
+        the entry's own lock, which the jobs using the entry hold shared meanwhile."""
+        fd = _lock_wait(self.locks / f"{self.entry(name).name}.change", fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            os.close(fd)
 
     def drop(self, name: str) -> bool:
         """Remove entry ``name`` now, unless it is in use or being filled (then False)."""

@@ -157,10 +157,12 @@ class Settings(BaseSettings):
     """The size of each ranged GET of an input; smaller objects are one GET."""
     s3_read_bytes_per_s: int | None = Field(default=None, ge=1024 * 1024)
     """Caps how fast a worker reads an input object from S3, in bytes per second (its
-    ranged GETs together; unset: no cap). Objects under two download parts are one GET
-    and are not capped. Models one node's network bandwidth on a machine whose local
-    store is faster than a real one's network (a benchmark of how a merge scales with
-    workers); in production the network is the cap."""
+    ranged GETs together; unset: no cap). A whole object's parallel GETs share one cap;
+    single GETs (objects under two download parts, the byte ranges a part of a split
+    merge reads) share another; a job fetches through one of them at a time. Models
+    one node's network bandwidth on a machine whose local store is faster than a real
+    one's network (a benchmark of how a merge scales with workers); in production the
+    network is the cap."""
 
     local_roots: list[Path] = Field(default_factory=list)
     """JSON list of allow-listed local checkpoint roots (absolute paths); `make run` adds

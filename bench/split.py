@@ -1,35 +1,43 @@
 """``make bench-split``: a merge whose worker is killed part way, finished by another,
-against the same merge uninterrupted, on a local S3 store (SeaweedFS) with each worker's
-read rate capped (``MAEC_S3_READ_BYTES_PER_S``), so one node's bandwidth is modelled on
-one machine.
+against the same merge uninterrupted, and the same merge split into parts on several
+workers, on a local S3 store (SeaweedFS) with each worker's read rate capped
+(``MAEC_S3_READ_BYTES_PER_S``), so one node's bandwidth is modelled on one machine.
+Each worker has its own work folder, so its own input cache, as separate nodes would.
 
 The family: a base and a fine-tune of it (``--size 3b``: about 2.7B parameters each,
 bf16, 32 layers; ``--size small``: the reliability suite's 24-layer model, seconds),
-uploaded to the store's input bucket and merged (TIES) from there with small output
-shards. ``--method maec``: a second fine-tune as the language base, merged by MAEC
-(``rank_scope: global``, ``selection: ratio``); its ability vector is extracted by the
-first run and reused by the others (the store is shared), so the first run (the whole
-one) is run twice and the second is timed. Each run is on a fresh stack (two workers, empty caches):
+uploaded to the store's input bucket with a whole-object SHA-256 (one part each, as
+``aws s3 cp --checksum-algorithm SHA256`` gives below its multipart size: what lets a
+worker name an input's digest without fetching all of it) and merged (TIES) from there
+with small output shards. ``--method maec``: a second fine-tune as the language base,
+merged by MAEC (``rank_scope: global``, ``selection: ratio``); its ability vector is
+extracted by the first run and reused by the others (the store is shared), so the first
+run (the whole one) is run twice and the second is timed; a MAEC merge's inputs are
+fetched whole (its phases read every tensor). Each run is on a fresh stack (empty
+caches):
 
-- uninterrupted: submitted and waited for (wall: submission to success);
-- resumed: submitted; once ``--kill-at`` of its planned shards are recorded as
-  published, the child running it is SIGKILLed; the lease (3 s) runs out, another
-  attempt resumes from the published shards (worker/resume.py) and finishes.
+- uninterrupted: submitted to one worker and waited for (wall: submission to success);
+- resumed: submitted to two workers; once ``--kill-at`` of its planned shards are
+  recorded as published, the worker running it is SIGKILLed whole (not only its pool
+  child, whose parent would claim it again with a warm cache): the lease (3 s) runs
+  out, the other worker, its cache empty, resumes from the published shards
+  (worker/resume.py), fetching only what the shards left read (worker/partial.py).
 
 Printed: ``RESULT split speedup_2=... speedup_4=... identical=1|0
 resume_wall_vs_uninterrupted=... refetched_bytes_ratio=...``
 
-- ``identical``: every file of the resumed job has the uninterrupted job's sha256;
+- ``identical``: every file of the resumed job, and of each split run, has the
+  uninterrupted job's sha256;
 - ``resume_wall_vs_uninterrupted``: the resumed job's wall (submission to success, the
   lease wait included) over the uninterrupted one's;
 - ``refetched_bytes_ratio``: the input bytes the resuming attempt fetched from the store
-  (its worker's log), over the inputs' size;
+  (the surviving worker's log: headers and ranges), over the inputs' size; about the
+  fraction of shards not yet published;
 - ``speedup_2`` (``speedup_4`` with ``--four``, else ``n/a``): the same merge run whole
   on one worker, over its wall split into 2 (4) parts on 2 (4) workers
-  (``MAEC_SPLIT_ABOVE_BYTES``, ``MAEC_SPLIT_PARTS``: worker/split.py); the split run's
-  files must have the whole run's sha256 for ``identical=1``. Each part fetches the
-  inputs whole (ranged fetches per part are not built), so under the read cap the fetch
-  does not shrink with more workers: only the merge and the upload are shared.
+  (``MAEC_SPLIT_ABOVE_BYTES``, ``MAEC_SPLIT_PARTS``: worker/split.py). Each part fetches
+  the inputs' headers and the byte ranges its shards read, so under the read cap the
+  fetch is shared between the workers as the merge and the upload are.
 """
 
 from __future__ import annotations
@@ -88,14 +96,37 @@ def _planned(rec: dict[str, Any]) -> int | None:
     return None
 
 
+def upload(s3: Any, folder: Path, prefix: str) -> str:
+    """Upload a checkpoint folder with a whole-object SHA-256 per file (one part);
+    returns its ``s3://`` source string."""
+    from boto3.s3.transfer import TransferConfig
+
+    from tests.stack import S3_INPUTS_BUCKET
+
+    one_part = TransferConfig(multipart_threshold=5 * 2**30)
+    c = s3.client()
+    for p in sorted(folder.iterdir()):
+        if p.is_file():
+            c.upload_file(str(p), S3_INPUTS_BUCKET, f"{prefix}/{p.name}",
+                          ExtraArgs={"ChecksumAlgorithm": "SHA256"}, Config=one_part)
+    return f"s3://{S3_INPUTS_BUCKET}/{prefix}"
+
+
 def run_once(work: Path, s3: Any, uris: list[str], shard: str, env: dict[str, str],
              kill_at: float | None, workers: int = 2, method: str = "ties"
              ) -> tuple[float, dict[str, Any], int]:
     """(wall seconds, the finished job, input bytes the job's last attempt fetched)."""
+    import psutil
+
     from tests.reliability import helpers as h
     from tests.stack import stack_context, wait_for
 
-    with stack_context(work, None, storage="s3", s3=s3, workers=workers, env=env) as st:
+    with stack_context(work, None, storage="s3", s3=s3, workers=0, env=env) as st:
+        # Each worker its own work folder, so its own input cache (a node of its own).
+        procs = [st.start_worker({"MAEC_WORK_DIR": str(work / f"node{i}")}, wait=False)
+                 for i in range(workers)]
+        for proc in procs:
+            st.wait_worker(proc)
         t0 = time.monotonic()
         job = st.submit(body(uris, shard, method))
         if kill_at is not None:
@@ -106,12 +137,17 @@ def run_once(work: Path, s3: Any, uris: list[str], shard: str, env: dict[str, st
                 return rec if n and got >= kill_at * n else None
 
             rec = wait_for(far_enough, 3600, "the kill point", interval=0.1)
-            h.kill_child(st, rec)
+            child = h.child_running(st, rec)
+            dead = next(i for i, w in enumerate(st.workers)
+                        if child in {c.pid for c in psutil.Process(w.pid).children(True)})
+            st.kill_worker(dead)
+            procs = [w for i, w in enumerate(st.workers) if i != dead]
         done = st.wait(job["id"], timeout=7200)
         wall = time.monotonic() - t0
         if done["status"] != "succeeded":
             raise SystemExit(f"job {done['status']}: {done.get('error')}")
-        fetched = [int(m.group(2)) for m in FETCHED.finditer(h.log_text(st.workers))
+        # The last attempt's fetch: from the log of a worker that was not killed.
+        fetched = [int(m.group(2)) for m in FETCHED.finditer(h.log_text(procs))
                    if m.group(1) == job["id"]]
     return wall, done, fetched[-1] if fetched else 0
 
@@ -144,7 +180,7 @@ def main() -> int:
         inputs = sum(p.stat().st_size for m in models for p in m.iterdir() if p.is_file())
         s3 = S3Server(root / "s3").start()
         try:
-            uris = [s3.upload_folder(m, f"split/{m.name}") for m in models]
+            uris = [upload(s3, m, f"split/{m.name}") for m in models]
             if method == "maec":  # the ability vector extracted, for every run to reuse
                 run_once(root / "extract", s3, uris, SHARD[args.size], env, None, workers=1,
                          method=method)

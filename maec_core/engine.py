@@ -55,7 +55,7 @@ from maec_core.cuda_loops import (
     stream_units_cuda,
     whole_tensors_cuda,
 )
-from maec_core.errors import Cancelled
+from maec_core.errors import Cancelled, InputRangeMissing
 from maec_core.io.folder import ModelFolder, open_model_folder
 from maec_core.io.headers import TensorInfo
 from maec_core.io.output import StagedOutput, output_config
@@ -301,10 +301,35 @@ def _stream_units(run: LoopRun, unit: int, chunk: int, workers: int = 1,
 
 
 def _input_hasher(plan: MergePlan, hash_inputs: Mapping[str, Sequence[Path]] | None,
-                  hash_cache: Path | None) -> BackgroundHasher:
-    """Hashes the input files (by default every model's weight files) on a thread."""
+                  hash_cache: Path | None,
+                  present: Callable[[Path, int, int], bool] | None = None
+                  ) -> BackgroundHasher:
+    """Hashes the input files (by default every model's weight files) on a thread;
+    with ``present``, only those present whole (a file held in part hashes to no
+    digest of its content)."""
     files = hash_inputs or {key: m.weight_files for key, m in plan.models.items()}
-    return BackgroundHasher({k: list(v) for k, v in files.items()}, cache=hash_cache)
+    return BackgroundHasher({k: [p for p in v if present is None
+                                 or present(p, 0, p.stat().st_size)]
+                             for k, v in files.items()}, cache=hash_cache)
+
+
+def check_present(steps: Sequence[Sequence[TensorInfo]],
+                  present: Callable[[Path, int, int], bool] | None) -> None:
+    """``InputRangeMissing`` unless every stored tensor of ``steps`` lies in bytes the
+    caller fetched (``EngineOptions.present``; None: inputs are whole)."""
+    if present is None:
+        return
+    for infos in steps:
+        for info in infos:
+            if not present(Path(info.file), info.start, info.end):
+                raise InputRangeMissing(
+                    f"{info.name} (bytes {info.start}-{info.end} of {Path(info.file).name})"
+                    " was not fetched: the merge would read bytes it does not hold",
+                    tensor=info.name, file=Path(info.file).name)
+            if info.delta is not None:
+                raise InputRangeMissing(f"{info.name} is formed from an adapter, whose "
+                                        "reads are not checked against fetched ranges",
+                                        tensor=info.name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -435,7 +460,8 @@ def stream_merge(plan: MergePlan, work: MergeWork, output: OutputSpec, ctx: RunC
                                    output=_recorded(output, ctx.names),
                                    accounting=accounting, names=ctx.names)
         manifest = _to_folder(write, outputs, output, ctx,
-                              _input_hasher(plan, output.hash_inputs, ctx.hash_cache), finish)
+                              _input_hasher(plan, output.hash_inputs, ctx.hash_cache,
+                                            options.present), finish)
     seconds = time.perf_counter() - started
     return MergeResult(output.folder, manifest, total, seconds, {work.stage: seconds})
 
@@ -540,6 +566,8 @@ def _write_tensors(sink: TensorSink, background: bool, loop: _Loop) -> list[Writ
         depth=0 if not background else WRITE_DEPTH if work.streams else 1,
     )
     steps = [work.read(t) for t in plan.tensors]
+    # Inputs held in part: nothing is read unless all of it was fetched.
+    check_present(steps, loop.options.present)
     cuda = loop.device.type == "cuda"
     cdtype = torch_dtype(loop.options.compute_dtype or "float32")
     if work.reduction is not None and not cuda and cdtype.itemsize == 2:
@@ -756,6 +784,39 @@ def _run_slices(recipe: Recipe, spec: TensorMethod, out_dir: Path, ctx: RunConte
     return stream_merge(job.plan, work, output, ctx)
 
 
+@dataclasses.dataclass(frozen=True)
+class ShardPlan:
+    """A plain tensor method's merge planned from the inputs' headers alone: its plan,
+    the output's shards (each the output tensors it holds, in order), and each model
+    key's reference as the recipe names it."""
+
+    plan: MergePlan
+    shards: list[list[OutputTensor]]
+    refs: dict[str, str]
+    vocab: bool
+
+
+def plain_shard_plan(recipe: Recipe) -> ShardPlan | None:
+    """The shard plan of a merge of ``recipe`` (its inputs local), made by the same
+    planning steps as :func:`run_method` (the same tensors, dtype and shard size). None
+    where the plan is not a plain tensor method's (slices, MAEC, MoE, a LoRA export)."""
+    spec = get_method(recipe.merge_method)
+    if (not isinstance(spec, TensorMethod) or recipe.layered
+            or (recipe.output is not None and recipe.output.format == "lora")):
+        return None
+    base_key, others = _model_keys(recipe, spec.separate_base(recipe))
+    named = {**({base_key: base_key} if base_key else {}), **dict(others)}
+    folders = open_models(named, recipe.base_model)
+    reference = base_key or (recipe.base_model if recipe.base_model in named
+                             else others[0][0])
+    vocab = recipe_vocab(recipe, folders)
+    plan = build_plan(folders, reference, rows_of(vocab))
+    target = torch_dtype(spec.saved_dtype(recipe, plan.input_dtype))
+    outputs = [OutputTensor(t.name, t.shape, SAFETENSORS_NAMES[target]) for t in plan.tensors]
+    return ShardPlan(plan, shard_layout(outputs, recipe.shard_size_bytes()), named,
+                     vocab is not None)
+
+
 def planned_shard_count(recipe: Recipe) -> int | None:
     """How many output shards a merge of ``recipe`` (its inputs local) makes, from the
     inputs' headers alone: what splitting it into parts by shard groups needs to know.
@@ -768,18 +829,8 @@ def planned_shard_count(recipe: Recipe) -> int | None:
     if not isinstance(spec, TensorMethod):
         phased = spec.phased(recipe)
         return phased.shard_count() if phased is not None else None
-    if recipe.layered:
-        return None
-    # The same planning steps as run_method: the same tensors, dtype and shard size.
-    base_key, others = _model_keys(recipe, spec.separate_base(recipe))
-    named = {**({base_key: base_key} if base_key else {}), **dict(others)}
-    folders = open_models(named, recipe.base_model)
-    reference = base_key or (recipe.base_model if recipe.base_model in named
-                             else others[0][0])
-    plan = build_plan(folders, reference, rows_of(recipe_vocab(recipe, folders)))
-    target = torch_dtype(spec.saved_dtype(recipe, plan.input_dtype))
-    outputs = [OutputTensor(t.name, t.shape, SAFETENSORS_NAMES[target]) for t in plan.tensors]
-    return len(shard_layout(outputs, recipe.shard_size_bytes()))
+    planned = plain_shard_plan(recipe)
+    return None if planned is None else len(planned.shards)
 
 
 def run_method(recipe: Recipe, out_dir: Path, ctx: RunContext | None = None) -> MergeResult:

@@ -207,3 +207,19 @@ class UnsupportedGgufOutput(RecipeError):
     """A GGUF output type (or a merged architecture) the GGUF writer does not produce."""
 
     code = "unsupported_gguf_output"
+
+
+class NotSplittable(MaecError):
+    """The input reads of some output shards cannot be named for this merge: it is not a
+    plain tensor method's (slices, MAEC, an MoE, a LoRA export), or it merges
+    vocabularies or reads an adapter, whose tensors are not read by name."""
+
+    code = "not_splittable"
+
+
+class InputRangeMissing(MaecError):
+    """A merge would read bytes of an input that the worker never fetched (a part of a
+    split merge, or a resumed attempt, holds its inputs only in part): refused before
+    any tensor is read."""
+
+    code = "input_range_missing"

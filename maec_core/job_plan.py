@@ -153,22 +153,28 @@ def plan_job(recipe: Recipe) -> JobPlan:
 
 
 def published_manifest(manifest: Mapping[str, Any], refs: Iterable[str],
-                       local: Mapping[str, str], hash_cache: Path | None = None
+                       local: Mapping[str, str], hash_cache: Path | None = None,
+                       known: Mapping[str, Mapping[str, str]] | None = None
                        ) -> dict[str, Any]:
     """``manifest`` (a run's, already naming its inputs by reference: ``RunContext.names``)
     as clients see it: ``inputs`` names each of ``refs`` by its reference with every file's
-    sha256, read from the local copy ``local`` maps it to. Any kind of job (a merge, an
-    MoE build)."""
-    inputs = {ref: {"files": input_digests(Path(local[ref]), hash_cache)} for ref in refs}
+    sha256, read from the local copy ``local`` maps it to, unless ``known`` (reference ->
+    file name -> sha256) gives it: a copy held only in part is never hashed. Any kind of
+    job (a merge, an MoE build)."""
+    inputs = {ref: {"files": input_digests(Path(local[ref]), hash_cache,
+                                           (known or {}).get(ref))} for ref in refs}
     return {**manifest, "inputs": inputs}
 
 
-def input_digests(path: Path, hash_cache: Path | None = None) -> dict[str, str]:
+def input_digests(path: Path, hash_cache: Path | None = None,
+                  known: Mapping[str, str] | None = None) -> dict[str, str]:
     """``{file name: sha256}`` of an input: one file, or every file of a folder (names
-    relative to it). Digests are remembered (``maec_core.checksums``), so the files the
-    merge already hashed are not read again."""
+    relative to it); ``known`` digests are taken as given. Digests are remembered
+    (``maec_core.checksums``), so the files the merge already hashed are not read again."""
+    given = known or {}
     if path.is_file():
-        return {path.name: sha256_file(path, cache=hash_cache)}
-    return {f.relative_to(path).as_posix(): sha256_file(f, cache=hash_cache)
-            for f in sorted(path.rglob("*")) if f.is_file()}
+        return {path.name: given.get(path.name) or sha256_file(path, cache=hash_cache)}
+    return {name: given.get(name) or sha256_file(f, cache=hash_cache)
+            for f in sorted(path.rglob("*")) if f.is_file()
+            for name in (f.relative_to(path).as_posix(),)}
 

@@ -103,6 +103,13 @@ class EngineOptions:
     other files and its manifest describe this part only. The parts' shards together
     are the unsplit merge's, byte for byte.
 
+    ``present`` (inputs held only in part: a part of a split merge, or a resumed
+    attempt, that fetched only the byte ranges it reads): whether bytes ``[start, end)``
+    of an input file are present. Every input tensor the run is to read must be, or the
+    run raises ``InputRangeMissing`` before it reads any; an input file not present
+    whole is not hashed for the run's manifest (its digest is the caller's to give).
+    None: every input is whole.
+
     ``phase_records`` (a split merge whose method decides something over the whole model,
     :meth:`maec_core.methods.base.MergeMethod.phased`): what was decided once, before
     and between the parts' phases (MAEC: the ability vectors and the tensor selection);
@@ -138,6 +145,7 @@ class EngineOptions:
     skeleton: Path | None = None
     done_shards: Mapping[str, WrittenFile] | None = None
     part: tuple[int, int] | None = None
+    present: Callable[[Path, int, int], bool] | None = None
     phase_records: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:

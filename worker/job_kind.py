@@ -54,6 +54,7 @@ class Run:
     cache, the artifact store, the device, the output's finished-shard callbacks, which
     upload the shards as they are written). ``reporter`` writes progress fields of the
     kind's own (a sweep's candidate); ``upload`` stores a file beside the output.
+    ``digests``: input files' sha256 the manifest names without hashing them.
     """
 
     local: Mapping[str, str]
@@ -62,6 +63,9 @@ class Run:
     ctx: RunContext
     reporter: Reporter
     upload: Upload
+    # Input files' sha256 known without their whole bytes (reference -> file name ->
+    # hex): inputs held in part (worker.partial); the manifest names these.
+    digests: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -31,16 +31,32 @@ from app.settings import Settings
 from app.sources import Source, check_not_service_storage, is_pinned_gguf
 from app.storage.base import Storage, StorageError
 from maec_contract import FileInfo, JobResult
-from maec_core.service import MANIFEST_NAME, Cancelled, FileEntry, MaecError, Manifest, StageSpans
+from maec_core.service import (
+    MANIFEST_NAME,
+    Cancelled,
+    FileEntry,
+    MaecError,
+    Manifest,
+    NotSplittable,
+    StageSpans,
+)
 from maec_core.service.running import EngineOptions, RunContext, WrittenFile
 from worker.gguf import dequantize_input
 from worker.inputs import InputCache, fetch_source
 from worker.job_kind import Made, Planned, Run
 from worker.kinds import kind_of
 from worker.measure import measured
+from worker.partial import (
+    PartialInputs,
+    fetch_headers,
+    fetches_in_part,
+    make_shards,
+    shards_left,
+)
 from worker.publish import ShardUploads, publish
 from worker.result import Finished
 from worker.resume import Resumed, ShardLedger, adopt, in_use
+from worker.stages import MergeJob
 
 log = logging.getLogger("maec.worker")
 
@@ -83,6 +99,9 @@ class Attempt:
     # (the resumed part's; worker.resume).
     resume: Resumed | None = None
     floor: float = 0.0
+    # The inputs as held in part, when this attempt fetches only what it reads
+    # (worker.partial); None: whole files.
+    inputs: PartialInputs | None = None
 
     def write(self, fields: dict[str, Any]) -> None:
         with self._lock:
@@ -387,9 +406,50 @@ class JobRunner:
         return local
 
     def fetch_inputs(self, rec: JobRecord, job: Planned, att: Attempt, workdir: Path,
-                     hold: Hold) -> dict[str, str]:
-        """The job's inputs fetched (a split job's part fetches them too)."""
-        return self._fetch(rec, job, att, workdir, hold)
+                     hold: Hold, *, resuming: bool = False, part: bool = False
+                     ) -> dict[str, str]:
+        """The job's inputs: whole files, or only their headers when the attempt
+        fetches in part (``worker.partial``: a job that may be split, a ``part`` of
+        one, or one ``resuming``), its ranges fetched later (``att.inputs``)."""
+        sources = fetches_in_part(rec, job, self.settings, self.storage,
+                                  split=self.split is not None, resuming=resuming or part)
+        if sources is None:
+            return self._fetch(rec, job, att, workdir, hold)
+        att.progress("fetch", 0, 1)
+        att.inputs = fetch_headers(sources, self.cache, workdir, hold)
+        if not part:  # this attempt publishes the manifest, which names them
+            att.inputs.start_digests()
+        att.progress("fetch", 1, 1)
+        log.info("job %s: input headers ready (%d bytes fetched, %d from cache)", rec.id,
+                 att.inputs.fetched, att.inputs.cached)
+        return att.inputs.local
+
+    def _make_left(self, rec: JobRecord, job: Planned, att: Attempt, local: dict[str, str],
+                   done: Mapping[str, WrittenFile], uploads: ShardUploads,
+                   workdir: Path) -> dict[str, WrittenFile]:
+        """An attempt holding its inputs in part that runs the merge itself (a resumed
+        one): the shards not ``done`` made and uploaded (``uploads``), their inputs'
+        byte ranges fetched as the merge goes (``worker.partial.make_shards``); all the
+        shards then done. A merge whose reads are not named by shard fetches its weight
+        files whole and leaves its shards to the merge."""
+        inputs = att.inputs
+        if inputs is None or not isinstance(job, MergeJob):
+            return dict(done)
+        recipe = job.plan.localised(local).merge_only()
+        try:
+            left = shards_left(recipe, done)
+            ctx = RunContext(progress=att.progress, cancel=att.cancel_requested,
+                             device=self.settings.device,
+                             hash_cache=self.settings.work_dir / "checksums",
+                             options=EngineOptions(on_shard=uploads.on_shard,
+                                                   on_shard_open=uploads.on_shard_open))
+            made = make_shards(recipe, left, inputs, workdir / "parts", ctx, done)
+        except NotSplittable:
+            inputs.complete()
+            made = {}
+        log.info("job %s: inputs ready (%d bytes fetched, %d from cache; in part: %d "
+                 "shards were done)", rec.id, inputs.fetched, inputs.cached, len(done))
+        return {**done, **made}
 
     def _split(self, rec: JobRecord, att: Attempt, job: Planned, local: dict[str, str],
                prefix: str, workdir: Path) -> SplitDone | None:
@@ -409,7 +469,7 @@ class JobRunner:
         # those it resumes with (its progress starts there: before the fetch).
         ledger = self._ledger(att, job, prefix)
         done = att.resume.done if ledger is not None and att.resume is not None else {}
-        local = self._fetch(rec, job, att, workdir, hold)
+        local = self.fetch_inputs(rec, job, att, workdir, hold, resuming=bool(done))
         job.check(local)
         # --- split: a big merge's parts run on the pool's workers first (worker.split);
         # this attempt then goes on as a resumed merge with every shard done ---
@@ -436,9 +496,12 @@ class JobRunner:
         uploads = ShardUploads(self.storage, prefix,
                                on_stored=ledger.landed if ledger is not None else None)
         try:
+            if split is None and att.inputs is not None:
+                done = self._make_left(rec, job, att, local, done, uploads, workdir)
             made = job.produce(Run(local, out, workdir,
                                    self._context(rec, att, uploads, hold, done, records),
-                                   att, upload))
+                                   att, upload,
+                                   att.inputs.digests() if att.inputs is not None else {}))
             files = [*made.uploaded,
                      *self._publish_made(rec, att, out, made, uploads, uploaded[0], done)]
         except BaseException:
@@ -476,7 +539,9 @@ class JobRunner:
                           options=EngineOptions(on_shard=uploads.on_shard,
                                                 on_shard_open=uploads.on_shard_open,
                                                 done_shards=done or None,
-                                                phase_records=records))
+                                                phase_records=records,
+                                                present=att.inputs.present
+                                                if att.inputs is not None else None))
 
     def _ledger(self, att: Attempt, job: Planned, prefix: str) -> ShardLedger | None:
         """The resumable job's shard record, begun (the verified shards it resumes

@@ -32,8 +32,13 @@ store (:mod:`app.jobs.parts`).
   fenced by the job's attempt, so it is written once. The result is the unsplit
   merge's byte for byte.
 
-Every part fetches the inputs whole (through the worker's cache); fetching only the
-byte ranges a part's tensors need is not done here.
+A part fetches of the inputs only what its shards read (worker/partial.py): each weight
+file's header, then the byte ranges of the input tensors its shards read (the engine's
+own shard plan names them), group by group while the merge runs, into partial entries
+of the worker's cache; the engine refuses to read any byte not fetched. The final step
+reads no tensor: its manifest names the inputs' digests the store gives. Where a digest
+is not known without a whole copy (an S3 object without a whole-object SHA-256), or the
+merge's reads are not named by shard, the inputs are fetched whole, as before.
 """
 
 from __future__ import annotations
@@ -63,6 +68,7 @@ from maec_core.service.running import (
 )
 from worker.drain import draining
 from worker.job_kind import Planned
+from worker.partial import PartialInputs, make_shards, shard_index
 from worker.publish import ShardUploads
 from worker.resume import FIELD, Landed, Resumed, ShardLedger, verified
 from worker.runner import Attempt, JobRunner, LeaseLost, SplitDone
@@ -180,7 +186,7 @@ def _drive(runner: JobRunner, rec: JobRecord, att: Attempt, job: MergeJob,
         if index >= 0:
             try:
                 run_claimed_part(runner, rec, job, index, attempt, local,
-                                 workdir / f"p{index}")
+                                 workdir / f"p{index}", inputs=att.inputs)
             except LeaseLost:
                 if att.lost:  # the job itself was taken over
                     raise
@@ -302,10 +308,12 @@ class PartAttempt(Attempt):
 
 def run_claimed_part(runner: JobRunner, rec: JobRecord, job: MergeJob, index: int,
                      attempt: int, local: dict[str, str] | None, workdir: Path,
-                     hold: Hold | None = None) -> dict[str, str]:
+                     hold: Hold | None = None, inputs: PartialInputs | None = None
+                     ) -> tuple[dict[str, str], PartialInputs | None]:
     """Run part ``index`` (claimed as ``attempt``): make its shards, publish each as it
     is made, record it, and mark the part done; returns the inputs (fetched here when
-    ``local`` is None)."""
+    ``local`` is None) and, when they are held in part, what is held (``inputs``: the
+    part fetches the byte ranges its shards read into it)."""
     store = runner.store.parts()
     state = store.get(rec.id)
     if state is None:
@@ -320,9 +328,10 @@ def run_claimed_part(runner: JobRunner, rec: JobRecord, job: MergeJob, index: in
     try:
         if local is None:
             assert hold is not None
-            local = runner.fetch_inputs(rec, job, att, workdir, hold)
+            local = runner.fetch_inputs(rec, job, att, workdir, hold, part=True)
+            inputs = att.inputs
         if state.last_phase:
-            _make_part(runner, rec, job, att, state, local, workdir, hold)
+            _make_part(runner, rec, job, att, state, local, workdir, hold, inputs)
         else:
             result = _phase_part(runner, rec, job, att, state, local, hold)
     except Cancelled:
@@ -338,7 +347,7 @@ def run_claimed_part(runner: JobRunner, rec: JobRecord, job: MergeJob, index: in
         log.info("job %s: part %d done", rec.id, index)
     else:
         log.info("job %s: part %d done with its phase %d", rec.id, index, state.phase)
-    return local
+    return local, inputs
 
 
 def _phase_part(runner: JobRunner, rec: JobRecord, job: MergeJob, att: PartAttempt,
@@ -353,7 +362,8 @@ def _phase_part(runner: JobRunner, rec: JobRecord, job: MergeJob, att: PartAttem
 
 
 def _make_part(runner: JobRunner, rec: JobRecord, job: MergeJob, att: PartAttempt,
-               state: Parts, local: dict[str, str], workdir: Path, hold: Hold | None) -> None:
+               state: Parts, local: dict[str, str], workdir: Path, hold: Hold | None,
+               inputs: PartialInputs | None = None) -> None:
     """The last phase of one part: its shards made, each published and recorded as it
     is made."""
     prefix, part = state.prefix, state.parts[att.index]
@@ -369,9 +379,20 @@ def _make_part(runner: JobRunner, rec: JobRecord, job: MergeJob, att: PartAttemp
         on_shard=uploads.on_shard, on_shard_open=uploads.on_shard_open,
         done_shards={n: s.file for n, s in good.items()} or None, part=(part.lo, part.hi),
         phase_records=_records(state)))
+    recipe = job.plan.localised(local).merge_only()
     try:
         workdir.mkdir(parents=True, exist_ok=True)
-        run(job.plan.localised(local).merge_only(), workdir / "out", ctx)
+        if inputs is None:
+            run(recipe, workdir / "out", ctx)
+        else:
+            # Only the byte ranges this part's shards read (those not published already),
+            # fetched group by group as the merge goes.
+            before = inputs.fetched
+            make_shards(recipe, sorted({*range(part.lo, part.hi)}
+                                       - {shard_index(n) for n in good}),
+                        inputs, workdir / "out", ctx, ctx.options.done_shards or {})
+            log.info("job %s: part %d fetched %d bytes of its inputs in part", att.job_id,
+                     part.index, inputs.fetched - before)
         if not uploads.wait(att.cancel_requested, lambda _n: None):
             raise Cancelled("the job was cancelled")
     except BaseException:
@@ -391,6 +412,7 @@ def help_parts(runner: JobRunner, job_id: str) -> str:
     job = MergeJob(plan_job(parse_recipe(rec.recipe)))
     workdir = runner.settings.work_dir / "jobs" / job_id / f"h{time.time_ns()}"
     local: dict[str, str] | None = None
+    inputs: PartialInputs | None = None
     ran = 0
     try:
         with runner.cache.hold() as hold:
@@ -401,8 +423,9 @@ def help_parts(runner: JobRunner, job_id: str) -> str:
                 if index < 0:
                     return f"ran {ran} parts"
                 try:
-                    local = run_claimed_part(runner, rec, job, index, attempt,
-                                             local, workdir / f"p{index}", hold)
+                    local, inputs = run_claimed_part(runner, rec, job, index, attempt,
+                                                     local, workdir / f"p{index}", hold,
+                                                     inputs)
                     ran += 1
                 except LeaseLost:
                     log.warning("job %s: part %d taken over", job_id, index)

@@ -77,7 +77,7 @@ class MergeJob:
     def produce(self, run: Run) -> Made:
         # Each local copy's reference, given to the run once: it records references where
         # it would record a copy (recipe.yaml, card, every manifest, the report).
-        named = Naming(self.plan.inputs, run.local, run.ctx.hash_cache)
+        named = Naming(self.plan.inputs, run.local, run.ctx.hash_cache, run.digests)
         ctx = run.ctx.but(names=self.plan.names(run.local))
         made = produce(self.plan.localised(run.local), run.out, ctx, named, run)
         reused = all(made.reused) if self.plan.extracts and made.reused else None
@@ -93,17 +93,20 @@ class MergeJob:
 @dataclass(frozen=True)
 class Naming:
     """How a job's folders are published: each input by its reference with every file's
-    sha256, read from its local copy (``local``: reference -> local copy)."""
+    sha256, read from its local copy (``local``: reference -> local copy) unless
+    ``known`` gives it."""
 
     inputs: tuple[str, ...]
     local: Mapping[str, str]
     hash_cache: Path | None
+    # Digests known without reading the local copy (inputs held in part).
+    known: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
     def manifest(self, manifest: Mapping[str, Any]) -> Manifest:
         """A folder's manifest (as the run returned it, named by reference) as clients
         see it."""
         return Manifest.of(published_manifest(manifest, self.inputs, self.local,
-                                              self.hash_cache))
+                                              self.hash_cache, self.known))
 
 
 class MergeKind:

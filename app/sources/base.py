@@ -17,7 +17,7 @@ import hashlib
 import struct
 import tempfile
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -154,6 +154,27 @@ class SourceKind(ABC):
         even where the cache already holds those bytes: a job never runs on a source that
         changed after it was submitted. (Kinds whose files cannot change: nothing.)"""
         return None
+
+    def ranged_for(self, files: Iterable[SourceFile]) -> bool:
+        """Whether ``files`` can be fetched in part (:meth:`read_range`) with every
+        weight file's sha256 known without fetching it whole (:meth:`digest`), as a part
+        of a split merge or a resumed attempt needs (its manifest names the inputs'
+        digests). Kinds that fetch whole files only: never."""
+        return False
+
+    def read_range(self, file: SourceFile, start: int, end: int) -> Iterator[bytes]:
+        """Bytes ``[start, end)`` of ``file`` as pinned (a changed file is
+        ``SourceChanged``), as chunks. Only where :meth:`ranged_for` says so."""
+        raise NotImplementedError(f"{self.kind} sources are fetched whole")
+
+    def digest(self, file: SourceFile) -> str:
+        """The sha256 (hex) of the whole of ``file`` as pinned, without the worker's copy
+        being whole: the digest its content key names."""
+        algo, _, value = file.content_key.partition(":")
+        if algo != "sha256":
+            raise StorageError(f"{self.source.uri}: no sha256 of {file.name} is known "
+                               "without reading it whole", source=self.source.uri)
+        return value
 
     @abstractmethod
     def fetch(self, file: SourceFile, dest: Path) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, cast
@@ -156,3 +157,24 @@ def transfer_config(concurrency: int, part_bytes: int,
     return TransferConfig(multipart_threshold=2 * part_bytes, multipart_chunksize=part_bytes,
                           max_concurrency=concurrency, use_threads=True,
                           preferred_transfer_client="classic", max_bandwidth=bytes_per_s)
+
+
+class RateCap:
+    """A read rate shared by every ranged GET one process makes outside a managed
+    transfer (``S3Storage.iter_range``: the byte ranges a part of a split merge reads,
+    small objects): each chunk read books its share of the time, and the reader waits
+    until its booking ends, so reads together go no faster than ``bytes_per_s``."""
+
+    def __init__(self, bytes_per_s: int) -> None:
+        self.bytes_per_s = bytes_per_s
+        self._free_at = 0.0
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> None:
+        """Book ``n`` bytes just read; returns once the rate allows them."""
+        with self._lock:
+            now = time.monotonic()
+            self._free_at = max(now, self._free_at) + n / self.bytes_per_s
+            wait = self._free_at - now
+        if wait > 0:
+            time.sleep(wait)

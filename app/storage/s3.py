@@ -39,7 +39,7 @@ from app.storage.base import (
     expected_digest,
     write_stream,
 )
-from app.storage.ranged import Sink, ranged_download, transfer_config
+from app.storage.ranged import RateCap, Sink, ranged_download, transfer_config
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -91,7 +91,7 @@ class S3Storage:
                  presigner: S3Client | None = None, fetch_concurrency: int = 8,
                  fetch_part_bytes: int = 16 * 1024 * 1024,
                  stream_part_bytes: int = 16 * 1024 * 1024,
-                 fetch_bytes_per_s: int | None = None) -> None:
+                 fetch_bytes_per_s: int | None = None, cap: RateCap | None = None) -> None:
         self.client = client
         # Signs URLs for the endpoint clients use (signatures cover the host).
         self.presigner = presigner or client
@@ -106,6 +106,8 @@ class S3Storage:
         self.fetch_bytes_per_s = fetch_bytes_per_s
         self.fetch_transfer = transfer_config(fetch_concurrency, fetch_part_bytes,
                                               fetch_bytes_per_s)
+        # Shared with the same store's other buckets (for_bucket): one process's cap.
+        self.cap = cap or (RateCap(fetch_bytes_per_s) if fetch_bytes_per_s else None)
 
     @classmethod
     def from_settings(cls, s: Settings) -> S3Storage:
@@ -139,7 +141,7 @@ class S3Storage:
                          presigner=self.presigner, fetch_concurrency=self.fetch_concurrency,
                          fetch_part_bytes=self.fetch_part_bytes,
                          stream_part_bytes=self.stream_part_bytes,
-                         fetch_bytes_per_s=self.fetch_bytes_per_s)
+                         fetch_bytes_per_s=self.fetch_bytes_per_s, cap=self.cap)
 
     def prepare(self) -> None:
         try:
@@ -288,7 +290,10 @@ class S3Storage:
         except BotoCoreError as exc:
             raise _fail(f"reading {key}", exc, key=key) from None
         try:  # a connection cut mid-body is a BotoCoreError too (ResponseStreamingError)
-            yield from resp["Body"].iter_chunks(CHUNK)
+            for chunk in resp["Body"].iter_chunks(CHUNK):
+                if self.cap is not None:
+                    self.cap.take(len(chunk))
+                yield chunk
         except BotoCoreError as exc:
             raise _fail(f"reading {key}", exc, key=key) from None
 

@@ -12,20 +12,24 @@ from maec_core.methods.base import PhasedMerge
 from maec_core.moe.build import build_moe
 from maec_core.run import phased, run
 from maec_core.runtime import EngineOptions
+from maec_core.shard_reads import InputSpan, shard_reads
 from maec_core.sweep.runner import SweepOptions, evaluate_folder, run_sweep
 
 __all__ = [
            "GGUF_INFO_FILE",
            "EngineOptions",
+           "InputSpan",
            "PhasedMerge",
            "RunContext",
            "SweepOptions",
            "WrittenFile",
            "build_moe",
-           "check_gguf_output", "dequantize_gguf",
+           "check_gguf_output",
+           "dequantize_gguf",
            "evaluate_folder",
            "phased",
            "planned_shard_count",
            "run",
            "run_sweep",
+           "shard_reads",
 ]

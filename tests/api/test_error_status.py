@@ -25,6 +25,7 @@ EXPECTED = {
     errors.UnsupportedMoe: 422, errors.TensorUnaccounted: 400,
     errors.LmEvalTaskUnknown: 422, errors.LmEvalFailed: 400,
     errors.InvalidGguf: 422, errors.UnsupportedGguf: 422, errors.UnsupportedGgufOutput: 422,
+    errors.NotSplittable: 400, errors.InputRangeMissing: 400,
 }
 
 

@@ -370,6 +370,7 @@ def test_s3_objects_are_pinned_at_submission(tmp_path: Path, change: str) -> Non
 _CHILD = r"""
 import sys, time
 from pathlib import Path
+from typing import Any
 from worker.inputs import InputCache
 
 root, what, size, wait = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
@@ -482,3 +483,55 @@ def test_a_held_entry_removed_by_hand_is_an_error_not_a_hang(
             cache.get("x", 10, lambda tmp: tmp.write_bytes(b"x" * 10))
     # Once nobody holds it, it is filled again.
     assert not cache.get("x", 10, lambda tmp: tmp.write_bytes(b"x" * 10))[1]
+
+
+def _ranged(data: bytes, reads: list[tuple[int, int]]
+            ) -> Callable[[int, int], Iterator[bytes]]:
+    def read(start: int, end: int) -> Iterator[bytes]:
+        reads.append((start, end))
+        yield data[start:end]
+    return read
+
+
+def test_a_partial_entry_holds_its_ranges_only_and_a_whole_request_completes_it(
+        tmp_path: Path) -> None:
+    data = os.urandom(200_000)
+    key, size = "sha256:" + hashlib.sha256(data).hexdigest(), len(data)
+    reads: list[tuple[int, int]] = []
+    cache = InputCache(tmp_path / "cache", 10**9)
+    with cache.hold() as hold:
+        part, got = cache.get_ranges(key, size, [(0, 100), (5000, 6000)], _ranged(data, reads),
+                                     hold)
+        assert got == 1100 and sorted(reads) == [(0, 100), (5000, 6000)]
+        # Never taken for the whole file, though it has the whole file's size.
+        assert part.stat().st_size == size and cache.lookup(key, size) is None
+        # A later request fetches only what is missing.
+        again, got = cache.get_ranges(key, size, [(50, 200), (5500, 7000)],
+                                      _ranged(data, reads), hold)
+        assert again == part and got == 100 + 1000
+        assert sorted(reads[2:]) == [(100, 200), (6000, 7000)]
+        assert part.read_bytes()[5000:7000] == data[5000:7000]
+        # A whole request completes it: the ranges missing fetched, the whole checked.
+        before = len(reads)
+        whole, got = cache.complete(key, size, _ranged(data, reads),
+                                    hashlib.sha256(data).hexdigest(), hold)
+        assert got == size - 200 - 2000 and whole.read_bytes() == data
+        assert cache.lookup(key, size) == whole and whole.samefile(part)
+        assert not any(a < 200 or 5000 <= a < 7000 for a, _ in reads[before:])
+        # From now on the whole entry serves a ranged request: nothing is fetched.
+        served, got = cache.get_ranges(key, size, [(0, 10)], _ranged(data, reads), hold)
+        assert served == whole and got == 0
+
+
+def test_a_partial_entry_whose_bytes_do_not_match_is_never_made_whole(
+        tmp_path: Path) -> None:
+    data = os.urandom(50_000)
+    key, size = "sha256:" + hashlib.sha256(data).hexdigest(), len(data)
+    wrong = data[:1000] + b"\0" + data[1001:]
+    cache = InputCache(tmp_path / "cache", 10**9)
+    with cache.hold() as hold:
+        cache.get_ranges(key, size, [(0, 4000)], _ranged(wrong, []), hold)
+        with pytest.raises(StorageError, match="do not match"):
+            cache.complete(key, size, _ranged(data, []), hashlib.sha256(data).hexdigest(),
+                           hold)
+    assert cache.lookup(key, size) is None

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import re
 import threading
 from pathlib import Path
 from typing import BinaryIO
@@ -85,6 +87,39 @@ def test_maec_job_resumes_from_the_shards_a_dead_worker_recorded(api: Api) -> No
     assert stored == sorted(files)
     assert json.loads((api.settings.storage_dir / prefix / "manifest.json").read_bytes()
                       )["files"] == manifest["files"]
+
+
+def test_a_resumed_merge_on_an_empty_cache_fetches_only_what_its_shards_left_read(
+        api: Api, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="maec.worker")
+    body = api.named("ties", shard_size="20KB")
+    jid = str(api.submit(body)["id"])
+    store = api.worker_store()
+    dying = Shards(api.settings.storage_dir, die_at=3)
+    with pytest.raises(WorkerDied):
+        JobRunner(api.settings, store, dying, worker="dies").run(jid)
+    api.r.hset(job_key(jid), "lease_until", "0")
+    # Another node: its own, empty cache.
+    node = api.settings.model_copy(update={"work_dir": tmp_path / "node2"})
+    caplog.clear()
+    assert JobRunner(node, store, Shards(api.settings.storage_dir), worker="next"
+                     ).run(jid) == "succeeded"
+    fetched = [int(n) for n in re.findall(rf"job {jid}: inputs ready \((\d+) bytes fetched",
+                                          caplog.text)]
+    inputs = sum(f.stat().st_size for m in (api.models.base, api.models.donor,
+                                            api.models.lang) for f in Path(m).iterdir())
+    job = api.client.get(f"/v1/jobs/{jid}", headers=api.auth()).json()
+    shards = [p for p in job["result"]["files"] if p["path"].startswith("model-")]
+    left = 1 - job["progress"]["resumed"]["shards"] / len(shards)
+    assert len(fetched) == 1 and 0 < fetched[0] < inputs * min(1.0, left + 0.15)
+    # The same bytes as an uninterrupted run, input digests included.
+    whole = str(api.submit(body)["id"])
+    api.run_published(whole)
+    uninterrupted = api.client.get(f"/v1/jobs/{whole}", headers=api.auth()).json()
+    assert ({f["path"]: f["sha256"] for f in job["result"]["files"]}
+            == {f["path"]: f["sha256"] for f in uninterrupted["result"]["files"]})
+    assert (job["result"]["manifest"]["inputs"]
+            == uninterrupted["result"]["manifest"]["inputs"])
 
 
 def test_a_record_naming_another_prefix_is_not_taken_over(api: Api) -> None:

@@ -5,9 +5,11 @@ runs out and resumes from the shards it recorded; a cancel stops every part."""
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import logging
 import multiprocessing
+import re
 import sys
 import threading
 import time
@@ -77,9 +79,25 @@ def test_split_job_runs_its_parts_on_several_workers_and_publishes_the_whole(
     assert caplog.text.count(f"job {jid}: part ") >= 6  # each part begun and done once
     for i in range(3):
         assert caplog.text.count(f"job {jid}: part {i} done") == 1
+    # Each part fetched only the byte ranges its shards read: together every input
+    # tensor once, each part about a third of them.
+    fetched = [int(n) for n in re.findall(rf"job {jid}: part \d fetched (\d+) bytes",
+                                          caplog.text)]
+    weights = sum(f.stat().st_size for m in (api.models.base, api.models.donor,
+                                             api.models.lang)
+                  for f in Path(m).glob("*.safetensors"))
+    assert len(fetched) == 3 and all(0 < n < weights / 2 for n in fetched)
+    assert sum(fetched) <= weights
     files = _files(api, jid)
     assert "model.safetensors.index.json" in files
     assert files == _whole(api)
+    # The manifest names each input file's sha256, though no worker held one whole.
+    manifest = api.client.get(f"/v1/jobs/{jid}", headers=api.auth()).json()["result"][
+        "manifest"]
+    assert len(manifest["inputs"]) == 3
+    for ref, doc in manifest["inputs"].items():
+        for name, sha in doc["files"].items():
+            assert sha == hashlib.sha256((Path(ref) / name).read_bytes()).hexdigest()
     assert not api.r.exists(parts_key(jid))  # gone with the ended job
     job = api.client.get(f"/v1/jobs/{jid}", headers=api.auth()).json()
     assert job["progress"]["fraction"] == 1.0 and job["attempts"] == 1
