@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
+import multiprocessing
 from typing import Any
 
 from celery.signals import worker_shutting_down
@@ -30,7 +30,10 @@ from app.jobs.worker_store import WorkerJobStore
 from app.settings import get_settings
 
 log = logging.getLogger("maec.worker")
-_draining = threading.Event()
+# Set in the main process (Celery's shutdown signal arrives there) and read in the pool
+# children forked from it (a split job's helper asks between parts): one flag shared by
+# fork, not a threading.Event of which each child would hold its own, never-set copy.
+_draining = multiprocessing.get_context("fork").Event()
 
 
 def draining() -> bool:
@@ -48,7 +51,7 @@ def install_drain(name: str) -> None:
                     "is re-queued", name, sig or "shutdown", how or "warm")
         settings = get_settings()
         with contextlib.suppress(Exception):  # Redis down: the entry ages out
-            store = WorkerJobStore.from_url(settings.redis_url)
+            store = WorkerJobStore.from_url(settings.redis_url, outage_retry=False)
             try:
                 store.forget_worker(name, settings.own_pool)
             finally:

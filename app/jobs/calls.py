@@ -32,6 +32,7 @@ from app.jobs.keys import (
     status_key,
     usage_key,
 )
+from app.jobs.parts import parts_key
 from app.jobs.record import JobRecord, encode, now_iso, storable_fields, text
 from app.jobs.scripts import Arg, Script
 from maec_core.service import MaecError
@@ -145,6 +146,7 @@ def take(pools: list[str], *, worker: str, pool: str, lease_s: float, max_attemp
         "max_attempts": max_attempts, "now_iso": json.dumps(now_iso()),
         "now_ms": _now_ms(now), "exhausted_error": json.dumps(_exhausted(max_attempts)),
         "job_prefix": job_key(""), "pool_json": json.dumps(pool), "hold_ms": HOLD_MS,
+        "parts_prefix": parts_key(""),
     })
 
     def parse(reply: list[Any]) -> Taken:
@@ -261,7 +263,7 @@ def remove(record: JobRecord, *, expire_before: float | None = None
         {"job": job_key(record.id), "owner": owner_key(owner),
          "idem": idem_key(owner, record.idempotency_key or ""), "usage": usage_key(owner),
          "unreferenced": UNREFERENCED_KEY, "orphans": ORPHANS_KEY,
-         "requeue": requeue_key(record.id)},
+         "requeue": requeue_key(record.id), "parts": parts_key(record.id)},
         {"id": record.id, "mode": "delete" if expire_before is None else "expire",
          "cutoff_ms": 0 if expire_before is None else _now_ms(expire_before),
          "refs_prefix": REFS_PREFIX, "prefix": job_storage_prefix(record.id),

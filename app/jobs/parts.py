@@ -12,7 +12,9 @@ part:
 - :meth:`PartStore.update` (lease renewal, progress, a shard that landed) and
   :meth:`PartStore.finish` take effect only for the attempt that holds the part, so a
   worker whose part was taken over records nothing and cannot mark it done: a part is
-  done once, by its current holder;
+  done once, by its current holder. A part's fraction only grows within a phase (a part
+  claimed again starts its count over), so the job's progress, made from it, never
+  goes back;
 - a merge whose method decides something over the whole model (MAEC's tensor selection)
   runs in phases: every part runs phase 0 (its ``result``, a few numbers, kept in its
   entry), then :meth:`PartStore.advance` records what was decided from all the results
@@ -93,8 +95,16 @@ _UPDATE = """
 local raw = redis.call('HGET', KEYS[1], 'p' .. ARGV[1])
 if not raw then return -1 end
 local e = cjson.decode(raw)
+-- Already so for this attempt: a call retried after a dropped reply.
+if e.attempt == tonumber(ARGV[2]) and ARGV[3] ~= '' and e.state == ARGV[3] then
+  return 1
+end
 if e.attempt ~= tonumber(ARGV[2]) or e.state ~= 'running' then return -1 end
-for k, v in pairs(cjson.decode(ARGV[4])) do e[k] = v end
+for k, v in pairs(cjson.decode(ARGV[4])) do
+  -- A part claimed again counts its progress from its start; what the parts have done
+  -- (and the job's progress, made from it) never goes back.
+  if k ~= 'fraction' or v > (tonumber(e.fraction) or 0) then e[k] = v end
+end
 if ARGV[3] ~= '' then e.state = ARGV[3] end
 redis.call('HSET', KEYS[1], 'p' .. ARGV[1], cjson.encode(e))
 return 1

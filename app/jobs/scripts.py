@@ -244,33 +244,52 @@ return {'claimed', attempts}
 # queues to look in, in order (the wake-up message's pool, the worker's own, then those
 # it covers); the first with a queued job decides. Within a pool: the highest priority
 # band, then (policy ``fair``) the owner with the least running work per weight (a sweep
-# counts its candidates; a job that ended still holds its worker until that worker takes
-# the next, up to ``hold_ms``), ties to the least served, then the owner's oldest job;
-# (``fifo``) the oldest job (see ``choose`` for how the pools combine). Returns
+# counts its candidates; a split job one more for each other worker running one of its
+# parts, ``parts_prefix``; a job that ended still holds its worker until that worker
+# takes the next, up to ``hold_ms``), ties to the least served, then the owner's oldest
+# job; (``fifo``) the oldest job (see ``choose`` for how the pools combine). Returns
 # {'claimed', id, attempt, pool}, {'exhausted', id, n, pool} (a requeued job out of
 # attempts, now failed) or {'empty', '', 0, ''}; ``pool``: the queue the job came from.
 TAKE = Script("take", ("served", "holds"),
               ("pools_json", "policy", "weights_json", "now_s", "lease_until", "worker_json",
                "max_attempts", "now_iso", "now_ms", "exhausted_error", "job_prefix",
-               "pool_json", "hold_ms"), f"""
+               "pool_json", "hold_ms", "parts_prefix"), f"""
 local BAND = {BAND_SPAN}
 """ + """
 local weights = cjson.decode(A.weights_json)
 local function weight(o) return tonumber(weights[o]) or 1 end
 local me = cjson.decode(A.worker_json)
 local load = nil
-local function add(id)
-  local f = redis.call('HMGET', A.job_prefix .. id, 'owner', 'cost')
+-- The workers running a split job's parts beside its own (app.jobs.parts): each part
+-- running under a live lease on another worker than the job's holds one more worker.
+local function helpers(id, coordinator)
+  local key = A.parts_prefix .. id
+  local owners, n = {}, 0
+  for i = 0, (tonumber(redis.call('HGET', key, 'n') or '0') or 0) - 1 do
+    local raw = redis.call('HGET', key, 'p' .. i)
+    local e = raw and cjson.decode(raw)
+    if e and e.state == 'running' and tonumber(e.lease_until) >= tonumber(A.now_s)
+       and e.owner ~= coordinator and not owners[e.owner] then
+      owners[e.owner] = true
+      n = n + 1
+    end
+  end
+  return n
+end
+local function add(id, running)
+  local f = redis.call('HMGET', A.job_prefix .. id, 'owner', 'cost', 'worker')
   if f[1] then
     local o = cjson.decode(f[1])
-    load[o] = (load[o] or 0) + (tonumber(f[2]) or 1)
+    local n = tonumber(f[2]) or 1
+    if running and f[3] then n = n + helpers(id, cjson.decode(f[3])) end
+    load[o] = (load[o] or 0) + n
   end
 end
 local function loads()
   if load then return load end
   load = {}
   for _, st in ipairs({'running', 'publishing'}) do
-    for _, id in ipairs(redis.call('ZRANGE', SETS[st], 0, -1)) do add(id) end
+    for _, id in ipairs(redis.call('ZRANGE', SETS[st], 0, -1)) do add(id, true) end
   end
   -- Other workers' jobs that ended (still running ones are counted above): each holds
   -- its worker until that worker takes again, or for hold_ms.
@@ -282,7 +301,7 @@ local function loads()
       local st = raw and cjson.decode(raw)
       if st and TERMINAL[st] then
         local ended = tonumber(redis.call('ZSCORE', SETS[st], id) or '0')
-        if tonumber(A.now_ms) - ended <= tonumber(A.hold_ms) then add(id)
+        if tonumber(A.now_ms) - ended <= tonumber(A.hold_ms) then add(id, false)
         else redis.call('HDEL', K.holds, w) end
       elseif not st then
         redis.call('HDEL', K.holds, w)
@@ -488,13 +507,14 @@ return {'ok', used + delta}
 """)
 
 # Delete a finished job's record and every index entry (owner list, status set,
-# idempotency key, requeue marker), give its bytes back to the owner's quota, drop its
-# artifact references and queue its storage ``prefix`` for deletion (the orphans set, which
-# the workers retry while the store is down). ``mode`` 'expire' spares a pinned job and one
-# that ended after ``cutoff_ms``. Returns {outcome, bytes released}; outcome is removed,
-# missing, active (queued or running: cancel it first), pinned or kept.
+# idempotency key, requeue marker, a split job's parts if its end left them), give its
+# bytes back to the owner's quota, drop its artifact references and queue its storage
+# ``prefix`` for deletion (the orphans set, which the workers retry while the store is
+# down). ``mode`` 'expire' spares a pinned job and one that ended after ``cutoff_ms``.
+# Returns {outcome, bytes released}; outcome is removed, missing, active (queued or
+# running: cancel it first), pinned or kept.
 REMOVE = Script("remove", ("job", "owner", "idem", "usage", "unreferenced", "orphans",
-                           "requeue"),
+                           "requeue", "parts"),
                 ("id", "mode", "cutoff_ms", "refs_prefix", "prefix", "now_ms"),
                 _RELEASE_REFS + """
 local raw = redis.call('HGET', K.job, 'status')
@@ -514,7 +534,7 @@ end
 if redis.call('GET', K.idem) == A.id then redis.call('DEL', K.idem) end
 redis.call('ZREM', K.owner, A.id)
 redis.call('ZREM', SETS[st], A.id)
-redis.call('DEL', K.job, K.requeue)
+redis.call('DEL', K.job, K.requeue, K.parts)
 redis.call('SADD', K.orphans, A.prefix)
 return {'removed', bytes}
 """, moves=True)

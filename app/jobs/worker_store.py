@@ -15,6 +15,8 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar, cast
 
 import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
 
 from app.jobs import calls, scripts
 from app.jobs.calls import Call, Claim, RemoveOutcome, ReserveOutcome, Taken
@@ -44,6 +46,14 @@ _FORGET_WORKER_AFTER_S = 86400
 # backlog (a TTL just switched on) drains over several sweeps instead of one long one.
 MAX_EXPIRED_PER_SWEEP = 100
 _PAGE = 200
+# Each call retried on a dropped or refused connection for about 15 s (backoff from
+# 50 ms, doubling, at most 1 s): a Redis restart or failover takes seconds, and failing
+# a merge (or a split job's part) for it would turn a restart into re-runs. An outage
+# longer than that fails the call as before; leases then decide who goes on. OSError:
+# redis-py retries a refused connect only on the errors named here, and it raises the
+# socket's own error (ConnectionRefusedError) there, not its ConnectionError.
+OUTAGE_RETRY = Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=20,
+                     supported_errors=(redis.ConnectionError, redis.TimeoutError, OSError))
 
 
 class WorkerJobStore:
@@ -52,8 +62,14 @@ class WorkerJobStore:
         self._scripts = {s.name: client.register_script(s.lua) for s in scripts.ALL}
 
     @classmethod
-    def from_url(cls, url: str) -> WorkerJobStore:
-        return cls(redis.Redis.from_url(url, health_check_interval=30))
+    def from_url(cls, url: str, *, outage_retry: bool = True) -> WorkerJobStore:
+        """A store whose calls wait out a Redis restart (``OUTAGE_RETRY``) instead of
+        failing the work in hand: the job store persists (AOF), so once it is back every
+        lease, part and record is as it was. ``outage_retry`` False: redis-py's few quick
+        retries only, for a call that must not hold up what follows (a shutdown)."""
+        if not outage_retry:
+            return cls(redis.Redis.from_url(url, health_check_interval=30))
+        return cls(redis.Redis.from_url(url, health_check_interval=30, retry=OUTAGE_RETRY))
 
     def close(self) -> None:
         self._r.close()

@@ -136,6 +136,37 @@ def test_share_follows_running_work_a_sweeps_cost_and_weights(api: Api) -> None:
     assert owner_of(api, take(api, weights={"bob": 4.0}).job_id) == "alice"
 
 
+def test_a_split_jobs_parts_count_against_its_key(api: Api) -> None:
+    """alice's job runs split, its parts on three workers (its own and two helpers):
+    for the scheduler she holds three workers, not one, so bob's jobs go next; a part
+    whose lease ran out (its worker died) no longer counts."""
+    def take_as(worker: str) -> str:
+        got = api.worker_store().take([QUEUE], worker=worker, pool=QUEUE, lease_s=30,
+                                      max_attempts=3, policy="fair", weights={})
+        assert got.outcome == "claimed"
+        return got.job_id
+
+    for _ in range(2):
+        api.submit()
+    for _ in range(3):
+        api.submit(key="bob")
+    a0 = take_as("wa")
+    assert owner_of(api, a0) == "alice"
+    parts = api.worker_store().parts()
+    parts.create(a0, f"jobs/{a0}/a1", [(0, 1), (1, 2), (2, 3)])
+    claimed = {w: parts.claim(a0, worker=w, lease_s=30, now=time.time(), max_attempts=3)
+               for w in ("wa", "h1", "h2")}
+    assert sorted(i for i, _ in claimed.values()) == [0, 1, 2]
+    # 3 against bob's 0, then 1, then 2: his turns (counted as one job, her turn came
+    # at his second).
+    assert [owner_of(api, take_as(w)) for w in ("w1", "w2")] == ["bob", "bob"]
+    # h2 died: once its part's lease ran out she holds two workers against his two, and
+    # the tie goes to her (served least).
+    i, attempt = claimed["h2"]
+    assert parts.update(a0, i, attempt, {"lease_until": time.time() - 1})
+    assert owner_of(api, take_as("w3")) == "alice"
+
+
 def live_workers(api: Api, n: int, pool: str = QUEUE) -> None:
     for i in range(n):
         api.worker_store().heartbeat(f"w{i}", pool=pool)

@@ -5,6 +5,8 @@ completion, and the split result is the unsplit merge's byte for byte."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +19,7 @@ from app.jobs.parts import parts_key
 from tests.reliability import helpers as h
 from tests.reliability import results
 from tests.reliability.test_faults import ENV, slow_job
-from tests.stack import S3Server, Stack, stack_context, wait_for
+from tests.stack import TERMINAL, S3Server, Stack, stack_context, wait_for
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration, pytest.mark.slow]
 
@@ -96,3 +98,120 @@ def test_cancel_while_parts_run_leaves_nothing(stack: Stack, s3_server: S3Server
     assert not parts(stack, job["id"])
     lost, dup = h.audit(stack, s3_server, [job["id"]], h.worker_logs(stack))
     assert (lost, dup) == (0, 0)
+
+
+# The faulted jobs below keep this name, so every file they publish (the card included)
+# is the uninterrupted run's byte for byte.
+REDIS_JOB = "split-redis"
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(stack: Stack, big: dict[str, Path]) -> dict[str, str]:
+    """path -> sha256 of the same split merge run with no fault."""
+    done = stack.wait(stack.submit(slow_job(big, REDIS_JOB, shard="5MB"))["id"],
+                      timeout=120)
+    assert done["status"] == "succeeded", done["error"]
+    return {f["path"]: f["sha256"] for f in done["result"]["files"]}
+
+
+def _states(stack: Stack, job_id: str) -> list[str]:
+    return [p["state"] for p in parts(stack, job_id)]
+
+
+def _check_after_restart(stack: Stack, s3_server: S3Server, job_id: str,
+                         expected: dict[str, str]) -> None:
+    done = stack.wait(job_id, timeout=120)
+    assert done["status"] == "succeeded", done["error"]
+    assert done["attempts"] == 1  # nothing was taken over: the restart lost no lease
+    assert {f["path"]: f["sha256"] for f in done["result"]["files"]} == expected
+    _done_once(stack, job_id)
+    h.assert_published_once(s3_server, done, h.record(stack, job_id))
+    assert not parts(stack, job_id)
+    lost, dup = h.audit(stack, s3_server, [job_id], h.worker_logs(stack))
+    assert (lost, dup) == (0, 0), f"lost={lost} duplicate runs={dup}"
+
+
+def test_redis_restarted_while_parts_run(stack: Stack, s3_server: S3Server,
+                                         big: dict[str, Path],
+                                         uninterrupted: dict[str, str]) -> None:
+    """Redis stopped and started again (its AOF, deploy/redis.conf, as the stack runs
+    it) once a part is done and another still runs: every worker rides through the
+    outage, the parts' state survives it, and the job ends as the uninterrupted run."""
+    job = stack.submit(slow_job(big, REDIS_JOB, shard="5MB"))
+    wait_for(lambda: sorted(_states(stack, job["id"])) == ["done", "running"], 90,
+             "one part done, the other running")
+    stack.restart_redis()
+    _check_after_restart(stack, s3_server, job["id"], uninterrupted)
+
+
+def test_redis_restarted_between_the_last_part_and_the_final_step(
+        stack: Stack, s3_server: S3Server, big: dict[str, Path],
+        uninterrupted: dict[str, str]) -> None:
+    """The coordinator is paused (SIGSTOP) as the last part is marked done (seen within
+    20 ms; the coordinator looks every 0.2 s, so it is paused before its final step or
+    at its very start, the job still running); Redis restarts meanwhile. Resumed, it
+    finds every part done, writes the index, card and manifest, and publishes once."""
+    job = stack.submit(slow_job(big, REDIS_JOB, shard="5MB"))
+    wait_for(lambda: "done" in _states(stack, job["id"]), 90, "a part done")
+    rec = h.record(stack, job["id"])
+    pid = wait_for(lambda: _states(stack, job["id"]) == ["done", "done"]
+                   and h.kill_child(stack, rec, signal.SIGSTOP), 60, "every part done",
+                   interval=0.01)
+    try:
+        assert h.record(stack, job["id"])["status"] == "running"
+        stack.restart_redis()
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    _check_after_restart(stack, s3_server, job["id"], uninterrupted)
+
+
+def _with_a_helper_part(stack: Stack, big: dict[str, Path], tries: int = 3
+                        ) -> dict[str, Any]:
+    """A split job submitted and running, a helper's part of it under way. On a loaded
+    machine the helper's message can be picked up only after the job's own attempt has
+    run every part; then the job ends without one, and another is submitted."""
+    for _ in range(tries):
+        job = stack.submit(slow_job(big, REDIS_JOB, shard="5MB"))
+
+        def seen(job_id: str = job["id"]) -> str | None:
+            if _mid_part(stack, job_id):
+                return "helper"
+            return "ended" if h.record(stack, job_id).get("status") in TERMINAL else None
+
+        if wait_for(seen, 90, "a helper's part or the job's end") == "helper":
+            return job
+        assert stack.wait(job["id"])["status"] == "succeeded"
+    raise AssertionError(f"no helper ran a part of {tries} split jobs")
+
+
+def test_sigterm_drains_the_workers_running_parts(stack: Stack, s3_server: S3Server,
+                                                  big: dict[str, Path],
+                                                  uninterrupted: dict[str, str]) -> None:
+    """SIGTERM to the main process of both workers once a helper's part has a shard
+    recorded (the job's own attempt runs its part or waits for the helper's): the helper
+    finishes its part where it runs (no part taken over), the job's own worker finishes
+    the job, it publishes once, and both workers exit."""
+    job = _with_a_helper_part(stack, big)
+    drained = [w for w in stack.workers if w.alive()]
+    try:
+        for w in drained:
+            os.kill(w.pid, signal.SIGTERM)  # the main process only, as Kubernetes sends it
+        done = stack.wait(job["id"], timeout=120)
+        assert done["status"] == "succeeded", done["error"]
+        assert done["attempts"] == 1
+        assert {f["path"]: f["sha256"] for f in done["result"]["files"]} == uninterrupted
+        _done_once(stack, job["id"])
+        text = h.log_text(stack.workers)
+        assert f"job {job['id']}: part 0 (" in text and f"job {job['id']}: part 1 (" in text
+        for i in range(2):  # each part ran once, as attempt 1: nobody took one over
+            assert text.count(f"job {job['id']}: part {i} (") == 1, i
+        wait_for(lambda: not any(w.alive() for w in drained), 60, "the drained workers")
+        assert all("draining" in w.tail(50000) for w in drained)
+        h.assert_published_once(s3_server, done, h.record(stack, job["id"]))
+        lost, dup = h.audit(stack, s3_server, [job["id"]], h.worker_logs(stack))
+        assert (lost, dup) == (0, 0)
+    finally:
+        for w in drained:
+            w.stop()
+        for _ in drained:  # for whatever runs next on this stack; ready in seconds
+            stack.start_worker(wait=False)
