@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -63,16 +64,26 @@ FETCHED = re.compile(r"job (j_[0-9a-f]+): inputs ready \((\d+) bytes fetched")
 
 
 def build(root: Path, size: str, method: str = "ties") -> list[Path]:
-    import torch
+    names = ["base", *(("tuned2", "tuned3") if method == "maec" else ("tuned2",))]
+    if size == "3b":
+        # Streamed, one tensor at a time, in bf16 (bench.common.build_family): a
+        # transformers model of this size and its parent would take ~22 GB of RAM. Its
+        # files (1 GB shards) are under the one-part upload's limit (upload: 5 GiB), so
+        # each keeps a whole-object SHA-256.
+        from bench.common import LlamaShape, build_family
 
+        c = SIZES[size]
+        shape = LlamaShape(hidden=c["hidden_size"], layers=c["num_hidden_layers"],
+                           intermediate=c["intermediate_size"], vocab=c["vocab_size"],
+                           heads=c["num_attention_heads"], kv_heads=c["num_key_value_heads"])
+        folders = [root / n for n in names]
+        build_family(folders, shape)
+        return folders
     from tests.factories import make_llama
 
-    dtype = torch.bfloat16 if size == "3b" else torch.float32
-    base = make_llama(root / "base", seed=1, tokenizer=False, dtype=dtype, **SIZES[size])
-    tuned = [make_llama(root / f"tuned{seed}", seed=seed, like=base, tokenizer=False,
-                        dtype=dtype, **SIZES[size])
-             for seed in ((2, 3) if method == "maec" else (2,))]
-    return [base, *tuned]
+    base = make_llama(root / "base", seed=1, tokenizer=False, **SIZES[size])
+    return [base, *(make_llama(root / n, seed=int(n[-1]), like=base, tokenizer=False,
+                               **SIZES[size]) for n in names[1:])]
 
 
 def body(uris: list[str], shard: str, method: str = "ties") -> dict[str, Any]:
@@ -149,6 +160,9 @@ def run_once(work: Path, s3: Any, uris: list[str], shard: str, env: dict[str, st
         # The last attempt's fetch: from the log of a worker that was not killed.
         fetched = [int(m.group(2)) for m in FETCHED.finditer(h.log_text(procs))
                    if m.group(1) == job["id"]]
+    # The run's caches and work folders (at 3b, up to the inputs' size) go before the
+    # next run, so the bench needs room for one run at a time.
+    shutil.rmtree(work, ignore_errors=True)
     return wall, done, fetched[-1] if fetched else 0
 
 
@@ -181,6 +195,7 @@ def main() -> int:
         s3 = S3Server(root / "s3").start()
         try:
             uris = [upload(s3, m, f"split/{m.name}") for m in models]
+            shutil.rmtree(root / "models")  # the store has them now
             if method == "maec":  # the ability vector extracted, for every run to reuse
                 run_once(root / "extract", s3, uris, SHARD[args.size], env, None, workers=1,
                          method=method)
