@@ -192,7 +192,8 @@ def main() -> int:
         root = Path(tmp)
         models = build(root / "models", args.size, method)
         inputs = sum(p.stat().st_size for m in models for p in m.iterdir() if p.is_file())
-        s3 = S3Server(root / "s3").start()
+        # The inputs and every run's output stay in the store: at 3b about 33 GB.
+        s3 = S3Server(root / "s3", volume_mb=1024 if args.size == "3b" else 64).start()
         try:
             uris = [upload(s3, m, f"split/{m.name}") for m in models]
             shutil.rmtree(root / "models")  # the store has them now

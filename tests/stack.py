@@ -220,10 +220,14 @@ class RedisServer:
 class S3Server:
     """SeaweedFS with its S3 gateway; every port chosen free, nothing beyond 127.0.0.1."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, volume_mb: int = 64) -> None:
+        """``volume_mb``: the size of each of its (at most 200) volumes, so the store
+        holds up to 200 times that (64: 12.8 GB, the suites' use; a benchmark moving
+        tens of GB asks for more)."""
         self.dir = Path(data_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.port = free_port_pair()
+        self.volume_mb = volume_mb
         self.proc: Proc | None = None
 
     @property
@@ -261,7 +265,8 @@ class S3Server:
             # 20 x 64 MB volumes filled up (storage_unavailable) during the reliability
             # load/soak runs; volumes are not preallocated, so a higher cap costs nothing.
             f"-volume.port={ports['volume']}", "-volume.max=200",
-            "-master.volumeSizeLimitMB=64", "-filer", f"-filer.port={ports['filer']}",
+            f"-master.volumeSizeLimitMB={self.volume_mb}", "-filer",
+            f"-filer.port={ports['filer']}",
             "-s3", f"-s3.port={self.port}", f"-s3.config={config}",
             "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.telemetry=false",
             "-metricsPort=0",
