@@ -70,3 +70,20 @@ def test_the_flags_become_one_run_context(tmp_path: Path) -> None:
 def test_an_unknown_flag_name_is_refused() -> None:
     with pytest.raises(ValueError, match="no run flag named"):
         run_flags("verbose")
+
+
+def test_every_installed_maec_command_loads() -> None:
+    """The ``maec`` script finds the library's commands through its installed entry
+    points: each must load as a click command (a moved function leaves a name that
+    ``maec --help`` would only warn about)."""
+    from maec_client.cli import main as script
+    from maec_client.extensions import COMMANDS, registered
+
+    points = registered(COMMANDS)
+    assert set(EXPECTED) | {"merge", "moe"} <= set(points)
+    result = CliRunner().invoke(script, ["--help"])
+    assert result.exit_code == 0, result.output
+    assert "cannot be loaded" not in result.output
+    for name, point in points.items():
+        assert isinstance(point.load(), click.Command), name
+        assert name in result.output
