@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 
+from maec_core import native
 from maec_core.accounting import Accounting, Uses, account
 from maec_core.card import model_card
 from maec_core.checksums import BackgroundHasher
@@ -277,8 +278,8 @@ def _stream_units(run: LoopRun, unit: int, chunk: int, workers: int = 1,
                    last=u.last, done=functools.partial(out_free.put, buf))
 
     try:
-        with UnitReader(steps, unit, depth=in_flight + 1,
-                        resident=run.options.resident) as units:
+        with UnitReader(steps, unit, depth=in_flight + 1, resident=run.options.resident,
+                        windows=native.mapped_windows()) as units:
             for u in units:
                 planned = plan.tensors[u.step]
                 if u.first:
@@ -628,7 +629,8 @@ def _pass_round(todo: list[int], plan: MergePlan, steps: list[list[TensorInfo]],
     torch's threads); the tensors whose pass asks for another round."""
     passes, states, threads = open_passes
     again = []
-    with UnitReader([steps[i] for i in todo], UNIT_CPU, resident=options.resident) as units:
+    with UnitReader([steps[i] for i in todo], UNIT_CPU, resident=options.resident,
+                    windows=native.mapped_windows()) as units:
         for u in units:
             index = todo[u.step]
             planned = plan.tensors[index]

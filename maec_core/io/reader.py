@@ -1,9 +1,11 @@
 """Read single tensors from validated safetensors files.
 
-We read with ``readinto`` into a fresh buffer rather than memory-mapping: mapped pages
-that have been touched count towards the process's resident set until unmapped, so an
-mmap reader's peak RSS grows with model size (that is most of mergekit's footprint).
-A plain read holds exactly the tensors in hand. ``TensorReader`` reads whole tensors
+We read with ``readinto`` into a fresh buffer rather than memory-mapping whole files:
+mapped pages that have been touched count towards the process's resident set until
+unmapped, so an mmap reader's peak RSS grows with model size (that is most of mergekit's
+footprint). A plain read holds exactly the tensors in hand. The one exception is the
+streaming reader's large units, which may be windows mapped one unit at a time and
+unmapped once used (``WindowSource``). ``TensorReader`` reads whole tensors
 into fresh buffers (the whole-tensor path); ``UnitReader`` streams runs of elements into
 a few buffers recycled for the whole merge (the element-wise path). For a CUDA merge
 both read into pinned (page-locked) host memory, so host->device copies run
@@ -26,7 +28,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -50,6 +52,23 @@ TORCH_DTYPES: dict[str, torch.dtype] = {
     "BOOL": torch.bool,
 }
 SAFETENSORS_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
+# Runs shorter than this are read, not mapped: a mapping costs two system calls and a
+# registered window, a read of a few kB costs one copy.
+MAP_MIN_BYTES = 1 << 20
+
+
+class WindowSource(Protocol):
+    """Input bytes viewed in place instead of read (maec_core.native's mapped windows).
+
+    ``view``: bytes ``[offset, offset + length)`` of ``fd`` as a read-only uint8 tensor
+    over the file's own pages, or None (then they are read). ``faults``: a count that
+    grows when a view was read past the end of a file that shrank under it (the view then
+    reads zeros there).
+    """
+
+    def view(self, fd: int, offset: int, length: int) -> torch.Tensor | None: ...
+
+    def faults(self) -> int: ...
 
 
 class TensorReader:
@@ -210,14 +229,31 @@ class UnitReader:
 
     A tensor of a ``resident`` file is not read: its units are views of the held bytes
     (no copy at all), or, with ``pin``, copied from them into the pinned buffers.
+
+    Given ``windows`` (and not ``pin``), a large unit of a file is not read either: it is
+    a view of the file's pages mapped in memory, which saves the copy from the page cache
+    (the largest cost of a merge of cached inputs). A window is unmapped when its unit's
+    views are gone, so the resident set stays at a few units as with reads. A file that
+    shrinks is caught before mapping (then read, which fails as truncated) or, when it
+    shrinks under a mapped window, by the guard's fault count, checked as each unit is
+    handed out and when the reader closes: either way the merge fails with
+    ``CorruptCheckpoint`` before anything computed from missing bytes is published.
     """
 
     def __init__(self, steps: list[list[TensorInfo]], unit: int, depth: int = 2, *,
-                 pin: bool = False, resident: ResidentFiles | None = None) -> None:
+                 pin: bool = False, resident: ResidentFiles | None = None,
+                 windows: WindowSource | None = None) -> None:
         self._steps = steps
         self._unit = unit
         self._pin = pin
         self._resident = resident
+        self._windows = None if pin else windows
+        self._faults = windows.faults() if windows is not None else 0
+        # How far into each file its tensors reach: what a shrunk file is measured against.
+        self._extent: dict[Path, int] = {}
+        for infos in steps:
+            for i in infos:
+                self._extent[i.file] = max(self._extent.get(i.file, 0), i.start + i.nbytes)
         slots = max((len(s) for s in steps), default=0)
         itemsize = max((i.nbytes // max(i.numel, 1) for s in steps for i in s), default=1)
         biggest = max((i.numel for s in steps for i in s), default=0)
@@ -255,17 +291,45 @@ class UnitReader:
         held = self._resident.span(info, lo, hi) if self._resident is not None else None
         if held is None:
             fd = self._fd(info.file)
-            _pread_into(fd, raw.numpy().data.cast("B"), info.start + lo, info)
+            got = self._mapped(fd, info, lo, hi)
+            if got is None:
+                _pread_into(fd, raw.numpy().data.cast("B"), info.start + lo, info)
+                got = raw
             # The next unit of this input is read after one of every other input: asked
             # for now, the disk fetches it while those are read and this one computed.
             ahead = min(hi - lo, info.nbytes - hi)
             if ahead > 0:
                 _advise(fd, info.start + hi, ahead, "POSIX_FADV_WILLNEED")
-            return raw
+            return got
         size = TORCH_DTYPES[info.dtype].itemsize
         if not self._pin and held.storage_offset() % size == 0:
             return held
         return raw.copy_(held)
+
+    def _mapped(self, fd: int, info: TensorInfo, lo: int, hi: int) -> torch.Tensor | None:
+        """Bytes ``[lo, hi)`` of ``info``'s stored tensor as a mapped window, or None:
+        no window source, a short run, a start not aligned to the dtype (the view would
+        be misaligned), or a file already shorter than the run (a read then reports it)."""
+        size = TORCH_DTYPES[info.dtype].itemsize
+        if (self._windows is None or hi - lo < MAP_MIN_BYTES or (info.start + lo) % size
+                or os.fstat(fd).st_size < info.start + hi):
+            return None
+        return self._windows.view(fd, info.start + lo, hi - lo)
+
+    def _check(self) -> None:
+        """Fail as truncated if a window was read past the end of one of our files."""
+        if self._windows is None:
+            return
+        now = self._windows.faults()
+        if now == self._faults:
+            return
+        self._faults = now  # another reader's file, unless one of ours is now short
+        for path, fd in list(self._fds.items()):
+            have = os.fstat(fd).st_size
+            if have < self._extent.get(path, 0):
+                raise CorruptCheckpoint(
+                    f"{path.name}: truncated while being read ({have} of "
+                    f"{self._extent[path]} bytes)", file=path.name)
 
     def _formed(self, info: TensorInfo) -> torch.Tensor:
         """``info``'s tensor with its low-rank delta added, as flat bytes."""
@@ -315,10 +379,11 @@ class UnitReader:
 
     def __next__(self) -> Unit:
         item = self._ready.get()
-        if item is None:
-            raise StopIteration
         if isinstance(item, BaseException):
             raise item
+        self._check()
+        if item is None:
+            raise StopIteration
         return item
 
     def close(self) -> None:
@@ -332,4 +397,9 @@ class UnitReader:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        try:
+            if exc[0] is None:
+                # Units handed out last may have been computed after the final __next__.
+                self._check()
+        finally:
+            self.close()

@@ -3,7 +3,9 @@
 ``l1rows.c`` computes MAEC's row scores (the L1 norm of each row of θA − θ0) bit for bit
 as torch does, several times faster (see the file's comment for how and why).
 ``deltas.c`` runs task arithmetic on a streamed slice in one pass, with the roundings of
-torch's step-by-step 16-bit or float32 ops (the engine's element-wise hot path). They
+torch's step-by-step 16-bit or float32 ops (the engine's element-wise hot path).
+``mapped.c`` maps windows of input files read-only for the streaming reader, guarded
+against a file that shrinks while mapped (maec_core.io.windows). They
 are one plain shared library, not a Python extension: ``python -m maec_core.native``
 (run by ``make setup`` and the worker image's build) compiles it with the system C
 compiler next to this file, named by the sources' and flags' digest so that a stale
@@ -19,6 +21,7 @@ import ctypes
 import dataclasses
 import functools
 import hashlib
+import mmap
 import os
 import shlex
 import subprocess
@@ -29,7 +32,7 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).with_name("l1rows.c")
-SOURCES = (SOURCE, SOURCE.with_name("deltas.c"))
+SOURCES = (SOURCE, SOURCE.with_name("deltas.c"), SOURCE.with_name("mapped.c"))
 # -O2 and no -march: the AVX2 path is chosen at run time, so one build serves any x86-64
 # CPU (the image may be built on another machine than it runs on). No floating-point
 # contraction: torch rounds a multiply before the add that follows it.
@@ -92,11 +95,93 @@ def _library() -> tuple[ctypes.CDLL, int] | None:
         ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
         ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_int, ctypes.c_void_p,
         ctypes.c_int64]
+    lib.maec_map_guard.restype = ctypes.c_int
+    lib.maec_map.restype = ctypes.c_void_p
+    lib.maec_map.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    lib.maec_unmap.restype = None
+    lib.maec_unmap.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+    lib.maec_map_faults.restype = ctypes.c_int64
     return lib, int(lib.maec_l1_simd())
 
 
 def available() -> bool:
     return _library() is not None
+
+
+@functools.cache
+def _guarded() -> ctypes.CDLL | None:
+    loaded = _library()
+    return loaded[0] if loaded is not None and loaded[0].maec_map_guard() == 1 else None
+
+
+def map_window(fd: int, offset: int, length: int) -> int | None:
+    """The address of bytes ``[offset, offset + length)`` of ``fd`` mapped read-only
+    (``offset`` a multiple of the page size), populated and guarded (mapped.c), or None
+    when the library is not loaded or no window is free. Give it back with
+    :func:`unmap_window`."""
+    lib = _guarded()
+    if lib is None:
+        return None
+    at = lib.maec_map(fd, offset, length)
+    return int(at) if at else None
+
+
+def unmap_window(at: int, length: int) -> None:
+    lib = _guarded()
+    if lib is not None:
+        lib.maec_unmap(at, length)
+
+
+def map_faults() -> int:
+    """How many reads past the end of a file that shrank while mapped have been answered
+    with zeros in this process (0 when no window was ever mapped)."""
+    lib = _guarded()
+    return 0 if lib is None else int(lib.maec_map_faults())
+
+
+class _Window:
+    """Owns one mapped window; unmaps it when the last tensor viewing it is gone."""
+
+    __slots__ = ("at", "length")
+
+    def __init__(self, at: int, length: int) -> None:
+        self.at, self.length = at, length
+
+    def __del__(self) -> None:
+        unmap_window(self.at, self.length)
+
+
+class MappedWindows:
+    """Input bytes viewed in place (maec_core.io.reader's ``WindowSource``).
+
+    ``view`` gives a read-only uint8 tensor over the file's own pages, mapped for as long
+    as a tensor views them; never write to it. ``faults`` counts reads past the end of a
+    file that shrank under a window (answered with zeros: see mapped.c), so the reader
+    can fail the merge before anything computed from them is published.
+    """
+
+    @staticmethod
+    def view(fd: int, offset: int, length: int) -> torch.Tensor | None:
+        start = offset - offset % mmap.PAGESIZE
+        size = offset + length - start
+        at = map_window(fd, start, size)
+        if at is None:
+            return None
+        raw = (ctypes.c_uint8 * size).from_address(at)
+        # The tensor holds ``raw`` (torch keeps the buffer's owner), ``raw`` holds the
+        # window: it is unmapped when the last view of these bytes is freed.
+        raw.__dict__["window"] = _Window(at, size)
+        return torch.frombuffer(raw, dtype=torch.uint8, offset=offset - start, count=length)
+
+    @staticmethod
+    def faults() -> int:
+        return map_faults()
+
+
+def mapped_windows() -> MappedWindows | None:
+    """The mapped-window source, or None where the library (or its guard) is missing:
+    the reader then reads every unit."""
+    return MappedWindows() if _guarded() is not None else None
 
 
 def l1_rows(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:

@@ -1,0 +1,138 @@
+/*
+ * Read-only windows of input files mapped in memory, guarded against a file that shrinks.
+ *
+ * The engine's element-wise path reads each unit of an input either by a copy from the
+ * page cache into its own buffer (pread) or, here, by mapping the unit's pages and
+ * computing from them in place: on inputs already in the page cache the copy was the
+ * largest single cost of a task-arithmetic merge.
+ *
+ * A mapping has one hazard a read does not: if the file shrinks while a window of it is
+ * mapped (a concurrent writer, a failing disk), touching a page past the new end raises
+ * SIGBUS, and the process dies where a read would have returned short and the merge
+ * failed with a typed error. So every window is registered here, and a SIGBUS handler
+ * maps a page of zeros over the faulting page of a registered window, counts the fault
+ * and returns: the access runs again and reads zeros. The engine checks the count
+ * (maec_map_faults) before anything computed from a window is published, and fails the
+ * merge as a truncated input. A SIGBUS outside every window goes to the handler that was
+ * installed before this one (or ends the process, as it would have).
+ *
+ * The handler only reads atomics and calls mmap, which is a plain system call on Linux.
+ */
+#define _GNU_SOURCE
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#include <pthread.h>
+
+#ifndef MAP_POPULATE
+#define MAP_POPULATE 0 /* populated by the first touch instead */
+#endif
+
+/* More windows than any merge has in flight (a few units of each input); when they are
+ * all taken the caller reads instead. */
+enum { WINDOWS = 4096 };
+
+static _Atomic uintptr_t win_lo[WINDOWS], win_hi[WINDOWS];
+static atomic_long faults;
+static struct sigaction previous;
+static uintptr_t page_size;
+static int installed;
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void not_ours(int sig, siginfo_t *info, void *context) {
+    if (previous.sa_flags & SA_SIGINFO) {
+        previous.sa_sigaction(sig, info, context);
+        return;
+    }
+    if (previous.sa_handler != SIG_DFL && previous.sa_handler != SIG_IGN) {
+        previous.sa_handler(sig);
+        return;
+    }
+    /* Default action: the faulting access runs again and ends the process. */
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigaction(SIGBUS, &dfl, NULL);
+}
+
+static void on_sigbus(int sig, siginfo_t *info, void *context) {
+    uintptr_t at = (uintptr_t)info->si_addr;
+    for (int i = 0; i < WINDOWS; i++) {
+        uintptr_t lo = atomic_load(&win_lo[i]);
+        if (lo == 0 || at < lo || at >= atomic_load(&win_hi[i])) continue;
+        void *page = (void *)(at & ~(page_size - 1));
+        if (mmap(page, page_size, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0)
+            == MAP_FAILED)
+            break;
+        atomic_fetch_add(&faults, 1);
+        return;
+    }
+    not_ours(sig, info, context);
+}
+
+/* Install the handler (once); 1 when windows can be mapped. */
+int maec_map_guard(void) {
+    pthread_mutex_lock(&lock);
+    if (!installed) {
+        long size = sysconf(_SC_PAGESIZE);
+        struct sigaction act;
+        memset(&act, 0, sizeof act);
+        act.sa_sigaction = on_sigbus;
+        act.sa_flags = SA_SIGINFO | SA_RESTART;
+        sigemptyset(&act.sa_mask);
+        if (size > 0 && sigaction(SIGBUS, &act, &previous) == 0) {
+            page_size = (uintptr_t)size;
+            installed = 1;
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    return installed;
+}
+
+/* Bytes [offset, offset + length) of `fd` mapped read-only and registered; `offset` is a
+ * multiple of the page size. NULL when no window is free or the mapping fails. The pages
+ * are populated now (on the caller's thread, in one system call), not faulted in one by
+ * one by the code that computes from them. */
+void *maec_map(int fd, int64_t offset, int64_t length) {
+    if (!installed || length <= 0) return NULL;
+    pthread_mutex_lock(&lock);
+    int slot = -1;
+    for (int i = 0; i < WINDOWS; i++) {
+        if (atomic_load(&win_lo[i]) == 0) { slot = i; break; }
+    }
+    void *at = NULL;
+    if (slot >= 0) {
+        at = mmap(NULL, (size_t)length, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, (off_t)offset);
+        if (at == MAP_FAILED) {
+            at = NULL;
+        } else {
+            /* hi before lo: the handler treats a window as live once lo is set. */
+            atomic_store(&win_hi[slot], (uintptr_t)at + (uintptr_t)length);
+            atomic_store(&win_lo[slot], (uintptr_t)at);
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    return at;
+}
+
+/* Unregister, then unmap, a window maec_map gave. */
+void maec_unmap(void *at, int64_t length) {
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < WINDOWS; i++) {
+        if (atomic_load(&win_lo[i]) == (uintptr_t)at) {
+            atomic_store(&win_lo[i], 0);
+            atomic_store(&win_hi[i], 0);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    munmap(at, (size_t)length);
+}
+
+/* How many faults past a file's end the handler has answered with zeros so far. */
+int64_t maec_map_faults(void) {
+    return atomic_load(&faults);
+}
