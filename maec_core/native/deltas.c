@@ -102,7 +102,22 @@ typedef struct {
     __m256 w[MAX_DELTAS];
     int mul[MAX_DELTAS];  /* 0 where the weight is 1.0: torch's path skips that multiply */
     __m256 divisor, lambda;
+    int normalize, scale;  /* a's, for the loops that are not given `a` */
 } ta_consts;
+
+/* q for the call `a` on `models`: every loop's setup. */
+__attribute__((target("avx2,f16c"), always_inline))
+static inline void ta_setup(ta_consts *q, const ta_args *a, const void *const *models) {
+    for (int k = 0; k < a->n; k++) {
+        q->m[k] = models[k];
+        q->w[k] = _mm256_set1_ps(a->w[k]);
+        q->mul[k] = a->w[k] != 1.0f;
+    }
+    q->divisor = _mm256_set1_ps(a->divisor);
+    q->lambda = _mm256_set1_ps(a->lambda);
+    q->normalize = a->normalize;
+    q->scale = a->scale;
+}
 
 /* Half j of 16 entries from offset i, converted to float32. bfloat16 takes one unpack
  * (its bits are float32's upper half) instead of a widen and a shift; its halves then
@@ -234,13 +249,7 @@ __attribute__((target("avx2,f16c"), always_inline))
 static inline int ta_run(const ta_args *a, const void *base, const void *const *models,
                          void *out, int64_t n) {
     ta_consts q;
-    for (int k = 0; k < a->n; k++) {
-        q.m[k] = models[k];
-        q.w[k] = _mm256_set1_ps(a->w[k]);
-        q.mul[k] = a->w[k] != 1.0f;
-    }
-    q.divisor = _mm256_set1_ps(a->divisor);
-    q.lambda = _mm256_set1_ps(a->lambda);
+    ta_setup(&q, a, models);
     __m256i bad = _mm256_setzero_si256();
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) bad = _mm256_or_si256(bad, ta16(a, &q, base, out, i));
@@ -271,14 +280,6 @@ static inline int ta_run(const ta_args *a, const void *base, const void *const *
  * counts, and what is stored is tested for inf and NaN once per 16 packed entries (the
  * largest magnitude seen) instead of once per 8 float32 lanes.
  */
-typedef struct {
-    const uint16_t *m[MAX_DELTAS];
-    __m256 w[MAX_DELTAS];
-    int mul[MAX_DELTAS];
-    __m256 divisor, lambda;
-    int normalize, scale;
-} bf16_consts;
-
 /* x rounded to bfloat16 (round_bf16 without the NaN guard: the inputs are bfloat16). */
 #define RB16(x)                                                                           \
     _mm256_castsi256_ps(_mm256_and_si256(                                                 \
@@ -290,7 +291,7 @@ typedef struct {
 /* 16 entries from offset i, stored as bfloat16 at out + i; returns them packed. The
  * halves are ld_half's (entries 0-3 and 8-11, 4-7 and 12-15), which the pack undoes. */
 __attribute__((target("avx2,f16c"), always_inline))
-static inline __m256i ta_bf16_16(const bf16_consts *q, const int n, const uint16_t *base,
+static inline __m256i ta_bf16_16(const ta_consts *q, const int n, const uint16_t *base,
                                  uint16_t *out, int64_t i) {
     const __m256i z = _mm256_setzero_si256(), one = _mm256_set1_epi32(1),
                   bias = _mm256_set1_epi32(0x7fff),
@@ -302,7 +303,7 @@ static inline __m256i ta_bf16_16(const bf16_consts *q, const int n, const uint16
     __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
 #pragma GCC unroll 4
     for (int k = 0; k < n; k++) {
-        h = _mm256_loadu_si256((const __m256i *)(q->m[k] + i));
+        h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)q->m[k] + i));
         __m256 d0 = _mm256_sub_ps(_mm256_castsi256_ps(_mm256_unpacklo_epi16(z, h)), b0);
         __m256 d1 = _mm256_sub_ps(_mm256_castsi256_ps(_mm256_unpackhi_epi16(z, h)), b1);
         d0 = RB16(d0);
@@ -347,7 +348,7 @@ static inline __m256i ta_bf16_16(const bf16_consts *q, const int n, const uint16
 enum { BF16_INF = 0x7f80 };
 
 __attribute__((target("avx2,f16c"), always_inline))
-static inline int ta_bf16_loop(const bf16_consts *q, const int n, const uint16_t *base,
+static inline int ta_bf16_loop(const ta_consts *q, const int n, const uint16_t *base,
                                uint16_t *out, int64_t count) {
     const __m256i abs = _mm256_set1_epi16(0x7fff);
     __m256i top = _mm256_setzero_si256();  /* the largest magnitude stored, per lane */
@@ -361,11 +362,11 @@ static inline int ta_bf16_loop(const bf16_consts *q, const int n, const uint16_t
         /* The last count % 16 entries through zero-padded copies, as ta_run does. */
         const int64_t m = count - i;
         uint16_t pb[16] = {0}, pm[MAX_DELTAS][16], po[16];
-        bf16_consts t = *q;
+        ta_consts t = *q;
         memcpy(pb, base + i, (size_t)m * 2);
         for (int k = 0; k < n; k++) {
             memset(pm[k], 0, sizeof pm[k]);
-            memcpy(pm[k], q->m[k] + i, (size_t)m * 2);
+            memcpy(pm[k], (const uint16_t *)q->m[k] + i, (size_t)m * 2);
             t.m[k] = pm[k];
         }
         ta_bf16_16(&t, n, pb, po, 0);
@@ -380,16 +381,8 @@ static inline int ta_bf16_loop(const bf16_consts *q, const int n, const uint16_t
 __attribute__((target("avx2,f16c")))
 static int ta_bf16(const ta_args *a, const void *base, const void *const *models, void *out,
                    int64_t count) {
-    bf16_consts q;
-    for (int k = 0; k < a->n; k++) {
-        q.m[k] = models[k];
-        q.w[k] = _mm256_set1_ps(a->w[k]);
-        q.mul[k] = a->w[k] != 1.0f;
-    }
-    q.divisor = _mm256_set1_ps(a->divisor);
-    q.lambda = _mm256_set1_ps(a->lambda);
-    q.normalize = a->normalize;
-    q.scale = a->scale;
+    ta_consts q;
+    ta_setup(&q, a, models);
     switch (a->n) {
         TA_BF16_N(1)
         TA_BF16_N(2)
