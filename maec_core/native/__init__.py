@@ -13,6 +13,8 @@ build is never loaded.
 
 Nothing depends on it: without a compiler, or with ``MAEC_NATIVE=0``, :func:`l1_rows`
 and :func:`task_arithmetic` answer None and callers use torch, with identical results.
+``MAEC_NATIVE_AVX512=0`` keeps task arithmetic on its AVX2 loops where the CPU has
+AVX-512 (the same results; a check of the wider loops against them).
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ import torch
 
 SOURCE = Path(__file__).with_name("l1rows.c")
 SOURCES = (SOURCE, SOURCE.with_name("deltas.c"), SOURCE.with_name("mapped.c"))
-# -O2 and no -march: the AVX2 path is chosen at run time, so one build serves any x86-64
-# CPU (the image may be built on another machine than it runs on). No floating-point
+# -O2 and no -march: the AVX2 and AVX-512 paths are chosen at run time, so one build serves
+# any x86-64 CPU (the image may be built on another machine than it runs on). No floating-point
 # contraction: torch rounds a multiply before the add that follows it.
 CFLAGS = ("-O2", "-fPIC", "-shared", "-ffp-contract=off")
 # The kernel's dtype codes (the enum in l1rows.c).
@@ -81,7 +83,7 @@ def _library() -> tuple[ctypes.CDLL, int] | None:
     except OSError:
         # Built for another platform (a copied tree): torch serves instead.
         return None
-    lib.maec_l1_simd.restype = ctypes.c_int
+    lib.maec_simd_level.restype = ctypes.c_int
     lib.maec_l1_rows.restype = ctypes.c_int
     lib.maec_l1_rows.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
                                  ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
@@ -101,7 +103,11 @@ def _library() -> tuple[ctypes.CDLL, int] | None:
     lib.maec_unmap.restype = None
     lib.maec_unmap.argtypes = [ctypes.c_void_p, ctypes.c_int64]
     lib.maec_map_faults.restype = ctypes.c_int64
-    return lib, int(lib.maec_l1_simd())
+    # 2 where the CPU has AVX-512 F and BW, 1 with AVX2 and F16C only, 0 with neither.
+    level = int(lib.maec_simd_level())
+    if os.environ.get("MAEC_NATIVE_AVX512", "1") == "0":
+        level = min(level, 1)
+    return lib, level
 
 
 def available() -> bool:

@@ -102,7 +102,22 @@ typedef struct {
     __m256 w[MAX_DELTAS];
     int mul[MAX_DELTAS];  /* 0 where the weight is 1.0: torch's path skips that multiply */
     __m256 divisor, lambda;
+    int normalize, scale;  /* a's, for the loops that are not given `a` */
 } ta_consts;
+
+/* q for the call `a` on `models`: every loop's setup. */
+__attribute__((target("avx2,f16c"), always_inline))
+static inline void ta_setup(ta_consts *q, const ta_args *a, const void *const *models) {
+    for (int k = 0; k < a->n; k++) {
+        q->m[k] = models[k];
+        q->w[k] = _mm256_set1_ps(a->w[k]);
+        q->mul[k] = a->w[k] != 1.0f;
+    }
+    q->divisor = _mm256_set1_ps(a->divisor);
+    q->lambda = _mm256_set1_ps(a->lambda);
+    q->normalize = a->normalize;
+    q->scale = a->scale;
+}
 
 /* Half j of 16 entries from offset i, converted to float32. bfloat16 takes one unpack
  * (its bits are float32's upper half) instead of a widen and a shift; its halves then
@@ -234,13 +249,7 @@ __attribute__((target("avx2,f16c"), always_inline))
 static inline int ta_run(const ta_args *a, const void *base, const void *const *models,
                          void *out, int64_t n) {
     ta_consts q;
-    for (int k = 0; k < a->n; k++) {
-        q.m[k] = models[k];
-        q.w[k] = _mm256_set1_ps(a->w[k]);
-        q.mul[k] = a->w[k] != 1.0f;
-    }
-    q.divisor = _mm256_set1_ps(a->divisor);
-    q.lambda = _mm256_set1_ps(a->lambda);
+    ta_setup(&q, a, models);
     __m256i bad = _mm256_setzero_si256();
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) bad = _mm256_or_si256(bad, ta16(a, &q, base, out, i));
@@ -271,14 +280,6 @@ static inline int ta_run(const ta_args *a, const void *base, const void *const *
  * counts, and what is stored is tested for inf and NaN once per 16 packed entries (the
  * largest magnitude seen) instead of once per 8 float32 lanes.
  */
-typedef struct {
-    const uint16_t *m[MAX_DELTAS];
-    __m256 w[MAX_DELTAS];
-    int mul[MAX_DELTAS];
-    __m256 divisor, lambda;
-    int normalize, scale;
-} bf16_consts;
-
 /* x rounded to bfloat16 (round_bf16 without the NaN guard: the inputs are bfloat16). */
 #define RB16(x)                                                                           \
     _mm256_castsi256_ps(_mm256_and_si256(                                                 \
@@ -290,7 +291,7 @@ typedef struct {
 /* 16 entries from offset i, stored as bfloat16 at out + i; returns them packed. The
  * halves are ld_half's (entries 0-3 and 8-11, 4-7 and 12-15), which the pack undoes. */
 __attribute__((target("avx2,f16c"), always_inline))
-static inline __m256i ta_bf16_16(const bf16_consts *q, const int n, const uint16_t *base,
+static inline __m256i ta_bf16_16(const ta_consts *q, const int n, const uint16_t *base,
                                  uint16_t *out, int64_t i) {
     const __m256i z = _mm256_setzero_si256(), one = _mm256_set1_epi32(1),
                   bias = _mm256_set1_epi32(0x7fff),
@@ -302,7 +303,7 @@ static inline __m256i ta_bf16_16(const bf16_consts *q, const int n, const uint16
     __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
 #pragma GCC unroll 4
     for (int k = 0; k < n; k++) {
-        h = _mm256_loadu_si256((const __m256i *)(q->m[k] + i));
+        h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)q->m[k] + i));
         __m256 d0 = _mm256_sub_ps(_mm256_castsi256_ps(_mm256_unpacklo_epi16(z, h)), b0);
         __m256 d1 = _mm256_sub_ps(_mm256_castsi256_ps(_mm256_unpackhi_epi16(z, h)), b1);
         d0 = RB16(d0);
@@ -347,7 +348,7 @@ static inline __m256i ta_bf16_16(const bf16_consts *q, const int n, const uint16
 enum { BF16_INF = 0x7f80 };
 
 __attribute__((target("avx2,f16c"), always_inline))
-static inline int ta_bf16_loop(const bf16_consts *q, const int n, const uint16_t *base,
+static inline int ta_bf16_loop(const ta_consts *q, const int n, const uint16_t *base,
                                uint16_t *out, int64_t count) {
     const __m256i abs = _mm256_set1_epi16(0x7fff);
     __m256i top = _mm256_setzero_si256();  /* the largest magnitude stored, per lane */
@@ -361,11 +362,11 @@ static inline int ta_bf16_loop(const bf16_consts *q, const int n, const uint16_t
         /* The last count % 16 entries through zero-padded copies, as ta_run does. */
         const int64_t m = count - i;
         uint16_t pb[16] = {0}, pm[MAX_DELTAS][16], po[16];
-        bf16_consts t = *q;
+        ta_consts t = *q;
         memcpy(pb, base + i, (size_t)m * 2);
         for (int k = 0; k < n; k++) {
             memset(pm[k], 0, sizeof pm[k]);
-            memcpy(pm[k], q->m[k] + i, (size_t)m * 2);
+            memcpy(pm[k], (const uint16_t *)q->m[k] + i, (size_t)m * 2);
             t.m[k] = pm[k];
         }
         ta_bf16_16(&t, n, pb, po, 0);
@@ -380,22 +381,136 @@ static inline int ta_bf16_loop(const bf16_consts *q, const int n, const uint16_t
 __attribute__((target("avx2,f16c")))
 static int ta_bf16(const ta_args *a, const void *base, const void *const *models, void *out,
                    int64_t count) {
-    bf16_consts q;
-    for (int k = 0; k < a->n; k++) {
-        q.m[k] = models[k];
-        q.w[k] = _mm256_set1_ps(a->w[k]);
-        q.mul[k] = a->w[k] != 1.0f;
-    }
-    q.divisor = _mm256_set1_ps(a->divisor);
-    q.lambda = _mm256_set1_ps(a->lambda);
-    q.normalize = a->normalize;
-    q.scale = a->scale;
+    ta_consts q;
+    ta_setup(&q, a, models);
     switch (a->n) {
         TA_BF16_N(1)
         TA_BF16_N(2)
         TA_BF16_N(3)
         TA_BF16_N(4)
         default: return ta_bf16_loop(&q, a->n, base, out, count);
+    }
+}
+
+/*
+ * AVX-512 (F and BW) loops for the two recipes from bfloat16 to bfloat16 that the engine
+ * runs most, bfloat16 and float32 compute: the same steps, in the same order, with the
+ * same roundings as ta_bf16 and ta_run, 32 entries a step in vectors of 16 float32.
+ * bfloat16 compute is bound by its integer roundings; here each takes 4 operations on 16
+ * lanes (a mask of the lowest kept bit, two adds, an and) where round_bf16 takes 5 on 8.
+ * AVX512_BF16's conversion is not used: it flushes subnormals and rounds NaNs otherwise.
+ *
+ * 32 bfloat16 entries are 16 lanes of two: the even entries are the lanes shifted up 16
+ * bits, the odd ones the lanes with their low 16 bits cleared, and the store puts the two
+ * back with one shift and one bitwise select, so no shuffle either way. The tail (count
+ * % 32) takes masked loads, zero past the end as ta_run's padded copies, and a masked
+ * store; the masked-off lanes are neither stored nor tested.
+ */
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx2,f16c")))
+#define AVX512_INLINE __attribute__((target("avx512f,avx512bw,avx2,f16c"), always_inline))
+
+/* x rounded to bfloat16 in its upper 16 bits, the low 16 left as they fall (round_out). */
+AVX512_INLINE static inline __m512i rb16_high(__m512 x) {
+    const __m512i u = _mm512_castps_si512(x);
+    const __mmask16 odd = _mm512_test_epi32_mask(u, _mm512_set1_epi32(0x10000));
+    /* + 0x7fff, + 0x8000 where the lowest kept bit is set: ties to even. */
+    return _mm512_mask_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), odd, u,
+                                 _mm512_set1_epi32(0x8000));
+}
+
+/* x rounded to the compute dtype `c` (round_bf16 without the NaN guard: bfloat16 inputs). */
+AVX512_INLINE static inline __m512 rnd512(int c, __m512 x) {
+    if (c != DT_BF16) return x;
+    return _mm512_castsi512_ps(
+        _mm512_and_si512(rb16_high(x), _mm512_set1_epi32((int)0xffff0000u)));
+}
+
+/* The even and odd entries of 32 bfloat16 at p as float32; zeros where `m` has no bit. */
+AVX512_INLINE static inline void ld32(const uint16_t *p, __mmask32 m, __m512 v[2]) {
+    const __m512i h = _mm512_maskz_loadu_epi16(m, p);
+    v[0] = _mm512_castsi512_ps(_mm512_slli_epi32(h, 16));
+    v[1] = _mm512_castsi512_ps(_mm512_and_si512(h, _mm512_set1_epi32((int)0xffff0000u)));
+}
+
+/* A scalar of q's, as 16 lanes: read from memory as the operand's broadcast, where a
+ * register's broadcast would cost a shuffle in the loop. */
+AVX512_INLINE static inline __m512 wide(const __m256 *x) {
+    return _mm512_set1_ps(((const float *)x)[0]);
+}
+
+/* 32 entries from offset i into out + i, where `m` has a bit, computed in `c`; returns
+ * them packed (ld32's order undone). */
+AVX512_INLINE static inline __m512i ta32(const ta_consts *q, const int c, const int n,
+                                         const uint16_t *base, uint16_t *out, int64_t i,
+                                         __mmask32 m) {
+    __m512 b[2], x[2], s[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    ld32(base + i, m, b);
+#pragma GCC unroll 4
+    for (int k = 0; k < n; k++) {
+        ld32((const uint16_t *)q->m[k] + i, m, x);
+#pragma GCC unroll 2
+        for (int j = 0; j < 2; j++) {
+            __m512 d = rnd512(c, _mm512_sub_ps(x[j], b[j]));
+            if (q->mul[k]) d = rnd512(c, _mm512_mul_ps(d, wide(&q->w[k])));
+            /* 16-bit: the float32 sum from +0.0; float32: from the first delta (ta_add). */
+            s[j] = (k == 0 && c == DT_F32) ? d : _mm512_add_ps(s[j], d);
+        }
+    }
+    __m512i r[2];
+#pragma GCC unroll 2
+    for (int j = 0; j < 2; j++) {
+        __m512 t = rnd512(c, s[j]);
+        if (q->normalize) t = rnd512(c, _mm512_div_ps(t, wide(&q->divisor)));
+        if (q->scale) t = rnd512(c, _mm512_mul_ps(t, wide(&q->lambda)));
+        r[j] = rb16_high(_mm512_add_ps(t, b[j]));
+    }
+    /* Odd entries' upper halves where 0xffff0000 has bits, even ones' below. */
+    const __m512i packed = _mm512_ternarylogic_epi32(
+        _mm512_set1_epi32((int)0xffff0000u), r[1], _mm512_srli_epi32(r[0], 16), 0xca);
+    _mm512_mask_storeu_epi16(out + i, m, packed);
+    return packed;
+}
+
+/* Whether a stored entry is inf or NaN; the largest magnitude per lane as ta_bf16_loop. */
+AVX512_INLINE static inline int ta512_loop(const ta_consts *q, const int c, const int n,
+                                           const uint16_t *base, uint16_t *out,
+                                           int64_t count) {
+    const __m512i abs = _mm512_set1_epi16(0x7fff);
+    __m512i top = _mm512_setzero_si512();
+    int64_t i = 0;
+    for (; i + 32 <= count; i += 32)
+        top = _mm512_max_epu16(
+            top, _mm512_and_si512(ta32(q, c, n, base, out, i, (__mmask32)~0u), abs));
+    if (i < count) {
+        const __mmask32 m = (__mmask32)((1u << (count - i)) - 1);
+        top = _mm512_mask_max_epu16(
+            top, m, top, _mm512_and_si512(ta32(q, c, n, base, out, i, m), abs));
+    }
+    return _mm512_cmpgt_epu16_mask(top, _mm512_set1_epi16(BF16_INF - 1)) != 0;
+}
+
+#define TA512_N(C, N) case N: return ta512_loop(&q, C, N, base, out, count);
+
+/* bfloat16 in and out, compute `c` bfloat16 or float32. */
+AVX512 static int ta_avx512(const ta_args *a, const void *base, const void *const *models,
+                            void *out, int64_t count) {
+    ta_consts q;
+    ta_setup(&q, a, models);
+    if (a->c == DT_BF16) {
+        switch (a->n) {
+            TA512_N(DT_BF16, 1)
+            TA512_N(DT_BF16, 2)
+            TA512_N(DT_BF16, 3)
+            TA512_N(DT_BF16, 4)
+            default: return ta512_loop(&q, DT_BF16, a->n, base, out, count);
+        }
+    }
+    switch (a->n) {
+        TA512_N(DT_F32, 1)
+        TA512_N(DT_F32, 2)
+        TA512_N(DT_F32, 3)
+        TA512_N(DT_F32, 4)
+        default: return ta512_loop(&q, DT_F32, a->n, base, out, count);
     }
 }
 
@@ -417,12 +532,22 @@ static int ta_avx2(ta_args a, const void *base, const void *const *models, void 
     return ta_run(&a, base, models, out, n);
 }
 
+int maec_l1_simd(void);
+
+/* 2 where the CPU also has AVX-512 F and BW (the wider task-arithmetic loops), else
+ * maec_l1_simd()'s answer: 1 with AVX2 and F16C, 0 without. */
+int maec_simd_level(void) {
+    if (!maec_l1_simd()) return 0;
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") ? 2 : 1;
+}
+
 /*
  * 1 when an entry of the result is inf or NaN, 0 when all are finite, -1 when this path
  * cannot take the call (no AVX2/F16C on this CPU, an unknown dtype, too many deltas): the
  * caller then uses torch.
- * `simd` is maec_l1_simd()'s answer. `weights` holds n values, already in the compute
- * dtype; `divisor` and `lambda` are used when `normalize` and `scale` are set.
+ * `simd` is maec_simd_level()'s answer, or less to leave its wider loops unused (1: AVX2
+ * only). `weights` holds n values, already in the compute dtype; `divisor` and `lambda`
+ * are used when `normalize` and `scale` are set.
  */
 int maec_task_arithmetic(int simd, int in_dt, int c_dt, int out_dt, int n,
                          const void *base, const void *const *models, const float *weights,
@@ -432,6 +557,8 @@ int maec_task_arithmetic(int simd, int in_dt, int c_dt, int out_dt, int n,
     if (in_dt < DT_F32 || in_dt > DT_F16 || c_dt < DT_F32 || c_dt > DT_F16
         || out_dt < DT_F32 || out_dt > DT_F16) return -1;
     ta_args a = {in_dt, c_dt, out_dt, n, weights, normalize, divisor, scale, lambda};
+    if (simd >= 2 && in_dt == DT_BF16 && out_dt == DT_BF16 && c_dt != DT_F16)
+        return ta_avx512(&a, base, models, out, count);
     return ta_avx2(a, base, models, out, count);
 }
 

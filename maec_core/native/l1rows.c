@@ -126,7 +126,7 @@ int maec_l1_simd(void) {
 }
 
 /* 0 on success; -1 for a dtype the chosen path does not handle (the caller uses torch).
- * `simd` is maec_l1_simd()'s answer, asked once by the caller. */
+ * `simd` is maec_l1_simd()'s answer (or maec_simd_level()'s), asked once by the caller. */
 int maec_l1_rows(int simd, int dt, const void *x, const void *y, int64_t rows,
                  int64_t width, float *out) {
     if (dt != DT_F32 && dt != DT_BF16 && dt != DT_F16) return -1;
