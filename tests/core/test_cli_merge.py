@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import gc
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import yaml
@@ -106,3 +109,16 @@ def test_what_the_engine_import_builds_is_left_out_of_later_collections() -> Non
     finally:
         gc.enable()
         gc.unfreeze()
+
+
+def test_the_merge_command_loads_without_what_a_plain_merge_never_uses() -> None:
+    """Loading ``maec merge`` (what the script does on every start) imports neither the
+    GGUF parser (numpy and ``gguf``), the pattern engine MAEC's recipes need, nor the
+    LoRA exporter; torch comes only once the command runs."""
+    code = ("import json, sys; import maec_core.cli, maec_core.gguf.sources; "
+            "print(json.dumps(sorted(m for m in ('gguf', 'numpy', 'regex', 'torch', "
+            "'maec_core.gguf.header', 'maec_core.lora.export') if m in sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert json.loads(out.stdout) == []
+
