@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from click.testing import CliRunner
 
-from maec_core.cli import _imports_frozen, main
+from maec_core.cli import _imports_frozen, _one_blas_thread, main
 from tests.core.conftest import leftovers
 
 
@@ -121,4 +123,14 @@ def test_the_merge_command_loads_without_what_a_plain_merge_never_uses() -> None
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert json.loads(out.stdout) == []
+
+
+def test_numpy_blas_gets_one_thread_unless_the_user_chose(monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    _one_blas_thread()
+    assert os.environ["OPENBLAS_NUM_THREADS"] == "1"
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "4")
+    _one_blas_thread()
+    assert os.environ["OPENBLAS_NUM_THREADS"] == "4"
 
