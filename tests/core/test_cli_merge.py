@@ -134,3 +134,23 @@ def test_numpy_blas_gets_one_thread_unless_the_user_chose(monkeypatch: pytest.Mo
     _one_blas_thread()
     assert os.environ["OPENBLAS_NUM_THREADS"] == "4"
 
+
+def test_the_script_publishes_the_same_folder_as_the_command(zoo: dict[str, Path],
+                                                             tmp_path: Path) -> None:
+    """Run as the ``maec`` script (which ends its process without the interpreter's
+    teardown), the merge leaves every file as the command run in-process does."""
+    recipe = write_recipe(tmp_path / "r.yaml", ta_doc(zoo))
+    here = tmp_path / "here"
+    args = ["merge", "--no-progress", "--cache-dir", str(tmp_path / "cache"), str(recipe)]
+    assert CliRunner().invoke(main, [*args, str(here)]).exit_code == 0
+    script = tmp_path / "script"
+    code = ("import sys; from maec_client.cli import main; "
+            f"sys.argv = ['maec', *{[*args, str(script)]!r}]; main()")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"wrote {script} (21 tensors")
+    names = sorted(p.name for p in here.iterdir())
+    assert sorted(p.name for p in script.iterdir()) == names and "manifest.json" in names
+    for name in names:
+        assert (script / name).read_bytes() == (here / name).read_bytes(), name
