@@ -115,11 +115,13 @@ def test_what_the_engine_import_builds_is_left_out_of_later_collections() -> Non
 
 def test_the_merge_command_loads_without_what_a_plain_merge_never_uses() -> None:
     """Loading ``maec merge`` (what the script does on every start) imports neither the
-    GGUF parser (numpy and ``gguf``), the pattern engine MAEC's recipes need, nor the
-    LoRA exporter; torch comes only once the command runs."""
+    GGUF parser (numpy and ``gguf``), the pattern engine MAEC's recipes need, the LoRA
+    exporter, the eval report nor the service's response models; torch comes only once
+    the command runs."""
     code = ("import json, sys; import maec_core.cli, maec_core.gguf.sources; "
             "print(json.dumps(sorted(m for m in ('gguf', 'numpy', 'regex', 'torch', "
-            "'maec_core.gguf.header', 'maec_core.lora.export') if m in sys.modules)))")
+            "'maec_core.gguf.header', 'maec_core.lora.export', 'maec_core.eval.report', "
+            "'maec_contract.jobs') if m in sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert json.loads(out.stdout) == []
