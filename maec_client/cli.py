@@ -22,12 +22,14 @@ Exit codes (stable; scripts branch on them):
 from __future__ import annotations
 
 import atexit
+import gc
 import json
 import os
 import sys
 import threading
 from collections.abc import Callable, Sequence
 from functools import wraps
+from importlib.metadata import EntryPoint
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar
 
@@ -483,7 +485,7 @@ class _Maec(click.Group):
         if ep is None:
             return None
         try:
-            command = ep.load()
+            command = _load(ep)
         except Exception as exc:
             # One broken plugin must not take ``maec jobs`` or ``maec --help`` down with it.
             click.echo(f"warning: command {cmd_name!r} ({ep.value}) cannot be loaded: "
@@ -504,6 +506,23 @@ class _Maec(click.Group):
             return super().main(args, *rest, **kwargs)
         except SystemExit as done:
             _end_process(done)
+
+
+def _load(ep: EntryPoint) -> Any:
+    """``ep``'s object, imported with the cyclic garbage collector off, and what the
+    import built then left out of every later collection (``gc.freeze``): a command's
+    library builds its models and options as it is imported, all kept for the whole run,
+    and the collections they set off free nothing (for ``maec merge``, some 80 of them,
+    about 14 ms of its start; re-enabled without the freeze, the first collection would
+    walk them all). Reference counting frees the rest as before."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return ep.load()
+    finally:
+        gc.freeze()
+        if collecting:
+            gc.enable()
 
 
 def _end_process(done: SystemExit) -> NoReturn:

@@ -286,3 +286,31 @@ def test_the_script_exits_normally_while_a_thread_of_the_command_still_runs():
     assert done.returncode == 0, done.stderr
     assert done.stdout == "thread finished\natexit ran\n"
     assert "teardown ran" in done.stderr
+
+
+def test_a_command_s_library_loads_with_the_collector_off_and_is_left_out_after():
+    import gc
+
+    import click
+
+    from maec_client.cli import _load
+
+    seen = []
+
+    class Point:
+        def load(self):
+            seen.append(gc.isenabled())
+            return click.Command("probe")
+
+    frozen = gc.get_freeze_count()
+    try:
+        kept = [[i] for i in range(1000)]
+        assert isinstance(_load(Point()), click.Command)
+        assert seen == [False] and gc.isenabled()
+        assert gc.get_freeze_count() >= frozen + len(kept)
+        gc.disable()
+        _load(Point())
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+        gc.unfreeze()
