@@ -50,12 +50,12 @@ def _imports_frozen() -> Iterator[None]:
 
 def _one_blas_thread() -> None:
     """Ask numpy's bundled OpenBLAS for no thread pool, before torch imports numpy: its
-    threads start at import and spin waiting for work (some 0.05 s of CPU per thread at
-    every start, taken from the merge's own threads on a small machine), and a merge
-    gives them none. Torch computes with its own BLAS (MKL) and threads, and numpy
-    computes nothing here (tensor bytes pass through ``.numpy()`` views; the GGUF
-    quantizers are element-wise), so no result depends on it. A value the user set is
-    kept."""
+    threads start at import and spin waiting for work (0.04 s of CPU per thread when
+    idle, ~0.13 s while the merge's start imports beside them on a two-core machine,
+    taken from the merge's own threads), and a merge gives them none. Torch computes
+    with its own BLAS (MKL) and threads, and numpy computes nothing here (tensor bytes
+    pass through ``.numpy()`` views; the GGUF quantizers are element-wise), so no result
+    depends on it. A value the user set is kept."""
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
