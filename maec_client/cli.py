@@ -21,10 +21,15 @@ Exit codes (stable; scripts branch on them):
 
 from __future__ import annotations
 
+import atexit
+import gc
 import json
+import os
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Sequence
 from functools import wraps
+from importlib.metadata import EntryPoint
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar
 
@@ -480,7 +485,7 @@ class _Maec(click.Group):
         if ep is None:
             return None
         try:
-            command = ep.load()
+            command = _load(ep)
         except Exception as exc:
             # One broken plugin must not take ``maec jobs`` or ``maec --help`` down with it.
             click.echo(f"warning: command {cmd_name!r} ({ep.value}) cannot be loaded: "
@@ -490,6 +495,58 @@ class _Maec(click.Group):
             click.echo(f"warning: {ep.value} is not a click command", err=True)
             return None
         return command
+
+    def main(self, args: Sequence[str] | None = None, *rest: Any, **kwargs: Any) -> Any:
+        """As click's, but a run of the script itself (the arguments read from
+        ``sys.argv``) ends with :func:`_end_process`: a caller that passes its own
+        arguments (a test, an embedding tool) gets click's ``SystemExit`` as before."""
+        if args is not None:
+            return super().main(args, *rest, **kwargs)
+        try:
+            return super().main(args, *rest, **kwargs)
+        except SystemExit as done:
+            _end_process(done)
+
+
+def _load(ep: EntryPoint) -> Any:
+    """``ep``'s object, imported with the cyclic garbage collector off, and what the
+    import built then left out of every later collection (``gc.freeze``): a command's
+    library builds its models and options as it is imported, all kept for the whole run,
+    and the collections they set off free nothing (for ``maec merge``, some 80 of them,
+    about 14 ms of its start; re-enabled without the freeze, the first collection would
+    walk them all). Reference counting frees the rest as before."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return ep.load()
+    finally:
+        gc.freeze()
+        if collecting:
+            gc.enable()
+
+
+def _end_process(done: SystemExit) -> NoReturn:
+    """End the process now that the command has finished, skipping the interpreter's
+    teardown: after ``maec merge`` that teardown is torch's (its operator registrations
+    undone one by one, its static objects destroyed), about 0.1 s of a merge's wall time
+    spent on memory the process is about to give back anyway. What the teardown would do
+    that matters is done first: the atexit handlers run and stdout and stderr are
+    flushed, with the same exit status. Where any of that cannot be done the same way (a
+    thread of the command still running, which the interpreter would wait for; a status
+    that is not a number; a stream that cannot be flushed), the normal exit happens."""
+    code = done.code
+    if code is not None and not isinstance(code, int):
+        raise done
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate()
+           if t is not threading.main_thread()):
+        raise done
+    atexit._run_exitfuncs()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except Exception:
+        raise done from None
+    os._exit(code or 0)
 
 
 @click.group(cls=_Maec)

@@ -15,7 +15,6 @@ from pathlib import Path
 from maec_core.context import RunContext
 from maec_core.engine import run_method
 from maec_core.errors import MaecError
-from maec_core.lora.export import export_merge
 from maec_core.methods import TensorMethod, get_method
 from maec_core.methods.base import PhasedMerge
 from maec_core.naming import renamed
@@ -46,6 +45,9 @@ def _run(recipe: Recipe, out: Path, ctx: RunContext) -> MergeResult:
         if ctx.options.sink is not None:
             raise MaecError("output format lora publishes an adapter, not the merged "
                             "tensors a sink takes: merge without the sink")
+        # Imported here: only an adapter output needs it (and safetensors' writer).
+        from maec_core.lora.export import export_merge
+
         # The merged checkpoint is an intermediate here: its shards are not the output,
         # so no finished-shard callback sees them.
         inner = ctx.but(overwrite=False, options=dataclasses.replace(

@@ -9,8 +9,10 @@ API can check eval specs at submission. Measuring lives in
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from maec_core.eval.answers import extract_answer, is_correct, parse_number
-from maec_core.eval.report import EvalReport, read_report, write_report
 from maec_core.eval.sets import (
     EvalSetSpec,
     EvalSpec,
@@ -20,6 +22,13 @@ from maec_core.eval.sets import (
     load_spec,
     parse_spec,
 )
+
+if TYPE_CHECKING:
+    from maec_core.eval.report import EvalReport, read_report, write_report
+
+# The report's names, imported from :mod:`~maec_core.eval.report` on first use: every
+# recipe imports this package (for its eval sets), few processes write a report.
+_REPORT = frozenset({"EvalReport", "read_report", "write_report"})
 
 __all__ = [
     "EvalReport",
@@ -36,3 +45,15 @@ __all__ = [
     "read_report",
     "write_report",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _REPORT:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module("maec_core.eval.report"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_REPORT})

@@ -24,6 +24,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, LlamaFileTy
 from gguf.gguf_reader import ReaderField
 
 from maec_core.errors import InvalidGguf, UnsupportedGguf
+from maec_core.gguf.names import LOSSY_WARNING, find_gguf, is_gguf_name
 
 __all__ = ["ARCHITECTURES", "GGUF_MAGIC", "LOSSY_WARNING", "GgufHeader", "check_readable",
            "find_gguf", "is_gguf_name", "read_header", "readable_types"]
@@ -38,27 +39,9 @@ ARCHITECTURES = frozenset({
     "falcon", "phi3", "bloom", "t5", "stablelm", "gpt2", "starcoder2", "mamba",
     "nemotron", "gemma2", "gemma3", "gemma4", "umt5", "deci", "minimax_m2",
 })
-LOSSY_WARNING = ("{source} is a {quantization} GGUF file: it is dequantized to be merged, which "
-                 "is lossy (the merge reads the quantized weights, not the original "
-                 "model's)")
 # A header above this is refused rather than read (a lying length cannot make the API
 # read or allocate without bound); real headers with a 256k-token vocabulary are ~10 MB.
 MAX_HEADER_BYTES = 64 << 20
-
-
-def is_gguf_name(name: str) -> bool:
-    return name.lower().endswith(".gguf")
-
-
-def find_gguf(names: list[str]) -> str | None:
-    """The one ``.gguf`` file among a folder's top-level ``names`` (None: there is none);
-    two or more are ambiguous (a split or a second quantization) and refused."""
-    found = sorted(n for n in names if "/" not in n and is_gguf_name(n))
-    if len(found) > 1:
-        raise UnsupportedGguf(
-            f"the folder holds {len(found)} GGUF files ({', '.join(found[:4])}); name the "
-            "one to merge (split GGUF files are not read)", files=found[:16])
-    return found[0] if found else None
 
 
 def readable_types() -> frozenset[GGMLQuantizationType]:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from maec_core.checksums import sha256_file
-from maec_core.gguf.header import LOSSY_WARNING, find_gguf, is_gguf_name
+from maec_core.gguf.names import LOSSY_WARNING, find_gguf, is_gguf_name
 from maec_core.recipe import Recipe
 
 __all__ = ["LOSSY_WARNING", "GgufInput", "check_gguf_output", "gguf_file_of",

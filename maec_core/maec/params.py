@@ -12,7 +12,6 @@ from collections.abc import Iterable, Mapping
 from fractions import Fraction
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
 
-import regex
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from maec_core.errors import CorpusError, EmptySelection, RecipeError
@@ -21,6 +20,8 @@ from maec_core.recipe.inputs import MethodInputs, SourceRef
 from maec_core.recipe.values import Condition
 
 if TYPE_CHECKING:
+    import regex
+
     from maec_core.recipe import Recipe
 
 # The default selection of included tensors: 2-D weights inside the transformer blocks
@@ -186,6 +187,10 @@ class MaecParams(BaseModel):
 
 
 def _compile(fld: str, pattern: str) -> regex.Pattern[str]:
+    # Imported on the first pattern: every process that finds the methods imports this
+    # module (``maec merge`` of any method), few of them check a MAEC recipe's patterns.
+    import regex
+
     try:
         return regex.compile(pattern)
     except regex.error as exc:

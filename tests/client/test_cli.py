@@ -247,3 +247,70 @@ def test_submit_gguf_flag_asks_for_a_gguf_output(run, fake, tmp_path):
     body = json.loads(fake.requests[-1].content)
     assert body["recipe"]["output"] == {"format": "model", "gguf": "f16"}
     assert "output" not in body
+
+
+def _script(body: str) -> subprocess.CompletedProcess[str]:
+    """``body`` run as the ``maec`` script is: ``main()`` reading ``sys.argv``."""
+    code = ("import atexit, sys, threading, time\n"
+            "from maec_client.cli import main\n"
+            "class Teardown:\n"
+            "    def __del__(self):\n"
+            "        sys.stderr.write('teardown ran\\n')\n"
+            "keep = Teardown()\n"
+            "atexit.register(lambda: sys.stdout.write('atexit ran\\n'))\n"
+            f"{body}\n"
+            "main()\n")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=False)
+
+
+def test_the_script_ends_without_the_interpreter_teardown_keeping_status_and_output():
+    done = _script("sys.argv = ['maec', 'jobs', '--help']")
+    assert done.returncode == 0, done.stderr
+    assert "Usage:" in done.stdout and done.stdout.endswith("atexit ran\n")
+    assert "teardown ran" not in done.stderr
+    usage = _script("sys.argv = ['maec', 'jobs', '--no-such-flag']")
+    assert usage.returncode == 2 and "No such option" in usage.stderr
+    assert usage.stdout == "atexit ran\n" and "teardown ran" not in usage.stderr
+
+
+def test_the_script_exits_normally_while_a_thread_of_the_command_still_runs():
+    done = _script(
+        "@main.command()\n"
+        "def probe():\n"
+        "    def late():\n"
+        "        time.sleep(0.3)\n"
+        "        print('thread finished')\n"
+        "    threading.Thread(target=late).start()\n"
+        "sys.argv = ['maec', 'probe']")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "thread finished\natexit ran\n"
+    assert "teardown ran" in done.stderr
+
+
+def test_a_command_s_library_loads_with_the_collector_off_and_is_left_out_after():
+    import gc
+
+    import click
+
+    from maec_client.cli import _load
+
+    seen = []
+
+    class Point:
+        def load(self):
+            seen.append(gc.isenabled())
+            return click.Command("probe")
+
+    frozen = gc.get_freeze_count()
+    try:
+        kept = [[i] for i in range(1000)]
+        assert isinstance(_load(Point()), click.Command)
+        assert seen == [False] and gc.isenabled()
+        assert gc.get_freeze_count() >= frozen + len(kept)
+        gc.disable()
+        _load(Point())
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+        gc.unfreeze()

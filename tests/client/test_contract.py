@@ -87,3 +87,21 @@ def test_request_forms_narrow_the_one_request_model():
             except ValueError:
                 continue
             raise AssertionError(f"{model.__name__} accepted {bad}")
+
+
+def test_every_name_the_package_lists_is_its_submodule_s_own_and_responses_load_late():
+    """The package answers for its modules' names (the response models imported on first
+    use): each listed name is the object its module declares."""
+    import subprocess
+    import sys
+
+    import maec_contract
+    from maec_contract import jobs, requests
+
+    for name in maec_contract.__all__:
+        owner = jobs if hasattr(jobs, name) else requests
+        assert getattr(maec_contract, name) is getattr(owner, name), name
+    assert set(maec_contract.__all__) <= set(dir(maec_contract))
+    code = ("import sys, maec_contract; assert 'maec_contract.jobs' not in sys.modules;"
+            "from maec_contract import Job; assert Job.__module__ == 'maec_contract.jobs'")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import gc
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from click.testing import CliRunner
 
-from maec_core.cli import _imports_frozen, main
+from maec_core.cli import _imports_frozen, _one_blas_thread, main
 from tests.core.conftest import leftovers
 
 
@@ -106,3 +111,48 @@ def test_what_the_engine_import_builds_is_left_out_of_later_collections() -> Non
     finally:
         gc.enable()
         gc.unfreeze()
+
+
+def test_the_merge_command_loads_without_what_a_plain_merge_never_uses() -> None:
+    """Loading ``maec merge`` (what the script does on every start) imports neither the
+    GGUF parser (numpy and ``gguf``), the pattern engine MAEC's recipes need, the LoRA
+    exporter, the eval report nor the service's response models; torch comes only once
+    the command runs."""
+    code = ("import json, sys; import maec_core.cli, maec_core.gguf.sources; "
+            "print(json.dumps(sorted(m for m in ('gguf', 'numpy', 'regex', 'torch', "
+            "'maec_core.gguf.header', 'maec_core.lora.export', 'maec_core.eval.report', "
+            "'maec_contract.jobs') if m in sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert json.loads(out.stdout) == []
+
+
+def test_numpy_blas_gets_one_thread_unless_the_user_chose(monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    _one_blas_thread()
+    assert os.environ["OPENBLAS_NUM_THREADS"] == "1"
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "4")
+    _one_blas_thread()
+    assert os.environ["OPENBLAS_NUM_THREADS"] == "4"
+
+
+def test_the_script_publishes_the_same_folder_as_the_command(zoo: dict[str, Path],
+                                                             tmp_path: Path) -> None:
+    """Run as the ``maec`` script (which ends its process without the interpreter's
+    teardown), the merge leaves every file as the command run in-process does."""
+    recipe = write_recipe(tmp_path / "r.yaml", ta_doc(zoo))
+    here = tmp_path / "here"
+    args = ["merge", "--no-progress", "--cache-dir", str(tmp_path / "cache"), str(recipe)]
+    assert CliRunner().invoke(main, [*args, str(here)]).exit_code == 0
+    script = tmp_path / "script"
+    code = ("import sys; from maec_client.cli import main; "
+            f"sys.argv = ['maec', *{[*args, str(script)]!r}]; main()")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"wrote {script} (21 tensors")
+    names = sorted(p.name for p in here.iterdir())
+    assert sorted(p.name for p in script.iterdir()) == names and "manifest.json" in names
+    for name in names:
+        assert (script / name).read_bytes() == (here / name).read_bytes(), name
