@@ -82,6 +82,7 @@ from maec_core.runtime import (
     EngineOptions,
     MergeResult,
     ThreadControl,
+    as_helper_thread,
     best_device,
     compute_dtype_for,
     torch_dtype,
@@ -266,7 +267,8 @@ def _stream_units(run: LoopRun, unit: int, chunk: int, workers: int = 1,
     # the workers finish in.
     pending: collections.deque[tuple[PlannedTensor, Unit, torch.Tensor, Future[None]]] = (
         collections.deque())
-    pool = (ThreadPoolExecutor(max_workers=workers, thread_name_prefix="maec-compute")
+    pool = (ThreadPoolExecutor(max_workers=workers, thread_name_prefix="maec-compute",
+                               initializer=as_helper_thread)
             if workers > 1 else None)
 
     def flush_oldest() -> None:
