@@ -245,20 +245,22 @@ def torch_threads(n: int | None = None) -> Iterator[ThreadControl]:
         ctl.use(ctl.saved)
 
 
-# How much nicer than the rest of the merge its compute and read threads run (Linux).
+# How much nicer than the rest of the merge its compute threads run (Linux).
 HELPER_NICENESS = 8
 
 
 def as_helper_thread() -> None:
-    """Run the calling thread behind the merge's other threads when the CPU is short:
+    """Run the calling thread behind the merge's others when the CPU is short:
     on Linux its own nice value goes up by ``HELPER_NICENESS``; elsewhere nothing changes.
 
     On a CPU merge the output's sha256 is the one step that cannot be shared between
-    cores (one stream per file), and the compute and read threads have more than the
-    other core's worth of work: when they pre-empt the hashing thread, the merge waits
-    for it at the end. Niceness lets the hash run whenever both are ready (the 0.85B
-    task arithmetic of ``bench.engine``: 0.1-0.3 s off a 1.6-2.0 s merge). Raising it
-    needs no privilege; these threads end with the merge, so it is never lowered again.
+    cores (one stream per file), and the compute threads have more than the other core's
+    worth of work: when they pre-empt the hashing thread, the merge waits for it at the
+    end. Niceness lets the hash run whenever both are ready (the 0.85B task arithmetic of
+    ``bench.engine``: 0.1-0.3 s off a 1.6-2.0 s merge). The reader keeps its priority:
+    when the inputs come from the disk, a late read leaves the disk idle. Raising
+    niceness needs no privilege; these threads end with the merge, so it is never
+    lowered again.
     """
     if sys.platform != "linux":
         return

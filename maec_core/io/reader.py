@@ -35,7 +35,6 @@ import torch
 from maec_core.errors import CorruptCheckpoint
 from maec_core.io.headers import TensorInfo
 from maec_core.io.lowrank import with_delta
-from maec_core.runtime import as_helper_thread
 
 if TYPE_CHECKING:
     from maec_core.io.resident import ResidentFiles
@@ -346,7 +345,6 @@ class UnitReader:
         return None
 
     def _run(self) -> None:
-        as_helper_thread()
         try:
             for si, infos in enumerate(self._steps):
                 formed: dict[int, torch.Tensor] = {}

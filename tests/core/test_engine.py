@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -297,3 +300,35 @@ def test_finiteness_check_of_whole_and_empty_tensors() -> None:
     t[17, 5] = float("nan")
     assert not all_finite(t) and not all_finite(t.t())
     assert all_finite(torch.empty(0, 8, dtype=torch.bfloat16))
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="per-thread niceness is Linux's")
+def test_compute_workers_run_behind_the_output_hash(zoo: dict[str, Path], tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The threads computing slices raise their own niceness (the output's sha256, which
+    cannot be split, then goes first on a busy CPU); the thread driving the merge and the
+    stream's reader keep theirs."""
+    from maec_core import native
+    from maec_core.runtime import HELPER_NICENESS
+
+    def nice() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    seen: dict[str, set[int]] = {}
+    kernel = native.task_arithmetic
+
+    def spy(*args: Any) -> bool | None:
+        seen.setdefault(threading.current_thread().name.split("_")[0], set()).add(nice())
+        for t in threading.enumerate():
+            if t.name == "maec-read" and t.native_id is not None:
+                seen.setdefault("maec-read", set()).add(
+                    os.getpriority(os.PRIO_PROCESS, t.native_id))
+        return kernel(*args)
+
+    if not native.available():
+        pytest.skip("the compiled library is not built here")
+    monkeypatch.setattr(native, "task_arithmetic", spy)
+    mine = nice()
+    run(parse_recipe(ta_recipe(zoo)), tmp_path / "out", RunContext())
+    assert seen == {"maec-compute": {min(19, mine + HELPER_NICENESS)}, "maec-read": {mine}}
+    assert nice() == mine

@@ -158,27 +158,3 @@ def test_a_donor_shrinking_mid_merge_publishes_nothing(tmp_path: Path) -> None:
         run(parse_recipe(recipe), out, RunContext(progress=progress))
     assert not out.exists()
     assert list(out.parent.iterdir()) == []
-
-
-@pytest.mark.skipif(sys.platform != "linux", reason="per-thread niceness is Linux's")
-def test_the_read_thread_runs_behind_the_rest_of_the_merge(tmp_path: Path) -> None:
-    """The stream's reader (like the compute workers) raises its own niceness, so the
-    output's hashing thread, which cannot be split, goes first on a busy CPU; the thread
-    that drives the merge keeps its own."""
-    import os
-    import threading
-
-    from maec_core.runtime import HELPER_NICENESS
-
-    path = tmp_path / "m.safetensors"
-    _checkpoint(path, 0)
-    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    seen: set[int] = set()
-    with UnitReader(_steps([path]), UNIT) as units:
-        for u in units:
-            reader = next(t for t in threading.enumerate() if t.name == "maec-read")
-            assert reader.native_id is not None
-            seen.add(os.getpriority(os.PRIO_PROCESS, reader.native_id))
-            u.release()
-    assert seen == {min(19, mine + HELPER_NICENESS)}
-    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine
