@@ -489,29 +489,24 @@ AVX512_INLINE static inline int ta512_loop(const ta_consts *q, const int c, cons
     return _mm512_cmpgt_epu16_mask(top, _mm512_set1_epi16(BF16_INF - 1)) != 0;
 }
 
-#define TA512_N(C, N) case N: return ta512_loop(&q, C, N, base, out, count);
+/* One loop per count of models up to four (constants the compiler unrolls), for compute
+ * dtype C. */
+#define TA512_BY_COUNT(C)                                              \
+    switch (a->n) {                                                    \
+        case 1: return ta512_loop(&q, C, 1, base, out, count);         \
+        case 2: return ta512_loop(&q, C, 2, base, out, count);         \
+        case 3: return ta512_loop(&q, C, 3, base, out, count);         \
+        case 4: return ta512_loop(&q, C, 4, base, out, count);         \
+        default: return ta512_loop(&q, C, a->n, base, out, count);     \
+    }
 
 /* bfloat16 in and out, compute `c` bfloat16 or float32. */
 AVX512 static int ta_avx512(const ta_args *a, const void *base, const void *const *models,
                             void *out, int64_t count) {
     ta_consts q;
     ta_setup(&q, a, models);
-    if (a->c == DT_BF16) {
-        switch (a->n) {
-            TA512_N(DT_BF16, 1)
-            TA512_N(DT_BF16, 2)
-            TA512_N(DT_BF16, 3)
-            TA512_N(DT_BF16, 4)
-            default: return ta512_loop(&q, DT_BF16, a->n, base, out, count);
-        }
-    }
-    switch (a->n) {
-        TA512_N(DT_F32, 1)
-        TA512_N(DT_F32, 2)
-        TA512_N(DT_F32, 3)
-        TA512_N(DT_F32, 4)
-        default: return ta512_loop(&q, DT_F32, a->n, base, out, count);
-    }
+    if (a->c == DT_BF16) TA512_BY_COUNT(DT_BF16)
+    TA512_BY_COUNT(DT_F32)
 }
 
 /* The common cases as their own loops, so the compiler drops the dtype branches. */
