@@ -5,7 +5,7 @@ as torch does, several times faster (see the file's comment for how and why).
 ``deltas.c`` runs task arithmetic on a streamed slice in one pass, with the roundings of
 torch's step-by-step 16-bit or float32 ops (the engine's element-wise hot path).
 ``mapped.c`` maps windows of input files read-only for the streaming reader, guarded
-against a file that shrinks while mapped (maec_core.io.windows). They
+against a file that shrinks while mapped (``WindowSource`` in maec_core.io.reader). They
 are one plain shared library, not a Python extension: ``python -m maec_core.native``
 (run by ``make setup`` and the worker image's build) compiles it with the system C
 compiler next to this file, named by the sources' and flags' digest so that a stale
@@ -68,6 +68,7 @@ def build(cc: str | None = None) -> Path:
     finally:
         Path(tmp).unlink(missing_ok=True)
     _library.cache_clear()
+    _guarded.cache_clear()
     return target
 
 
