@@ -63,12 +63,15 @@ class WindowSource(Protocol):
     ``view``: bytes ``[offset, offset + length)`` of ``fd`` as a read-only uint8 tensor
     over the file's own pages, or None (then they are read). ``faults``: a count that
     grows when a view was read past the end of a file that shrank under it (the view then
-    reads zeros there).
+    reads zeros there). ``cached``: whether the first ``length`` bytes of ``fd`` are all in
+    the page cache (only such files are viewed).
     """
 
     def view(self, fd: int, offset: int, length: int) -> torch.Tensor | None: ...
 
     def faults(self) -> int: ...
+
+    def cached(self, fd: int, length: int) -> bool: ...
 
 
 class TensorReader:
@@ -222,22 +225,29 @@ class UnitReader:
     """Streams every step's tensors in units of at most ``unit`` elements, on a thread.
 
     For element-wise merges: a unit of each input is read (``preadv`` releases the GIL)
-    while the previous one is computed. Units land in ``depth + 1`` buffer sets allocated
-    once and recycled, so memory stays at a few units however large the model is, and
-    no fresh allocation (each a storm of page faults on first touch) happens per tensor.
-    ``pin=True`` allocates them pinned, for asynchronous copies to a GPU.
+    while the previous one is computed, the inputs' parts of a unit side by side, one
+    thread per input: on inputs larger than memory, where reading is most of a merge, one
+    thread reading them in turn measured 1.09x the time of three. Units land in
+    ``depth + 1`` buffer sets allocated once and recycled, so memory stays at a few units
+    however large the model is, and no fresh allocation (each a storm of page faults on
+    first touch) happens per tensor. ``pin=True`` allocates them pinned, for asynchronous
+    copies to a GPU.
 
     A tensor of a ``resident`` file is not read: its units are views of the held bytes
     (no copy at all), or, with ``pin``, copied from them into the pinned buffers.
 
-    Given ``windows`` (and not ``pin``), a large unit of a file is not read either: it is
-    a view of the file's pages mapped in memory, which saves the copy from the page cache
-    (the largest cost of a merge of cached inputs). A window is unmapped when its unit's
-    views are gone, so the resident set stays at a few units as with reads. A file that
-    shrinks is caught before mapping (then read, which fails as truncated) or, when it
-    shrinks under a mapped window, by the guard's fault count, checked as each unit is
-    handed out and when the reader closes: either way the merge fails with
-    ``CorruptCheckpoint`` before anything computed from missing bytes is published.
+    Given ``windows`` (and not ``pin``), a large unit of a file that is all in the page
+    cache when the reader opens it is not read either: it is a view of those pages mapped
+    in memory, which saves the copy (the largest cost of a merge of cached inputs). Any
+    other file is read: on inputs larger than memory, mapping the units that happened to
+    be cached as well as faulting the others in measured 1.2-1.3x the I/O floor at 7B,
+    against 1.0-1.1x reading them all. A window is unmapped
+    when its unit's views are gone, so the resident set stays at a few units as with
+    reads. A file that shrinks is caught before mapping (then read, which fails as
+    truncated) or, when it shrinks under a mapped window, by the guard's fault count,
+    checked as each unit is handed out and when the reader closes: either way the merge
+    fails with ``CorruptCheckpoint`` before anything computed from missing bytes is
+    published.
     """
 
     def __init__(self, steps: list[list[TensorInfo]], unit: int, depth: int = 2, *,
@@ -264,16 +274,26 @@ class UnitReader:
                             for _ in range(slots)])
         self._ready: queue.Queue[Unit | BaseException | None] = queue.Queue()
         self._fds: dict[Path, int] = {}
+        self._fds_lock = threading.Lock()
+        # The files whose units are mapped: those all in the page cache when opened.
+        self._in_cache: set[Path] = set()
+        # The reader thread reads one input's part of a unit, these the others'.
+        self._side = (ThreadPoolExecutor(max_workers=slots - 1, thread_name_prefix="maec-read")
+                      if slots > 1 else None)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="maec-read", daemon=True)
         self._thread.start()
 
     def _fd(self, path: Path) -> int:
-        fd = self._fds.get(path)
-        if fd is None:
-            fd = self._fds[path] = os.open(path, os.O_RDONLY)
-            _advise(fd, 0, 0, "POSIX_FADV_SEQUENTIAL")
-        return fd
+        with self._fds_lock:
+            fd = self._fds.get(path)
+            if fd is None:
+                fd = self._fds[path] = os.open(path, os.O_RDONLY)
+                _advise(fd, 0, 0, "POSIX_FADV_SEQUENTIAL")
+                if self._windows is not None and self._windows.cached(
+                        fd, self._extent.get(path, 0)):
+                    self._in_cache.add(path)
+            return fd
 
     def _read_whole(self, info: TensorInfo) -> torch.Tensor:
         buf = torch.empty(info.nbytes, dtype=torch.uint8)
@@ -308,10 +328,12 @@ class UnitReader:
 
     def _mapped(self, fd: int, info: TensorInfo, lo: int, hi: int) -> torch.Tensor | None:
         """Bytes ``[lo, hi)`` of ``info``'s stored tensor as a mapped window, or None:
-        no window source, a short run, a start not aligned to the dtype (the view would
-        be misaligned), or a file already shorter than the run (a read then reports it)."""
+        no window source, a file not all in the page cache when opened, a short run, a
+        start not aligned to the dtype (the view would be misaligned), or a file already
+        shorter than the run (a read then reports it)."""
         size = TORCH_DTYPES[info.dtype].itemsize
-        if (self._windows is None or hi - lo < MAP_MIN_BYTES or (info.start + lo) % size
+        if (self._windows is None or info.file not in self._in_cache
+                or hi - lo < MAP_MIN_BYTES or (info.start + lo) % size
                 or os.fstat(fd).st_size < info.start + hi):
             return None
         return self._windows.view(fd, info.start + lo, hi - lo)
@@ -355,24 +377,46 @@ class UnitReader:
                     bufs = self._take()
                     if bufs is None:
                         return
-                    views = []
-                    for k, (buf, info) in enumerate(zip(bufs, infos, strict=False)):
-                        size = info.nbytes // max(info.numel, 1)
-                        raw = buf[: (hi - lo) * size]
-                        if info.delta is not None:
-                            # Stored plus a low-rank delta: formed whole once per tensor
-                            # (per input), then handed out a unit at a time.
-                            if k not in formed:
-                                formed[k] = self._formed(info)
-                            raw.copy_(formed[k][lo * size: hi * size])
-                        else:
-                            raw = self._fill(info, raw, lo * size, hi * size)
-                        views.append(raw.view(TORCH_DTYPES[info.dtype]))
+                    views = self._views(infos, bufs, lo, hi, formed)
                     self._ready.put(Unit(si, lo, hi, numel, views,
                                          functools.partial(self._free.put, bufs)))
             self._ready.put(None)
         except BaseException as exc:  # handed to the consumer
             self._ready.put(exc)
+
+    def _views(self, infos: list[TensorInfo], bufs: list[torch.Tensor], lo: int, hi: int,
+               formed: dict[int, torch.Tensor]) -> list[torch.Tensor]:
+        """Elements ``[lo, hi)`` of each input's tensor, in its dtype: read into ``bufs``
+        (or viewed in place), the inputs side by side on the helper threads unless one of
+        them is formed with a low-rank delta (then in turn)."""
+
+        def one(k: int) -> torch.Tensor:
+            info = infos[k]
+            size = info.nbytes // max(info.numel, 1)
+            raw = bufs[k][: (hi - lo) * size]
+            if info.delta is not None:
+                # Stored plus a low-rank delta: formed whole once per tensor (per input),
+                # then handed out a unit at a time.
+                if k not in formed:
+                    formed[k] = self._formed(info)
+                raw.copy_(formed[k][lo * size: hi * size])
+            else:
+                raw = self._fill(info, raw, lo * size, hi * size)
+            return raw.view(TORCH_DTYPES[info.dtype])
+
+        n = min(len(infos), len(bufs))
+        if self._side is None or n < 2 or any(i.delta is not None for i in infos):
+            return [one(k) for k in range(n)]
+        others = [self._side.submit(one, k) for k in range(1, n)]
+        try:
+            first = one(0)
+        finally:
+            # Every read done (or failed) before the buffers can be handed on or reused.
+            done = [f.exception() for f in others]
+        for exc in done:
+            if exc is not None:
+                raise exc
+        return [first, *(f.result() for f in others)]
 
     def __iter__(self) -> UnitReader:
         return self
@@ -389,6 +433,8 @@ class UnitReader:
     def close(self) -> None:
         self._stop.set()
         self._thread.join()
+        if self._side is not None:
+            self._side.shutdown(wait=True)
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()

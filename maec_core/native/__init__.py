@@ -104,6 +104,8 @@ def _library() -> tuple[ctypes.CDLL, int] | None:
     lib.maec_unmap.restype = None
     lib.maec_unmap.argtypes = [ctypes.c_void_p, ctypes.c_int64]
     lib.maec_map_faults.restype = ctypes.c_int64
+    lib.maec_cached.restype = ctypes.c_int
+    lib.maec_cached.argtypes = [ctypes.c_int, ctypes.c_int64]
     # 2 where the CPU has AVX-512 F and BW, 1 with AVX2 and F16C only, 0 with neither.
     level = int(lib.maec_simd_level())
     if os.environ.get("MAEC_NATIVE_AVX512", "1") == "0":
@@ -124,13 +126,20 @@ def _guarded() -> ctypes.CDLL | None:
 def map_window(fd: int, offset: int, length: int) -> int | None:
     """The address of bytes ``[offset, offset + length)`` of ``fd`` mapped read-only
     (``offset`` a multiple of the page size), populated and guarded (mapped.c), or None
-    when the library is not loaded or no window is free. Give it back with
-    :func:`unmap_window`."""
+    when the library is not loaded, no window is free or a page of the range is not in
+    the page cache. Give it back with :func:`unmap_window`."""
     lib = _guarded()
     if lib is None:
         return None
     at = lib.maec_map(fd, offset, length)
     return int(at) if at else None
+
+
+def cached(fd: int, length: int) -> bool:
+    """Whether the first ``length`` bytes of ``fd`` are all in the page cache (False
+    where the library is not loaded or the kernel does not say)."""
+    lib = _guarded()
+    return lib is not None and lib.maec_cached(fd, length) == 1
 
 
 def unmap_window(at: int, length: int) -> None:
@@ -183,6 +192,10 @@ class MappedWindows:
     @staticmethod
     def faults() -> int:
         return map_faults()
+
+    @staticmethod
+    def cached(fd: int, length: int) -> bool:
+        return cached(fd, length)
 
 
 def mapped_windows() -> MappedWindows | None:

@@ -4,7 +4,9 @@
  * The engine's element-wise path reads each unit of an input either by a copy from the
  * page cache into its own buffer (pread) or, here, by mapping the unit's pages and
  * computing from them in place: on inputs already in the page cache the copy was the
- * largest single cost of a task-arithmetic merge.
+ * largest single cost of a task-arithmetic merge. Only bytes in the page cache are worth
+ * mapping (maec_cached, and maec_map's own check): bytes that must come from the disk
+ * arrive faster through a read.
  *
  * A mapping has one hazard a read does not: if the file shrinks while a window of it is
  * mapped (a concurrent writer, a failing disk), touching a page past the new end raises
@@ -19,6 +21,7 @@
  * The handler only reads atomics and calls mmap, which is a plain system call on Linux.
  */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -27,8 +30,8 @@
 #include <unistd.h>
 #include <pthread.h>
 
-#ifndef MAP_POPULATE
-#define MAP_POPULATE 0 /* populated by the first touch instead */
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22 /* Linux 5.14; older kernels refuse it with EINVAL */
 #endif
 
 /* More windows than any merge has in flight (a few units of each input); when they are
@@ -92,10 +95,44 @@ int maec_map_guard(void) {
     return installed;
 }
 
+/* How many pages of the mapping [at, at + length) are in the page cache, or -1 where the
+ * kernel does not say (mincore reports a file's cache only to a process that may write
+ * the file; then the caller reads). */
+static int64_t cached_pages(unsigned char *at, size_t length) {
+    unsigned char vec[1024];
+    size_t pages = (length + page_size - 1) / page_size;
+    int64_t cached = 0;
+    for (size_t done = 0; done < pages;) {
+        size_t n = pages - done < sizeof vec ? pages - done : sizeof vec;
+        if (mincore(at + done * page_size, n * page_size, vec) != 0) return -1;
+        for (size_t i = 0; i < n; i++) cached += vec[i] & 1;
+        done += n;
+    }
+    return cached;
+}
+
+/* Whether the first `length` bytes of `fd` are all in the page cache: 1 yes, 0 no, -1 the
+ * kernel does not say. The engine maps a file's units only when the whole file is there
+ * as it starts. */
+int maec_cached(int fd, int64_t length) {
+    if (!installed || length <= 0) return -1;
+    void *at = mmap(NULL, (size_t)length, PROT_READ, MAP_SHARED, fd, 0);
+    if (at == MAP_FAILED) return -1;
+    int64_t got = cached_pages(at, (size_t)length);
+    munmap(at, (size_t)length);
+    if (got < 0) return -1;
+    return got == (int64_t)(((size_t)length + page_size - 1) / page_size);
+}
+
 /* Bytes [offset, offset + length) of `fd` mapped read-only and registered; `offset` is a
- * multiple of the page size. NULL when no window is free or the mapping fails. The pages
- * are populated now (on the caller's thread, in one system call), not faulted in one by
- * one by the code that computes from them. */
+ * multiple of the page size. NULL when no window is free, the mapping fails, or a page of
+ * the range is not in the page cache: the caller then reads the range. Mapping pays only
+ * for cached bytes. A page that must come from the disk is faulted in a small read-around
+ * at a time, synchronously, where a read is one large request with readahead beyond it;
+ * on inputs larger than memory (a 7B merge on this kind of machine) mapping every unit
+ * measured 1.3x the I/O floor against 1.1x for reads. The pages of a cached range are
+ * populated now (on the caller's thread, in one system call), not faulted in one by one
+ * by the code that computes from them. */
 void *maec_map(int fd, int64_t offset, int64_t length) {
     if (!installed || length <= 0) return NULL;
     pthread_mutex_lock(&lock);
@@ -105,8 +142,17 @@ void *maec_map(int fd, int64_t offset, int64_t length) {
     }
     void *at = NULL;
     if (slot >= 0) {
-        at = mmap(NULL, (size_t)length, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, (off_t)offset);
+        at = mmap(NULL, (size_t)length, PROT_READ, MAP_SHARED, fd, (off_t)offset);
         if (at == MAP_FAILED) {
+            at = NULL;
+        } else if (cached_pages(at, (size_t)length)
+                       != (int64_t)(((size_t)length + page_size - 1) / page_size)
+                   || (madvise(at, (size_t)length, MADV_POPULATE_READ) != 0 && errno != EINVAL)) {
+            /* Not all cached, or not populated (a file that shrank fails here with
+             * EFAULT, before any access could raise SIGBUS): read instead. An older
+             * kernel without MADV_POPULATE_READ leaves the cached pages to be faulted in
+             * on first touch. */
+            munmap(at, (size_t)length);
             at = NULL;
         } else {
             /* hi before lo: the handler treats a window as live once lo is set. */

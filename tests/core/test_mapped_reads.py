@@ -3,6 +3,7 @@ and a file that shrinks under a window fails the merge instead of killing the pr
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -63,6 +64,62 @@ def test_windows_give_the_bytes_reads_give(tmp_path: Path) -> None:
     before = native.map_faults()
     assert _stream(steps, native.mapped_windows()) == _stream(steps, None)
     assert native.map_faults() == before
+
+
+def _evicted(path: Path) -> bool:
+    """Drop ``path``'s pages from the page cache; False where the filesystem keeps them
+    (tmpfs: its pages are the file)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    return subprocess.run(["stat", "-f", "-c", "%T", str(path)], capture_output=True,
+                          text=True).stdout.strip() != "tmpfs"
+
+
+def test_only_bytes_in_the_page_cache_are_mapped(tmp_path: Path) -> None:
+    # Pages that must come from the disk are read, not faulted in through a window.
+    path = tmp_path / "m.safetensors"
+    data = bytes(range(256)) * (1 << 14)
+    path.write_bytes(data)
+    windows = native.mapped_windows()
+    assert windows is not None
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if not _evicted(path):
+            pytest.skip("this filesystem keeps every page in memory")
+        assert not windows.cached(fd, len(data))
+        assert windows.view(fd, 4096, len(data) - 4096) is None
+        assert path.read_bytes() == data  # now cached
+        assert windows.cached(fd, len(data))
+        view = windows.view(fd, 4096, len(data) - 4096)
+        assert view is not None
+        assert view.numpy().tobytes() == data[4096:]
+        del view
+    finally:
+        os.close(fd)
+    assert _mapped_ranges(path) == 0
+
+
+def test_a_file_not_all_cached_when_opened_is_read(tmp_path: Path) -> None:
+    # Even the units of it that are cached by the time they are reached: a merge of inputs
+    # larger than memory reads them all.
+    paths = [tmp_path / f"m{i}.safetensors" for i in range(2)]
+    for i, p in enumerate(paths):
+        _checkpoint(p, i)
+    steps = _steps(paths)
+    expected = _stream(steps, None)
+    if not _evicted(paths[1]):
+        pytest.skip("this filesystem keeps every page in memory")
+    most = [0, 0]
+    with UnitReader(steps, UNIT, windows=native.mapped_windows()) as units:
+        for u in units:
+            most = [max(m, _mapped_ranges(p)) for m, p in zip(most, paths, strict=True)]
+            u.release()
+    assert most[0] > 0 and most[1] == 0
+    assert _stream(steps, native.mapped_windows()) == expected
 
 
 def _mapped_ranges(path: Path) -> int:
