@@ -33,6 +33,9 @@ import pytest
 from tests import ports, smoke_experiment
 from tests.stack import RedisServer, S3Server, Stack, stack_context
 
+# Every test's ``tmp_path`` a folder of its own, removed when it passes.
+pytest_plugins = ["tests.tmp_folders"]
+
 _DBS = itertools.cycle(range(1, 16))
 
 
