@@ -241,13 +241,12 @@ class UnitReader:
     in memory, which saves the copy (the largest cost of a merge of cached inputs). Any
     other file is read: on inputs larger than memory, mapping the units that happened to
     be cached as well as faulting the others in measured 1.2-1.3x the I/O floor at 7B,
-    against 1.0-1.1x reading them all. A window is unmapped
-    when its unit's views are gone, so the resident set stays at a few units as with
-    reads. A file that shrinks is caught before mapping (then read, which fails as
-    truncated) or, when it shrinks under a mapped window, by the guard's fault count,
-    checked as each unit is handed out and when the reader closes: either way the merge
-    fails with ``CorruptCheckpoint`` before anything computed from missing bytes is
-    published.
+    against 1.0-1.1x reading them all. A window is unmapped when its unit's views are
+    gone, so the resident set stays at a few units as with reads. A file that shrinks is
+    caught before mapping (then read, which fails as truncated) or, when it shrinks under
+    a mapped window, by the guard's fault count, checked as each unit is handed out and
+    when the reader closes: either way the merge fails with ``CorruptCheckpoint`` before
+    anything computed from missing bytes is published.
     """
 
     def __init__(self, steps: list[list[TensorInfo]], unit: int, depth: int = 2, *,

@@ -95,33 +95,33 @@ int maec_map_guard(void) {
     return installed;
 }
 
-/* How many pages of the mapping [at, at + length) are in the page cache, or -1 where the
- * kernel does not say (mincore reports a file's cache only to a process that may write
- * the file; then the caller reads). */
-static int64_t cached_pages(unsigned char *at, size_t length) {
+/* Whether every page of the mapping [at, at + length) is in the page cache: 1 yes, 0 no
+ * (also where the kernel keeps it to itself: mincore tells a file's cache only to a
+ * process that may write the file, and otherwise sees only what this process touched),
+ * -1 mincore failed. */
+static int all_cached(unsigned char *at, size_t length) {
     unsigned char vec[1024];
     size_t pages = (length + page_size - 1) / page_size;
-    int64_t cached = 0;
     for (size_t done = 0; done < pages;) {
         size_t n = pages - done < sizeof vec ? pages - done : sizeof vec;
         if (mincore(at + done * page_size, n * page_size, vec) != 0) return -1;
-        for (size_t i = 0; i < n; i++) cached += vec[i] & 1;
+        for (size_t i = 0; i < n; i++)
+            if (!(vec[i] & 1)) return 0;
         done += n;
     }
-    return cached;
+    return 1;
 }
 
-/* Whether the first `length` bytes of `fd` are all in the page cache: 1 yes, 0 no, -1 the
- * kernel does not say. The engine maps a file's units only when the whole file is there
- * as it starts. */
+/* Whether the first `length` bytes of `fd` are all in the page cache (all_cached's
+ * answer; -1 also where the file cannot be mapped). The engine maps a file's units only
+ * when the whole file is there as it starts. */
 int maec_cached(int fd, int64_t length) {
     if (!installed || length <= 0) return -1;
     void *at = mmap(NULL, (size_t)length, PROT_READ, MAP_SHARED, fd, 0);
     if (at == MAP_FAILED) return -1;
-    int64_t got = cached_pages(at, (size_t)length);
+    int got = all_cached(at, (size_t)length);
     munmap(at, (size_t)length);
-    if (got < 0) return -1;
-    return got == (int64_t)(((size_t)length + page_size - 1) / page_size);
+    return got;
 }
 
 /* Bytes [offset, offset + length) of `fd` mapped read-only and registered; `offset` is a
@@ -145,8 +145,7 @@ void *maec_map(int fd, int64_t offset, int64_t length) {
         at = mmap(NULL, (size_t)length, PROT_READ, MAP_SHARED, fd, (off_t)offset);
         if (at == MAP_FAILED) {
             at = NULL;
-        } else if (cached_pages(at, (size_t)length)
-                       != (int64_t)(((size_t)length + page_size - 1) / page_size)
+        } else if (all_cached(at, (size_t)length) != 1
                    || (madvise(at, (size_t)length, MADV_POPULATE_READ) != 0 && errno != EINVAL)) {
             /* Not all cached, or not populated (a file that shrank fails here with
              * EFAULT, before any access could raise SIGBUS): read instead. An older
