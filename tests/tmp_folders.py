@@ -19,13 +19,15 @@ from pathlib import Path
 
 import pytest
 
-_OUTCOMES = pytest.StashKey[dict[str, bool]]()
+# Whether the test's call passed (absent: it never ran, its setup failed).
+_CALL_PASSED = pytest.StashKey[bool]()
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item: pytest.Item) -> Iterator[None]:
     report = yield
-    item.stash.setdefault(_OUTCOMES, {})[report.when] = report.passed
+    if report.when == "call":
+        item.stash[_CALL_PASSED] = report.passed
     return report
 
 
@@ -36,5 +38,5 @@ def tmp_path(request: pytest.FixtureRequest,
     path = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=tmp_path_factory.getbasetemp()))
     yield path
     # Torn down before the teardown's own report: the call's outcome decides.
-    if request.node.stash.get(_OUTCOMES, {}).get("call", False):
+    if request.node.stash.get(_CALL_PASSED, False):
         shutil.rmtree(path, ignore_errors=True)
