@@ -30,9 +30,10 @@ from typing import Any
 
 import torch
 
-from maec_core.errors import NonFiniteOutput
+from maec_core.errors import non_finite
 from maec_core.io.headers import TensorInfo
-from maec_core.io.reader import SAFETENSORS_NAMES, Prefetcher, TensorReader, Unit, UnitReader
+from maec_core.io.reader import SAFETENSORS_NAMES, Prefetcher, TensorReader
+from maec_core.io.units import Unit, UnitReader
 from maec_core.io.writer import BackgroundWriter
 from maec_core.plan import MergePlan, PlannedTensor
 from maec_core.runtime import EngineOptions, torch_dtype, torch_threads, whole_tensor_bytes
@@ -78,14 +79,6 @@ class LoopRun:
         if self.compute_at is None:
             return self.compute(planned, inputs)
         return self.compute_at(planned, inputs, offset)
-
-
-def non_finite(name: str) -> NonFiniteOutput:
-    return NonFiniteOutput(
-        f"merged tensor {name!r} contains NaN or inf; nothing was written "
-        "(check the inputs and parameters)",
-        tensor=name,
-    )
 
 
 def computed(compute: Callable[..., Any], planned: Any, inputs: list[Any]) -> Any:

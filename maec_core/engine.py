@@ -27,24 +27,20 @@ from, input files held in memory) is an ``EngineOptions``.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
 import math
 import queue
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
-from maec_core import native
-from maec_core.accounting import Accounting, Uses, account
-from maec_core.card import model_card
-from maec_core.checksums import BackgroundHasher
+from maec_core import native, streaming
 from maec_core.context import OutputSpec, RunContext
 from maec_core.cuda_loops import (
     ComputeFn,
@@ -52,15 +48,14 @@ from maec_core.cuda_loops import (
     OffsetComputeFn,
     PatchFn,
     computed,
-    non_finite,
     stream_units_cuda,
     whole_tensors_cuda,
 )
-from maec_core.errors import Cancelled, InputRangeMissing
-from maec_core.io.folder import ModelFolder, open_model_folder
+from maec_core.errors import InputRangeMissing, non_finite
 from maec_core.io.headers import TensorInfo
-from maec_core.io.output import StagedOutput, output_config
-from maec_core.io.reader import SAFETENSORS_NAMES, Prefetcher, TensorReader, Unit, UnitReader
+from maec_core.io.output import StagedOutput
+from maec_core.io.reader import SAFETENSORS_NAMES, Prefetcher, TensorReader
+from maec_core.io.units import Unit, UnitReader
 from maec_core.io.writer import (
     BackgroundWriter,
     OutputTensor,
@@ -70,25 +65,29 @@ from maec_core.io.writer import (
     WrittenFile,
     shard_layout,
 )
-from maec_core.manifest import build_manifest, write_manifest
+from maec_core.method_plan import plan_method
 from maec_core.methods import TensorCall, TensorMethod, get_method
 from maec_core.methods.base import FirstPass
 from maec_core.methods.params import layer_index
-from maec_core.naming import renamed
-from maec_core.plan import MergePlan, PlannedTensor, build_plan, recipe_vocab, rows_of
+from maec_core.plan import MergePlan, PlannedTensor, rows_of
+from maec_core.publish import (
+    plan_accounting,
+    publish_folder,
+    ticker,
+    write_definition,
+)
 from maec_core.recipe import Recipe
-from maec_core.recipe.chat_template import resolve_chat_template, with_chat_template
 from maec_core.runtime import (
     EngineOptions,
     MergeResult,
     ThreadControl,
-    as_helper_thread,
     best_device,
     compute_dtype_for,
     torch_dtype,
     torch_threads,
 )
 from maec_core.slices import prepare_slices
+from maec_core.streaming import in_flight, output_buffers, stream_units
 from maec_core.vocab.build import is_vocab_tensor
 from maec_core.vocab.rows import RowAligner
 
@@ -100,28 +99,9 @@ __all__ = ["ComputeFn", "FusedFn", "MergeWork", "OffsetComputeFn", "PatchFn", "R
 FusedFn = Callable[[PlannedTensor, list[torch.Tensor], torch.Tensor, torch.dtype],
                    bool | None]
 
-# Element-wise streaming: elements per read/write unit and per compute slice. A slice of
-# 256K float32 (1 MB per input) keeps a method's few passes inside the CPU cache; units
-# of 4M elements keep syscalls and thread hand-offs rare.
-UNIT_CPU = 1 << 22
-CHUNK_CPU = 1 << 18
 # Whole-tensor merges on CPU use torch's thread team only from this size up.
 THREADED_MIN_NUMEL = 1 << 22
-# CPU threads computing element-wise slices side by side (the registered methods are
-# pure functions, safe to run concurrently).
-COMPUTE_THREADS = 2
-# Output parts queued for the writer thread.
-WRITE_DEPTH = 4
-# Tokenizer files left out when the merge writes its own tokenizer.json.
-STALE_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "added_tokens.json",
-                         "tokenizer.model", "vocab.json", "merges.txt")
 
-
-def open_models(named: Mapping[str, str], base: str | None = None) -> dict[str, ModelFolder]:
-    """Open and validate each checkpoint folder (headers and configs only); a LoRA
-    adapter among them applies to ``base`` (the recipe's base model) when given."""
-    return {key: open_model_folder(path, base=base, config_base=True)
-            for key, path in named.items()}
 
 
 def all_finite(t: torch.Tensor) -> bool:
@@ -183,27 +163,21 @@ def _elementwise(run: LoopRun, compute_threads: int = 1, fused: FusedFn | None =
     # OpenMP team waiting at a barrier for a descheduled member stalls every op (measured
     # 20x slower on 2 shared cores). Reading and writing run on their own threads.
     with torch_threads(1):
-        _stream_units(run, UNIT_CPU, CHUNK_CPU, workers=compute_threads, fused=fused)
+        _stream_units(run, streaming.UNIT_CPU, streaming.CHUNK_CPU, workers=compute_threads,
+                      fused=fused)
 
 
-def _unit_buffers(
-    run: LoopRun, tsize: int, unit: int, chunk: int, workers: int, outputs: int,
-) -> tuple[queue.Queue[list[torch.Tensor]], queue.Queue[torch.Tensor]]:
-    """The recycled buffers of ``_stream_units``, allocated once per merge: per compute
-    worker one compute-dtype slice per input, and ``outputs`` byte buffers of one unit
-    each."""
-    plan, device = run.plan, run.device
+def _scratch(run: LoopRun, unit: int, chunk: int, workers: int
+             ) -> queue.Queue[list[torch.Tensor]]:
+    """Per compute worker, one compute-dtype slice per input, allocated once per merge
+    and recycled (``_stream_units``)."""
     cdtype = torch_dtype(run.options.compute_dtype or "float32")
     slots = max((len(s) for s in run.steps), default=0)
     scratch: queue.Queue[list[torch.Tensor]] = queue.Queue()
     for _ in range(workers):
-        scratch.put([torch.empty(min(chunk, unit), dtype=cdtype, device=device)
+        scratch.put([torch.empty(min(chunk, unit), dtype=cdtype, device=run.device)
                      for _ in range(slots)])
-    biggest = max((t.numel for t in plan.tensors), default=0)
-    out_free: queue.Queue[torch.Tensor] = queue.Queue()
-    for _ in range(outputs):
-        out_free.put(torch.empty(max(1, min(unit, biggest)) * tsize, dtype=torch.uint8))
-    return scratch, out_free
+    return scratch
 
 
 def _fused_unit(fused: FusedFn, planned: PlannedTensor, u: Unit, out: torch.Tensor,
@@ -223,35 +197,35 @@ def _fused_unit(fused: FusedFn, planned: PlannedTensor, u: Unit, out: torch.Tens
 
 def _stream_units(run: LoopRun, unit: int, chunk: int, workers: int = 1,
                   fused: FusedFn | None = None) -> None:
-    plan, steps, writer, target, tick = run.plan, run.steps, run.writer, run.target, run.tick
+    """The element-wise stream (``maec_core.streaming``) with torch's arithmetic: each
+    unit through ``fused`` when it takes it, else converted to the compute dtype slice by
+    slice, computed and cast into the output buffer."""
+    plan, target = run.plan, run.target
     cdtype = torch_dtype(run.options.compute_dtype or "float32")
-    st_dtype = SAFETENSORS_NAMES[target]
     tsize = torch.empty((), dtype=target).element_size()
-    # Units computed ahead of the oldest: two per worker, so a worker finds its next
-    # unit queued even when this thread is slow to be scheduled on a busy machine.
-    in_flight = 2 * workers if workers > 1 else 1
-    scratch, out_free = _unit_buffers(run, tsize, unit, chunk, workers,
-                                      WRITE_DEPTH + 1 + in_flight)
+    scratch = _scratch(run, unit, chunk, workers)
+    biggest = max((t.numel for t in plan.tensors), default=0)
+    out_free = output_buffers(streaming.WRITE_DEPTH + 1 + in_flight(workers),
+                              max(1, min(unit, biggest)) * tsize)
 
     # stream_merge leaves patch_at only to float32 merges.
     patch_at = run.patch_at
 
-    def work(planned: PlannedTensor, u: Unit, buf: torch.Tensor) -> None:
+    def work(planned: PlannedTensor, u: Unit, buf: np.ndarray) -> None:
         """Compute unit ``u`` into ``buf`` (on a worker when ``workers`` > 1)."""
+        out = torch.from_numpy(buf[: (u.hi - u.lo) * tsize]).view(target)
         if patch_at is not None and len(u.tensors) == 1 and u.tensors[0].dtype == target:
             # The input's bytes are the result but for a few entries: copied as they
             # are (a float32 round trip of them is exact), then patched.
-            out = buf[: (u.hi - u.lo) * tsize].view(target).copy_(u.tensors[0])
+            out.copy_(u.tensors[0])
             patch_at(planned, out, u.lo)
             if not all_finite(out):
                 raise non_finite(planned.name)
             return
-        if fused is not None and _fused_unit(fused, planned, u, buf[: (u.hi - u.lo) * tsize]
-                                             .view(target), cdtype, chunk):
+        if fused is not None and _fused_unit(fused, planned, u, out, cdtype, chunk):
             return
         mine = scratch.get()
         try:
-            out = buf[: (u.hi - u.lo) * tsize].view(target)
             for c0 in range(0, u.hi - u.lo, chunk):
                 c1 = min(u.hi - u.lo, c0 + chunk)
                 ins = [s[: c1 - c0].copy_(t[c0:c1])
@@ -263,57 +237,10 @@ def _stream_units(run: LoopRun, unit: int, chunk: int, workers: int = 1,
         finally:
             scratch.put(mine)
 
-    # Units in flight, oldest first: results reach the writer in order whatever order
-    # the workers finish in.
-    pending: collections.deque[tuple[PlannedTensor, Unit, torch.Tensor, Future[None]]] = (
-        collections.deque())
-    pool = (ThreadPoolExecutor(max_workers=workers, thread_name_prefix="maec-compute",
-                               initializer=as_helper_thread)
-            if workers > 1 else None)
-
-    def flush_oldest() -> None:
-        planned, u, buf, fut = pending.popleft()
-        fut.result()
-        u.release()
-        writer.put(planned.name, planned.shape, st_dtype,
-                   buf[: (u.hi - u.lo) * tsize].numpy().data.cast("B"), first=u.first,
-                   last=u.last, done=functools.partial(out_free.put, buf))
-
-    try:
-        with UnitReader(steps, unit, depth=in_flight + 1, resident=run.options.resident,
-                        windows=native.mapped_windows()) as units:
-            for u in units:
-                planned = plan.tensors[u.step]
-                if u.first:
-                    tick(u.step)
-                buf = out_free.get()
-                if pool is None:
-                    fut: Future[None] = Future()
-                    work(planned, u, buf)
-                    fut.set_result(None)
-                else:
-                    fut = pool.submit(work, planned, u, buf)
-                pending.append((planned, u, buf, fut))
-                while len(pending) >= in_flight:
-                    flush_oldest()
-            while pending:
-                flush_oldest()
-    finally:
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _input_hasher(plan: MergePlan, hash_inputs: Mapping[str, Sequence[Path]] | None,
-                  hash_cache: Path | None,
-                  present: Callable[[Path, int, int], bool] | None = None
-                  ) -> BackgroundHasher:
-    """Hashes the input files (by default every model's weight files) on a thread;
-    with ``present``, only those present whole (a file held in part hashes to no
-    digest of its content)."""
-    files = hash_inputs or {key: m.weight_files for key, m in plan.models.items()}
-    return BackgroundHasher({k: [p for p in v if present is None
-                                 or present(p, 0, p.stat().st_size)]
-                             for k, v in files.items()}, cache=hash_cache)
+    with UnitReader(run.steps, unit, depth=in_flight(workers) + 1,
+                    resident=run.options.resident, windows=native.mapped_windows()) as units:
+        stream_units(units, plan.tensors, run.writer, SAFETENSORS_NAMES[target], out_free,
+                     workers, work, run.tick)
 
 
 def check_present(steps: Sequence[Sequence[TensorInfo]],
@@ -441,12 +368,12 @@ def stream_merge(plan: MergePlan, work: MergeWork, output: OutputSpec, ctx: RunC
     started = time.perf_counter()
     # From the plan and headers, before anything is written: a tensor the plan would
     # drop fails the merge here instead of vanishing from the output.
-    accounting = plan_accounting(plan, work)
+    accounting = plan_accounting(plan, work.read, work.feeds, work.added)
     target = torch_dtype(output.dtype)
     total = len(plan.tensors)
     outputs = [OutputTensor(t.name, t.shape, SAFETENSORS_NAMES[target]) for t in plan.tensors]
     loop = _Loop(plan, work, device, target, options,
-                 _ticker(ctx, work.stage, total))
+                 ticker(ctx, work.stage, total))
 
     def write(sink: TensorSink, background: bool = True) -> list[WrittenFile]:
         files = _write_tensors(sink, background, loop)
@@ -455,42 +382,14 @@ def stream_merge(plan: MergePlan, work: MergeWork, output: OutputSpec, ctx: RunC
         return files
 
     manifest: dict[str, Any] = {}
-    define = functools.partial(_write_definition, plan=plan, output=output)
     if options.sink is not None:
-        _to_sink(write, outputs, options.sink, options.skeleton, define)
+        _to_sink(write, outputs, options.sink, options.skeleton,
+                 functools.partial(write_definition, plan=plan, output=output))
     else:
-        finish = functools.partial(_finish_folder, define=define, plan=plan,
-                                   output=_recorded(output, ctx.names),
-                                   accounting=accounting, names=ctx.names)
-        manifest = _to_folder(write, outputs, output, ctx,
-                              _input_hasher(plan, output.hash_inputs, ctx.hash_cache,
-                                            options.present), finish)
+        manifest = publish_folder(plan, output, ctx, write, SAFETENSORS_NAMES[target],
+                                  accounting)
     seconds = time.perf_counter() - started
     return MergeResult(output.folder, manifest, total, seconds, {work.stage: seconds})
-
-
-def plan_accounting(plan: MergePlan, work: MergeWork) -> Accounting:
-    """Where every stored tensor of the plan's models goes: into the output tensors
-    whose inputs it feeds (``work.feeds``, else what ``work.read`` loads), or left out
-    as the plan says (TensorUnaccounted when neither, or both)."""
-    def made_of(t: PlannedTensor) -> Uses:
-        if work.feeds is not None:
-            return t.name, [(k, t.sources[k]) for k in work.feeds(t)]
-        read = work.read(t)
-        return t.name, [(k, info) for k, info in t.sources.items() if info in read]
-
-    return account(plan.models, map(made_of, plan.tensors), plan.left_out, work.added)
-
-
-def _ticker(ctx: RunContext, stage: str, total: int) -> Callable[[int], None]:
-    def tick(i: int) -> None:
-        """Called as tensor ``i`` starts: report the ``i`` finished, honour cancel."""
-        if i > 0:
-            ctx.report(stage, i, total)
-        if ctx.cancelled():
-            raise Cancelled("merge cancelled")
-
-    return tick
 
 
 @dataclasses.dataclass(frozen=True)
@@ -525,34 +424,6 @@ def _to_sink(
     write(sink(outputs), False)
 
 
-def _to_folder(
-    write: Callable[[TensorSink], list[WrittenFile]],
-    outputs: list[OutputTensor],
-    output: OutputSpec,
-    ctx: RunContext,
-    hasher: BackgroundHasher,
-    finish: Callable[..., dict[str, Any]],
-) -> dict[str, Any]:
-    """The merge's tensors written as shards of a staged folder, ``finish`` adding the
-    other files and the manifest, then the folder renamed into place; its manifest."""
-    options = ctx.options
-    with StagedOutput(output.folder, overwrite=ctx.overwrite) as staged:
-        try:
-            staged.add(write(ShardedWriter(
-                staged.folder, outputs, output.recipe.shard_size_bytes(), parallel_io=True,
-                on_shard=options.on_shard, on_shard_open=options.on_shard_open,
-                done=options.done_shards, part=options.part)))
-        except BaseException:
-            hasher.stop()
-            raise
-        manifest = finish(staged, hasher=hasher)
-        if ctx.manifest_file:
-            # Written last and outside staged.files: the manifest lists the others.
-            write_manifest(staged.folder, manifest)
-        staged.commit()
-    return manifest
-
-
 def _write_tensors(sink: TensorSink, background: bool, loop: _Loop) -> list[WrittenFile]:
     """Merge every planned tensor into ``sink`` (a staged folder's shards and their
     index, or the caller's sink; on a thread of its own when ``background``); returns
@@ -566,7 +437,7 @@ def _write_tensors(sink: TensorSink, background: bool, loop: _Loop) -> list[Writ
         sink,
         # Whole tensors: one queued while one is written, so memory stays at a couple
         # of tensors; slices are small and recycled, a deeper queue is free.
-        depth=0 if not background else WRITE_DEPTH if work.streams else 1,
+        depth=0 if not background else streaming.WRITE_DEPTH if work.streams else 1,
     )
     steps = [work.read(t) for t in plan.tensors]
     # Inputs held in part: nothing is read unless all of it was fetched.
@@ -631,7 +502,7 @@ def _pass_round(todo: list[int], plan: MergePlan, steps: list[list[TensorInfo]],
     torch's threads); the tensors whose pass asks for another round."""
     passes, states, threads = open_passes
     again = []
-    with UnitReader([steps[i] for i in todo], UNIT_CPU, resident=options.resident,
+    with UnitReader([steps[i] for i in todo], streaming.UNIT_CPU, resident=options.resident,
                     windows=native.mapped_windows()) as units:
         for u in units:
             index = todo[u.step]
@@ -689,100 +560,12 @@ def _runs(
     return runs
 
 
-def _write_definition(staged: StagedOutput, plan: MergePlan, *, output: OutputSpec) -> None:
-    """Write the files that define the merged model beside its weights, all that
-    transformers reads to build the model and its tokenizer: the tokenizer and
-    generation files (copied, or a built vocabulary's) and config.json (the output
-    dtype and the plan's changes applied). The output folder's first files, and a
-    sink's skeleton (``EngineOptions.skeleton``)."""
-    source = plan.models[output.tokenizer_from]
-    # A built vocabulary: its tokenizer files, and none of the source's slow-tokenizer
-    # files (they would describe the old vocabulary).
-    skip = STALE_TOKENIZER_FILES if output.tokenizer_files else ()
-    files = {p.name: p.read_bytes() for p in source.side_files() if p.name not in skip}
-    files.update(output.tokenizer_files or {})
-    template = resolve_chat_template(output.recipe.chat_template,
-                                     [m.root for m in plan.models.values()])
-    if template is not None:
-        files = with_chat_template(files, template)
-    for name, data in files.items():
-        staged.write_bytes(name, data)
-    staged.write_json("config.json",
-                      output_config(source.config, output.config_dtype or output.dtype,
-                                    plan.config_updates))
-
-
-def _recorded(output: OutputSpec, names: Mapping[str, str]) -> OutputSpec:
-    """``output`` as it is recorded: every input path in ``names`` replaced by its
-    reference in the recipe, the card's base models and the extra documents."""
-    if not names:
-        return output
-    recipe = Recipe.model_validate(renamed(output.recipe.model_dump(mode="json",
-                                                                    exclude_none=True), names))
-    return dataclasses.replace(
-        output, recipe=recipe, base_models=renamed(list(output.base_models), names),
-        extra_json=renamed(dict(output.extra_json or {}), names) or None)
-
-
-def _finish_folder(
-    staged: StagedOutput,
-    hasher: BackgroundHasher,
-    *,
-    define: Callable[[StagedOutput], None],
-    plan: MergePlan,
-    output: OutputSpec,
-    accounting: Accounting | None = None,
-    names: Mapping[str, str] | None = None,
-) -> dict[str, Any]:
-    """Write the model's definition files (``define``: :func:`_write_definition`), the
-    recipe, card and extra documents; returns the manifest listing them (written by the
-    caller, last)."""
-    define(staged)
-    recipe = output.recipe
-    recipe_dump = recipe.model_dump(mode="json", exclude_none=True)
-    staged.write_bytes("recipe.yaml", recipe.to_yaml().encode())
-    staged.write_bytes("README.md", model_card(recipe, list(output.base_models),
-                                               output.card_summary).encode())
-    for name, doc in (output.extra_json or {}).items():
-        staged.write_json(name, doc)
-    digests = hasher.result()
-    inputs_doc = {
-        key: {"path": str(m.root), "files": digests.get(key, {})}
-        for key, m in plan.models.items()
-    }
-    manifest = build_manifest(
-        staged.files, inputs=inputs_doc, recipe=recipe_dump,
-        extra=dict(output.manifest_extra or {}), accounting=accounting, names=names,
-    )
-    return manifest
-
-
-def _model_keys(recipe: Recipe, separate_base: bool = True
-                ) -> tuple[str | None, list[tuple[str, str]]]:
-    """(base key, [(key, path)] for the other models); keys are unique, readable names.
-    Without ``separate_base`` the base, listed among the models, is one of them."""
-    others: list[tuple[str, str]] = []
-    seen: set[str] = set()
-    base_key = recipe.base_model if separate_base else None
-    if base_key:
-        seen.add(base_key)
-    for m in recipe.models:
-        if separate_base and m.model == recipe.base_model:
-            continue
-        key, n = m.model, 2
-        while key in seen:
-            key, n = f"{m.model}#{n}", n + 1
-        seen.add(key)
-        others.append((key, m.model))
-    return base_key, others
-
-
 def _run_slices(recipe: Recipe, spec: TensorMethod, out_dir: Path, ctx: RunContext
                 ) -> MergeResult:
     """A slices recipe: its plan, reads and per-tensor calls come from maec_core.slices."""
     job = prepare_slices(recipe, spec)
     work = MergeWork(job.compute, job.read, elementwise=spec.elementwise,
-                     compute_threads=COMPUTE_THREADS, whole=job.whole)
+                     compute_threads=streaming.COMPUTE_THREADS, whole=job.whole)
     output = OutputSpec(out_dir, recipe, job.out_dtype, job.tokenizer_from, job.base_models,
                         config_dtype=job.config_dtype)
     return stream_merge(job.plan, work, output, ctx)
@@ -808,17 +591,12 @@ def plain_shard_plan(recipe: Recipe) -> ShardPlan | None:
     if (not isinstance(spec, TensorMethod) or recipe.layered
             or (recipe.output is not None and recipe.output.format == "lora")):
         return None
-    base_key, others = _model_keys(recipe, spec.separate_base(recipe))
-    named = {**({base_key: base_key} if base_key else {}), **dict(others)}
-    folders = open_models(named, recipe.base_model)
-    reference = base_key or (recipe.base_model if recipe.base_model in named
-                             else others[0][0])
-    vocab = recipe_vocab(recipe, folders)
-    plan = build_plan(folders, reference, rows_of(vocab))
-    target = torch_dtype(spec.saved_dtype(recipe, plan.input_dtype))
+    planned = plan_method(recipe, spec)
+    plan = planned.plan
+    target = torch_dtype(planned.out_dtype)
     outputs = [OutputTensor(t.name, t.shape, SAFETENSORS_NAMES[target]) for t in plan.tensors]
-    return ShardPlan(plan, shard_layout(outputs, recipe.shard_size_bytes()), named,
-                     vocab is not None)
+    return ShardPlan(plan, shard_layout(outputs, recipe.shard_size_bytes()), planned.named,
+                     planned.vocab is not None)
 
 
 def planned_shard_count(recipe: Recipe) -> int | None:
@@ -844,24 +622,10 @@ def run_method(recipe: Recipe, out_dir: Path, ctx: RunContext | None = None) -> 
     if recipe.layered:
         return _run_slices(recipe, spec, Path(out_dir), ctx)
     fn = spec.merge
-    # A method that merges its base like any other model (linear) reads the base's own
-    # parameters when the base is listed among the models, as mergekit does.
-    separate = spec.separate_base(recipe)
-    base_key, others = _model_keys(recipe, separate)
-    named = {**({base_key: base_key} if base_key else {}), **dict(others)}
-    folders = open_models(named, recipe.base_model)
-    reference = base_key or (recipe.base_model if recipe.base_model in named
-                             else others[0][0])
-    vocab = recipe_vocab(recipe, folders)
-    plan = build_plan(folders, reference, rows_of(vocab))
-    out_dtype = spec.saved_dtype(recipe, plan.input_dtype)
+    planned = plan_method(recipe, spec)
+    plan, base_key, keys, vocab = planned.plan, planned.base_key, planned.keys, planned.vocab
     entries = spec.merged_entries(recipe)
-    other_keys = [k for k, _ in others]
-    keys = ([base_key] if base_key else []) + other_keys
     num_layers = plan.num_layers
-
-    def read(t: PlannedTensor) -> list[TensorInfo]:
-        return [t.sources[k] for k in keys]
 
     # Parameters resolved once per tensor: element-wise merges call compute per slice.
     # Locked: element-wise slices of two tensors may be computed on two threads at once.
@@ -906,14 +670,15 @@ def run_method(recipe: Recipe, out_dir: Path, ctx: RunContext | None = None) -> 
 
     overrides = type(spec).merge_into is not TensorMethod.merge_into
     reduces = type(spec).first_pass is not TensorMethod.first_pass
-    work = MergeWork(compute, read, elementwise=spec.elementwise,
-                     compute_threads=COMPUTE_THREADS,
+    work = MergeWork(compute, planned.read, elementwise=spec.elementwise,
+                     compute_threads=streaming.COMPUTE_THREADS,
                      fused=fused if overrides and spec.elementwise else None,
                      reduction=(Reduction(start, reduced)
                                 if reduces and not spec.elementwise and base_key else None),
                      whole=None if aligner is None else lambda t: is_vocab_tensor(t.name))
-    output = OutputSpec(Path(out_dir), recipe, out_dtype,
-                        vocab.copy_from if vocab else reference, list(named.values()),
+    output = OutputSpec(Path(out_dir), recipe, planned.out_dtype,
+                        vocab.copy_from if vocab else planned.reference,
+                        list(planned.named.values()),
                         tokenizer_files=vocab.files if vocab else None,
                         config_dtype=recipe.output_dtype or plan.input_dtype)
     return stream_merge(plan, work, output, ctx)

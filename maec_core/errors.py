@@ -118,6 +118,15 @@ class NonFiniteOutput(MaecError):
     code = "non_finite_output"
 
 
+def non_finite(name: str) -> NonFiniteOutput:
+    """The error of a merge whose tensor ``name`` came out with NaN or inf."""
+    return NonFiniteOutput(
+        f"merged tensor {name!r} contains NaN or inf; nothing was written "
+        "(check the inputs and parameters)",
+        tensor=name,
+    )
+
+
 class TensorUnaccounted(MaecError):
     """The merge would leave input tensors without a disposition (neither merged,
     copied, folded nor left out by the recipe with a reason), or give one two: nothing is

@@ -1,9 +1,10 @@
 """The one entry for any recipe: a parsed ``Recipe`` in, a published output folder out.
 
-A tensor method goes to the engine's streaming merge; a method with a pipeline of its own
-(MAEC: extraction or artifact reuse, then combination) runs it. Callers parse the
-recipe once (``maec_core.parsing.parse_recipe``) and pass it on typed, with the run's
-:class:`~maec_core.context.RunContext`.
+A tensor method goes to the engine's streaming merge (or, when compiled kernels take all
+of it, to ``maec_core.kernel_merge``, which never imports torch); a method with a
+pipeline of its own (MAEC: extraction or artifact reuse, then combination) runs it.
+Callers parse the recipe once (``maec_core.parsing.parse_recipe``) and pass it on typed,
+with the run's :class:`~maec_core.context.RunContext`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import functools
 from pathlib import Path
 
 from maec_core.context import RunContext
-from maec_core.engine import run_method
 from maec_core.errors import MaecError
 from maec_core.methods import TensorMethod, get_method
 from maec_core.methods.base import PhasedMerge
@@ -61,6 +61,16 @@ def _merge(recipe: Recipe, out: Path, ctx: RunContext) -> MergeResult:
     """The merged checkpoint itself, by the recipe's method."""
     method = get_method(recipe.merge_method)
     if isinstance(method, TensorMethod):
+        # A merge compiled kernels take whole runs without torch (most published
+        # recipes); the engine, which imports it, runs the others. Both imported here:
+        # loading a command imports neither numpy nor torch.
+        from maec_core.kernel_merge import kernel_merge
+
+        merged = kernel_merge(recipe, Path(out), ctx)
+        if merged is not None:
+            return merged
+        from maec_core.engine import run_method
+
         return run_method(recipe, Path(out), ctx)
     return method.run(recipe, Path(out), ctx)
 

@@ -162,11 +162,11 @@ def spy_slice_sizes(monkeypatch: Any, method: str, unit: int, chunk: int) -> lis
     cut every tensor at odd places) and record, per call of ``method``'s tensor function,
     the largest input it was given (its compiled ``merge_into`` too): a method that
     streams never sees more than ``chunk``."""
-    import maec_core.engine as engine
+    import maec_core.streaming as streaming
     from maec_core.methods import get_method
 
-    monkeypatch.setattr(engine, "UNIT_CPU", unit)
-    monkeypatch.setattr(engine, "CHUNK_CPU", chunk)
+    monkeypatch.setattr(streaming, "UNIT_CPU", unit)
+    monkeypatch.setattr(streaming, "CHUNK_CPU", chunk)
     spec = type(get_method(method))
     merge = spec.merge
     sizes: list[int] = []
@@ -184,4 +184,20 @@ def spy_slice_sizes(monkeypatch: Any, method: str, unit: int, chunk: int) -> lis
 
     # A compiled fast path is called per slice instead of merge, when it takes them.
     monkeypatch.setattr(spec, "merge_into", spied_into)
+    kernel = spec.kernel
+
+    def spied_kernel(self: Any, call: Any, compute: str) -> Any:
+        chosen = kernel(self, call, compute)
+        if chosen is None:
+            return None
+
+        def spied_run(inputs: Any, out: Any) -> Any:
+            if out.numel:  # not the empty call that asks whether it takes them
+                sizes.append(max(f.numel for f in inputs))
+            return chosen(inputs, out)
+
+        return spied_run
+
+    # A merge whose every tensor has a kernel runs it per slice, without torch.
+    monkeypatch.setattr(spec, "kernel", spied_kernel)
     return sizes

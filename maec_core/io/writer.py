@@ -19,13 +19,13 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Protocol
-
-import torch
+from typing import TYPE_CHECKING, BinaryIO, Protocol
 
 from maec_core.errors import MaecError
 from maec_core.io.headers import DTYPE_SIZES
-from maec_core.io.reader import SAFETENSORS_NAMES
+
+if TYPE_CHECKING:
+    import torch
 
 INDEX_NAME = "model.safetensors.index.json"
 # Below this, handing a write to the helper thread costs more than it overlaps.
@@ -172,6 +172,8 @@ def _planned_size(tensors: list[OutputTensor]) -> int:
 
 def tensor_bytes(tensor: torch.Tensor) -> memoryview:
     """A CPU tensor's bytes as a flat memoryview (no copy when already contiguous)."""
+    import torch  # here: a merge that writes bytes only never imports it
+
     # Flat: len() of a 2-D memoryview would count rows, not bytes.
     flat = tensor.detach().cpu().contiguous().reshape(-1)
     return flat.view(torch.uint8).numpy().data.cast("B")
@@ -318,6 +320,8 @@ class ShardedWriter:
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
         """Append the next tensor; it must match the declared name, shape and dtype."""
+        from maec_core.io.reader import SAFETENSORS_NAMES
+
         self.begin(name, tuple(tensor.shape), SAFETENSORS_NAMES.get(tensor.dtype))
         self.append(tensor_bytes(tensor))
         self.end()
@@ -425,6 +429,8 @@ class BackgroundWriter:
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
         """Queue a whole tensor (kept alive by the queue until written)."""
+        from maec_core.io.reader import SAFETENSORS_NAMES
+
         self.put(name, tuple(tensor.shape), SAFETENSORS_NAMES[tensor.dtype],
                  tensor_bytes(tensor))
 

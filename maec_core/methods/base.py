@@ -10,7 +10,7 @@ under ``TYPE_CHECKING``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Protocol
 
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from maec_core.artifact_store import ArtifactStore
     from maec_core.context import RunContext
     from maec_core.io.folder import ModelFolder
+    from maec_core.native import Flat
     from maec_core.recipe import Recipe
     from maec_core.runtime import MergeResult
 
@@ -97,6 +98,11 @@ class TensorCall:
     # What the method's first pass over the whole tensor found (``first_pass``), on the
     # streamed 16-bit path; None: the inputs are whole tensors.
     reduced: Any = None
+
+
+# A compiled kernel over flat runs (:meth:`TensorMethod.kernel`): (inputs, out) -> whether
+# every entry of ``out`` is finite, or None when it declines them.
+Kernel = Callable[["Sequence[Flat]", "Flat"], "bool | None"]
 
 
 class FirstPass(Protocol):
@@ -581,6 +587,16 @@ class TensorMethod(MergeMethod):
         slices in their stored dtype, read-only. Returns whether every entry of ``out``
         is finite, or None when it cannot take the call (``out`` untouched; the engine
         then uses :meth:`merge`). The default takes none."""
+        return None
+
+    def kernel(self, call: TensorCall, compute: str) -> Kernel | None:
+        """An element-wise method's compiled kernel for one tensor, chosen without torch:
+        ``kernel(inputs, out)`` computes :meth:`merge` in the ``compute`` dtype (its
+        name) from flat runs of the stored inputs (the base first, then the models) into
+        ``out``, the same bytes, and returns whether every entry is finite, or None when
+        it cannot take them. ``call`` names the tensor and holds its parameters, no
+        tensors. None (the default): no kernel for this call; a merge whose every tensor
+        has one runs without importing torch (``maec_core.kernel_merge``)."""
         return None
 
     def first_pass(self, call: TensorCall, compute: torch.dtype) -> FirstPass | None:

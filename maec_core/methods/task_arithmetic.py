@@ -5,15 +5,19 @@ Its global parameters are shared by the task-vector family (TIES, DARE, Breadcru
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from pydantic import Field
 
 from maec_core.methods._common import WeightParams
-from maec_core.methods.base import Params, TensorCall, TensorMethod
+from maec_core.methods.base import Kernel, Params, TensorCall, TensorMethod
+from maec_core.methods.scalars import held
 
 if TYPE_CHECKING:
     import torch
+
+    from maec_core.native import TaskArithmeticSteps
 
 
 class TaskArithmeticParams(Params):
@@ -54,6 +58,18 @@ class TaskArithmetic(TensorMethod):
             return base
         return _in_place(call, [p.weight for p in call.model_params])
 
+    def kernel(self, call: TensorCall, compute: str) -> Kernel | None:
+        """:meth:`merge` of flat runs of the stored base and models, in one compiled
+        pass with its roundings (``maec_core.native``); see the base class. Its scalars
+        are held as torch holds them (``maec_core.methods.scalars``); normalising takes
+        their sum in the compute dtype, which only torch gives here: no kernel then."""
+        from maec_core.native import task_arithmetic_flat
+
+        steps = _steps(call, compute)
+        if steps is None:
+            return None
+        return lambda inputs, out: task_arithmetic_flat(inputs[0], inputs[1:], steps, out)
+
     def merge_into(self, call: TensorCall, out: torch.Tensor, compute: torch.dtype
                    ) -> bool | None:
         """:meth:`merge` of flat slices in their stored dtype, straight into ``out``, in
@@ -66,17 +82,33 @@ class TaskArithmetic(TensorMethod):
         base = call.base
         if base is None or not call.models:
             return None
-        # The scalars exactly as _in_place holds them.
-        held = torch.tensor([p.weight for p in call.model_params], dtype=compute)
-        divisor = None
-        if call.params.normalize:
-            total = held.sum()
+        name = str(compute).removeprefix("torch.")
+        steps = _steps(call, name)
+        if steps is None and call.params.normalize:
+            # The scalars exactly as _in_place holds them.
+            weights = torch.tensor([p.weight for p in call.model_params], dtype=compute)
+            total = weights.sum()
             divisor = 1.0 if bool(total.abs() < 1e-8) else float(total)
-        lam = None if call.params.lambda_ == 1 else float(call.params.lambda_)
-        if lam is not None and not torch.tensor(lam, dtype=compute).isfinite():
-            return None  # torch's path refuses it (a parameter beyond the dtype's range)
-        steps = TaskArithmeticSteps(compute, held.tolist(), divisor, lam)
-        return task_arithmetic(base, call.models, steps, out)
+            lam = None if call.params.lambda_ == 1 else float(call.params.lambda_)
+            if lam is not None and not torch.tensor(lam, dtype=compute).isfinite():
+                return None  # torch's path refuses it (a parameter beyond the dtype's range)
+            steps = TaskArithmeticSteps(name, weights.tolist(), divisor, lam)
+        return None if steps is None else task_arithmetic(base, call.models, steps, out)
+
+
+def _steps(call: TensorCall, compute: str) -> TaskArithmeticSteps | None:
+    """The kernel's scalars for ``call`` in ``compute`` (its name) as :func:`_in_place`
+    holds them, without torch; None when they need torch (normalising) or when torch's
+    path refuses them (a λ beyond the dtype's range) or there is nothing to merge."""
+    from maec_core.native import TaskArithmeticSteps
+
+    if call.params.normalize or not call.model_params:
+        return None
+    lam = None if call.params.lambda_ == 1 else float(call.params.lambda_)
+    if lam is not None and not math.isfinite(held([lam], compute)[0]):
+        return None
+    return TaskArithmeticSteps(compute, held([p.weight for p in call.model_params], compute),
+                               None, lam)
 
 
 def _in_place(call: TensorCall, weights: list[float]) -> torch.Tensor:

@@ -30,8 +30,12 @@ import subprocess
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
 
 SOURCE = Path(__file__).with_name("l1rows.c")
 SOURCES = (SOURCE, SOURCE.with_name("deltas.c"), SOURCE.with_name("mapped.c"))
@@ -39,8 +43,10 @@ SOURCES = (SOURCE, SOURCE.with_name("deltas.c"), SOURCE.with_name("mapped.c"))
 # any x86-64 CPU (the image may be built on another machine than it runs on). No floating-point
 # contraction: torch rounds a multiply before the add that follows it.
 CFLAGS = ("-O2", "-fPIC", "-shared", "-ffp-contract=off")
-# The kernel's dtype codes (the enum in l1rows.c).
-_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+# The kernel's dtype codes (the enum in l1rows.c), by dtype name. Nothing here imports
+# torch at load: the kernels take addresses, so a merge that needs torch for nothing else
+# (``maec_core.kernel_merge``) never pays its import.
+_DTYPES = {"float32": 0, "bfloat16": 1, "float16": 2}
 
 
 def library_path() -> Path:
@@ -170,24 +176,28 @@ class _Window:
 class MappedWindows:
     """Input bytes viewed in place (maec_core.io.reader's ``WindowSource``).
 
-    ``view`` gives a read-only uint8 tensor over the file's own pages, mapped for as long
-    as a tensor views them; never write to it. ``faults`` counts reads past the end of a
-    file that shrank under a window (answered with zeros: see mapped.c), so the reader
-    can fail the merge before anything computed from them is published.
+    ``view`` gives a read-only uint8 array over the file's own pages, mapped for as long
+    as an array (or a tensor made from one) views them; never write to it. ``faults``
+    counts reads past the end of a file that shrank under a window (answered with zeros:
+    see mapped.c), so the reader can fail the merge before anything computed from them
+    is published.
     """
 
     @staticmethod
-    def view(fd: int, offset: int, length: int) -> torch.Tensor | None:
+    def view(fd: int, offset: int, length: int) -> np.ndarray | None:
         start = offset - offset % mmap.PAGESIZE
         size = offset + length - start
         at = map_window(fd, start, size)
         if at is None:
             return None
         raw = (ctypes.c_uint8 * size).from_address(at)
-        # The tensor holds ``raw`` (torch keeps the buffer's owner), ``raw`` holds the
-        # window: it is unmapped when the last view of these bytes is freed.
+        # The array holds ``raw`` (its base), ``raw`` holds the window: it is unmapped
+        # when the last view of these bytes (a slice, a tensor made from one) is freed.
         raw.__dict__["window"] = _Window(at, size)
-        return torch.frombuffer(raw, dtype=torch.uint8, offset=offset - start, count=length)
+        # Not flagged read-only: torch warns on every tensor made from such an array.
+        # The pages are mapped read-only, so a write would fault, never change a file.
+        return np.frombuffer(memoryview(raw).cast("B"), dtype=np.uint8, count=length,
+                             offset=offset - start)
 
     @staticmethod
     def faults() -> int:
@@ -209,36 +219,63 @@ def l1_rows(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
     for bit, or None when the library cannot take them (not built, not CPU, dtypes that
     differ or that this CPU's path lacks, a non-contiguous layout)."""
     loaded = _library()
+    name = str(x.dtype).removeprefix("torch.")
     if (loaded is None or x.device.type != "cpu" or y.device.type != "cpu"
             or x.dim() != 2 or x.shape != y.shape or x.dtype != y.dtype
-            or x.dtype not in _DTYPES or not x.is_contiguous() or not y.is_contiguous()):
+            or name not in _DTYPES or not x.is_contiguous() or not y.is_contiguous()):
         return None
+    import torch
+
     lib, simd = loaded
     rows, width = x.shape
     out = torch.empty(rows, dtype=torch.float32)
     # ctypes releases the GIL for the call, so scoring threads run it side by side.
-    rc = lib.maec_l1_rows(simd, _DTYPES[x.dtype], x.data_ptr(), y.data_ptr(), rows, width,
+    rc = lib.maec_l1_rows(simd, _DTYPES[name], x.data_ptr(), y.data_ptr(), rows, width,
                           out.data_ptr())
     return out if rc == 0 else None
 
 
-def _flat_alike(inputs: Sequence[torch.Tensor], out: torch.Tensor, compute: torch.dtype
-                ) -> bool:
-    """Whether the kernels take these: flat contiguous CPU tensors of one length, the
-    inputs of one dtype, every dtype one they know."""
-    return (inputs[0].dtype in _DTYPES and out.dtype in _DTYPES and compute in _DTYPES
-            and all(t.device.type == "cpu" and t.dim() == 1 and t.is_contiguous()
-                    and t.numel() == out.numel() for t in [*inputs, out])
-            and all(t.dtype == inputs[0].dtype for t in inputs))
+@dataclasses.dataclass(frozen=True)
+class Flat:
+    """``numel`` entries of ``dtype`` (float32, bfloat16 or float16) stored one after the
+    other at the host address ``ptr``: what the kernels take, from a torch tensor
+    (:func:`flat`) or from a buffer of bytes (``maec_core.kernel_merge``) alike."""
+
+    ptr: int
+    dtype: str
+    numel: int
+
+
+def flat(t: torch.Tensor) -> Flat | None:
+    """``t`` as a :class:`Flat`, or None when the kernels cannot take it (not a flat
+    contiguous CPU tensor of a dtype they know)."""
+    name = str(t.dtype).removeprefix("torch.")
+    if (name not in _DTYPES or t.device.type != "cpu" or t.dim() != 1
+            or not t.is_contiguous()):
+        return None
+    return Flat(t.data_ptr(), name, t.numel())
+
+
+def _flats(tensors: Sequence[torch.Tensor]) -> list[Flat] | None:
+    got = [flat(t) for t in tensors]
+    return None if any(f is None for f in got) else [f for f in got if f is not None]
+
+
+def _alike(inputs: Sequence[Flat], out: Flat, compute: str) -> bool:
+    """Whether the kernels take these: inputs of one dtype and all of ``out``'s length,
+    and a compute dtype they know."""
+    return compute in _DTYPES and all(f.numel == out.numel and f.dtype == inputs[0].dtype
+                                      for f in inputs)
 
 
 @dataclasses.dataclass(frozen=True)
 class TaskArithmeticSteps:
-    """One task-arithmetic call's compute dtype and scalars, as torch's path holds them:
-    ``weights`` already in the compute dtype; ``divisor`` (None: no normalisation) and
-    ``lam`` (None: no scaling) as the float32 operands of the divide and the multiply."""
+    """One task-arithmetic call's compute dtype (its name) and scalars, as torch's path
+    holds them: ``weights`` already in the compute dtype; ``divisor`` (None: no
+    normalisation) and ``lam`` (None: no scaling) as the float32 operands of the divide
+    and the multiply."""
 
-    compute: torch.dtype
+    compute: str
     weights: Sequence[float]
     divisor: float | None
     lam: float | None
@@ -246,23 +283,32 @@ class TaskArithmeticSteps:
 
 def task_arithmetic(base: torch.Tensor, models: Sequence[torch.Tensor],
                     steps: TaskArithmeticSteps, out: torch.Tensor) -> bool | None:
-    """Task arithmetic of the flat CPU tensors ``base`` and ``models`` (one dtype) into
-    ``out``, computed in ``steps.compute`` (the inputs rounded to it first), rounded to
-    ``out``'s dtype; whether every entry of ``out`` is finite. None when the library
-    cannot take the call (see :func:`l1_rows`; more than 16 models): ``out`` is then
+    """:func:`task_arithmetic_flat` of flat CPU tensors; None as there, or when a tensor
+    is not one the kernels take."""
+    flats = _flats([base, *models, out])
+    return None if flats is None else task_arithmetic_flat(flats[0], flats[1:-1], steps,
+                                                           flats[-1])
+
+
+def task_arithmetic_flat(base: Flat, models: Sequence[Flat], steps: TaskArithmeticSteps,
+                         out: Flat) -> bool | None:
+    """Task arithmetic of ``base`` and ``models`` (one dtype) into ``out``, computed in
+    ``steps.compute`` (the inputs rounded to it first), rounded to ``out``'s dtype;
+    whether every entry of ``out`` is finite. None when the library cannot take the call
+    (not built, other dtypes or lengths, no models or more than 16): ``out`` is then
     untouched and the caller uses torch."""
     loaded = _library()
-    if loaded is None or not models or not _flat_alike([base, *models], out, steps.compute):
+    if loaded is None or not models or not _alike([base, *models], out, steps.compute):
         return None
     lib, simd = loaded
-    pointers = (ctypes.c_void_p * len(models))(*[m.data_ptr() for m in models])
+    pointers = (ctypes.c_void_p * len(models))(*[m.ptr for m in models])
     weights = (ctypes.c_float * len(models))(*steps.weights)
     # ctypes releases the GIL for the call, so compute workers run it side by side.
     rc = lib.maec_task_arithmetic(
         simd, _DTYPES[base.dtype], _DTYPES[steps.compute], _DTYPES[out.dtype], len(models),
-        base.data_ptr(), pointers, weights, int(steps.divisor is not None),
+        base.ptr, pointers, weights, int(steps.divisor is not None),
         steps.divisor or 0.0, int(steps.lam is not None), 1.0 if steps.lam is None else steps.lam,
-        out.data_ptr(), out.numel())
+        out.ptr, out.numel)
     return None if rc < 0 else rc == 0
 
 
@@ -275,15 +321,17 @@ def linear(inputs: Sequence[torch.Tensor], weights: Sequence[float], total: floa
     inputs), ``out`` untouched."""
     loaded = _library()
     fused = _addcmul_fuses()
-    if (loaded is None or fused is None or not inputs
-            or not _flat_alike(inputs, out, compute)):
+    flats = _flats([*inputs, out])
+    cname = str(compute).removeprefix("torch.")
+    if (loaded is None or fused is None or not inputs or flats is None
+            or not _alike(flats[:-1], flats[-1], cname)):
         return None
     lib, simd = loaded
-    pointers = (ctypes.c_void_p * len(inputs))(*[t.data_ptr() for t in inputs])
+    pointers = (ctypes.c_void_p * len(inputs))(*[f.ptr for f in flats[:-1]])
     held = (ctypes.c_float * len(inputs))(*weights)
-    rc = lib.maec_linear(simd, _DTYPES[inputs[0].dtype], _DTYPES[compute], _DTYPES[out.dtype],
+    rc = lib.maec_linear(simd, _DTYPES[flats[0].dtype], _DTYPES[cname], _DTYPES[flats[-1].dtype],
                          len(inputs), pointers, held, int(total is not None), total or 0.0,
-                         int(fused), out.data_ptr(), out.numel())
+                         int(fused), flats[-1].ptr, flats[-1].numel)
     return None if rc < 0 else rc == 0
 
 
@@ -296,6 +344,8 @@ def _addcmul_fuses() -> bool | None:
     x = 1 + 2⁻⁷ and w = 1 + 2⁻²⁰ multiply to 1 + 2⁻⁷ + 2⁻²⁰ + 2⁻²⁷, whose last term a
     float32 product drops: added to minus the rounded product, fused gives 2⁻²⁷, unfused 0.
     """
+    import torch
+
     x, w = 1 + 2.0**-7, 1 + 2.0**-20
     answers = set()
     for n in (3, 67):

@@ -309,9 +309,9 @@ def _dropping(planner: Any, index: int = -1) -> Any:
 
 def test_a_method_plan_that_drops_a_tensor_fails_and_publishes_nothing(
         zoo: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import maec_core.engine as engine
+    import maec_core.method_plan as method_plan
 
-    monkeypatch.setattr(engine, "build_plan", _dropping(engine.build_plan, 3))
+    monkeypatch.setattr(method_plan, "build_plan", _dropping(method_plan.build_plan, 3))
     out = tmp_path / "out"
     with pytest.raises(TensorUnaccounted) as info:
         run_recipe({"merge_method": "task_arithmetic", "base_model": str(zoo["base"]),
@@ -330,10 +330,10 @@ def test_maec_merge_reports_the_code_and_writes_nothing(
     import yaml
     from click.testing import CliRunner
 
-    import maec_core.engine as engine
+    import maec_core.method_plan as method_plan
     from maec_core.cli import main
 
-    monkeypatch.setattr(engine, "build_plan", _dropping(engine.build_plan))
+    monkeypatch.setattr(method_plan, "build_plan", _dropping(method_plan.build_plan))
     recipe = tmp_path / "r.yaml"
     recipe.write_text(yaml.safe_dump({"merge_method": "linear", "models": [
         {"model": str(zoo["a"]), "parameters": {"weight": 1.0}}]}))

@@ -103,7 +103,7 @@ WIDE_TENSOR = 32768 * 256 * 2
 
 _BLOCKS_CHILD = r"""
 import json, sys
-import maec_core.engine as engine
+import maec_core.streaming as streaming
 from maec_core.context import RunContext
 from maec_core.parsing import parse_recipe
 from maec_core.run import run
@@ -114,7 +114,7 @@ def status(key):
             if line.startswith(key):
                 return int(line.split()[1]) * 1024
 # Units and slices of 64K and 16K entries: 128 KB and 32 KB in bf16.
-engine.UNIT_CPU, engine.CHUNK_CPU = 1 << 16, 1 << 14
+streaming.UNIT_CPU, streaming.CHUNK_CPU = 1 << 16, 1 << 14
 recipe = parse_recipe(json.loads(sys.argv[1]))
 growth = []
 # The first run loads what the engine imports lazily; the second is measured.

@@ -14,7 +14,7 @@ import torch
 
 from bench.engine import family
 from maec_core.io.headers import read_header
-from maec_core.io.reader import UnitReader
+from maec_core.io.units import UnitReader
 from maec_core.io.writer import OutputTensor, ShardedWriter, reserve
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from maec_core import engine
+from maec_core import streaming
 from maec_core.artifact_store import LocalArtifactStore
 from maec_core.context import RunContext
 from maec_core.maec.artifact import load_artifact
@@ -67,8 +67,8 @@ def test_patched_rows_equal_the_float32_sum_however_sliced(
     if unit is not None:
         # Slices shorter than a row (5) and a few rows long, not a multiple of any
         # width (29): rows cut at both ends of slices.
-        monkeypatch.setattr(engine, "UNIT_CPU", unit)
-        monkeypatch.setattr(engine, "CHUNK_CPU", unit)
+        monkeypatch.setattr(streaming, "UNIT_CPU", unit)
+        monkeypatch.setattr(streaming, "CHUNK_CPU", unit)
     base, lang, donors = _inputs(tmp_path)
     store = LocalArtifactStore(tmp_path / "store")
     # The same donor twice (the same rows, two μ) and another donor (other rows).
@@ -96,8 +96,8 @@ def test_one_donor_twice_adds_both_mus_before_one_cast(tmp_path: Path) -> None:
 def test_one_entry_rows_take_the_float32_path_itself(tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     # Norm weights (1-D: rows of one entry) included explicitly, slices cutting them.
-    monkeypatch.setattr(engine, "UNIT_CPU", 5)
-    monkeypatch.setattr(engine, "CHUNK_CPU", 5)
+    monkeypatch.setattr(streaming, "UNIT_CPU", 5)
+    monkeypatch.setattr(streaming, "CHUNK_CPU", 5)
     base, lang, donors = _inputs(tmp_path)
     store = LocalArtifactStore(tmp_path / "store")
     abilities = [{"model": str(donors[0]), "mu": MUS[0]}, {"model": str(donors[1]),

@@ -410,7 +410,7 @@ def test_one_donor_twice_is_extracted_once(tmp_path: Path) -> None:
 def test_key_rows_straddling_stream_slices(tmp_path: Path) -> None:
     # The engine streams θL in flat slices; key rows that cross a slice boundary must get
     # each part of their addition exactly once (rows and elements alike).
-    from maec_core.engine import CHUNK_CPU
+    from maec_core.streaming import CHUNK_CPU
 
     width = 1000
     rows = 2 * CHUNK_CPU // width + 4

@@ -17,7 +17,7 @@ from safetensors.torch import save_file
 from maec_core import native
 from maec_core.errors import CorruptCheckpoint
 from maec_core.io.headers import read_header
-from maec_core.io.reader import MAP_MIN_BYTES, UnitReader
+from maec_core.io.units import MAP_MIN_BYTES, UnitReader
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -96,7 +96,7 @@ def test_only_bytes_in_the_page_cache_are_mapped(tmp_path: Path) -> None:
         assert windows.cached(fd, len(data))
         view = windows.view(fd, 4096, len(data) - 4096)
         assert view is not None
-        assert view.numpy().tobytes() == data[4096:]
+        assert view.tobytes() == data[4096:]
         del view
     finally:
         os.close(fd)

@@ -314,16 +314,16 @@ def test_baseline_knobs(world: dict[str, Path], method: str, grid: dict[str, lis
 def shard_folders(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The candidates the merge engine writes checkpoint shards for, in order (read off
     the staging folders' names, ``.<candidate>.staging-...``)."""
-    import maec_core.engine as engine
+    import maec_core.publish as publish
 
     seen: list[str] = []
 
-    class Spy(engine.ShardedWriter):
+    class Spy(publish.ShardedWriter):
         def __init__(self, folder: Path, *args: Any, **kw: Any) -> None:
             seen.append(folder.name.split(".")[1])
             super().__init__(folder, *args, **kw)
 
-    monkeypatch.setattr(engine, "ShardedWriter", Spy)
+    monkeypatch.setattr(publish, "ShardedWriter", Spy)
     return seen
 
 
