@@ -33,15 +33,15 @@ def test_a_jobs_accounting_names_inputs_by_reference(api: Api) -> None:
 
 def test_a_job_whose_plan_drops_a_tensor_fails_with_its_code(
         api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
-    import maec_core.engine as engine
+    import maec_core.method_plan as method_plan
 
-    planner = engine.build_plan
+    planner = method_plan.build_plan
 
     def drop(*args: Any, **kwargs: Any) -> Any:
         plan = planner(*args, **kwargs)
         return dataclasses.replace(plan, tensors=plan.tensors[1:])
 
-    monkeypatch.setattr(engine, "build_plan", drop)
+    monkeypatch.setattr(method_plan, "build_plan", drop)
     jid = str(api.submit()["id"])
     job = _run(api, jid)
     assert job["status"] == "failed" and job["error"]["code"] == "tensor_unaccounted"
