@@ -87,7 +87,7 @@ from maec_core.runtime import (
     torch_threads,
 )
 from maec_core.slices import prepare_slices
-from maec_core.streaming import in_flight, output_buffers, stream_units
+from maec_core.streaming import UnitStream, stream_units
 from maec_core.vocab.build import is_vocab_tensor
 from maec_core.vocab.rows import RowAligner
 
@@ -200,13 +200,10 @@ def _stream_units(run: LoopRun, unit: int, chunk: int, workers: int = 1,
     """The element-wise stream (``maec_core.streaming``) with torch's arithmetic: each
     unit through ``fused`` when it takes it, else converted to the compute dtype slice by
     slice, computed and cast into the output buffer."""
-    plan, target = run.plan, run.target
+    target = run.target
     cdtype = torch_dtype(run.options.compute_dtype or "float32")
     tsize = torch.empty((), dtype=target).element_size()
     scratch = _scratch(run, unit, chunk, workers)
-    biggest = max((t.numel for t in plan.tensors), default=0)
-    out_free = output_buffers(streaming.WRITE_DEPTH + 1 + in_flight(workers),
-                              max(1, min(unit, biggest)) * tsize)
 
     # stream_merge leaves patch_at only to float32 merges.
     patch_at = run.patch_at
@@ -237,10 +234,9 @@ def _stream_units(run: LoopRun, unit: int, chunk: int, workers: int = 1,
         finally:
             scratch.put(mine)
 
-    with UnitReader(run.steps, unit, depth=in_flight(workers) + 1,
-                    resident=run.options.resident, windows=native.mapped_windows()) as units:
-        stream_units(units, plan.tensors, run.writer, SAFETENSORS_NAMES[target], out_free,
-                     workers, work, run.tick)
+    stream = UnitStream(run.plan.tensors, run.steps, run.writer, SAFETENSORS_NAMES[target],
+                        run.tick, run.options.resident)
+    stream_units(stream, work, unit, workers)
 
 
 def check_present(steps: Sequence[Sequence[TensorInfo]],

@@ -31,7 +31,7 @@ from maec_core import native, streaming
 from maec_core.context import OutputSpec, RunContext
 from maec_core.errors import MaecError, non_finite
 from maec_core.io.headers import DTYPE_SIZES, FLOAT_DTYPES, TensorInfo
-from maec_core.io.units import Unit, UnitReader
+from maec_core.io.units import Unit
 from maec_core.io.writer import BackgroundWriter, ShardedWriter, WrittenFile
 from maec_core.method_plan import MethodPlan, plan_method
 from maec_core.methods import TensorCall, TensorMethod, get_method
@@ -41,12 +41,13 @@ from maec_core.plan import PlannedTensor
 from maec_core.publish import plan_accounting, publish_folder, ticker
 from maec_core.recipe import Recipe
 from maec_core.runtime import EngineOptions, MergeResult, compute_dtype_for
-from maec_core.streaming import in_flight, output_buffers, stream_units
+from maec_core.streaming import UnitStream, stream_units
 
 __all__ = ["kernel_merge"]
 
-# Safetensors names of the dtypes the kernels write.
+# Safetensors names of the dtypes the kernels write, and back.
 _STORED = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
+_NAMES = {v: k for k, v in _STORED.items()}
 # A GPU that torch would merge on shows as one of these device nodes (CUDA, ROCm, WSL).
 _GPU_NODES = ("/dev/nvidiactl", "/dev/kfd", "/dev/dxg")
 
@@ -131,17 +132,12 @@ def _kernels(recipe: Recipe, spec: TensorMethod, planned: MethodPlan, compute: s
                                         model_params=model_params, params=params,
                                         layer=layer_index(t.name), num_layers=num_layers),
                              compute)
-        dtype = _dtype_name(infos[0].dtype)
+        dtype = _NAMES[infos[0].dtype]
         if kernel is None or kernel([native.Flat(0, dtype, 0)] * len(infos),
                                     native.Flat(0, out_dtype, 0)) is None:
             return None
         kernels[t.name] = kernel
     return kernels
-
-
-def _dtype_name(stored: str) -> str:
-    """The kernels' name of a float dtype stored as ``stored`` (a safetensors name)."""
-    return {v: k for k, v in _STORED.items()}[stored]
 
 
 def _stream(tensors: Sequence[PlannedTensor], steps: list[list[TensorInfo]],
@@ -150,18 +146,15 @@ def _stream(tensors: Sequence[PlannedTensor], steps: list[list[TensorInfo]],
     """Every unit of every tensor through its kernel, from the inputs' bytes (read, or
     mapped where cached) straight into an output buffer, on the workers, in the engine's
     units and slices; to the writer in order."""
-    unit, chunk, workers = streaming.UNIT_CPU, streaming.CHUNK_CPU, streaming.COMPUTE_THREADS
+    chunk = streaming.CHUNK_CPU
     itemsize = DTYPE_SIZES[stored]
-    out_dtype = _dtype_name(stored)
-    biggest = max((t.numel for t in tensors), default=0)
-    out_free = output_buffers(streaming.WRITE_DEPTH + 1 + in_flight(workers),
-                              min(unit, biggest) * itemsize)
+    out_dtype = _NAMES[stored]
 
     def work(planned: PlannedTensor, u: Unit, buf: np.ndarray) -> None:
         kernel = kernels[planned.name]
         starts = [d.ctypes.data for d in u.data]
         sizes = [DTYPE_SIZES[t] for t in u.dtypes]
-        names = [_dtype_name(t) for t in u.dtypes]
+        names = [_NAMES[t] for t in u.dtypes]
         out = buf.ctypes.data
         for c0 in range(0, u.hi - u.lo, chunk):
             n = min(u.hi - u.lo - c0, chunk)
@@ -173,6 +166,5 @@ def _stream(tensors: Sequence[PlannedTensor], steps: list[list[TensorInfo]],
             if not finite:
                 raise non_finite(planned.name)
 
-    with UnitReader(steps, unit, depth=in_flight(workers) + 1,
-                    windows=native.mapped_windows()) as units:
-        stream_units(units, tensors, writer, stored, out_free, workers, work, tick)
+    stream_units(UnitStream(tensors, steps, writer, stored, tick), work, streaming.UNIT_CPU,
+                 streaming.COMPUTE_THREADS)

@@ -1,5 +1,5 @@
-"""The element-wise stream's loop: units of the inputs in, computed on worker threads,
-handed to the writer in order, every buffer recycled.
+"""The element-wise stream's loop: units of the inputs read in, computed on worker
+threads, handed to the writer in order, every buffer recycled.
 
 The engine runs it with torch's arithmetic (``maec_core.engine``), and
 ``maec_core.kernel_merge`` with a compiled kernel alone; it holds bytes (numpy arrays),
@@ -9,21 +9,27 @@ so neither pays for the other's imports.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import queue
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from maec_core.io.headers import DTYPE_SIZES
-from maec_core.io.units import Unit
+from maec_core import native
+from maec_core.io.headers import DTYPE_SIZES, TensorInfo
+from maec_core.io.units import Unit, UnitReader
 from maec_core.io.writer import BackgroundWriter
 from maec_core.plan import PlannedTensor
 from maec_core.runtime import as_helper_thread
 
-__all__ = ["CHUNK_CPU", "COMPUTE_THREADS", "UNIT_CPU", "WRITE_DEPTH", "WorkFn", "in_flight",
-           "output_buffers", "stream_units"]
+if TYPE_CHECKING:
+    from maec_core.io.resident import ResidentFiles
+
+__all__ = ["CHUNK_CPU", "COMPUTE_THREADS", "UNIT_CPU", "WRITE_DEPTH", "UnitStream", "WorkFn",
+           "stream_units"]
 
 # Elements per read/write unit and per compute slice. A slice of 256K float32 (1 MB per
 # input) keeps a method's few passes inside the CPU cache; units of 4M elements keep
@@ -41,29 +47,39 @@ WRITE_DEPTH = 4
 WorkFn = Callable[[PlannedTensor, Unit, np.ndarray], None]
 
 
+@dataclasses.dataclass(frozen=True)
+class UnitStream:
+    """One element-wise stream: the planned ``tensors`` and each one's stored inputs
+    (``steps``), the ``writer`` they go to, stored as ``dtype`` (a safetensors name),
+    ``tick(step)`` called as each tensor starts, and the input files held in memory
+    (``resident``)."""
+
+    tensors: Sequence[PlannedTensor]
+    steps: list[list[TensorInfo]]
+    writer: BackgroundWriter
+    dtype: str
+    tick: Callable[[int], None]
+    resident: ResidentFiles | None = None
+
+
 def in_flight(workers: int) -> int:
     """Units computed ahead of the oldest: two per worker, so a worker finds its next
     unit queued even when the calling thread is slow to be scheduled on a busy machine."""
     return 2 * workers if workers > 1 else 1
 
 
-def output_buffers(count: int, nbytes: int) -> queue.Queue[np.ndarray]:
-    """``count`` output buffers of ``nbytes`` each, allocated once per merge."""
-    free: queue.Queue[np.ndarray] = queue.Queue()
-    for _ in range(count):
-        free.put(np.empty(max(1, nbytes), dtype=np.uint8))
-    return free
-
-
-def stream_units(units: Iterable[Unit], tensors: Sequence[PlannedTensor],
-                 writer: BackgroundWriter, dtype: str, out_free: queue.Queue[np.ndarray],
-                 workers: int, work: WorkFn, tick: Callable[[int], None]) -> None:
-    """Compute every unit of ``units`` (of the planned ``tensors``, by step) with ``work``
-    into a buffer of ``out_free`` and hand the results to ``writer`` (stored as ``dtype``,
-    a safetensors name) in order, whatever order the ``workers`` finish in;
-    ``tick(step)`` as each tensor starts."""
-    itemsize = DTYPE_SIZES[dtype]
+def stream_units(stream: UnitStream, work: WorkFn, unit: int, workers: int) -> None:
+    """Read every tensor of ``stream`` in units of ``unit`` entries (mapped where the
+    files are cached), compute each with ``work`` into a recycled output buffer (on
+    ``workers`` threads when more than one) and hand the results to the writer in order,
+    whatever order the workers finish in."""
+    itemsize = DTYPE_SIZES[stream.dtype]
     ahead = in_flight(workers)
+    biggest = max((t.numel for t in stream.tensors), default=0)
+    # Buffers for the units queued for the writer, the one it writes, and those in flight.
+    out_free: queue.Queue[np.ndarray] = queue.Queue()
+    for _ in range(WRITE_DEPTH + 1 + ahead):
+        out_free.put(np.empty(max(1, min(unit, biggest) * itemsize), dtype=np.uint8))
     # Units in flight, oldest first.
     pending: collections.deque[tuple[PlannedTensor, Unit, np.ndarray, Future[None]]] = (
         collections.deque())
@@ -75,27 +91,29 @@ def stream_units(units: Iterable[Unit], tensors: Sequence[PlannedTensor],
         planned, u, buf, fut = pending.popleft()
         fut.result()
         u.release()
-        writer.put(planned.name, planned.shape, dtype,
-                   buf[: (u.hi - u.lo) * itemsize].data, first=u.first, last=u.last,
-                   done=functools.partial(out_free.put, buf))
+        stream.writer.put(planned.name, planned.shape, stream.dtype,
+                          buf[: (u.hi - u.lo) * itemsize].data, first=u.first, last=u.last,
+                          done=functools.partial(out_free.put, buf))
 
     try:
-        for u in units:
-            planned = tensors[u.step]
-            if u.first:
-                tick(u.step)
-            buf = out_free.get()
-            if pool is None:
-                fut: Future[None] = Future()
-                work(planned, u, buf)
-                fut.set_result(None)
-            else:
-                fut = pool.submit(work, planned, u, buf)
-            pending.append((planned, u, buf, fut))
-            while len(pending) >= ahead:
+        with UnitReader(stream.steps, unit, depth=ahead + 1, resident=stream.resident,
+                        windows=native.mapped_windows()) as units:
+            for u in units:
+                planned = stream.tensors[u.step]
+                if u.first:
+                    stream.tick(u.step)
+                buf = out_free.get()
+                if pool is None:
+                    fut: Future[None] = Future()
+                    work(planned, u, buf)
+                    fut.set_result(None)
+                else:
+                    fut = pool.submit(work, planned, u, buf)
+                pending.append((planned, u, buf, fut))
+                while len(pending) >= ahead:
+                    flush_oldest()
+            while pending:
                 flush_oldest()
-        while pending:
-            flush_oldest()
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
