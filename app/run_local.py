@@ -329,9 +329,12 @@ def main(argv: list[str] | None = None) -> int:
         builder = _build_demo_models(var)
         _start(var, args.port, redis_port, env, children, settings.worker_heartbeat_seconds)
         _demo_models_built(builder, var)
-        (var / STATE).write_text(json.dumps({
+        # Written aside and renamed into place: a reader that sees the file sees all of it.
+        pending = var / f".{STATE}.tmp"
+        pending.write_text(json.dumps({
             "url": url, "pid": os.getpid(), "models": str(var / "models"),
             "children": {c.name: c.proc.pid for c in children}}))
+        os.replace(pending, var / STATE)
         print(_banner(url, var, redis_port, roots, settings), flush=True)
         while all(c.alive() for c in children):
             time.sleep(0.5)
