@@ -3,9 +3,9 @@
 A sweep merges the same language base (and, per extraction group, the same ability
 vectors) once per candidate. :class:`ResidentFiles` holds the data section of such
 files, byte for byte as on disk, in ordinary CPU memory; the engine's readers
-(``maec_core.io.reader``, ``maec_core.maec.rowio``) take the bytes of a tensor of a held
-file from there instead of reading the file. The bytes are the file's own, so a merge
-gives the same result either way; only where they come from differs.
+(``maec_core.io.reader``, ``maec_core.io.units``, ``maec_core.maec.rowio``) take the bytes
+of a tensor of a held file from there instead of reading the file. The bytes are the
+file's own, so a merge gives the same result either way; only where they come from differs.
 
 A held file is recognised by identity (device and inode), not by how its path is
 spelled, and only while its size and modification time are those it had when read:

@@ -5,7 +5,7 @@ as torch does, several times faster (see the file's comment for how and why).
 ``deltas.c`` runs task arithmetic on a streamed slice in one pass, with the roundings of
 torch's step-by-step 16-bit or float32 ops (the engine's element-wise hot path).
 ``mapped.c`` maps windows of input files read-only for the streaming reader, guarded
-against a file that shrinks while mapped (``WindowSource`` in maec_core.io.reader). They
+against a file that shrinks while mapped (``WindowSource`` in maec_core.io.units). They
 are one plain shared library, not a Python extension: ``python -m maec_core.native``
 (run by ``make setup`` and the worker image's build) compiles it with the system C
 compiler next to this file, named by the sources' and flags' digest so that a stale
@@ -174,7 +174,7 @@ class _Window:
 
 
 class MappedWindows:
-    """Input bytes viewed in place (maec_core.io.reader's ``WindowSource``).
+    """Input bytes viewed in place (maec_core.io.units' ``WindowSource``).
 
     ``view`` gives a read-only uint8 array over the file's own pages, mapped for as long
     as an array (or a tensor made from one) views them; never write to it. ``faults``
