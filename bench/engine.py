@@ -5,7 +5,11 @@ task-arithmetic recipe (base + two donors, weight 0.5 each), both tools on CPU a
 subprocesses. Each tool's wall time and peak RSS are measured by a fresh wrapper
 process; every command runs once untimed first, then runs are interleaved (the order
 rotated each round), and medians reported. The I/O floor reads every input file once and
-writes one output-sized file.
+writes one output-sized file. Before every run, untimed, a file of the output's size plus
+1 GiB (within the free memory) is written and deleted, so that every command writes into
+pages its VM backs: on a VM that hands free pages back to its host (this one), writing
+into pages left free for a few seconds costs seconds of system time, by chance of timing
+(docs/benchmarks.md). ``--no-prime`` measures the machine as it is.
 
 Two recipes, each run by both tools, like for like. ``dtype: float32, out_dtype:
 bfloat16`` (``maec`` and ``mergekit``): both compute in float32 and write bfloat16.
@@ -14,7 +18,7 @@ most published recipes ask, and write the same bytes. Ours streams both: the bf1
 takes the 16-bit path, the float32 run the float32 one.
 
     .venv/bin/python -m bench.engine [--runs 3] [--small | --shape 7b] [--layers N]
-                                     [--no-mergekit]
+                                     [--no-mergekit] [--no-prime]
 
 ``--layers N`` keeps the shape's widths and cuts its depth to ``N`` layers (a family of
 its own under bench/cache): a check of the 7B harness without 41 GB of inputs.
@@ -122,6 +126,8 @@ def main() -> None:
     ap = family_parser(__doc__)
     ap.add_argument("--no-mergekit", action="store_true",
                     help="time ours and the floor only (the ratios to mergekit print n/a)")
+    ap.add_argument("--no-prime", action="store_true",
+                    help="no pages primed before each run (the machine as it is)")
     args = ap.parse_args()
     ensure_native()
     shape, tag = family(args)
@@ -155,7 +161,8 @@ def main() -> None:
     if args.no_mergekit:
         # At 7B each mergekit run takes minutes; the goals there are against the floor.
         del commands["mergekit"], commands["mergekit-bf16"]
-    run = measured_runs(commands, env, [out, work / "floor.bin"])
+    prime = 0 if args.no_prime else out_bytes + 2**30
+    run = measured_runs(commands, env, [out, work / "floor.bin"], prime=prime)
 
     # Warm-up, not counted: every command once, floor first so the inputs are in the page
     # cache for all; imports (torch, transformers) come from the page cache afterwards;
