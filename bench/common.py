@@ -110,9 +110,9 @@ def free_memory() -> int:
     return 0
 
 
-def prime_pages(path: Path, size: int) -> None:
-    """Write ``size`` bytes to ``path`` and delete it: at most the free memory less 1 GiB,
-    so no page cache is evicted.
+def prime_pages(path: Path, size: int) -> int:
+    """Write ``size`` bytes (in whole 8 MiB blocks) to ``path`` and delete it; at most the
+    free memory less 1 GiB, so no page cache is evicted. Returns the bytes written.
 
     On a VM whose balloon reports free pages to its host (this machine's does), memory
     left free for a couple of seconds is handed back, and the next first touch of each of
@@ -122,12 +122,14 @@ def prime_pages(path: Path, size: int) -> None:
     whatever ran before it."""
     size = min(size, free_memory() - 2**30)
     if size <= 0:
-        return
+        return 0
     block = bytes(8 << 20)
+    written = 0
     with path.open("wb") as f:
-        for _ in range(0, size, len(block)):
-            f.write(block)
+        while written < size:
+            written += f.write(block)
     path.unlink()
+    return written
 
 
 def measured_runs(commands: Mapping[str, Sequence[str]], env: dict[str, str],
