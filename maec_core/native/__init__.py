@@ -112,6 +112,8 @@ def _library() -> tuple[ctypes.CDLL, int] | None:
     lib.maec_map_faults.restype = ctypes.c_int64
     lib.maec_cached.restype = ctypes.c_int
     lib.maec_cached.argtypes = [ctypes.c_int, ctypes.c_int64]
+    lib.maec_use_cachestat.restype = None
+    lib.maec_use_cachestat.argtypes = [ctypes.c_int]
     # 2 where the CPU has AVX-512 F and BW, 1 with AVX2 and F16C only, 0 with neither.
     level = int(lib.maec_simd_level())
     if os.environ.get("MAEC_NATIVE_AVX512", "1") == "0":

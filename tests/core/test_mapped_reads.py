@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -66,19 +67,31 @@ def test_windows_give_the_bytes_reads_give(tmp_path: Path) -> None:
     assert native.map_faults() == before
 
 
-def _evicted(path: Path) -> bool:
-    """Drop ``path``'s pages from the page cache; False where the filesystem keeps them
-    (tmpfs: its pages are the file)."""
+def _evicted(path: Path, offset: int = 0, length: int = 0) -> bool:
+    """Drop ``path``'s pages (``length`` bytes at ``offset``; 0: to the end) from the page
+    cache; False where the filesystem keeps them (tmpfs: its pages are the file)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
     return subprocess.run(["stat", "-f", "-c", "%T", str(path)], capture_output=True,
                           text=True).stdout.strip() != "tmpfs"
 
 
+@pytest.fixture(params=["cachestat", "mincore"])
+def cache_probe(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Each way the library asks what is cached: cachestat (Linux 6.5), and mincore, what
+    it falls back to on older kernels; on a kernel without cachestat both are mincore."""
+    loaded = native._library()
+    assert loaded is not None
+    loaded[0].maec_use_cachestat(int(request.param == "cachestat"))
+    yield request.param
+    loaded[0].maec_use_cachestat(1)
+
+
+@pytest.mark.usefixtures("cache_probe")
 def test_only_bytes_in_the_page_cache_are_mapped(tmp_path: Path) -> None:
     # Pages that must come from the disk are read, not faulted in through a window.
     path = tmp_path / "m.safetensors"
@@ -103,6 +116,36 @@ def test_only_bytes_in_the_page_cache_are_mapped(tmp_path: Path) -> None:
     assert _mapped_ranges(path) == 0
 
 
+@pytest.mark.usefixtures("cache_probe")
+def test_a_window_over_evicted_pages_is_not_mapped(tmp_path: Path) -> None:
+    # 2 MB evicted at 2 MB of an 8 MB file (whole folios, however large the kernel
+    # makes them): a window touching any of it is read, one beside it is mapped.
+    path = tmp_path / "m.safetensors"
+    page, mb = os.sysconf("SC_PAGE_SIZE"), 1 << 20
+    data = bytes(range(256)) * (8 * mb // 256)
+    path.write_bytes(data)
+    windows = native.mapped_windows()
+    assert windows is not None
+    if not _evicted(path, 2 * mb, 2 * mb):
+        pytest.skip("this filesystem keeps every page in memory")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert not windows.cached(fd, len(data))
+        for lo, hi in [(0, 8 * mb), (2 * mb, 4 * mb), (mb, 3 * mb), (2 * mb - page, 2 * mb + page),
+                       (4 * mb - page, 4 * mb + page), (3 * mb, 5 * mb)]:
+            assert windows.view(fd, lo, hi - lo) is None, (lo, hi)
+        for lo, hi in [(0, 2 * mb), (4 * mb, 8 * mb), (2 * mb - page, 2 * mb),
+                       (4 * mb, 4 * mb + page)]:
+            view = windows.view(fd, lo, hi - lo)
+            assert view is not None, (lo, hi)
+            assert view.tobytes() == data[lo:hi]
+            del view
+    finally:
+        os.close(fd)
+    assert _mapped_ranges(path) == 0
+
+
+@pytest.mark.usefixtures("cache_probe")
 def test_a_file_not_all_cached_when_opened_is_read(tmp_path: Path) -> None:
     # Even the units of it that are cached by the time they are reached: a merge of inputs
     # larger than memory reads them all.
