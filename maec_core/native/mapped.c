@@ -35,7 +35,7 @@
 #define MADV_POPULATE_READ 22 /* Linux 5.14; older kernels refuse it with EINVAL */
 #endif
 #ifndef __NR_cachestat
-#define __NR_cachestat 451 /* Linux 6.5, the same number on every architecture */
+#define __NR_cachestat 451 /* Linux 6.5; its number on x86-64 and arm64 */
 #endif
 
 /* More windows than any merge has in flight (a few units of each input); when they are
