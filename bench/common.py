@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import torch
 import yaml
 
@@ -100,14 +101,9 @@ def fresh_dir(path: Path) -> Path:
 
 
 def free_memory() -> int:
-    """Bytes of memory the kernel holds free (no page cache); 0 where it does not say."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemFree:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+    """Bytes of memory the kernel holds free, the page cache not counted (Linux's
+    ``MemFree``)."""
+    return int(psutil.virtual_memory().free)
 
 
 def prime_pages(path: Path, size: int) -> int:
